@@ -1,0 +1,182 @@
+"""Run configuration: one pydantic model shared by the simulator, the testbed and the nodes.
+
+Loaded from TOML (``--config run.toml``) with command-line flags layered on top.
+Validation errors are turned into :class:`~nlagg_node.errors.ConfigError` naming the
+field and the value received.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .graphs import GraphKind, GraphSpec
+
+Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
+OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimmed-mean", "average")
+InitName = Literal["none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"]
+INITS: tuple[str, ...] = (
+    "none",
+    "dp-gauss",
+    "dp-laplace",
+    "proposed",
+    "symmetric",
+    "from-above",
+    "from-below",
+    "prior",
+)
+ValueDist = Literal["normal", "uniform", "bimodal"]
+
+# Per-operator defaults, measured on RGG n = 15 (see README, "Privacy against convergence time").
+# c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
+OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "max": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
+    "min": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
+    "topk": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
+    "median": {"c": 10.0, "mu_z": 100.0, "t_max": 4000},
+    "quantile": {"c": 10.0, "mu_z": 100.0, "t_max": 4000},
+    "trimmed-mean": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
+    "average": {"c": 1.0, "mu_z": 0.0, "t_max": 400},
+}
+
+
+class RunConfig(BaseModel):
+    """Everything that defines a run, public and private parts alike.
+
+    ``t_max`` is the number of iterations of one phase; top-K runs ``k`` phases
+    and the trimmed mean ``2k + 1`` (see :mod:`nlagg_node.schedule`).
+    ``None`` for ``c``, ``mu_z`` or ``t_max`` means the operator's default.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: Operator = "max"
+    n: int = Field(15, ge=2)
+    graph: GraphKind = "rgg"
+    radius: float | None = Field(None, gt=0)
+    edge_probability: float | None = Field(None, gt=0, le=1)
+    graph_file: Path | None = None
+    trials: int = Field(1000, ge=1)
+    t_max: int | None = Field(None, ge=1)
+    c: float | None = Field(None, gt=0)
+    theta: float = Field(0.5, gt=0, le=1)
+    init: InitName = "proposed"
+    mu_z: float | None = None
+    sigma_z: float = Field(1.0, ge=0)
+    sigma_s: float = Field(0.1, ge=0)
+    k: int = Field(3, ge=1)
+    quantile: float = Field(0.5, gt=0, lt=1)
+    epsilon: float = Field(1e-3, ge=0)
+    prior_median: float = 0.0
+    avg_c: float = Field(1.0, gt=0)
+    avg_sigma_z: float = Field(100.0, ge=0)
+    values: ValueDist = "normal"
+    seed: int = Field(0, ge=0)
+    record: str = "every:10"
+    tolerance: float = Field(1e-9, gt=0)
+
+    @field_validator("c", "mu_z", "theta", "sigma_z", "sigma_s", "quantile", "epsilon", "prior_median", "radius")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("record")
+    @classmethod
+    def _record_spec(cls, value: str) -> str:
+        parse_record_spec(value, 10)  # raises ValueError on a bad spec
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.op == "topk" and self.k >= self.n:
+            raise ValueError(f"k={self.k} must be smaller than n={self.n} for topk")
+        if self.op == "trimmed-mean" and 2 * self.k >= self.n:
+            raise ValueError(f"k={self.k} trims 2k >= n={self.n} values for trimmed-mean")
+        if self.graph == "file" and self.graph_file is None:
+            raise ValueError("graph='file' needs graph_file")
+        return self
+
+    # Resolved parameters --------------------------------------------------------------
+    @property
+    def c_value(self) -> float:
+        return float(self.c if self.c is not None else OPERATOR_DEFAULTS[self.op]["c"])
+
+    @property
+    def mu_z_value(self) -> float:
+        return float(self.mu_z if self.mu_z is not None else OPERATOR_DEFAULTS[self.op]["mu_z"])
+
+    @property
+    def t_max_value(self) -> int:
+        return int(self.t_max if self.t_max is not None else OPERATOR_DEFAULTS[self.op]["t_max"])
+
+    def resolved(self) -> RunConfig:
+        """A copy with the operator defaults written in (what a manifest records)."""
+        return self.model_copy(update={"c": self.c_value, "mu_z": self.mu_z_value, "t_max": self.t_max_value})
+
+    def graph_spec(self) -> GraphSpec:
+        return GraphSpec(
+            kind=self.graph, n=self.n, radius=self.radius, p=self.edge_probability, path=self.graph_file
+        )
+
+
+def parse_record_spec(spec: str, t_total: int) -> list[int]:
+    """Iterations whose x is kept: ``none``, ``all``, ``every:K``, ``log:N`` or ``0,10,100``."""
+    spec = spec.strip()
+    if spec == "none":
+        return []
+    if spec == "all":
+        return list(range(t_total))
+    kind, _, arg = spec.partition(":")
+    try:
+        if kind == "every" and int(arg) >= 1:
+            return list(range(0, t_total, int(arg)))
+        if kind == "log" and int(arg) >= 1:
+            import numpy as np
+
+            pts = np.unique(np.geomspace(1, max(t_total, 1), int(arg)).astype(int) - 1)
+            return [int(p) for p in pts if p < t_total]
+        if not arg and all(part.strip().isdigit() for part in spec.split(",")):
+            return sorted({int(p) for p in spec.split(",") if int(p) < t_total})
+    except ValueError:
+        pass
+    raise ValueError(f"record spec {spec!r}: use none, all, every:K, log:N or a list like 0,10,100")
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
+    """Build a :class:`RunConfig` from a TOML file (optional) and overrides (flags win).
+
+    Overrides equal to ``None`` are ignored, so unset command-line flags keep the
+    file's value or the default.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError("config", str(path), "no such file")
+        try:
+            doc = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", str(path), f"invalid TOML ({exc})") from None
+        data.update(doc.get("run", doc))
+    data.update({k.replace("-", "_"): v for k, v in overrides.items() if v is not None})
+    return validate_config(data)
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    """Validate a mapping, turning pydantic's report into a one-line :class:`ConfigError`."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        value = err.get("input")
+        if not err["loc"] and isinstance(value, dict):
+            value = {k: value.get(k) for k in ("op", "n", "k", "graph") if k in value}
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ConfigError(loc, value, msg) from None

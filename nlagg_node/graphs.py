@@ -1,0 +1,249 @@
+"""Communication graphs: builders, edge-list files, validation and the directed-edge layout.
+
+Every graph is stored as an ``(m, 2)`` integer array of undirected edges ``(i, j)``
+with ``i < j``, sorted lexicographically. That order is the canonical order of
+the whole system: the simulator, the networked node and the adversary's replay
+all visit a node's neighbours in ascending id, so sums over neighbours are
+bit-for-bit identical everywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import networkx as nx
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import ConfigError
+
+GraphKind = Literal["rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file"]
+GRAPH_KINDS: tuple[str, ...] = ("rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file")
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+_MAX_RESAMPLES = 10_000
+
+
+def default_rgg_radius(n: int) -> float:
+    """Connectivity radius ``sqrt(2 ln n / n)`` of a random geometric graph."""
+    return math.sqrt(2.0 * math.log(n) / n)
+
+
+def normalize_edges(n: int, edges: Sequence[Sequence[int]] | IntArray, *, source: str = "edges") -> IntArray:
+    """Validate an undirected edge list and return it in canonical form.
+
+    Raises
+    ------
+    ConfigError
+        If ``n < 2``, an id is out of range, there is a self-loop or a duplicate
+        edge, or the graph is not connected.
+    """
+    if n < 2:
+        raise ConfigError("n", n, "a network needs at least 2 nodes")
+    arr = np.asarray(edges, dtype=np.int64).reshape(-1, 2) if len(edges) else np.empty((0, 2), np.int64)
+    seen: set[tuple[int, int]] = set()
+    for a, b in arr.tolist():
+        if not (0 <= a < n and 0 <= b < n):
+            raise ConfigError(source, [a, b], f"node ids must lie in 0..{n - 1}")
+        if a == b:
+            raise ConfigError(source, [a, b], "self-loops are not allowed")
+        key = (min(a, b), max(a, b))
+        if key in seen:
+            raise ConfigError(source, [a, b], "duplicate edge")
+        seen.add(key)
+    canon = np.array(sorted(seen), dtype=np.int64).reshape(-1, 2)
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(canon.tolist())
+    if not nx.is_connected(g):
+        parts = nx.number_connected_components(g)
+        raise ConfigError(source, f"{len(canon)} edges on {n} nodes", f"graph is not connected ({parts} parts)")
+    return canon
+
+
+def _edges_of(g: nx.Graph) -> IntArray:
+    return np.array(sorted((min(a, b), max(a, b)) for a, b in g.edges()), dtype=np.int64).reshape(-1, 2)
+
+
+def _grid_shape(n: int) -> tuple[int, int]:
+    rows = int(math.isqrt(n))
+    while n % rows:
+        rows -= 1
+    return rows, n // rows
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """How to build the graph of a run (one per trial for random kinds)."""
+
+    kind: GraphKind = "rgg"
+    n: int = 15
+    radius: float | None = None
+    p: float | None = None
+    path: Path | None = None
+
+    def build(self, rng: np.random.Generator) -> IntArray:
+        """Build one graph; random kinds draw from ``rng`` and resample until connected."""
+        n = self.n
+        if n < 2:
+            raise ConfigError("n", n, "a network needs at least 2 nodes")
+        if self.kind == "file":
+            if self.path is None:
+                raise ConfigError("graph_file", None, "graph kind 'file' needs a graph file")
+            file_n, edges = load_edge_list(self.path)
+            if file_n != n:
+                raise ConfigError("n", n, f"graph file {self.path} has {file_n} nodes")
+            return edges
+        if self.kind == "ring":
+            return normalize_edges(n, [(i, (i + 1) % n) for i in range(n)] if n > 2 else [(0, 1)])
+        if self.kind == "complete":
+            return normalize_edges(n, [(i, j) for i in range(n) for j in range(i + 1, n)])
+        if self.kind == "star":
+            return normalize_edges(n, [(0, j) for j in range(1, n)])
+        if self.kind == "grid":
+            rows, cols = _grid_shape(n)
+            g = nx.convert_node_labels_to_integers(nx.grid_2d_graph(rows, cols), ordering="sorted")
+            return normalize_edges(n, _edges_of(g))
+        for _ in range(_MAX_RESAMPLES):
+            if self.kind == "rgg":
+                radius = self.radius if self.radius is not None else default_rgg_radius(n)
+                pos = rng.random((n, 2))
+                d2 = ((pos[:, None, :] - pos[None, :, :]) ** 2).sum(-1)
+                ii, jj = np.nonzero(np.triu(d2 <= radius * radius, k=1))
+            else:  # erdos-renyi
+                p = self.p if self.p is not None else min(1.0, 2.0 * math.log(n) / n)
+                ii, jj = np.nonzero(np.triu(rng.random((n, n)) < p, k=1))
+            edges = np.stack([ii, jj], axis=1).astype(np.int64)
+            if _is_connected(n, edges):
+                return edges
+        raise ConfigError(
+            "graph", self.kind, f"no connected sample in {_MAX_RESAMPLES} tries; raise the radius or p"
+        )
+
+
+def _is_connected(n: int, edges: IntArray) -> bool:
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    parts = n
+    for a, b in edges.tolist():
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+            parts -= 1
+    return parts == 1
+
+
+def load_edge_list(path: Path) -> tuple[int, IntArray]:
+    """Read a user edge list: CSV lines ``i,j`` or JSON ``{"n": N, "edges": [[i, j], ...]}``.
+
+    For CSV (and JSON without ``n``), ``n`` is one more than the largest id.
+    A header line ``source,target`` (any non-numeric first line) is skipped.
+    """
+    if not path.is_file():
+        raise ConfigError("graph_file", str(path), "no such file")
+    text = path.read_text()
+    n: int | None = None
+    raw: list[list[int]] = []
+    try:
+        if path.suffix.lower() == ".json":
+            doc = json.loads(text)
+            if isinstance(doc, dict):
+                n = int(doc["n"]) if "n" in doc else None
+                doc = doc.get("edges")
+            if not isinstance(doc, list):
+                raise ConfigError("graph_file", str(path), "JSON must be a list of [i, j] or {'n', 'edges'}")
+            raw = [[int(a), int(b)] for a, b in doc]
+        else:
+            rows = [r for r in csv.reader(text.splitlines()) if r and not r[0].lstrip().startswith("#")]
+            for k, row in enumerate(rows):
+                if len(row) < 2:
+                    raise ConfigError("graph_file", f"{path}:{k + 1}", f"expected 'i,j', got {row!r}")
+                try:
+                    raw.append([int(row[0]), int(row[1])])
+                except ValueError:
+                    if k == 0:
+                        continue  # header line
+                    raise ConfigError("graph_file", f"{path}:{k + 1}", f"not integer ids: {row!r}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError("graph_file", str(path), f"malformed edge list ({exc})") from None
+    if n is None:
+        n = 1 + max((max(e) for e in raw), default=-1)
+    return n, normalize_edges(n, raw, source=f"graph_file {path}")
+
+
+@dataclass(frozen=True)
+class EdgeLayout:
+    """Directed edges of one graph or of a batch of disjoint graphs (one per trial).
+
+    ``H`` undirected edges ``(lo, hi)`` give ``E = 2H`` directed edges laid out as
+    ``[hi -> lo for every pair] + [lo -> hi for every pair]``, pairs in canonical
+    order. Hence the reverse of edge ``e`` is ``(e + H) % E`` (the two halves swap)
+    and, restricted to one source node, the destinations appear in ascending order.
+
+    Attributes
+    ----------
+    src, dst
+        Source and destination node of each directed edge (global ids
+        ``trial * n + i`` in a batch).
+    sign
+        ``a_ij`` of each directed edge ``i -> j``: +1 if ``i < j`` else -1.
+    degree
+        ``d_i`` of every node.
+    """
+
+    n: int
+    trials: int
+    src: IntArray
+    dst: IntArray
+    sign: FloatArray
+    degree: FloatArray
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n * self.trials
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.src) // 2
+
+    @classmethod
+    def from_graphs(cls, n: int, graphs: Sequence[IntArray]) -> EdgeLayout:
+        """Stack per-trial canonical edge arrays into one disjoint union."""
+        offsets = [np.asarray(g, np.int64) + b * n for b, g in enumerate(graphs)]
+        pairs = np.concatenate(offsets) if offsets else np.empty((0, 2), np.int64)
+        lo, hi = pairs[:, 0], pairs[:, 1]
+        src = np.concatenate([hi, lo])
+        dst = np.concatenate([lo, hi])
+        sign = np.where(src < dst, 1.0, -1.0)
+        degree = np.bincount(src, minlength=n * len(graphs)).astype(np.float64)
+        return cls(n=n, trials=len(graphs), src=src, dst=dst, sign=sign, degree=degree)
+
+    def reverse(self, values: FloatArray) -> FloatArray:
+        """Values of the reverse edges: swap the two halves (a view-free copy)."""
+        h = self.n_pairs
+        return np.concatenate([values[h:], values[:h]])
+
+
+def neighbours(n: int, edges: IntArray) -> list[list[int]]:
+    """Ascending neighbour lists of every node."""
+    nb: list[list[int]] = [[] for _ in range(n)]
+    for a, b in edges.tolist():
+        nb[a].append(b)
+        nb[b].append(a)
+    return [sorted(x) for x in nb]

@@ -1,0 +1,172 @@
+"""The paper's PDMM/ADMM updates as pure functions over flat arrays.
+
+This module is the one place where the equations live. The batched simulator,
+the networked node and the adversary's replay all call these functions, so a
+trajectory computed anywhere is bit-for-bit the trajectory computed elsewhere.
+
+Conventions (paper Sec. II and ``NOTES.md``)
+--------------------------------------------
+For an edge ``(i, j)``: ``a_ij = +1`` if ``i < j`` and ``a_ji = -1``; ``b_ij = 0``.
+Node ``i`` keeps a dual ``z_{i|j}`` per neighbour. We store the *signed* dual
+``u_{i|j} = a_ij z_{i|j}``: multiplying by +-1 is exact, it removes the signs from
+every update, and the wire protocol carries ``z = a u``.
+
+With ``v_i = sum_j a_ij z_{i|j} = sum_j u_{i|j}`` (summed in ascending neighbour id),
+every local objective of the paper has a closed-form x-update:
+
+* piecewise-linear ``f_i(x) = alpha (x - s_i)_+ + beta (s_i - x)_+`` (max: alpha = 1,
+  beta = inf, eq. (xi_up); min: alpha = inf, beta = 1; median: alpha = beta = 1,
+  eq. (x_update_eq); quantile: alpha = q, beta = 1 - q)::
+
+      lo = (-alpha - v_i) / (c d_i),  hi = (beta - v_i) / (c d_i)
+      x_i = lo if lo > s_i  else  hi if hi < s_i  else  s_i
+
+* quadratic ``f_i(x) = (x - s_i)^2 / 2`` (average consensus)::
+
+      x_i = (s_i - v_i) / (1 + c d_i)
+
+and the z-update of eq. (z_update)/(zji_up), for the directed edge ``j -> i``::
+
+      z_{j|i} <- (1 - theta) z_{j|i} + theta (z_{i|j} + 2 c a_ij x_i)
+      u_{j|i} <- (1 - theta) u_{j|i} - theta (u_{i|j} + 2 c x_i)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A node's local objective ``f_i`` and hence its x-update.
+
+    Attributes
+    ----------
+    kind
+        ``"piecewise"`` for ``alpha (x - s)_+ + beta (s - x)_+`` (the indicator
+        functions of max/min are the limits ``beta = inf`` / ``alpha = inf``),
+        ``"quadratic"`` for ``(x - s)^2 / 2``.
+    alpha, beta
+        Slopes above and below ``s_i`` (piecewise only).
+    """
+
+    kind: Literal["piecewise", "quadratic"]
+    alpha: float = 1.0
+    beta: float = 1.0
+
+    @classmethod
+    def maximum(cls) -> Objective:
+        """``x + I{x >= s}``: eq. (xi_up)."""
+        return cls("piecewise", 1.0, math.inf)
+
+    @classmethod
+    def minimum(cls) -> Objective:
+        """``-x + I{x <= s}``: the min counterpart of eq. (xi_up)."""
+        return cls("piecewise", math.inf, 1.0)
+
+    @classmethod
+    def median(cls) -> Objective:
+        """``|x - s|``: eq. (x_update_eq)."""
+        return cls("piecewise", 1.0, 1.0)
+
+    @classmethod
+    def quantile(cls, q: float) -> Objective:
+        """``rho_q(x - s)`` with the paper's q counted from the top (see :func:`paper_q`)."""
+        return cls("piecewise", q, 1.0 - q)
+
+    @classmethod
+    def average(cls) -> Objective:
+        """``(x - s)^2 / 2``: average consensus (the trimmed mean's third part)."""
+        return cls("quadratic")
+
+
+def paper_q(p: float) -> float:
+    """Map a conventional quantile level ``p`` to the paper's ``q = 1 - p``.
+
+    The paper's loss ``rho_q(x - s_i)`` converges to the value with
+    ``#above / #below = q / (1 - q)``; the conventional p-quantile has a fraction
+    ``p`` of the values below it, so ``q = 1 - p`` (``p = 5/7`` gives the paper's
+    ``q = 2/7``, the 5th-largest of 15).
+    """
+    return 1.0 - p
+
+
+def dual_sum(u: FloatArray, src: IntArray, n_nodes: int) -> FloatArray:
+    """``v_i = sum_j a_ij z_{i|j}``, the dual term of every x-update.
+
+    ``np.bincount`` adds sequentially in array order; the edge layouts of
+    :mod:`nlagg_node.graphs` list each node's out-edges by ascending neighbour, so
+    every runtime sums in the same order and gets the same bits.
+    """
+    return np.bincount(src, weights=u, minlength=n_nodes)
+
+
+def x_update(objective: Objective, v: FloatArray, s: FloatArray, cd: FloatArray, c: float) -> FloatArray:
+    """The primal update ``x_i^(t)`` for every node (eq. (x_update) in closed form).
+
+    Parameters
+    ----------
+    objective
+        The local objective shared by all nodes in this phase.
+    v
+        :func:`dual_sum` of the current signed duals.
+    s
+        The value each node uses in its objective (``-inf`` for a top-K node that
+        bypasses the max, eq. (topk_xi)).
+    cd
+        ``c * d_i`` per node.
+    c
+        The PDMM step parameter (used by the quadratic objective).
+    """
+    if objective.kind == "quadratic":
+        return np.asarray((s - v) / (1.0 + cd), dtype=np.float64)
+    lo = (-objective.alpha - v) / cd
+    hi = (objective.beta - v) / cd
+    return np.where(lo > s, lo, np.where(hi < s, hi, s))
+
+
+def linear_branch(
+    objective: Objective, v: FloatArray, cd: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """The two linear-branch candidates ``(lo, hi)`` of a piecewise x-update.
+
+    The adversary replays these: if a published ``x_i`` equals neither, it is ``s_i``.
+    """
+    return (-objective.alpha - v) / cd, (objective.beta - v) / cd
+
+
+def z_update(
+    u: FloatArray,
+    u_rev: FloatArray,
+    x_dst: FloatArray,
+    c: float,
+    theta: float,
+    out: FloatArray | None = None,
+    scratch: FloatArray | None = None,
+) -> FloatArray:
+    """Signed z-update of eq. (zji_up) for every directed edge.
+
+    ``u'_{j|i} = (1 - theta) u_{j|i} - theta (u_{i|j} + 2 c x_i)`` where, for the
+    directed edge ``j -> i`` at position e, ``u_rev[e] = u_{i|j}`` and
+    ``x_dst[e] = x_i``.
+
+    ``out`` and ``scratch`` (same shape as ``u``) may be given so that a hot loop
+    allocates nothing; neither may alias ``u`` or ``u_rev``. The operations are
+    those of the scalar formula, in the same order.
+    """
+    tmp = np.multiply(x_dst, 2.0 * c, out=scratch)
+    tmp += u_rev
+    tmp *= theta
+    if out is None:
+        out = np.empty_like(u)
+    np.multiply(u, 1.0 - theta, out=out)
+    out -= tmp
+    return out

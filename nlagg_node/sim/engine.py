@@ -1,0 +1,231 @@
+"""The batched Monte Carlo simulator.
+
+All trials run at once as one disjoint union of graphs (trial ``b``'s node ``i`` is
+global node ``b * n + i``), so every iteration is a handful of vectorized passes
+over the directed edges, with preallocated buffers. What the experiments need is
+accumulated while running (matching events, first matching iteration, the last
+iteration still off the target, final MSE); trajectories are kept only at the
+iterations the ``record`` spec asks for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..config import RunConfig, parse_record_spec
+from ..graphs import EdgeLayout, IntArray
+from ..init import draw_z0, perturb_value
+from ..pdmm import dual_sum, x_update, z_update
+from ..rng import rng_for
+from ..schedule import (
+    Phase,
+    bypassed,
+    combine,
+    distance_to,
+    effective_values,
+    phase_c,
+    phase_targets,
+    plan_phases,
+    true_aggregate,
+    value_noise,
+)
+from .values import draw_values
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class SimResult:
+    """Everything a run produced. Shapes: B trials, n nodes, R recorded iterations.
+
+    Node ids are the graph's ids; ``rank[b, i]`` is node i's rank in trial b
+    (0 = largest value), so per-rank statistics are a gather away.
+    """
+
+    config: RunConfig
+    phases: list[Phase]
+    graphs: list[IntArray]
+    values: FloatArray  # (B, n) private values s_i
+    used_values: FloatArray  # (B, n) what the dynamics used (s_i + DP noise for the baselines)
+    rank: IntArray  # (B, n)
+    output: FloatArray  # (B, n) or (B, n, k) for top-K
+    truth_lo: FloatArray  # (B,) or (B, k)
+    truth_hi: FloatArray
+    mse: FloatArray  # (B,) paper eq. (mse) at the final iterate
+    matched: BoolArray  # (B, n) x_i^(t) == s_i for some t
+    first_match: IntArray  # (B, n) first such t, -1 if none
+    converged_iterations: IntArray  # (B,) iterations each phase needed to stay within tolerance, -1 if not
+    recorded_t: IntArray  # (R,)
+    recorded_x: FloatArray  # (R, B, n)
+    z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order
+    wall_seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def t_total(self) -> int:
+        return sum(p.t_len for p in self.phases)
+
+    def by_rank(self, per_node: NDArray[np.generic]) -> NDArray[np.generic]:
+        """Reorder the node axis (axis 1 of ``(B, n, ...)``) so that column r is rank r."""
+        order = np.argsort(self.rank, axis=1)
+        idx = order.reshape(order.shape + (1,) * (per_node.ndim - 2))
+        return np.take_along_axis(per_node, idx, axis=1)
+
+    def leakage_probability(self) -> FloatArray:
+        """Fraction of trials with a matching event, per rank (rank 0 = largest value)."""
+        return np.asarray(self.by_rank(self.matched).mean(axis=0), dtype=np.float64)
+
+    def recorded_by_rank(self) -> FloatArray:
+        """``recorded_x`` with its node axis in rank order: shape (R, B, n)."""
+        order = np.argsort(self.rank, axis=1)
+        return np.take_along_axis(self.recorded_x, order[None], axis=2)
+
+
+def sample_graphs(cfg: RunConfig) -> list[IntArray]:
+    """One graph per trial from the stream ``(seed, "graph", trial)`` (fixed kinds are shared)."""
+    spec = cfg.graph_spec()
+    if spec.kind in ("rgg", "erdos-renyi"):
+        return [spec.build(rng_for(cfg.seed, "graph", b)) for b in range(cfg.trials)]
+    g = spec.build(rng_for(cfg.seed, "graph", 0))
+    return [g] * cfg.trials
+
+
+def node_generators(seed: int, trials: int, n: int) -> list[np.random.Generator]:
+    """The private generator of every (trial, node): DP noise first, then z^(0) per dual group."""
+    return [rng_for(seed, "node", b, i) for b in range(trials) for i in range(n)]
+
+
+def _out_edge_slices(layout: EdgeLayout) -> tuple[IntArray, IntArray]:
+    order = np.argsort(layout.src, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(layout.src, minlength=layout.n_nodes))])
+    return order, starts
+
+
+def _draw_signed_duals(
+    phase: Phase, layout: EdgeLayout, gens: list[np.random.Generator], order: IntArray, starts: IntArray
+) -> tuple[FloatArray, FloatArray]:
+    """Signed duals u^(0) = a z^(0) and z^(0) for every directed edge, each node drawing its own."""
+    z = np.empty(len(layout.src))
+    for g, gen in enumerate(gens):
+        pos = order[starts[g] : starts[g + 1]]
+        z[pos] = draw_z0(phase.init, layout.sign[pos], gen)
+    return layout.sign * z, z
+
+
+def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
+    """Run ``cfg.trials`` Monte Carlo trials of the configured operator.
+
+    Parameters
+    ----------
+    cfg
+        The run configuration (operator defaults are resolved here).
+    progress
+        Called as ``progress(done, total)`` with iteration counts, a few hundred times per run.
+    """
+    started = time.perf_counter()
+    cfg = cfg.resolved()
+    B, n = cfg.trials, cfg.n
+    graphs = sample_graphs(cfg)
+    s = draw_values(cfg.values, cfg.seed, B, n)
+    gens = node_generators(cfg.seed, B, n)
+    noise = value_noise(cfg)
+    s_used = np.array([perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s.ravel(), gens, strict=True)])
+    layout = EdgeLayout.from_graphs(n, graphs)
+    phases = plan_phases(cfg)
+    targets = phase_targets(cfg, phases, s_used.reshape(B, n))
+    t_total = sum(p.t_len for p in phases)
+    record = np.array(parse_record_spec(cfg.record, t_total), dtype=np.int64)
+    recorded_x = np.empty((len(record), B, n))
+
+    N, E, H = layout.n_nodes, len(layout.src), layout.n_pairs
+    order, starts = _out_edge_slices(layout)
+    u, u_new, xd, scratch = (np.empty(E) for _ in range(4))
+    matched = np.zeros(N, dtype=bool)
+    first_match = np.full(N, -1, dtype=np.int64)
+    eq = np.empty(N, dtype=bool)
+    conv = np.zeros(B, dtype=np.int64)
+    all_converged = np.ones(B, dtype=bool)
+    finals: list[FloatArray] = []
+    identified: list[FloatArray] = []
+    z0: dict[str, FloatArray] = {}
+    group = ""
+    t0 = 0
+    rec_ptr = 0
+    step = max(1, t_total // 200)
+    x = np.zeros(N)
+    for phase, (tlo, thi) in zip(phases, targets, strict=True):
+        c = phase_c(cfg, phase)
+        cd = c * layout.degree
+        if phase.group != group:
+            group = phase.group
+            u, z0[group] = _draw_signed_duals(phase, layout, gens, order, starts)
+            identified = []
+        skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
+        s_eff = effective_values(phase, s_used, skip)
+        lo_flat, hi_flat = np.repeat(tlo, n), np.repeat(thi, n)
+        piecewise = phase.objective.kind == "piecewise"
+        last_bad = np.full(B, -1, dtype=np.int64)
+        for t in range(phase.t_len):
+            v = dual_sum(u, layout.src, N)
+            x = x_update(phase.objective, v, s_eff, cd, c)
+            if piecewise:
+                np.equal(x, s_used, out=eq)
+                if eq.any():
+                    new = eq & ~matched
+                    first_match[new] = t0 + t
+                    matched |= eq
+            off = distance_to(x, lo_flat, hi_flat) > cfg.tolerance
+            last_bad[off.reshape(B, n).any(axis=1)] = t
+            while rec_ptr < len(record) and record[rec_ptr] == t0 + t:
+                recorded_x[rec_ptr] = x.reshape(B, n)
+                rec_ptr += 1
+            np.take(x, layout.dst, out=xd)
+            z_update(u[:H], u[H:], xd[:H], c, cfg.theta, out=u_new[:H], scratch=scratch[:H])
+            z_update(u[H:], u[:H], xd[H:], c, cfg.theta, out=u_new[H:], scratch=scratch[H:])
+            u, u_new = u_new, u
+            if progress is not None and (t0 + t + 1) % step == 0:
+                progress(t0 + t + 1, t_total)
+        all_converged &= last_bad < phase.t_len - 1
+        conv += last_bad + 1
+        finals.append(x.reshape(B, n).copy())
+        identified.append(x.copy())
+        t0 += phase.t_len
+    if progress is not None:
+        progress(t_total, t_total)
+
+    output = combine(cfg, phases, finals)
+    truth_lo, truth_hi = true_aggregate(cfg, s)
+    if output.ndim == 3:
+        err = distance_to(output, truth_lo[:, None, :], truth_hi[:, None, :])
+        mse = (err**2).sum(axis=2).mean(axis=1)
+    else:
+        err = distance_to(output, truth_lo[:, None], truth_hi[:, None])
+        mse = (err**2).mean(axis=1)
+    rank = np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1)
+    return SimResult(
+        config=cfg,
+        phases=phases,
+        graphs=graphs,
+        values=s,
+        used_values=s_used.reshape(B, n),
+        rank=rank,
+        output=output,
+        truth_lo=truth_lo,
+        truth_hi=truth_hi,
+        mse=mse,
+        matched=matched.reshape(B, n),
+        first_match=first_match.reshape(B, n),
+        converged_iterations=np.where(all_converged, conv, -1),
+        recorded_t=record,
+        recorded_x=recorded_x,
+        z0=z0,
+        wall_seconds=time.perf_counter() - started,
+        extra={"directed_edges": float(E)},
+    )
