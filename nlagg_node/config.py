@@ -7,6 +7,7 @@ field and the value received.
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -35,12 +36,12 @@ ValueDist = Literal["normal", "uniform", "bimodal"]
 # Per-operator defaults, measured on RGG n = 15 (see README, "Privacy against convergence time").
 # c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
 OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "max": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
-    "min": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
-    "topk": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
-    "median": {"c": 10.0, "mu_z": 100.0, "t_max": 4000},
-    "quantile": {"c": 10.0, "mu_z": 100.0, "t_max": 4000},
-    "trimmed-mean": {"c": 100.0, "mu_z": 500.0, "t_max": 8000},
+    "max": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
+    "min": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
+    "topk": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
+    "median": {"c": 10.0, "mu_z": 30.0, "t_max": 6000},
+    "quantile": {"c": 10.0, "mu_z": 30.0, "t_max": 7000},
+    "trimmed-mean": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
     "average": {"c": 1.0, "mu_z": 0.0, "t_max": 400},
 }
 
@@ -71,10 +72,11 @@ class RunConfig(BaseModel):
     sigma_s: float = Field(0.1, ge=0)
     k: int = Field(3, ge=1)
     quantile: float = Field(0.5, gt=0, lt=1)
-    epsilon: float = Field(1e-3, ge=0)
+    epsilon: float = Field(1e-6, ge=0)
     prior_median: float = 0.0
     avg_c: float = Field(1.0, gt=0)
     avg_sigma_z: float = Field(100.0, ge=0)
+    avg_t_max: int = Field(400, ge=1)
     values: ValueDist = "normal"
     seed: int = Field(0, ge=0)
     record: str = "every:10"
@@ -96,11 +98,11 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.op == "topk" and self.k >= self.n:
-            raise ValueError(f"k={self.k} must be smaller than n={self.n} for topk")
+            raise ValueError(f"k={self.k}: must be smaller than n={self.n} for topk")
         if self.op == "trimmed-mean" and 2 * self.k >= self.n:
-            raise ValueError(f"k={self.k} trims 2k >= n={self.n} values for trimmed-mean")
+            raise ValueError(f"k={self.k}: trims 2k >= n={self.n} values for trimmed-mean")
         if self.graph == "file" and self.graph_file is None:
-            raise ValueError("graph='file' needs graph_file")
+            raise ValueError("graph_file=None: graph 'file' needs a graph file")
         return self
 
     # Resolved parameters --------------------------------------------------------------
@@ -150,7 +152,7 @@ def parse_record_spec(spec: str, t_total: int) -> list[int]:
 
 
 def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
-    """Build a :class:`RunConfig` from a TOML file (optional) and overrides (flags win).
+    """Build a :class:`RunConfig` from a TOML or manifest JSON file (optional) and overrides (flags win).
 
     Overrides equal to ``None`` are ignored, so unset command-line flags keep the
     file's value or the default.
@@ -160,10 +162,14 @@ def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
         if not path.is_file():
             raise ConfigError("config", str(path), "no such file")
         try:
-            doc = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config", str(path), f"invalid TOML ({exc})") from None
-        data.update(doc.get("run", doc))
+            if path.suffix.lower() == ".json":
+                doc = json.loads(path.read_text())
+            else:
+                doc = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError("config", str(path), f"invalid {path.suffix[1:].upper()} ({exc})") from None
+        # A run.toml may hold a [run] table; a manifest.json holds {"config": {...}}.
+        data.update(doc.get("run", doc.get("config", doc)))
     data.update({k.replace("-", "_"): v for k, v in overrides.items() if v is not None})
     return validate_config(data)
 
@@ -176,7 +182,10 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         value = err.get("input")
-        if not err["loc"] and isinstance(value, dict):
-            value = {k: value.get(k) for k in ("op", "n", "k", "graph") if k in value}
         msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:
+            # Cross-field checks phrase their message as "field=value: reason".
+            head, _, reason = msg.partition(": ")
+            loc, _, value = head.partition("=")
+            msg = reason
         raise ConfigError(loc, value, msg) from None

@@ -89,7 +89,7 @@ def plan_phases(cfg: RunConfig) -> list[Phase]:
         Phase(f"min-{r + 1}", Objective.minimum(), t, "min", down, "min" if r else "none") for r in range(cfg.k)
     ]
     # The average part has its own step c (uniformly convex, fast) and a large sigma_z.
-    return [*rounds, *lows, Phase("average", Objective.average(), t, "average", avg_init)]
+    return [*rounds, *lows, Phase("average", Objective.average(), cfg.avg_t_max, "average", avg_init)]
 
 
 def phase_c(cfg: RunConfig, phase: Phase) -> float:

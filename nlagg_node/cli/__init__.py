@@ -1,0 +1,22 @@
+"""The ``nlagg`` command line. Each command group lives in its own module and is imported lazily."""
+
+from __future__ import annotations
+
+import sys
+
+from ._app import app, exit_on_error
+
+__all__ = ["app", "main"]
+
+
+def _register() -> None:
+    # Importing a command module adds its commands to ``app``.
+    from . import sim as _sim  # noqa: F401
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register()
+    with exit_on_error():
+        app()
+    sys.exit(0)

@@ -1,0 +1,92 @@
+"""Summaries, recorded arrays and replayable manifests of simulator runs."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .engine import SimResult
+
+_PACKAGES = ("nlagg", "numpy", "scipy", "networkx", "pydantic")
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages whose behaviour determines a run's numbers."""
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The JSON summary of a run (``nlagg sim --json``)."""
+    cfg = result.config
+    conv = result.converged_iterations
+    ok = conv >= 0
+    return {
+        "op": cfg.op,
+        "n": cfg.n,
+        "graph": cfg.graph,
+        "trials": cfg.trials,
+        "t_max": cfg.t_max_value,
+        "t_total": result.t_total,
+        "c": cfg.c_value,
+        "mu_z": cfg.mu_z_value,
+        "sigma_z": cfg.sigma_z,
+        "theta": cfg.theta,
+        "init": cfg.init,
+        "seed": cfg.seed,
+        "mse": float(result.mse.mean()),
+        "mse_max": float(result.mse.max()),
+        "leakage_probability": [float(p) for p in result.leakage_probability()],
+        "converged_fraction": float(ok.mean()),
+        "iterations_to_converge": float(np.median(conv[ok])) if ok.any() else None,
+        "wall_seconds": result.wall_seconds,
+    }
+
+
+def manifest(result: SimResult) -> dict[str, Any]:
+    """Everything needed to replay the run exactly: ``nlagg sim --config manifest.json``."""
+    return {
+        "kind": "nlagg-sim",
+        "config": result.config.model_dump(mode="json"),
+        "seed": result.config.seed,
+        "phases": [{"name": p.name, "t_len": p.t_len, "group": p.group} for p in result.phases],
+        "versions": package_versions(),
+        "replay": "nlagg sim --config manifest.json --json",
+    }
+
+
+def write_run(result: SimResult, out: Path, summary: dict[str, Any] | None = None) -> None:
+    """Write ``summary.json``, ``arrays.npz`` and ``manifest.json`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary or summarize(result), indent=2))
+    (out / "manifest.json").write_text(json.dumps(manifest(result), indent=2))
+    offsets = np.cumsum([0] + [len(g) for g in result.graphs])
+    np.savez_compressed(
+        out / "arrays.npz",
+        values=result.values,
+        used_values=result.used_values,
+        rank=result.rank,
+        output=result.output,
+        truth_lo=result.truth_lo,
+        truth_hi=result.truth_hi,
+        mse=result.mse,
+        matched=result.matched,
+        first_match=result.first_match,
+        converged_iterations=result.converged_iterations,
+        recorded_t=result.recorded_t,
+        recorded_x=result.recorded_x,
+        graph_edges=np.concatenate(result.graphs),
+        graph_offsets=offsets,
+        **{f"z0_{g}": z for g, z in result.z0.items()},
+    )
