@@ -9,13 +9,31 @@ from .brokers import (
     start_broker,
     start_mosquitto,
 )
+from .memory import MemoryBroker, MemoryTransport
+from .node import NeighbourTimeoutError, Node, NodeResult, host_nodes, run_edges
+from .transport import Message, Transport, Will
+from .wire import WireError, decode, encode, topics
 
 __all__ = [
     "BrokerError",
     "BrokerHandle",
+    "MemoryBroker",
+    "MemoryTransport",
+    "Message",
+    "NeighbourTimeoutError",
+    "Node",
+    "NodeResult",
+    "Transport",
+    "Will",
+    "WireError",
+    "decode",
+    "encode",
     "free_port",
+    "host_nodes",
     "mosquitto_binary",
+    "run_edges",
     "start_amqtt",
     "start_broker",
     "start_mosquitto",
+    "topics",
 ]

@@ -1,0 +1,132 @@
+"""An in-process MQTT-like broker and its transport, for fast tests and in-process runs.
+
+Semantics kept from MQTT: topic filters with ``+``/``#``, retained messages (an empty retained
+payload clears), per-publisher ordering, last wills on an unclean close, one delivery per client
+even with overlapping subscriptions (Mosquitto's behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Self
+
+from ..errors import ConfigError, NlaggError
+from .transport import Message, Will, topic_matches, valid_filter
+
+__all__ = ["MemoryBroker", "MemoryTransport"]
+
+
+class MemoryBroker:
+    """Routes messages between :class:`MemoryTransport` clients of one event loop."""
+
+    def __init__(self) -> None:
+        self.retained: dict[str, bytes] = {}
+        self._clients: dict[str, MemoryTransport] = {}
+        self.published = 0
+
+    def attach(self, client: MemoryTransport) -> None:
+        old = self._clients.get(client.client_id)
+        if old is not None and old is not client:
+            old._drop(publish_will=False)
+        self._clients[client.client_id] = client
+
+    def detach(self, client: MemoryTransport) -> None:
+        if self._clients.get(client.client_id) is client:
+            del self._clients[client.client_id]
+
+    def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        self.published += 1
+        if retain:
+            if payload:
+                self.retained[topic] = payload
+            else:
+                self.retained.pop(topic, None)
+        for client in list(self._clients.values()):
+            if client.wants(topic):
+                client._deliver(Message(topic, payload, False))
+
+    def retained_for(self, pattern: str) -> list[Message]:
+        return [Message(t, p, True) for t, p in self.retained.items() if topic_matches(pattern, t)]
+
+
+class MemoryTransport:
+    """A :class:`~nlagg_node.runtime.transport.Transport` on a :class:`MemoryBroker`."""
+
+    def __init__(self, broker: MemoryBroker, client_id: str, *, will: Will | None = None) -> None:
+        self.broker = broker
+        self.client_id = client_id
+        self.will = will
+        self._filters: list[str] = []
+        self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._connected = False
+
+    async def connect(self) -> None:
+        self.broker.attach(self)
+        self._connected = True
+
+    def _require(self) -> None:
+        if not self._connected:
+            raise NlaggError(f"memory transport {self.client_id!r} is not connected")
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        self._require()
+        if not topic or "+" in topic or "#" in topic:
+            raise ConfigError("topic", topic, "a publish topic must be non-empty without wildcards")
+        self.broker.route(topic, payload, retain)
+
+    async def subscribe(self, *filters: str, qos: int = 1) -> None:
+        self._require()
+        for pattern in filters:
+            if not valid_filter(pattern):
+                raise ConfigError("topic_filter", pattern, "not a valid MQTT topic filter")
+            if pattern not in self._filters:
+                self._filters.append(pattern)
+            for msg in self.broker.retained_for(pattern):
+                self._deliver(msg)
+
+    def wants(self, topic: str) -> bool:
+        return any(topic_matches(p, topic) for p in self._filters)
+
+    def _deliver(self, msg: Message) -> None:
+        self._queue.put_nowait(msg)
+
+    async def messages(self) -> AsyncIterator[Message]:
+        while True:
+            msg = await self._queue.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _drop(self, publish_will: bool) -> None:
+        if not self._connected:
+            return
+        self._connected = False
+        self.broker.detach(self)
+        self._queue.put_nowait(None)
+        if publish_will and self.will is not None:
+            self.broker.route(self.will.topic, self.will.payload, self.will.retain)
+
+    async def close(self) -> None:
+        """Clean disconnect: the will is discarded."""
+        self._drop(publish_will=False)
+
+    def abort(self) -> None:
+        """Unclean loss of the connection: the broker publishes the will."""
+        self._drop(publish_will=True)
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None or exc_type is asyncio.CancelledError:
+            await self.close()
+        else:
+            self.abort()

@@ -1,0 +1,269 @@
+"""Wire protocol v1: topics, message models, exact-float JSON encoding (see ``docs/protocol.md``).
+
+Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
+
+    P/R/config                  retained, the public run configuration (launcher only)
+    P/R/edge/{i}/{j}/z0         z_{i|j}^(0), once per dual group, node i -> neighbour j
+    P/R/node/{i}/x              x_i^(t), every iteration t
+    P/R/node/{i}/status         retained; online | running | done | offline (the last will)
+    P/R/adv/{i}/state           only from a corrupted node: s_i and its duals, every iteration
+
+Payloads are UTF-8 JSON objects with ``"v": 1``. Floats are written by :func:`json.dumps`,
+i.e. with Python's shortest round-trip ``repr``, so a transcript holds the exact doubles;
+NaN and infinities are refused on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import NlaggError
+
+__all__ = [
+    "MAX_PAYLOAD_BYTES",
+    "PROTOCOL_VERSION",
+    "AdvStateMsg",
+    "ConfigMsg",
+    "StatusMsg",
+    "TopicInfo",
+    "WireError",
+    "WireMessage",
+    "XMsg",
+    "Z0Msg",
+    "check_run_id",
+    "decode",
+    "encode",
+    "parse_topic",
+    "topics",
+]
+
+PROTOCOL_VERSION = 1
+MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a config with a few thousand edges fits, garbage does not
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
+
+Kind = Literal["config", "z0", "x", "status", "adv"]
+NodeState = Literal["online", "running", "done", "offline"]
+
+
+class WireError(NlaggError):
+    """A message that does not follow wire protocol v1; names the field and the value received."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{field}={shown}: {reason}")
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+Finite = Annotated[float, AfterValidator(_finite)]
+NodeId = Annotated[int, Field(ge=0)]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+    v: Literal[1] = 1
+
+
+class ConfigMsg(_Msg):
+    """``P/R/config``: what every participant may know. Never a private value, never a seed."""
+
+    run_id: str
+    n: Annotated[int, Field(ge=2)]
+    edges: list[tuple[NodeId, NodeId]]
+    run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
+    phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
+
+
+class Z0Msg(_Msg):
+    """``P/R/edge/{i}/{j}/z0``: ``z_{i|j}^(0)`` of dual group ``group``."""
+
+    from_: NodeId = Field(alias="from")
+    to: NodeId
+    group: str
+    z: Finite
+
+
+class XMsg(_Msg):
+    """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases."""
+
+    node: NodeId
+    t: Annotated[int, Field(ge=0)]
+    phase: str
+    x: Finite
+
+
+class StatusMsg(_Msg):
+    """``P/R/node/{i}/status`` (retained). ``done`` carries the final x of every phase."""
+
+    node: NodeId
+    state: NodeState
+    final: list[Finite] | None = None
+    output: list[Finite] | None = None
+    iterations: Annotated[int, Field(ge=0)] | None = None
+
+
+class AdvStateMsg(_Msg):
+    """``P/R/adv/{i}/state``: a corrupted node's s_i and duals z_{i|j}^(t), z_{j|i}^(t) (keys: str(j))."""
+
+    node: NodeId
+    t: Annotated[int, Field(ge=0)]
+    s: Finite
+    z: dict[str, Finite]
+    z_in: dict[str, Finite]
+
+
+WireMessage = ConfigMsg | Z0Msg | XMsg | StatusMsg | AdvStateMsg
+_MODELS: dict[str, type[_Msg]] = {
+    "config": ConfigMsg,
+    "z0": Z0Msg,
+    "x": XMsg,
+    "status": StatusMsg,
+    "adv": AdvStateMsg,
+}
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """What a topic says: message kind, the publishing node (None for config), the peer (z0 only)."""
+
+    kind: Kind
+    node: int | None = None
+    peer: int | None = None
+
+
+def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` if it is 1-64 characters of ``[A-Za-z0-9_-]``, else raise :class:`WireError`."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+        raise WireError("run_id", run_id, "must be 1-64 characters of [A-Za-z0-9_-]")
+    return run_id
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is one or more ``/``-separated levels of ``[A-Za-z0-9_-]``."""
+    if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
+        raise WireError("prefix", prefix, "must be levels of [A-Za-z0-9_-] separated by '/'")
+    return prefix
+
+
+class topics:  # noqa: N801 - a namespace of topic builders, read as topics.x(...)
+    """Topic builders for one run: ``topics("nlagg", "r1").x(3) == "nlagg/r1/node/3/x"``."""
+
+    def __init__(self, prefix: str, run_id: str) -> None:
+        self.base = f"{check_prefix(prefix)}/{check_run_id(run_id)}"
+
+    @property
+    def all(self) -> str:
+        return f"{self.base}/#"
+
+    @property
+    def config(self) -> str:
+        return f"{self.base}/config"
+
+    def z0(self, i: int | str, j: int | str) -> str:
+        return f"{self.base}/edge/{i}/{j}/z0"
+
+    def x(self, i: int | str) -> str:
+        return f"{self.base}/node/{i}/x"
+
+    def status(self, i: int | str) -> str:
+        return f"{self.base}/node/{i}/status"
+
+    def adv(self, i: int | str) -> str:
+        return f"{self.base}/adv/{i}/state"
+
+
+def _node_id(part: str, field: str, topic: str) -> int:
+    if not part.isdigit() or (len(part) > 1 and part[0] == "0") or len(part) > 9:
+        raise WireError(field, topic, f"node id {part!r} is not a non-negative integer")
+    return int(part)
+
+
+def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
+    """Classify a topic of run ``run_id``; raise :class:`WireError` for anything else."""
+    base = f"{prefix}/{run_id}/"
+    if not topic.startswith(base):
+        raise WireError("topic", topic, f"not under {base}")
+    parts = topic[len(base) :].split("/")
+    if parts == ["config"]:
+        return TopicInfo("config")
+    if len(parts) == 4 and parts[0] == "edge" and parts[3] == "z0":
+        return TopicInfo("z0", _node_id(parts[1], "topic", topic), _node_id(parts[2], "topic", topic))
+    if len(parts) == 3 and parts[0] == "node" and parts[2] in ("x", "status"):
+        kind: Kind = "x" if parts[2] == "x" else "status"
+        return TopicInfo(kind, _node_id(parts[1], "topic", topic))
+    if len(parts) == 3 and parts[0] == "adv" and parts[2] == "state":
+        return TopicInfo("adv", _node_id(parts[1], "topic", topic))
+    raise WireError("topic", topic, "not a topic of wire protocol v1")
+
+
+def encode(msg: WireMessage) -> bytes:
+    """UTF-8 JSON with shortest round-trip floats; raises :class:`WireError` on NaN/inf."""
+    try:
+        text = json.dumps(msg.model_dump(by_alias=True), allow_nan=False, separators=(",", ":"))
+    except ValueError as exc:
+        raise WireError(type(msg).__name__, msg, f"cannot encode ({exc})") from None
+    return text.encode("utf-8")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicInfo, WireMessage]:
+    """Parse and validate one message; check that its body agrees with its topic.
+
+    Raises
+    ------
+    WireError
+        Foreign topic, oversized or non-UTF-8 payload, invalid JSON, NaN/inf, a missing or
+        wrong field (named with its value), or a body that contradicts the topic.
+    """
+    info = parse_topic(topic, prefix, run_id)
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError("payload", f"<{len(payload)} bytes>", f"larger than {MAX_PAYLOAD_BYTES} bytes")
+    try:
+        data = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise WireError("payload", payload[:60], f"not UTF-8 JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise WireError("payload", data, "must be a JSON object")
+    if data.get("v") != PROTOCOL_VERSION:
+        raise WireError("v", data.get("v"), f"protocol version must be {PROTOCOL_VERSION}")
+    model = _MODELS[info.kind]
+    try:
+        msg: WireMessage = model.model_validate(data)  # type: ignore[assignment]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or info.kind
+        raise WireError(loc, err.get("input"), err["msg"].removeprefix("Value error, ")) from None
+    _check_agrees(info, msg, topic)
+    return info, msg
+
+
+def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:
+    if isinstance(msg, Z0Msg):
+        if (msg.from_, msg.to) != (info.node, info.peer):
+            raise WireError("from/to", (msg.from_, msg.to), f"disagrees with topic {topic}")
+        if msg.from_ == msg.to:
+            raise WireError("to", msg.to, "a node has no edge to itself")
+    elif isinstance(msg, XMsg | StatusMsg | AdvStateMsg):
+        if msg.node != info.node:
+            raise WireError("node", msg.node, f"disagrees with topic {topic}")
+    elif isinstance(msg, ConfigMsg) and msg.run_id != topic.split("/")[-2]:
+        raise WireError("run_id", msg.run_id, f"disagrees with topic {topic}")

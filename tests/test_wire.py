@@ -1,0 +1,164 @@
+"""Wire protocol v1: topics, exact floats, validation errors that name field and value."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nlagg_node.runtime.transport import topic_matches, valid_filter
+from nlagg_node.runtime.wire import (
+    MAX_PAYLOAD_BYTES,
+    AdvStateMsg,
+    StatusMsg,
+    TopicInfo,
+    WireError,
+    XMsg,
+    Z0Msg,
+    check_run_id,
+    decode,
+    encode,
+    parse_topic,
+    topics,
+)
+
+T = topics("nlagg", "r1")
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_x_roundtrip_is_bit_exact(x: float) -> None:
+    payload = encode(XMsg(node=3, t=7, phase="max", x=x))
+    _, msg = decode(T.x(3), payload, "nlagg", "r1")
+    assert isinstance(msg, XMsg)
+    assert math.copysign(1.0, msg.x) == math.copysign(1.0, x)
+    assert msg.x == x
+
+
+def test_floats_use_shortest_repr() -> None:
+    payload = encode(XMsg(node=0, t=0, phase="max", x=0.1 + 0.2))
+    assert payload == b'{"v":1,"node":0,"t":0,"phase":"max","x":0.30000000000000004}'
+
+
+def test_z0_uses_from_key() -> None:
+    payload = encode(Z0Msg.model_validate({"from": 2, "to": 5, "group": "max", "z": -1.5}))
+    assert json.loads(payload) == {"v": 1, "from": 2, "to": 5, "group": "max", "z": -1.5}
+    info, msg = decode(T.z0(2, 5), payload, "nlagg", "r1")
+    assert info == TopicInfo("z0", 2, 5)
+    assert isinstance(msg, Z0Msg)
+    assert (msg.from_, msg.to) == (2, 5)
+
+
+@pytest.mark.parametrize(
+    ("topic", "expected"),
+    [
+        ("nlagg/r1/config", TopicInfo("config")),
+        ("nlagg/r1/edge/0/12/z0", TopicInfo("z0", 0, 12)),
+        ("nlagg/r1/node/4/x", TopicInfo("x", 4)),
+        ("nlagg/r1/node/4/status", TopicInfo("status", 4)),
+        ("nlagg/r1/adv/9/state", TopicInfo("adv", 9)),
+    ],
+    ids=["config", "z0", "x", "status", "adv"],
+)
+def test_parse_topic(topic: str, expected: TopicInfo) -> None:
+    assert parse_topic(topic, "nlagg", "r1") == expected
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "nlagg/r2/node/4/x",
+        "nlagg/r1/node/04/x",
+        "nlagg/r1/node/-1/x",
+        "nlagg/r1/node/4/y",
+        "nlagg/r1/edge/1/z0",
+    ],
+    ids=["other-run", "leading-zero", "negative", "unknown-leaf", "short-edge"],
+)
+def test_foreign_topics_are_rejected(topic: str) -> None:
+    with pytest.raises(WireError, match="topic"):
+        parse_topic(topic, "nlagg", "r1")
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (b'{"v":1,"node":3,"t":0,"phase":"max","x":NaN}', "payload"),
+        (b'{"v":1,"node":3,"t":0,"phase":"max","x":1e999}', "x"),
+        (b'{"v":1,"node":3,"t":"0","phase":"max","x":1.0}', "t"),
+        (b'{"v":1,"node":3,"t":-1,"phase":"max","x":1.0}', "t"),
+        (b'{"v":1,"node":4,"t":0,"phase":"max","x":1.0}', "node"),
+        (b'{"v":2,"node":3,"t":0,"phase":"max","x":1.0}', "v"),
+        (b'{"v":1,"node":3,"t":0,"phase":"max"}', "x"),
+        (b'{"v":1,"node":3,"t":0,"phase":"max","x":1.0,"s":0.5}', "s"),
+        (b"[1,2]", "payload"),
+        (b"\xff\xfe", "payload"),
+    ],
+    ids=[
+        "nan",
+        "inf",
+        "string-int",
+        "negative-t",
+        "node-mismatch",
+        "version",
+        "missing",
+        "extra",
+        "array",
+        "binary",
+    ],
+)
+def test_malformed_payload_names_field(payload: bytes, field: str) -> None:
+    with pytest.raises(WireError) as info:
+        decode(T.x(3), payload, "nlagg", "r1")
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}=")
+
+
+def test_oversized_payload_is_rejected_before_parsing() -> None:
+    with pytest.raises(WireError, match="larger than"):
+        decode(T.x(3), b" " * (MAX_PAYLOAD_BYTES + 1), "nlagg", "r1")
+
+
+def test_encode_refuses_nan() -> None:
+    msg = AdvStateMsg.model_construct(node=1, t=0, s=float("nan"), z={}, z_in={})
+    with pytest.raises(WireError, match="cannot encode"):
+        encode(msg)
+
+
+def test_status_done_carries_final() -> None:
+    payload = encode(StatusMsg(node=1, state="done", final=[1.5], output=[1.5], iterations=10))
+    _, msg = decode(T.status(1), payload, "nlagg", "r1")
+    assert isinstance(msg, StatusMsg)
+    assert msg.output == [1.5]
+
+
+@pytest.mark.parametrize(
+    "run_id", ["", "a b", "x" * 65, "a/b", "ü"], ids=["empty", "space", "long", "slash", "utf8"]
+)
+def test_bad_run_id(run_id: str) -> None:
+    with pytest.raises(WireError, match="run_id"):
+        check_run_id(run_id)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "topic", "match"),
+    [
+        ("a/+/c", "a/b/c", True),
+        ("a/+/c", "a/b/d", False),
+        ("a/#", "a", True),
+        ("a/#", "a/b/c", True),
+        ("+/b", "a/b/c", False),
+        ("#", "$SYS/x", False),
+        ("a/b", "a/b", True),
+    ],
+    ids=["plus", "plus-miss", "hash-parent", "hash-deep", "too-short", "sys", "literal"],
+)
+def test_topic_matches(pattern: str, topic: str, match: bool) -> None:
+    assert topic_matches(pattern, topic) is match
+
+
+@pytest.mark.parametrize(("pattern", "ok"), [("a/#", True), ("a/#/b", False), ("a+/b", False), ("", False)])
+def test_valid_filter(pattern: str, ok: bool) -> None:
+    assert valid_filter(pattern) is ok
