@@ -129,7 +129,8 @@ class MqttTransport:
                 last = str(exc)
                 if "authori" in last.lower() or "bad user" in last.lower():
                     raise NlaggError(f"broker {self.url} refused client {self.client_id!r}: {last}") from None
-                delay = float(self._jitter.uniform(0.0, min(self.backoff_max, self.backoff_base * 2**attempt)))
+                cap = min(self.backoff_max, self.backoff_base * 2**attempt)
+                delay = float(self._jitter.uniform(0.0, cap))
                 log.info("connect to %s failed (%s); retrying in %.2f s", self.url, last, delay)
                 await asyncio.sleep(delay)
                 continue
