@@ -1,0 +1,155 @@
+"""``nlagg deploy``: generate a deployment plan, a docker-compose file, and start one node from its file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ._app import app
+
+deploy_app = typer.Typer(
+    name="deploy",
+    help="Deployment: broker credentials and ACLs, per-node files, docker-compose, Raspberry Pi nodes.",
+    no_args_is_help=True,
+)
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command("plan")
+def plan_cmd(
+    out: Annotated[Path, typer.Option(help="directory to write the plan into")],
+    run_id: Annotated[str, typer.Option(help="run id R (topics P/R/...): 1-64 of [A-Za-z0-9_-]")],
+    n: Annotated[int, typer.Option(help="number of nodes")] = 15,
+    graph: Annotated[str, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")] = "rgg",
+    graph_file: Annotated[Path | None, typer.Option(help="edge list for --graph file")] = None,
+    op: Annotated[
+        str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
+    ] = "max",
+    corrupt: Annotated[str | None, typer.Option(help="a count (2) drawn from the seed, or ids (3,7)")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="run seed for graph, values, corrupted set (OS entropy if unset)")
+    ] = None,
+    replay: Annotated[
+        bool, typer.Option(help="give nodes the run seed so z^(0) replays the simulator (lab only)")
+    ] = False,
+    prefix: Annotated[str, typer.Option(help="topic prefix P")] = "nlagg",
+    broker: Annotated[
+        str, typer.Option(help="URL nodes and eavesdropper connect to")
+    ] = "mqtt://localhost:1883",
+    listen: Annotated[
+        str, typer.Option(help="broker listener: PORT or HOST:PORT (PORT = every address)")
+    ] = "1883",
+    value: Annotated[float | None, typer.Option(help="the same constant value on every node")] = None,
+    value_file: Annotated[str | None, typer.Option(help="every node reads its value from this file")] = None,
+    value_cmd: Annotated[
+        str | None, typer.Option(help="every node runs this shell command for its value")
+    ] = None,
+    t_max: Annotated[
+        int | None, typer.Option(help="iterations per phase (operator default if unset)")
+    ] = None,
+    c: Annotated[float | None, typer.Option(help="PDMM step parameter c")] = None,
+    mu_z: Annotated[float | None, typer.Option(help="mean offset of z^(0)")] = None,
+    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
+    quantile: Annotated[float | None, typer.Option(help="quantile level p in (0, 1)")] = None,
+    values: Annotated[str | None, typer.Option(help="drawn values: normal, uniform or bimodal")] = None,
+    tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
+    tls_certfile: Annotated[str | None, typer.Option(help="broker TLS: server certificate (PEM)")] = None,
+    tls_keyfile: Annotated[str | None, typer.Option(help="broker TLS: server key (PEM)")] = None,
+    force: Annotated[bool, typer.Option(help="replace an existing plan in --out")] = False,
+) -> None:
+    """Write run.toml, graph.json, nodes/<i>.toml, secrets/, broker/ (conf, passwd, ACL) and commands.txt."""
+    from ..config import load_config
+    from ..deploy import PlanSpec, TlsFiles, ValueSource, build_plan, write_plan
+    from ..errors import ConfigError
+
+    cfg = load_config(
+        None,
+        op=op,
+        n=n,
+        graph="file" if graph_file is not None else graph,
+        graph_file=graph_file,
+        t_max=t_max,
+        c=c,
+        mu_z=mu_z,
+        k=k,
+        quantile=quantile,
+        values=values,
+    )
+    given = [
+        (name, v)
+        for name, v in (("value", value), ("value_file", value_file), ("value_cmd", value_cmd))
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise ConfigError(given[1][0], given[1][1], f"give at most one value source (also got {given[0][0]})")
+    source = None
+    if value is not None:
+        source = ValueSource(source="constant", value=value)
+    elif value_file is not None:
+        source = ValueSource(source="file", path=value_file)
+    elif value_cmd is not None:
+        source = ValueSource(source="command", command=value_cmd)
+    tls_parts = (tls_cafile, tls_certfile, tls_keyfile)
+    if any(tls_parts) and not all(tls_parts):
+        raise ConfigError("tls", tls_parts, "give --tls-cafile, --tls-certfile and --tls-keyfile together")
+    host, _, port_text = listen.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError("listen", listen, "expected PORT or HOST:PORT") from None
+    spec = PlanSpec(
+        run=cfg,
+        run_id=run_id,
+        prefix=prefix,
+        corrupt=corrupt,
+        seed=seed,
+        replay=replay,
+        broker_url=broker,
+        listen_host=host or None,
+        listen_port=port,
+        value_source=source,
+        tls=TlsFiles(*tls_parts) if all(tls_parts) else None,  # type: ignore[arg-type]
+    )
+    plan = build_plan(spec)
+    write_plan(plan, out, force=force)
+    corrupted = ",".join(str(i) for i in plan.corrupted) or "none"
+    print(
+        f"plan for run {run_id}: n={plan.n}, {len(plan.edges)} edges, corrupted {corrupted}, written to {out}"
+    )
+    print(f"start each part by hand with the lines of {out / 'commands.txt'}")
+
+
+@deploy_app.command("compose")
+def compose_cmd(
+    plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan")],
+    compose_dir: Annotated[
+        Path | None, typer.Option(help="where docker-compose.yml will live (default: here)")
+    ] = None,
+) -> None:
+    """Print a docker-compose file (broker, eavesdropper, every node) for the plan: > docker-compose.yml."""
+    from ..deploy import compose_yaml, load_plan
+
+    sys.stdout.write(compose_yaml(load_plan(plan), compose_dir=compose_dir))
+
+
+@deploy_app.command("node")
+def node_cmd(
+    node_file: Annotated[Path, typer.Argument(help="the node's private file (nodes/<i>.toml)")],
+    broker: Annotated[str | None, typer.Option(help="override the broker URL of the file")] = None,
+    dry_run: Annotated[bool, typer.Option(help="print the nlagg node command instead of running it")] = False,
+) -> None:
+    """Start one node from its file: runs `nlagg node` with the file's id, value source and credentials."""
+    from ..deploy.nodefile import nlagg_program, node_argv, resolve_node, shell_line
+
+    node, base = resolve_node(node_file)
+    argv = node_argv(node, broker=broker)
+    if dry_run:
+        print(f"cd {base} && {shell_line(argv)}")
+        return
+    os.chdir(base)
+    sys.stdout.flush()
+    os.execv(nlagg_program(), argv)

@@ -1,0 +1,149 @@
+"""A node's private deployment file (``nodes/<i>.toml``) and the ``nlagg node`` command it stands for.
+
+Relative paths in a node file are resolved against its ``base_dir`` (itself relative to the
+node file; ``..`` in a plan, where node files live in ``nodes/``). The password never
+appears on a command line: only the path of the file holding it.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import ConfigError
+from . import _toml
+
+__all__ = ["NodeFile", "ValueSource", "load_node_file", "node_argv", "node_file_text"]
+
+ValueKind = Literal["constant", "file", "command"]
+
+
+class ValueSource(BaseModel):
+    """Where a node's private value comes from.
+
+    ``constant``: ``value``. ``file``: the first number in ``path`` (e.g. a sensor export).
+    ``command``: the first number a shell command prints, e.g.
+    ``awk '{print $1/1000}' /sys/class/thermal/thermal_zone0/temp`` (SoC temperature in °C).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: ValueKind
+    value: float | None = None
+    path: str | None = None
+    command: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ValueSource:
+        given = {"constant": self.value, "file": self.path, "command": self.command}
+        if given[self.source] is None:
+            field = {"constant": "value", "file": "path", "command": "command"}[self.source]
+            raise ValueError(f"value.{field}=None: source {self.source!r} needs it")
+        extra = [k for k, v in given.items() if v is not None and k != self.source]
+        if extra:
+            raise ValueError(f"value.source={self.source!r}: also gives {extra[0]} (give exactly one source)")
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError(f"value.value={self.value!r}: must be a finite number")
+        return self
+
+
+class NodeFile(BaseModel):
+    """Contents of ``nodes/<i>.toml``: everything one device needs besides the public run.toml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int = Field(ge=0)
+    run_id: str
+    base_dir: str = ".."
+    config: str = "run.toml"
+    broker: str
+    username: str
+    password_file: str
+    corrupt: bool = False
+    seed: int | None = Field(None, ge=0)
+    value: ValueSource
+
+
+def node_file_text(node: NodeFile) -> str:
+    """TOML text of a node file, with a comment saying it is private."""
+    doc = node.model_dump(exclude_none=True)
+    head = (
+        f"# Node {node.id} of run {node.run_id}: PRIVATE (its value source and credentials).\n"
+        "# Keep it on the device. Relative paths are resolved against base_dir, which is\n"
+        "# relative to this file. Start the node with: nlagg deploy node <this file>\n"
+    )
+    if node.seed is not None:
+        head += "# seed: lab replay mode (z^(0) derived from the run seed, as in the simulator).\n"
+    return head + _toml.dumps(doc)
+
+
+def load_node_file(path: Path) -> NodeFile:
+    """Read and validate a node file; errors name the field and the value."""
+    if not path.is_file():
+        raise ConfigError("node_file", str(path), "no such file")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("node_file", str(path), f"invalid TOML ({exc})") from None
+    try:
+        return NodeFile.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "node_file"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ConfigError(loc, err.get("input"), f"{msg} (in {path})") from None
+
+
+def node_argv(node: NodeFile, *, broker: str | None = None, program: str = "nlagg") -> list[str]:
+    """The ``nlagg node`` argument vector of a node, paths relative to its ``base_dir``."""
+    argv = [program, "node", "--id", str(node.id), "--config", node.config]
+    src = node.value
+    if src.source == "constant":
+        argv += ["--value", repr(src.value)]
+    elif src.source == "file":
+        argv += ["--value-file", str(src.path)]
+    else:
+        argv += ["--value-cmd", str(src.command)]
+    argv += ["--broker", broker or node.broker, "--username", node.username]
+    argv += ["--password-file", node.password_file]
+    if node.seed is not None:
+        argv += ["--seed", str(node.seed)]
+    if node.corrupt:
+        argv.append("--corrupt")
+    return argv
+
+
+def shell_line(argv: list[str]) -> str:
+    """One shell-quoted command line."""
+    return shlex.join(argv)
+
+
+def nlagg_program() -> str:
+    """The ``nlagg`` executable: the one beside this Python (a venv's bin/), else the first on PATH."""
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).with_name("nlagg")
+    if beside.is_file() and beside.stat().st_mode & 0o111:
+        return str(beside)
+    found = shutil.which("nlagg")
+    if found is None:
+        raise ConfigError("program", "nlagg", "not found beside the Python interpreter nor on PATH")
+    return found
+
+
+def resolve_node(path: Path) -> tuple[NodeFile, Path]:
+    """Load a node file and check that its config and password file exist; return it and its base dir."""
+    node = load_node_file(path)
+    base = (path.parent / node.base_dir).resolve()
+    for field, rel in (("config", node.config), ("password_file", node.password_file)):
+        if not (base / rel).is_file():
+            raise ConfigError(field, str(base / rel), f"no such file (from {path})")
+    if node.value.source == "file" and not (base / str(node.value.path)).is_file():
+        raise ConfigError("value.path", str(base / str(node.value.path)), f"no such file (from {path})")
+    return node, base

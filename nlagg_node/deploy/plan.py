@@ -1,0 +1,399 @@
+"""``nlagg deploy plan``: every file a real deployment needs, generated from one run description.
+
+Layout of a plan directory ``DIR``::
+
+    run.toml            public: [run] (RunConfig, graph as a file, no seed) and [network] (prefix, run_id)
+    graph.json          public: the communication graph {"n": N, "edges": [[i, j], ...]}
+    plan.toml           the operator's record (seed, corrupted ids, users, broker); not for the nodes
+    nodes/<i>.toml      private, one per node: id, value source, broker, user, password file
+    secrets/<user>.pw   one clear-text password per broker user, mode 0600 (directory 0700)
+    broker/mosquitto.conf         run from DIR: mosquitto -c broker/mosquitto.conf
+    broker/mosquitto-docker.conf  the same for the eclipse-mosquitto container (/mosquitto/...)
+    broker/passwd, broker/acl     password file (PBKDF2-SHA512, mosquitto_passwd format) and ACL
+    commands.txt        the exact command that starts each part by hand, run from DIR
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..config import RunConfig, validate_config
+from ..errors import ConfigError
+from ..graphs import neighbours
+from ..rng import rng_for
+from . import _toml
+from .mosquitto_auth import (
+    EAVESDROPPER_USER,
+    LAUNCHER_USER,
+    BrokerPaths,
+    TlsFiles,
+    acl_text,
+    hash_password,
+    mosquitto_conf,
+    new_password,
+    node_user,
+    password_file_text,
+)
+from .nodefile import NodeFile, ValueSource, node_argv, node_file_text, shell_line
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DeployPlan",
+    "PlanSpec",
+    "build_plan",
+    "load_plan",
+    "parse_corrupt",
+    "write_plan",
+]
+
+DEFAULT_PREFIX = "nlagg"
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TRANSCRIPT_NAME = "transcript.sqlite"
+
+
+def parse_corrupt(spec: str | None, n: int, seed: int) -> list[int]:
+    """``None``/``""``/``0``: nobody. ``"2"``: two nodes drawn from the run seed. ``"3,7"``: those ids."""
+    if spec is None or spec.strip() in ("", "0", "none"):
+        return []
+    text = spec.strip()
+    try:
+        if "," not in text:
+            count = int(text)
+            if not 0 <= count < n:
+                raise ConfigError(
+                    "corrupt", spec, f"a count must lie in 0..{n - 1} (at least one honest node)"
+                )
+            picked = rng_for(seed, "corrupt", 0).choice(n, size=count, replace=False)
+            return sorted(int(i) for i in picked)
+        ids = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ConfigError("corrupt", spec, "use a count (2) or a comma-separated id list (3,7)") from None
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
+    if len(ids) >= n:
+        raise ConfigError("corrupt", spec, "at least one node must stay honest")
+    return ids
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What ``nlagg deploy plan`` is asked for.
+
+    Attributes
+    ----------
+    run : the run's parameters (``graph`` may be random; it is drawn once here and frozen in graph.json).
+    run_id, prefix : topic root ``prefix/run_id``.
+    corrupt : ``parse_corrupt`` spec.
+    seed : the run seed; None draws one from OS entropy (then nodes draw z^(0) from OS entropy too).
+    replay : give every node file the run seed, so z^(0) replays the simulator (lab testbeds only).
+    broker_url : what nodes and the eavesdropper connect to.
+    listen_host, listen_port : the broker's listener (host None = every address).
+    value_source : one source for every node (e.g. a sensor command); None = constants drawn from
+        ``run.values`` with the seed (the simulator's trial-0 values).
+    tls : server TLS files, off by default.
+    """
+
+    run: RunConfig
+    run_id: str
+    prefix: str = DEFAULT_PREFIX
+    corrupt: str | None = None
+    seed: int | None = None
+    replay: bool = False
+    broker_url: str = "mqtt://localhost:1883"
+    listen_host: str | None = None
+    listen_port: int = 1883
+    value_source: ValueSource | None = None
+    tls: TlsFiles | None = None
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    """A generated plan, in memory (``write_plan`` puts it on disk)."""
+
+    spec: PlanSpec
+    seed: int
+    public: RunConfig
+    edges: list[list[int]]
+    neighbours: list[list[int]]
+    corrupted: list[int]
+    nodes: list[NodeFile]
+    passwords: dict[str, str] = field(repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.public.n
+
+    @property
+    def users(self) -> list[str]:
+        return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(self.n))]
+
+
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts", "tcp") or not parts.hostname:
+        raise ConfigError("broker", url, "expected mqtt://host:port")
+    return url
+
+
+def build_plan(spec: PlanSpec) -> DeployPlan:
+    """Draw the graph, the corrupted set, the values and the passwords of a deployment."""
+    if not _RUN_ID_RE.match(spec.run_id):
+        raise ConfigError("run_id", spec.run_id, "use 1-64 characters of [A-Za-z0-9_-]")
+    if not _RUN_ID_RE.match(spec.prefix):
+        raise ConfigError("prefix", spec.prefix, "use 1-64 characters of [A-Za-z0-9_-]")
+    _check_url(spec.broker_url)
+    if spec.replay and spec.seed is None:
+        raise ConfigError("replay", True, "replay mode needs an explicit --seed")
+    import secrets
+
+    seed = spec.seed if spec.seed is not None else secrets.randbits(63)
+    run = spec.run.model_copy(update={"seed": seed, "trials": 1})
+    edges_arr = run.graph_spec().build(rng_for(seed, "graph", 0))
+    edges = [[int(a), int(b)] for a, b in edges_arr.tolist()]
+    n = run.n
+    public = validate_config(
+        {
+            **run.resolved().model_dump(exclude={"seed", "graph_file", "radius", "edge_probability"}),
+            "graph": "file",
+            "graph_file": "graph.json",
+        }
+    )
+    corrupted = parse_corrupt(spec.corrupt, n, seed)
+    if spec.value_source is None:
+        from ..sim.values import draw_values
+
+        values = draw_values(run.values, seed, 1, n)[0]
+        sources = [ValueSource(source="constant", value=float(v)) for v in values]
+    else:
+        sources = [spec.value_source] * n
+    passwords = {user: new_password() for user in [LAUNCHER_USER, EAVESDROPPER_USER]}
+    nodes = []
+    for i in range(n):
+        user = node_user(i)
+        passwords[user] = new_password()
+        nodes.append(
+            NodeFile(
+                id=i,
+                run_id=spec.run_id,
+                broker=spec.broker_url,
+                username=user,
+                password_file=f"secrets/{user}.pw",
+                corrupt=i in corrupted,
+                seed=seed if spec.replay else None,
+                value=sources[i],
+            )
+        )
+    return DeployPlan(
+        spec=spec,
+        seed=seed,
+        public=public,
+        edges=edges,
+        neighbours=neighbours(n, edges_arr),
+        corrupted=corrupted,
+        nodes=nodes,
+        passwords=passwords,
+    )
+
+
+def _public_toml(plan: DeployPlan) -> str:
+    run = plan.public.model_dump(mode="json", exclude_none=True, exclude={"seed"})
+    doc = {"run": run, "network": {"prefix": plan.spec.prefix, "run_id": plan.spec.run_id}}
+    head = (
+        f"# Public configuration of run {plan.spec.run_id}: safe to publish (no private value, no seed).\n"
+        "# graph_file is relative to this file's directory; start nodes from here.\n"
+    )
+    return head + _toml.dumps(doc)
+
+
+def _plan_toml(plan: DeployPlan) -> str:
+    doc: dict[str, Any] = {
+        "plan": {
+            "run_id": plan.spec.run_id,
+            "prefix": plan.spec.prefix,
+            "n": plan.n,
+            "graph": plan.spec.run.graph,
+            "seed": plan.seed,
+            "replay": plan.spec.replay,
+            "corrupted": plan.corrupted,
+            "broker": plan.spec.broker_url,
+            "listen_port": plan.spec.listen_port,
+            "tls": plan.spec.tls is not None,
+            "users": plan.users,
+            "transcript": TRANSCRIPT_NAME,
+        }
+    }
+    if plan.spec.listen_host:
+        doc["plan"]["listen_host"] = plan.spec.listen_host
+    head = "# Operator's record of this plan (seed, corrupted nodes): keep it off the nodes.\n"
+    return head + _toml.dumps(doc)
+
+
+def eavesdrop_argv(plan_run_id: str, broker: str, db: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """The ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw)."""
+    argv = ["nlagg", "eavesdrop", "--broker", broker, "--run-id", plan_run_id, "--db", db]
+    if prefix != DEFAULT_PREFIX:
+        argv += ["--prefix", prefix]
+    argv += ["--username", EAVESDROPPER_USER, "--password-file", f"secrets/{EAVESDROPPER_USER}.pw"]
+    return argv
+
+
+def commands_text(plan: DeployPlan) -> str:
+    """``commands.txt``: one command per part, each to be run from the plan directory."""
+    url = plan.spec.broker_url
+    lines = [
+        f"# Run {plan.spec.run_id}: start each part by hand, every command from this plan directory.",
+        "# Passwords come from files under secrets/ (never from the command line).",
+        "# As root, Mosquitto drops to the 'mosquitto' user: broker/ must be readable and writable by it",
+        "# (nlagg deploy plan already chowns it when run as root).",
+        "# broker",
+        shell_line(["mosquitto", "-c", "broker/mosquitto.conf"]),
+        "# eavesdropper",
+        shell_line(eavesdrop_argv(plan.spec.run_id, url, TRANSCRIPT_NAME, plan.spec.prefix)),
+    ]
+    for node in plan.nodes:
+        lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else ""))
+        lines.append(shell_line(node_argv(node)))
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Create with the final mode so a secret is never readable, not even for a moment.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(path, mode)
+
+
+def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path]:
+    """Write every file of ``plan`` under ``out`` and return their paths.
+
+    Refuses to overwrite an existing plan (``run.toml`` present) unless ``force``, so
+    credentials already handed out are not lost by accident.
+    """
+    if (out / "run.toml").exists() and not force:
+        raise ConfigError("out", str(out), "already holds a plan (run.toml); pass --force to replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    import json
+
+    spec = plan.spec
+    written: list[Path] = []
+
+    def put(rel: str, text: str, mode: int = 0o644) -> None:
+        _write(out / rel, text, mode)
+        written.append(out / rel)
+
+    put("run.toml", _public_toml(plan))
+    put("graph.json", json.dumps({"n": plan.n, "edges": plan.edges}) + "\n")
+    put("plan.toml", _plan_toml(plan), 0o600)
+    for node in plan.nodes:
+        put(f"nodes/{node.id}.toml", node_file_text(node), 0o600)
+    (out / "secrets").mkdir(exist_ok=True)
+    os.chmod(out / "secrets", 0o700)
+    for user, password in plan.passwords.items():
+        put(f"secrets/{user}.pw", password + "\n", 0o600)
+    hashes = {user: hash_password(pw) for user, pw in plan.passwords.items()}
+    put("broker/passwd", password_file_text(hashes), 0o600)
+    put("broker/acl", acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted), 0o600)
+    host_tls, docker_tls = _copy_tls(spec.tls, out / "broker" / "tls", written)
+    header = f"Mosquitto for run {spec.run_id}; generated by nlagg deploy plan."
+    host = BrokerPaths("broker/passwd", "broker/acl", "broker/data", "stderr")
+    host_header = header + "\nStart from the plan directory: mosquitto -c broker/mosquitto.conf"
+    conf = mosquitto_conf(
+        host, listen_host=spec.listen_host, listen_port=spec.listen_port, tls=host_tls, header=host_header
+    )
+    put("broker/mosquitto.conf", conf)
+    docker = BrokerPaths("/mosquitto/config/passwd", "/mosquitto/config/acl", "/mosquitto/data", "stdout")
+    docker_header = header + "\nInside the eclipse-mosquitto container (see docker-compose.yml)."
+    conf = mosquitto_conf(docker, listen_host=None, listen_port=1883, tls=docker_tls, header=docker_header)
+    put("broker/mosquitto-docker.conf", conf)
+    (out / "broker" / "data").mkdir(exist_ok=True)
+    put("commands.txt", commands_text(plan))
+    _hand_broker_to_mosquitto(out / "broker")
+    return written
+
+
+def _copy_tls(
+    tls: TlsFiles | None, dest: Path, written: list[Path]
+) -> tuple[TlsFiles | None, TlsFiles | None]:
+    """Copy the TLS files into broker/tls/ (key 0600); their paths for the host and the container."""
+    if tls is None:
+        return None, None
+    names = []
+    for field_name, src in (
+        ("tls_cafile", tls.cafile),
+        ("tls_certfile", tls.certfile),
+        ("tls_keyfile", tls.keyfile),
+    ):
+        path = Path(src)
+        if not path.is_file():
+            raise ConfigError(field_name, src, "no such file")
+        names.append(path.name)
+        mode = 0o600 if field_name == "tls_keyfile" else 0o644
+        _write(dest / path.name, path.read_text(encoding="utf-8"), mode)
+        written.append(dest / path.name)
+    host = TlsFiles(*(f"broker/tls/{name}" for name in names))
+    container = TlsFiles(*(f"/mosquitto/config/tls/{name}" for name in names))
+    return host, container
+
+
+def _hand_broker_to_mosquitto(broker_dir: Path) -> None:
+    """As root, give broker/ to the 'mosquitto' user, which Mosquitto drops to before reading its files."""
+    if os.geteuid() != 0:
+        return
+    try:
+        entry = pwd.getpwnam("mosquitto")
+    except KeyError:
+        return
+    for path in [broker_dir, *broker_dir.rglob("*")]:
+        shutil.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    """A plan read back from disk (what ``nlagg deploy compose`` and the tests use)."""
+
+    root: Path
+    run_id: str
+    prefix: str
+    n: int
+    corrupted: list[int]
+    broker: str
+    nodes: list[NodeFile]
+
+
+def load_plan(root: Path) -> LoadedPlan:
+    """Read ``plan.toml`` and every ``nodes/<i>.toml`` of a plan directory."""
+    from .nodefile import load_node_file
+
+    plan_file = root / "plan.toml"
+    if not plan_file.is_file():
+        raise ConfigError("plan", str(root), "no plan.toml here; create one with nlagg deploy plan")
+    try:
+        doc = tomllib.loads(plan_file.read_text(encoding="utf-8"))["plan"]
+        n = int(doc["n"])
+        info = (
+            str(doc["run_id"]),
+            str(doc["prefix"]),
+            [int(i) for i in doc["corrupted"]],
+            str(doc["broker"]),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError("plan", str(plan_file), f"malformed plan file ({exc!r})") from None
+    nodes = [load_node_file(root / "nodes" / f"{i}.toml") for i in range(n)]
+    return LoadedPlan(root, info[0], info[1], n, info[2], info[3], nodes)
+
+
+def plan_users(n: int) -> Sequence[str]:
+    """Every broker user of an n-node plan."""
+    return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(n))]

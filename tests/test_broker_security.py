@@ -1,0 +1,209 @@
+"""The generated password file and ACL on a real Mosquitto: nobody gets in or through where they don't belong.
+
+Each negative check is paired with a positive one on the same connection (a message that
+must arrive), so "nothing was delivered" is observed after the broker provably routed later
+traffic, not after an arbitrary sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from nlagg_node.config import load_config
+from nlagg_node.deploy import PlanSpec, build_plan, security_lines, verify_password, write_plan
+from nlagg_node.runtime.brokers import BrokerHandle, mosquitto_binary, start_mosquitto
+
+pytestmark = [
+    pytest.mark.mosquitto,
+    pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed"),
+]
+
+RUN = "sec"
+ROOT = f"nlagg/{RUN}"
+WAIT = 5.0
+# ring of 6: node 0's neighbours are 1 and 5; node 3 is not a neighbour of 0.
+
+
+@dataclass
+class Plan:
+    root: Path
+
+    def password(self, user: str) -> str:
+        return (self.root / "secrets" / f"{user}.pw").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
+    run = load_config(None, op="max", n=6, graph="ring")
+    out = tmp_path_factory.mktemp("secplan") / "plan"
+    write_plan(build_plan(PlanSpec(run=run, run_id=RUN, seed=1, corrupt="2,")), out)
+    return Plan(out)
+
+
+@pytest.fixture
+async def broker(plan: Plan) -> AsyncIterator[BrokerHandle]:
+    lines = security_lines(str(plan.root / "broker" / "passwd"), str(plan.root / "broker" / "acl"))
+    # As root Mosquitto would drop to 'mosquitto', which cannot enter pytest's 0700 temp dirs.
+    async with start_mosquitto(extra_lines=[*lines, "user root"], allow_anonymous=False) as handle:
+        yield handle
+
+
+class Client:
+    """A blocking paho client: connect, subscribe, publish QoS 1 and wait for delivery."""
+
+    def __init__(self, broker: BrokerHandle, user: str | None, password: str | None) -> None:
+        self.inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.connack: queue.Queue[int] = queue.Queue()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+        if user is not None:
+            self.client.username_pw_set(user, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_message = lambda _c, _u, msg: self.inbox.put((msg.topic, msg.payload))
+        self.client.connect(broker.host, broker.port)
+        self.client.loop_start()
+        self.rc = self.connack.get(timeout=WAIT)
+
+    def _on_connect(self, client: mqtt.Client, _u: object, _f: object, rc: object, _p: object) -> None:
+        code = int(rc.value)  # type: ignore[attr-defined]
+        if code != 0:
+            client.disconnect()  # refused: stop paho's reconnect loop at once
+        self.connack.put(code)
+
+    def subscribe(self, topic: str) -> None:
+        info = self.client.subscribe(topic, qos=1)
+        assert info[0] == mqtt.MQTT_ERR_SUCCESS
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.client.publish(topic, payload, qos=1).wait_for_publish(timeout=WAIT)
+
+    def received_until(self, marker: bytes) -> list[tuple[str, bytes]]:
+        """Every message up to and including the one whose payload is ``marker``."""
+        got = []
+        while True:
+            item = self.inbox.get(timeout=WAIT)
+            got.append(item)
+            if item[1] == marker:
+                return got
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def connect(broker: BrokerHandle, plan: Plan) -> Iterator[object]:
+    clients: list[Client] = []
+
+    def _connect(user: str | None, password: str | None = None) -> Client:
+        pw = plan.password(user) if user is not None and password is None else password
+        client = Client(broker, user, pw)
+        clients.append(client)
+        return client
+
+    yield _connect
+    for client in clients:
+        client.close()
+
+
+def _online(connect: object, user: str) -> Client:
+    client = connect(user)  # type: ignore[operator]
+    assert client.rc == 0, f"{user} refused: rc={client.rc}"
+    return client
+
+
+def test_forged_topics_are_delivered_to_no_one(connect: object) -> None:
+    spy = _online(connect, "eavesdropper")
+    spy.subscribe(f"{ROOT}/#")
+    victim_nbr = _online(connect, "node0")  # neighbour of node 1: would read node/1/x if it were real
+    victim_nbr.subscribe(f"{ROOT}/#")
+    forger = _online(connect, "node1")  # honest: may not impersonate anyone
+    forged = [
+        f"{ROOT}/node/0/x",  # a neighbour's x
+        f"{ROOT}/node/5/status",
+        f"{ROOT}/edge/0/1/z0",  # a z0 in the other direction
+        f"{ROOT}/edge/1/3/z0",  # to a non-neighbour
+        f"{ROOT}/adv/1/state",  # honest node posing as corrupted
+        f"{ROOT}/config",  # only the launcher
+        "nlagg/other-run/node/1/x",
+    ]
+    for topic in forged:
+        forger.publish(topic, b"forged")
+    forger.publish(f"{ROOT}/node/1/x", b"legit-1")
+    assert spy.received_until(b"legit-1") == [(f"{ROOT}/node/1/x", b"legit-1")]
+    assert victim_nbr.received_until(b"legit-1") == [(f"{ROOT}/node/1/x", b"legit-1")]
+
+
+def test_corrupted_node_may_publish_its_adversary_state(connect: object) -> None:
+    spy = _online(connect, "eavesdropper")
+    spy.subscribe(f"{ROOT}/#")
+    corrupted = _online(connect, "node2")
+    corrupted.publish(f"{ROOT}/adv/3/state", b"not-mine")
+    corrupted.publish(f"{ROOT}/adv/2/state", b"adv-2")
+    assert spy.received_until(b"adv-2") == [(f"{ROOT}/adv/2/state", b"adv-2")]
+
+
+def test_non_neighbour_topics_are_never_received(connect: object) -> None:
+    node0 = _online(connect, "node0")
+    node0.subscribe(f"{ROOT}/#")
+    far = _online(connect, "node3")  # not a neighbour of 0
+    far.publish(f"{ROOT}/node/3/x", b"far-x")
+    far.publish(f"{ROOT}/edge/3/2/z0", b"far-z0")
+    near = _online(connect, "node1")
+    near.publish(f"{ROOT}/edge/1/2/z0", b"addressed-to-2")  # neighbour's z0 meant for someone else
+    near.publish(f"{ROOT}/edge/1/0/z0", b"z0-for-0")
+    corrupted = _online(connect, "node2")
+    corrupted.publish(f"{ROOT}/adv/2/state", b"adv-2")
+    near.publish(f"{ROOT}/node/1/x", b"near-x")
+    got = node0.received_until(b"near-x")
+    assert got == [(f"{ROOT}/edge/1/0/z0", b"z0-for-0"), (f"{ROOT}/node/1/x", b"near-x")]
+
+
+def test_eavesdropper_cannot_publish(connect: object) -> None:
+    spy = _online(connect, "eavesdropper")
+    spy.subscribe(f"{ROOT}/#")
+    node0 = _online(connect, "node0")
+    node0.subscribe(f"{ROOT}/#")
+    for topic in (f"{ROOT}/node/1/x", f"{ROOT}/edge/1/0/z0", f"{ROOT}/config", f"{ROOT}/adv/2/state"):
+        spy.publish(topic, b"injected")
+    launcher = _online(connect, "launcher")
+    launcher.publish(f"{ROOT}/config", b"config")
+    assert spy.received_until(b"config") == [(f"{ROOT}/config", b"config")]
+    assert node0.received_until(b"config") == [(f"{ROOT}/config", b"config")]
+
+
+@pytest.mark.parametrize(
+    ("user", "password"),
+    [("node0", "wrong"), ("node1", ""), ("eavesdropper", "node0"), ("nobody", "x"), (None, None)],
+    ids=["wrong-password", "empty-password", "username-as-password", "unknown-user", "anonymous"],
+)
+def test_bad_credentials_are_refused(
+    connect: object, plan: Plan, user: str | None, password: str | None
+) -> None:
+    client = connect(user, password)  # type: ignore[operator]
+    assert client.rc in (4, 5, 134, 135), f"{user!r} was let in (rc={client.rc})"
+    good = connect("node0")  # type: ignore[operator]
+    assert good.rc == 0
+
+
+def test_password_hashes_interoperate_with_mosquitto_passwd(tmp_path: Path, plan: Plan) -> None:
+    exe = shutil.which("mosquitto_passwd")
+    if exe is None:
+        pytest.skip("mosquitto_passwd not installed")
+    pw_file = tmp_path / "pw"
+    subprocess.run([exe, "-c", "-b", str(pw_file), "alice", "s3cret pass"], check=True, capture_output=True)
+    user, hashed = pw_file.read_text().strip().split(":", 1)
+    assert user == "alice"
+    assert hashed.startswith("$7$")
+    assert verify_password("s3cret pass", hashed)
+    assert not verify_password("s3cret pas", hashed)
+    assert os.path.getsize(plan.root / "broker" / "passwd") > 0

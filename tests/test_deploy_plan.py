@@ -1,0 +1,247 @@
+"""`nlagg deploy plan` / `compose`: file contents, ACL derived from the graph, compose services."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nlagg_node.cli import _register, app
+from nlagg_node.config import load_config
+from nlagg_node.deploy import (
+    PlanSpec,
+    ValueSource,
+    build_plan,
+    compose_yaml,
+    load_node_file,
+    load_plan,
+    parse_corrupt,
+    service_names,
+    verify_password,
+    write_plan,
+)
+from nlagg_node.errors import ConfigError
+from nlagg_node.graphs import neighbours
+
+REPO = Path(__file__).resolve().parents[1]
+TESTBED = REPO / "deploy" / "testbed"
+
+
+def _make_plan(tmp_path: Path, **spec_kw: object) -> Path:
+    run = load_config(None, op="max", n=spec_kw.pop("n", 6), graph=spec_kw.pop("graph", "rgg"))
+    spec = PlanSpec(run=run, run_id="r1", seed=7, **spec_kw)  # type: ignore[arg-type]
+    out = tmp_path / "plan"
+    write_plan(build_plan(spec), out)
+    return out
+
+
+def parse_acl(text: str) -> dict[str, set[tuple[str, str]]]:
+    """user -> {(access, topic)} from a Mosquitto ACL file."""
+    acl: dict[str, set[tuple[str, str]]] = {}
+    user = None
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or parts[0].startswith("#"):
+            continue
+        if parts[0] == "user":
+            user = parts[1]
+            acl[user] = set()
+        else:
+            assert parts[0] == "topic"
+            assert user is not None, "topic line outside a user block grants every client"
+            acl[user].add((parts[1], parts[2]))
+    return acl
+
+
+def test_plan_files_public_part_has_no_private_values_or_seed(tmp_path: Path) -> None:
+    out = _make_plan(tmp_path, corrupt="2")
+    public = (out / "run.toml").read_text() + (out / "graph.json").read_text()
+    nodes = [load_node_file(out / "nodes" / f"{i}.toml") for i in range(6)]
+    values = [node.value.value for node in nodes]
+    assert all(v is not None for v in values)
+    for v in values:
+        assert repr(v) not in public
+    doc = tomllib.loads((out / "run.toml").read_text())
+    assert "seed" not in doc["run"]
+    assert doc["network"] == {"prefix": "nlagg", "run_id": "r1"}
+    cfg = load_config(None, **{**doc["run"], "graph_file": str(out / "graph.json")})
+    graph = json.loads((out / "graph.json").read_text())
+    assert cfg.graph == "file"
+    assert cfg.n == graph["n"] == 6
+    assert [list(e) for e in cfg.graph_spec().build(None).tolist()] == graph["edges"]  # type: ignore[arg-type]
+    assert sum(node.corrupt for node in nodes) == 2
+
+
+def test_plan_secrets_modes_and_password_file(tmp_path: Path) -> None:
+    out = _make_plan(tmp_path)
+    assert stat.S_IMODE((out / "secrets").stat().st_mode) == 0o700
+    hashes = dict(line.split(":", 1) for line in (out / "broker" / "passwd").read_text().splitlines())
+    users = {"launcher", "eavesdropper", *(f"node{i}" for i in range(6))}
+    assert set(hashes) == users
+    for user in users:
+        pw_file = out / "secrets" / f"{user}.pw"
+        assert stat.S_IMODE(pw_file.stat().st_mode) == 0o600
+        password = pw_file.read_text().strip()
+        assert hashes[user].startswith("$7$101$")
+        assert verify_password(password, hashes[user])
+        assert not verify_password(password + "x", hashes[user])
+    for private in ("plan.toml", "nodes/0.toml", "broker/passwd", "broker/acl"):
+        assert stat.S_IMODE((out / private).stat().st_mode) == 0o600, private
+
+
+def test_acl_follows_the_graph(tmp_path: Path) -> None:
+    out = _make_plan(tmp_path, graph="ring", corrupt="3,")
+    acl = parse_acl((out / "broker" / "acl").read_text())
+    root = "nlagg/r1"
+    assert acl["eavesdropper"] == {("read", f"{root}/#")}
+    assert acl["launcher"] == {("readwrite", f"{root}/config")}
+    for i in range(6):
+        nbrs = [(i - 1) % 6, (i + 1) % 6]
+        writes = {f"{root}/node/{i}/x", f"{root}/node/{i}/status", *(f"{root}/edge/{i}/{j}/z0" for j in nbrs)}
+        if i == 3:
+            writes.add(f"{root}/adv/3/state")
+        reads = {f"{root}/config"}
+        for j in nbrs:
+            reads |= {f"{root}/node/{j}/x", f"{root}/node/{j}/status", f"{root}/edge/{j}/{i}/z0"}
+        assert {t for a, t in acl[f"node{i}"] if a == "write"} == writes
+        assert {t for a, t in acl[f"node{i}"] if a == "read"} == reads
+        assert all("#" not in t and "+" not in t for _, t in acl[f"node{i}"])
+
+
+def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
+    out = _make_plan(tmp_path, corrupt="1,4")
+    lines = [ln for ln in (out / "commands.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    argvs = [shlex.split(ln) for ln in lines]
+    assert argvs[0] == ["mosquitto", "-c", "broker/mosquitto.conf"]
+    assert argvs[1][:2] == ["nlagg", "eavesdrop"]
+    node_lines = [a for a in argvs if a[:2] == ["nlagg", "node"]]
+    assert [int(a[a.index("--id") + 1]) for a in node_lines] == list(range(6))
+    assert [("--corrupt" in a) for a in node_lines] == [i in (1, 4) for i in range(6)]
+    passwords = [p.read_text().strip() for p in (out / "secrets").iterdir()]
+    text = (out / "commands.txt").read_text()
+    assert not any(pw in text for pw in passwords)
+    for argv in argvs[1:]:
+        assert (out / argv[argv.index("--password-file") + 1]).is_file()
+    conf = (out / "broker" / "mosquitto.conf").read_text().splitlines()
+    for line in (
+        "allow_anonymous false",
+        "per_listener_settings false",
+        "set_tcp_nodelay true",
+        "persistence true",
+        "password_file broker/passwd",
+        "acl_file broker/acl",
+        "listener 1883",
+    ):
+        assert line in conf
+    assert not any(line.startswith(("cafile", "certfile", "keyfile")) for line in conf)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [(None, []), ("0", []), ("3,7", [3, 7]), ("7,3,3", [3, 7]), ("5,", [5])],
+    ids=["none", "zero", "ids", "dupes", "one-id"],
+)
+def test_parse_corrupt(spec: str | None, expected: list[int]) -> None:
+    assert parse_corrupt(spec, 10, 0) == expected
+
+
+def test_parse_corrupt_count_is_seeded() -> None:
+    picked = parse_corrupt("3", 10, 5)
+    assert len(picked) == 3
+    assert picked == sorted(set(picked))
+    assert picked == parse_corrupt("3", 10, 5)
+
+
+@pytest.mark.parametrize(
+    "spec", ["10", "x", "3,12", "0,1,2,3,4,5,6,7,8,9"], ids=["all", "text", "range", "no-honest"]
+)
+def test_parse_corrupt_rejects(spec: str) -> None:
+    with pytest.raises(ConfigError, match="corrupt"):
+        parse_corrupt(spec, 10, 0)
+
+
+def test_plan_refuses_bad_run_id_and_overwrite(tmp_path: Path) -> None:
+    run = load_config(None, n=4, graph="ring")
+    with pytest.raises(ConfigError, match="run_id='a b'"):
+        build_plan(PlanSpec(run=run, run_id="a b"))
+    out = _make_plan(tmp_path)
+    with pytest.raises(ConfigError, match="--force"):
+        write_plan(build_plan(PlanSpec(run=run, run_id="r1")), out)
+
+
+def test_value_sources_and_node_command(tmp_path: Path) -> None:
+    cmd = "awk '{print $1/1000}' /sys/class/thermal/thermal_zone0/temp"
+    out = _make_plan(tmp_path, value_source=ValueSource(source="command", command=cmd))
+    _register()
+    result = CliRunner().invoke(app, ["deploy", "node", str(out / "nodes" / "2.toml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    cd, _, line = result.output.strip().partition(" && ")
+    assert cd == f"cd {out.resolve()}"
+    argv = shlex.split(line)
+    assert argv[argv.index("--value-cmd") + 1] == cmd
+    assert argv[argv.index("--username") + 1] == "node2"
+    with pytest.raises(ValueError, match=r"value\.path=None"):
+        ValueSource(source="file")
+
+
+def test_cli_plan_errors_name_the_field(tmp_path: Path) -> None:
+    _register()
+    result = CliRunner().invoke(
+        app, ["deploy", "plan", "--out", str(tmp_path / "p"), "--run-id", "r", "--n", "5", "--corrupt", "9,1"]
+    )
+    assert result.exit_code != 0
+    assert "corrupt" in str(result.exception) + result.output
+
+
+def test_compose_names_every_service(tmp_path: Path) -> None:
+    out = _make_plan(tmp_path, corrupt="2")
+    text = compose_yaml(load_plan(out), compose_dir=tmp_path)
+    names = service_names(load_plan(out))
+    assert names == ["broker", "eavesdropper", *(f"node-{i}" for i in range(6))]
+    for name in names:
+        assert f"\n  {name}:" in text
+    assert text.count("<<: *node") == 7
+    assert "./plan:/plan:ro" in text
+
+
+def test_committed_compose_matches_committed_plan() -> None:
+    plan = load_plan(TESTBED)
+    assert plan.n == 15
+    assert len(plan.corrupted) == 2
+    assert (REPO / "docker-compose.yml").read_text() == compose_yaml(plan, compose_dir=REPO)
+    edges = json.loads((TESTBED / "graph.json").read_text())["edges"]
+    acl = parse_acl((TESTBED / "broker" / "acl").read_text())
+    for i, nbrs in enumerate(neighbours(15, __import__("numpy").array(edges))):
+        assert {t for a, t in acl[f"node{i}"] if a == "write" and "/edge/" in t} == {
+            f"nlagg/{plan.run_id}/edge/{i}/{j}/z0" for j in nbrs
+        }
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose binary not installed")
+@pytest.mark.parametrize("which", ["committed", "generated"])
+def test_docker_compose_config_accepts_the_file(tmp_path: Path, which: str) -> None:
+    if which == "committed":
+        compose, cwd = REPO / "docker-compose.yml", REPO
+        expected = service_names(load_plan(TESTBED))
+    else:
+        out = _make_plan(tmp_path, n=4, graph="ring", corrupt="1")
+        compose, cwd = tmp_path / "docker-compose.yml", tmp_path
+        compose.write_text(compose_yaml(load_plan(out), compose_dir=tmp_path))
+        expected = service_names(load_plan(out))
+    proc = subprocess.run(
+        ["docker-compose", "-f", str(compose), "config", "--services"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split()) == sorted(expected)
