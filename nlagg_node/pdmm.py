@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -109,7 +109,25 @@ def dual_sum(u: FloatArray, src: IntArray, n_nodes: int) -> FloatArray:
     return np.bincount(src, weights=u, minlength=n_nodes)
 
 
-def x_update(objective: Objective, v: FloatArray, s: FloatArray, cd: FloatArray, c: float) -> FloatArray:
+def x_piecewise(v: Any, s: Any, cd: Any, alpha: float, beta: float) -> Any:
+    """Piecewise-linear x-update, elementwise on scalars or arrays (eqs. (xi_up), (x_update_eq)).
+
+    ``lo = (-alpha - v) / cd`` if it lies above ``s``, else ``hi = (beta - v) / cd`` if it
+    lies below ``s``, else ``s`` itself (a matching event). The simulator's compiled
+    kernel calls this very function on scalars.
+    """
+    lo = (-alpha - v) / cd
+    hi = (beta - v) / cd
+    # lo < hi, so clipping s to [lo, hi] picks lo if lo > s, hi if hi < s, else s.
+    return np.maximum(lo, np.minimum(hi, s))
+
+
+def x_quadratic(v: Any, s: Any, cd: Any) -> Any:
+    """Average-consensus x-update ``(s - v) / (1 + c d)``, elementwise."""
+    return (s - v) / (1.0 + cd)
+
+
+def x_update(objective: Objective, v: FloatArray, s: FloatArray, cd: FloatArray) -> FloatArray:
     """The primal update ``x_i^(t)`` for every node (eq. (x_update) in closed form).
 
     Parameters
@@ -123,19 +141,13 @@ def x_update(objective: Objective, v: FloatArray, s: FloatArray, cd: FloatArray,
         bypasses the max, eq. (topk_xi)).
     cd
         ``c * d_i`` per node.
-    c
-        The PDMM step parameter (used by the quadratic objective).
     """
     if objective.kind == "quadratic":
-        return np.asarray((s - v) / (1.0 + cd), dtype=np.float64)
-    lo = (-objective.alpha - v) / cd
-    hi = (objective.beta - v) / cd
-    return np.where(lo > s, lo, np.where(hi < s, hi, s))
+        return np.asarray(x_quadratic(v, s, cd), dtype=np.float64)
+    return np.asarray(x_piecewise(v, s, cd, objective.alpha, objective.beta), dtype=np.float64)
 
 
-def linear_branch(
-    objective: Objective, v: FloatArray, cd: FloatArray
-) -> tuple[FloatArray, FloatArray]:
+def linear_branch(objective: Objective, v: FloatArray, cd: FloatArray) -> tuple[FloatArray, FloatArray]:
     """The two linear-branch candidates ``(lo, hi)`` of a piecewise x-update.
 
     The adversary replays these: if a published ``x_i`` equals neither, it is ``s_i``.
@@ -143,30 +155,12 @@ def linear_branch(
     return (-objective.alpha - v) / cd, (objective.beta - v) / cd
 
 
-def z_update(
-    u: FloatArray,
-    u_rev: FloatArray,
-    x_dst: FloatArray,
-    c: float,
-    theta: float,
-    out: FloatArray | None = None,
-    scratch: FloatArray | None = None,
-) -> FloatArray:
-    """Signed z-update of eq. (zji_up) for every directed edge.
+def z_update(u: Any, u_rev: Any, x_dst: Any, c: float, theta: float) -> Any:
+    """Signed z-update of eq. (zji_up), elementwise on scalars or arrays.
 
     ``u'_{j|i} = (1 - theta) u_{j|i} - theta (u_{i|j} + 2 c x_i)`` where, for the
-    directed edge ``j -> i`` at position e, ``u_rev[e] = u_{i|j}`` and
-    ``x_dst[e] = x_i``.
-
-    ``out`` and ``scratch`` (same shape as ``u``) may be given so that a hot loop
-    allocates nothing; neither may alias ``u`` or ``u_rev``. The operations are
-    those of the scalar formula, in the same order.
+    directed edge ``j -> i``, ``u_rev = u_{i|j}`` and ``x_dst = x_i``. All arguments
+    are the values at iteration t (update both directions of an edge from the old
+    values). The simulator's compiled kernel calls this very function on scalars.
     """
-    tmp = np.multiply(x_dst, 2.0 * c, out=scratch)
-    tmp += u_rev
-    tmp *= theta
-    if out is None:
-        out = np.empty_like(u)
-    np.multiply(u, 1.0 - theta, out=out)
-    out -= tmp
-    return out
+    return (1.0 - theta) * u - theta * (u_rev + 2.0 * c * x_dst)

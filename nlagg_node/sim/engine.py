@@ -20,7 +20,6 @@ from numpy.typing import NDArray
 from ..config import RunConfig, parse_record_spec
 from ..graphs import EdgeLayout, IntArray
 from ..init import draw_z0, perturb_value
-from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import (
     Phase,
@@ -34,6 +33,7 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
+from .kernel import run_phase
 from .values import draw_values
 
 FloatArray = NDArray[np.float64]
@@ -144,22 +144,23 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     record = np.array(parse_record_spec(cfg.record, t_total), dtype=np.int64)
     recorded_x = np.empty((len(record), B, n))
 
-    N, E, H = layout.n_nodes, len(layout.src), layout.n_pairs
+    N, E = layout.n_nodes, len(layout.src)
     order, starts = _out_edge_slices(layout)
-    u, u_new, xd, scratch = (np.empty(E) for _ in range(4))
     matched = np.zeros(N, dtype=bool)
     first_match = np.full(N, -1, dtype=np.int64)
-    eq = np.empty(N, dtype=bool)
     conv = np.zeros(B, dtype=np.int64)
     all_converged = np.ones(B, dtype=bool)
     finals: list[FloatArray] = []
     identified: list[FloatArray] = []
     z0: dict[str, FloatArray] = {}
+    u = np.empty(E)
+    x, v = np.zeros(N), np.empty(N)
+    recorded_flat = recorded_x.reshape(len(record), N)
     group = ""
     t0 = 0
     rec_ptr = 0
-    step = max(1, t_total // 200)
-    x = np.zeros(N)
+    chunk = max(1, t_total // 100)
+    loop_seconds = 0.0
     for phase, (tlo, thi) in zip(phases, targets, strict=True):
         c = phase_c(cfg, phase)
         cd = c * layout.degree
@@ -168,30 +169,20 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
             u, z0[group] = _draw_signed_duals(phase, layout, gens, order, starts)
             identified = []
         skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
-        s_eff = effective_values(phase, s_used, skip)
-        lo_flat, hi_flat = np.repeat(tlo, n), np.repeat(thi, n)
-        piecewise = phase.objective.kind == "piecewise"
+        s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
         last_bad = np.full(B, -1, dtype=np.int64)
-        for t in range(phase.t_len):
-            v = dual_sum(u, layout.src, N)
-            x = x_update(phase.objective, v, s_eff, cd, c)
-            if piecewise:
-                np.equal(x, s_used, out=eq)
-                if eq.any():
-                    new = eq & ~matched
-                    first_match[new] = t0 + t
-                    matched |= eq
-            off = distance_to(x, lo_flat, hi_flat) > cfg.tolerance
-            last_bad[off.reshape(B, n).any(axis=1)] = t
-            while rec_ptr < len(record) and record[rec_ptr] == t0 + t:
-                recorded_x[rec_ptr] = x.reshape(B, n)
-                rec_ptr += 1
-            np.take(x, layout.dst, out=xd)
-            z_update(u[:H], u[H:], xd[:H], c, cfg.theta, out=u_new[:H], scratch=scratch[:H])
-            z_update(u[H:], u[:H], xd[H:], c, cfg.theta, out=u_new[H:], scratch=scratch[H:])
-            u, u_new = u_new, u
-            if progress is not None and (t0 + t + 1) % step == 0:
-                progress(t0 + t + 1, t_total)
+        obj = phase.objective
+        for start in range(0, phase.t_len, chunk):
+            steps = min(chunk, phase.t_len - start)
+            tick = time.perf_counter()
+            rec_ptr = run_phase(
+                u, layout.src, layout.dst, s_eff, s_used, cd, c, cfg.theta, obj.kind == "quadratic",
+                obj.alpha, obj.beta, n, t0 + start, start, steps, tlo, thi, cfg.tolerance,
+                matched, first_match, last_bad, record, recorded_flat, rec_ptr, x, v,
+            )
+            loop_seconds += time.perf_counter() - tick
+            if progress is not None:
+                progress(t0 + start + steps, t_total)
         all_converged &= last_bad < phase.t_len - 1
         conv += last_bad + 1
         finals.append(x.reshape(B, n).copy())
@@ -227,5 +218,5 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         recorded_x=recorded_x,
         z0=z0,
         wall_seconds=time.perf_counter() - started,
-        extra={"directed_edges": float(E)},
+        extra={"directed_edges": float(E), "loop_seconds": loop_seconds},
     )
