@@ -1,0 +1,82 @@
+"""``nlagg sim``: JSON summary, run directories that replay exactly, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nlagg_node.cli import main
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    monkeypatch.setattr("sys.argv", ["nlagg", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_json_summary_has_the_documented_fields(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = run_cli(["sim", "--op", "max", "--trials", "30", "--t-max", "2000", "--c", "10", "--mu-z", "100", "--json"], capsys, monkeypatch)
+    assert code == 0
+    summary = json.loads(out)
+    for key in ("op", "n", "trials", "t_max", "seed", "mse", "leakage_probability", "converged_fraction", "iterations_to_converge", "wall_seconds"):
+        assert key in summary
+    assert len(summary["leakage_probability"]) == 15
+    assert summary["leakage_probability"][0] == 1.0
+
+
+def test_out_dir_replays_exactly(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    args = ["sim", "--op", "median", "--trials", "20", "--t-max", "500", "--seed", "7", "--record", "log:20", "--out", str(out), "--json"]
+    assert run_cli(args, capsys, monkeypatch)[0] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed"] == 7 and manifest["config"]["c"] == 10.0
+    first = np.load(out / "arrays.npz")
+    replay = tmp_path / "replay"
+    assert run_cli(["sim", "--config", str(out / "manifest.json"), "--out", str(replay), "--json"], capsys, monkeypatch)[0] == 0
+    second = np.load(replay / "arrays.npz")
+    for key in ("values", "recorded_x", "z0_median", "graph_edges", "first_match"):
+        assert np.array_equal(first[key], second[key])
+
+
+def test_config_file_is_overridden_by_flags(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[run]\nop = "min"\ntrials = 5\nt_max = 100\nn = 6\n')
+    code, out, _ = run_cli(["sim", "--config", str(cfg), "--n", "8", "--json"], capsys, monkeypatch)
+    summary = json.loads(out)
+    assert code == 0 and summary["op"] == "min" and summary["n"] == 8 and summary["trials"] == 5
+
+
+BAD = [
+    pytest.param(["--c", "0"], "c=0.0", id="c-nonpositive"),
+    pytest.param(["--theta", "1.5"], "theta=1.5", id="theta-out-of-range"),
+    pytest.param(["--op", "quantile", "--quantile", "1.2"], "quantile=1.2", id="quantile-out-of-range"),
+    pytest.param(["--op", "topk", "--k", "15"], "k=", id="k-too-large"),
+    pytest.param(["--n", "1"], "n=1", id="n-too-small"),
+    pytest.param(["--mu-z", "nan"], "mu_z=nan", id="nan"),
+    pytest.param(["--op", "mean"], "op='mean'", id="unknown-operator"),
+    pytest.param(["--record", "sometimes"], "record=", id="bad-record-spec"),
+]
+
+
+@pytest.mark.parametrize(("args", "field"), BAD)
+def test_bad_input_exits_2_with_one_line_naming_the_field(args: list[str], field: str, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = run_cli(["sim", "--trials", "2", "--t-max", "10", *args], capsys, monkeypatch)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert field in err
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [pytest.param("0,1\n2,3\n", "not connected", id="disconnected"), pytest.param("0,1\n1\n", "expected 'i,j'", id="malformed")],
+)
+def test_bad_graph_file_exits_2(tmp_path: Path, content: str, field: str, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    graph = tmp_path / "g.csv"
+    graph.write_text(content)
+    code, _, err = run_cli(["sim", "--graph-file", str(graph), "--n", "4", "--trials", "2", "--t-max", "10"], capsys, monkeypatch)
+    assert code == 2 and field in err and len(err.strip().splitlines()) == 1
