@@ -42,7 +42,9 @@ def main() -> None:
     ap.add_argument("--t-max", type=int, default=3000)
     ap.add_argument("--baseline-iterations", type=int, default=300)
     args = ap.parse_args()
-    cfg = load_config(op="max", n=15, graph="rgg", trials=args.trials, t_max=args.t_max, c=10.0, mu_z=100.0, record="none")
+    cfg = load_config(
+        op="max", n=15, graph="rgg", trials=args.trials, t_max=args.t_max, c=10.0, mu_z=100.0, record="none"
+    )
 
     simulate(cfg.model_copy(update={"trials": 2, "t_max": 10}))  # compile or load the kernel cache
     start = time.perf_counter()
@@ -59,8 +61,14 @@ def main() -> None:
     naive_loop(layout, s, 10.0, 100.0, t_base)
     base_ns = (time.perf_counter() - start) / (edges * t_base) * 1e9
 
-    print(f"workload: {args.trials} trials x {edges / args.trials:.1f} directed edges x {args.t_max} iterations (max, RGG n=15)")
-    print(f"simulate(): {wall:.2f} s wall (setup included), {ns:.2f} ns per trial-edge-iteration  [target <= 4 ns]")
+    print(
+        f"workload: {args.trials} trials x {edges / args.trials:.1f} directed edges x {args.t_max} iterations"
+        " (max, RGG n=15)"
+    )
+    print(
+        f"simulate(): {wall:.2f} s wall (setup included), {ns:.2f} ns per trial-edge-iteration"
+        "  [target <= 4 ns]"
+    )
     print(f"  of which the iteration loop: {loop_ns:.2f} ns per trial-edge-iteration")
     print(f"naive batched numpy loop ({t_base} iterations): {base_ns:.2f} ns per trial-edge-iteration")
     print(f"speed-up over the naive loop: {base_ns / ns:.1f}x")

@@ -20,7 +20,9 @@ from .graphs import GraphKind, GraphSpec
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
 OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimmed-mean", "average")
-InitName = Literal["none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"]
+InitName = Literal[
+    "none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"
+]
 INITS: tuple[str, ...] = (
     "none",
     "dp-gauss",
@@ -82,7 +84,9 @@ class RunConfig(BaseModel):
     record: str = "every:10"
     tolerance: float = Field(1e-9, gt=0)
 
-    @field_validator("c", "mu_z", "theta", "sigma_z", "sigma_s", "quantile", "epsilon", "prior_median", "radius")
+    @field_validator(
+        "c", "mu_z", "theta", "sigma_z", "sigma_s", "quantile", "epsilon", "prior_median", "radius"
+    )
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):

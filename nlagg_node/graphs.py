@@ -65,7 +65,9 @@ def normalize_edges(n: int, edges: Sequence[Sequence[int]] | IntArray, *, source
     g.add_edges_from(canon.tolist())
     if not nx.is_connected(g):
         parts = nx.number_connected_components(g)
-        raise ConfigError(source, f"{len(canon)} edges on {n} nodes", f"graph is not connected ({parts} parts)")
+        raise ConfigError(
+            source, f"{len(canon)} edges on {n} nodes", f"graph is not connected ({parts} parts)"
+        )
     return canon
 
 
@@ -74,7 +76,7 @@ def _edges_of(g: nx.Graph) -> IntArray:
 
 
 def _grid_shape(n: int) -> tuple[int, int]:
-    rows = int(math.isqrt(n))
+    rows = math.isqrt(n)
     while n % rows:
         rows -= 1
     return rows, n // rows

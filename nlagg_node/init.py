@@ -74,7 +74,10 @@ ValueNoise = Literal["none", "gauss", "laplace"]
 
 
 def perturb_value(s: float, noise: ValueNoise, sigma_s: float, rng: np.random.Generator) -> float:
-    """The DP baseline: replace s_i once by ``s_i + N(0, sigma_s^2)`` (eq. (dp_init)) or Laplace of std sigma_s."""
+    """The DP baseline: s_i once replaced by ``s_i + N(0, sigma_s^2)`` (eq. (dp_init)), or Laplace noise.
+
+    The Laplace noise has the same standard deviation sigma_s (scale sigma_s / sqrt 2).
+    """
     if noise == "none" or sigma_s == 0.0:
         return float(s)
     if noise == "gauss":

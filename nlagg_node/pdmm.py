@@ -106,7 +106,7 @@ def dual_sum(u: FloatArray, src: IntArray, n_nodes: int) -> FloatArray:
     :mod:`nlagg_node.graphs` list each node's out-edges by ascending neighbour, so
     every runtime sums in the same order and gets the same bits.
     """
-    return np.bincount(src, weights=u, minlength=n_nodes)
+    return np.bincount(src, weights=u, minlength=n_nodes).astype(np.float64, copy=False)
 
 
 def x_piecewise(v: Any, s: Any, cd: Any, alpha: float, beta: float) -> Any:

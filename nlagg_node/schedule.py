@@ -86,7 +86,8 @@ def plan_phases(cfg: RunConfig) -> list[Phase]:
         return rounds
     down = _init_for(cfg, "from-below", c)
     lows = [
-        Phase(f"min-{r + 1}", Objective.minimum(), t, "min", down, "min" if r else "none") for r in range(cfg.k)
+        Phase(f"min-{r + 1}", Objective.minimum(), t, "min", down, "min" if r else "none")
+        for r in range(cfg.k)
     ]
     # The average part has its own step c (uniformly convex, fast) and a large sigma_z.
     return [*rounds, *lows, Phase("average", Objective.average(), cfg.avg_t_max, "average", avg_init)]

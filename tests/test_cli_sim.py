@@ -11,7 +11,9 @@ import pytest
 from nlagg_node.cli import main
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
     monkeypatch.setattr("sys.argv", ["nlagg", *args])
     with pytest.raises(SystemExit) as exc:
         main()
@@ -20,10 +22,25 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
 
 
 def test_json_summary_has_the_documented_fields(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    code, out, _ = run_cli(["sim", "--op", "max", "--trials", "30", "--t-max", "2000", "--c", "10", "--mu-z", "100", "--json"], capsys, monkeypatch)
+    code, out, _ = run_cli(
+        ["sim", "--op", "max", "--trials", "30", "--t-max", "2000", "--c", "10", "--mu-z", "100", "--json"],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0
     summary = json.loads(out)
-    for key in ("op", "n", "trials", "t_max", "seed", "mse", "leakage_probability", "converged_fraction", "iterations_to_converge", "wall_seconds"):
+    for key in (
+        "op",
+        "n",
+        "trials",
+        "t_max",
+        "seed",
+        "mse",
+        "leakage_probability",
+        "converged_fraction",
+        "iterations_to_converge",
+        "wall_seconds",
+    ):
         assert key in summary
     assert len(summary["leakage_probability"]) == 15
     assert summary["leakage_probability"][0] == 1.0
@@ -31,13 +48,36 @@ def test_json_summary_has_the_documented_fields(capsys, monkeypatch) -> None:  #
 
 def test_out_dir_replays_exactly(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
-    args = ["sim", "--op", "median", "--trials", "20", "--t-max", "500", "--seed", "7", "--record", "log:20", "--out", str(out), "--json"]
+    args = [
+        "sim",
+        "--op",
+        "median",
+        "--trials",
+        "20",
+        "--t-max",
+        "500",
+        "--seed",
+        "7",
+        "--record",
+        "log:20",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert run_cli(args, capsys, monkeypatch)[0] == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["seed"] == 7 and manifest["config"]["c"] == 10.0
+    assert manifest["seed"] == 7
+    assert manifest["config"]["c"] == 10.0
     first = np.load(out / "arrays.npz")
     replay = tmp_path / "replay"
-    assert run_cli(["sim", "--config", str(out / "manifest.json"), "--out", str(replay), "--json"], capsys, monkeypatch)[0] == 0
+    assert (
+        run_cli(
+            ["sim", "--config", str(out / "manifest.json"), "--out", str(replay), "--json"],
+            capsys,
+            monkeypatch,
+        )[0]
+        == 0
+    )
     second = np.load(replay / "arrays.npz")
     for key in ("values", "recorded_x", "z0_median", "graph_edges", "first_match"):
         assert np.array_equal(first[key], second[key])
@@ -48,7 +88,10 @@ def test_config_file_is_overridden_by_flags(tmp_path: Path, capsys, monkeypatch)
     cfg.write_text('[run]\nop = "min"\ntrials = 5\nt_max = 100\nn = 6\n')
     code, out, _ = run_cli(["sim", "--config", str(cfg), "--n", "8", "--json"], capsys, monkeypatch)
     summary = json.loads(out)
-    assert code == 0 and summary["op"] == "min" and summary["n"] == 8 and summary["trials"] == 5
+    assert code == 0
+    assert summary["op"] == "min"
+    assert summary["n"] == 8
+    assert summary["trials"] == 5
 
 
 BAD = [
@@ -64,7 +107,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("args", "field"), BAD)
-def test_bad_input_exits_2_with_one_line_naming_the_field(args: list[str], field: str, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_exits_2_with_one_line_naming_the_field(
+    args: list[str], field: str, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     code, _, err = run_cli(["sim", "--trials", "2", "--t-max", "10", *args], capsys, monkeypatch)
     assert code == 2
     assert len(err.strip().splitlines()) == 1
@@ -73,10 +118,17 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(args: list[str], field
 
 @pytest.mark.parametrize(
     ("content", "field"),
-    [pytest.param("0,1\n2,3\n", "not connected", id="disconnected"), pytest.param("0,1\n1\n", "expected 'i,j'", id="malformed")],
+    [
+        pytest.param("0,1\n2,3\n", "not connected", id="disconnected"),
+        pytest.param("0,1\n1\n", "expected 'i,j'", id="malformed"),
+    ],
 )
 def test_bad_graph_file_exits_2(tmp_path: Path, content: str, field: str, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     graph = tmp_path / "g.csv"
     graph.write_text(content)
-    code, _, err = run_cli(["sim", "--graph-file", str(graph), "--n", "4", "--trials", "2", "--t-max", "10"], capsys, monkeypatch)
-    assert code == 2 and field in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(
+        ["sim", "--graph-file", str(graph), "--n", "4", "--trials", "2", "--t-max", "10"], capsys, monkeypatch
+    )
+    assert code == 2
+    assert field in err
+    assert len(err.strip().splitlines()) == 1

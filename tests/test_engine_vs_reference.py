@@ -14,7 +14,9 @@ CASES = [
     pytest.param({"op": "max", "init": "none", "c": 1.0}, id="max-nonprivate"),
     pytest.param({"op": "min", "init": "proposed", "c": 10.0, "mu_z": 100.0}, id="min-proposed"),
     pytest.param({"op": "median", "init": "symmetric", "c": 2.0, "sigma_z": 3.0}, id="median-symmetric"),
-    pytest.param({"op": "quantile", "init": "from-above", "c": 5.0, "mu_z": 20.0, "quantile": 0.7}, id="quantile"),
+    pytest.param(
+        {"op": "quantile", "init": "from-above", "c": 5.0, "mu_z": 20.0, "quantile": 0.7}, id="quantile"
+    ),
     pytest.param({"op": "average", "init": "symmetric", "c": 1.0, "sigma_z": 10.0}, id="average"),
     pytest.param({"op": "max", "init": "dp-gauss", "c": 1.0, "sigma_s": 0.5}, id="max-dp"),
     pytest.param({"op": "median", "init": "none", "c": 1.0, "theta": 1.0}, id="median-theta1"),
@@ -54,7 +56,9 @@ def test_engine_matches_paper_loop(params: dict[str, float | str]) -> None:
         )
         engine_x = result.recorded_x[:, b, :]
         np.testing.assert_allclose(engine_x, xs, rtol=0, atol=1e-12)
-        engine_events = {(int(t), int(i)) for t, i in zip(*np.nonzero(engine_x == result.used_values[b]), strict=True)}
+        engine_events = {
+            (int(t), int(i)) for t, i in zip(*np.nonzero(engine_x == result.used_values[b]), strict=True)
+        }
         if cfg.op != "average":
             assert engine_events == events
             first = {i: min(t for t, j in events if j == i) for _, i in events}
@@ -68,12 +72,21 @@ def test_topk_matches_algorithm_2() -> None:
     for b in range(cfg.trials):
         edges, z0 = _trial_inputs(result, b)
         xs, events = run_reference(
-            "max", cfg.n, edges, list(result.used_values[b]), z0, cfg.c_value, cfg.theta, cfg.t_max_value,
-            rounds=3, epsilon=cfg.epsilon,
+            "max",
+            cfg.n,
+            edges,
+            list(result.used_values[b]),
+            z0,
+            cfg.c_value,
+            cfg.theta,
+            cfg.t_max_value,
+            rounds=3,
+            epsilon=cfg.epsilon,
         )
         np.testing.assert_allclose(result.recorded_x[:, b, :], xs, rtol=0, atol=1e-12)
         engine_events = {
-            (int(t), int(i)) for t, i in zip(*np.nonzero(result.recorded_x[:, b, :] == result.values[b]), strict=True)
+            (int(t), int(i))
+            for t, i in zip(*np.nonzero(result.recorded_x[:, b, :] == result.values[b]), strict=True)
         }
         assert engine_events == events
 

@@ -63,14 +63,16 @@ def test_edge_list_files(tmp_path: Path) -> None:
     csv_file = tmp_path / "g.csv"
     csv_file.write_text("source,target\n0,1\n1,2\n# comment\n2,0\n")
     n, edges = load_edge_list(csv_file)
-    assert n == 3 and edges.tolist() == [[0, 1], [0, 2], [1, 2]]
+    assert n == 3
+    assert edges.tolist() == [[0, 1], [0, 2], [1, 2]]
     json_file = tmp_path / "g.json"
     json_file.write_text(json.dumps({"n": 4, "edges": [[3, 2], [0, 1], [1, 2]]}))
     n, edges = load_edge_list(json_file)
-    assert n == 4 and edges.tolist() == [[0, 1], [1, 2], [2, 3]]
+    assert n == 4
+    assert edges.tolist() == [[0, 1], [1, 2], [2, 3]]
     bad = tmp_path / "bad.csv"
     bad.write_text("0,1\nx,y\n")
-    with pytest.raises(ConfigError, match="bad.csv:2"):
+    with pytest.raises(ConfigError, match=r"bad\.csv:2"):
         load_edge_list(bad)
 
 

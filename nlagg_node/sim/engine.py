@@ -176,9 +176,32 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
             steps = min(chunk, phase.t_len - start)
             tick = time.perf_counter()
             rec_ptr = run_phase(
-                u, layout.src, layout.dst, s_eff, s_used, cd, c, cfg.theta, obj.kind == "quadratic",
-                obj.alpha, obj.beta, n, t0 + start, start, steps, tlo, thi, cfg.tolerance,
-                matched, first_match, last_bad, record, recorded_flat, rec_ptr, x, v,
+                u,
+                layout.src,
+                layout.dst,
+                s_eff,
+                s_used,
+                cd,
+                c,
+                cfg.theta,
+                obj.kind == "quadratic",
+                obj.alpha,
+                obj.beta,
+                n,
+                t0 + start,
+                start,
+                steps,
+                tlo,
+                thi,
+                cfg.tolerance,
+                matched,
+                first_match,
+                last_bad,
+                record,
+                recorded_flat,
+                rec_ptr,
+                x,
+                v,
             )
             loop_seconds += time.perf_counter() - tick
             if progress is not None:

@@ -93,4 +93,3 @@ def run_phase(
             u[p] = _z_update(a, r, x[dst[p]], c, theta)
             u[q] = _z_update(r, a, x[dst[q]], c, theta)
     return rec_ptr
-

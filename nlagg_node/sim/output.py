@@ -72,8 +72,8 @@ def write_run(result: SimResult, out: Path, summary: dict[str, Any] | None = Non
     (out / "summary.json").write_text(json.dumps(summary or summarize(result), indent=2))
     (out / "manifest.json").write_text(json.dumps(manifest(result), indent=2))
     offsets = np.cumsum([0] + [len(g) for g in result.graphs])
-    np.savez_compressed(
-        out / "arrays.npz",
+    arrays: dict[str, Any] = {f"z0_{g}": z for g, z in result.z0.items()}
+    arrays.update(
         values=result.values,
         used_values=result.used_values,
         rank=result.rank,
@@ -88,5 +88,5 @@ def write_run(result: SimResult, out: Path, summary: dict[str, Any] | None = Non
         recorded_x=result.recorded_x,
         graph_edges=np.concatenate(result.graphs),
         graph_offsets=offsets,
-        **{f"z0_{g}": z for g, z in result.z0.items()},
     )
+    np.savez_compressed(out / "arrays.npz", **arrays)
