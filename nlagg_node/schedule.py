@@ -39,6 +39,9 @@ class Phase:
     bypass
         ``max``/``min``: nodes whose value is within epsilon of an earlier round's
         result of the same group use the linear branch (top-K rounds >= 2).
+    round_index
+        0 for the first round of a group; round r of a max (min) group finds the
+        (r+1)-th largest (smallest) value.
     """
 
     name: str
@@ -47,6 +50,7 @@ class Phase:
     group: str
     init: DualInitSpec
     bypass: Bypass = "none"
+    round_index: int = 0
 
 
 def _init_for(cfg: RunConfig, default: DualInit, c: float, sigma_z: float | None = None) -> DualInitSpec:
@@ -80,13 +84,14 @@ def plan_phases(cfg: RunConfig) -> list[Phase]:
         return [Phase("average", Objective.average(), t, "average", _init_for(cfg, "symmetric", c))]
     up = _init_for(cfg, "from-above", c)
     rounds = [
-        Phase(f"max-{r + 1}", Objective.maximum(), t, "max", up, "max" if r else "none") for r in range(cfg.k)
+        Phase(f"max-{r + 1}", Objective.maximum(), t, "max", up, "max" if r else "none", r)
+        for r in range(cfg.k)
     ]
     if op == "topk":
         return rounds
     down = _init_for(cfg, "from-below", c)
     lows = [
-        Phase(f"min-{r + 1}", Objective.minimum(), t, "min", down, "min" if r else "none")
+        Phase(f"min-{r + 1}", Objective.minimum(), t, "min", down, "min" if r else "none", r)
         for r in range(cfg.k)
     ]
     # The average part has its own step c (uniformly convex, fast) and a large sigma_z.
@@ -149,11 +154,11 @@ def phase_targets(cfg: RunConfig, phases: list[Phase], s: FloatArray) -> list[tu
             m = s.mean(axis=-1)
             out.append((m, m))
         elif ph.group == "max":
-            r = int(ph.name.split("-")[1]) - 1 if "-" in ph.name else 0
+            r = ph.round_index
             out.append((desc[..., r], desc[..., r]))
         elif ph.group == "min":
-            r = int(ph.name.split("-")[1]) - 1 if "-" in ph.name else 0
-            out.append((desc[..., n - 1 - r], desc[..., n - 1 - r]))
+            r = n - 1 - ph.round_index
+            out.append((desc[..., r], desc[..., r]))
         else:
             p = 0.5 if ph.group == "median" else cfg.quantile
             asc = desc[..., ::-1]
