@@ -92,7 +92,7 @@ def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
         }
         for ph in plan_phases(cfg)
     ]
-    pairs = [(int(a), int(b)) for a, b in np.asarray(edges).tolist()]
+    pairs = [[int(a), int(b)] for a, b in np.asarray(edges).tolist()]
     return ConfigMsg(run_id=run_id, n=cfg.n, edges=pairs, run=run, phases=phases)
 
 

@@ -85,7 +85,7 @@ class ConfigMsg(_Msg):
 
     run_id: str
     n: Annotated[int, Field(ge=2)]
-    edges: list[tuple[NodeId, NodeId]]
+    edges: list[Annotated[list[NodeId], Field(min_length=2, max_length=2)]]
     run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
     phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
 

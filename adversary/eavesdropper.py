@@ -1,0 +1,254 @@
+"""The passive eavesdropper: subscribe to ``P/R/#``, store everything, replay the attack live.
+
+``nlagg eavesdrop --broker URL --run-id R --db transcript.sqlite`` runs :func:`eavesdrop`; the
+testbed runs :class:`Eavesdropper` in its launcher. Every message goes to the
+:class:`~adversary.transcript.Transcript` first (committed every ``commit_every`` seconds and at
+exit, so nothing captured is lost), then to the :class:`~adversary.live.LiveReplay`, which reports
+an exposure as soon as the iteration that reveals it is complete. It stops when every node of the
+run has published ``done`` (or on ``stop()``/timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nlagg_node.runtime.node import config_from_msg
+from nlagg_node.runtime.transport import Transport
+from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, XMsg, Z0Msg, topics
+from nlagg_node.schedule import phase_c, plan_phases
+
+from .live import BRANCH_NAMES, Exposure, LiveReplay
+from .transcript import Transcript
+
+__all__ = ["Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
+
+log = logging.getLogger("nlagg.eavesdropper")
+
+
+@dataclass
+class NodeView:
+    """What the eavesdropper knows about one node so far."""
+
+    iterations: int = 0
+    state: str = "-"
+    branch: str = "-"
+    corrupted: bool = False
+    private_value: float | None = None  # forwarded by the node itself when corrupted
+    exposed: Exposure | None = None
+    output: list[float] = field(default_factory=list)
+
+
+class Eavesdropper:
+    """Capture one run through ``transport`` into ``transcript``.
+
+    Parameters
+    ----------
+    on_exposure : called with each :class:`Exposure` the moment the replay finds it.
+    commit_every : seconds between SQLite commits.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        transcript: Transcript,
+        *,
+        on_exposure: Callable[[Exposure], None] | None = None,
+        commit_every: float = 0.25,
+    ) -> None:
+        self.transport = transport
+        self.transcript = transcript
+        self.topics = topics(transcript.prefix, transcript.run_id)
+        self.on_exposure = on_exposure
+        self.commit_every = commit_every
+        self.config: ConfigMsg | None = None
+        self.replay: LiveReplay | None = None
+        self.nodes: dict[int, NodeView] = {}
+        self.exposures: list[Exposure] = []
+        self.captured = 0
+        self.rejected = 0
+        self.subscribed = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.started = time.time()
+
+    def view(self, i: int) -> NodeView:
+        return self.nodes.setdefault(i, NodeView())
+
+    async def run(self) -> None:
+        """Subscribe, capture until every node is done, commit. Cancel it to stop earlier."""
+        await self.transport.subscribe(self.topics.all, qos=1)
+        self.subscribed.set()
+        last_commit = time.monotonic()
+        try:
+            async for raw in self.transport.messages():
+                self.handle(raw.topic, raw.payload, raw.retain)
+                now = time.monotonic()
+                if now - last_commit >= self.commit_every:
+                    self.transcript.commit()
+                    last_commit = now
+                if self.finished.is_set():
+                    break
+        finally:
+            self.transcript.commit()
+
+    def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
+        """Store one message, then update the views and the live replay."""
+        self.captured += 1
+        parsed = self.transcript.add(topic, payload, retained=retained)
+        if parsed is None:
+            self.rejected += 1
+            log.warning("captured a message that is not protocol v1 on %s", topic)
+            return
+        _, msg = parsed
+        if isinstance(msg, ConfigMsg):
+            self._on_config(msg)
+        elif isinstance(msg, Z0Msg):
+            if self.replay is not None:
+                self.replay.set_z0(msg.group, msg.from_, msg.to, msg.z)
+        elif isinstance(msg, XMsg):
+            v = self.view(msg.node)
+            v.iterations = max(v.iterations, msg.t + 1)
+            if self.replay is not None:
+                self.replay.add_x(msg.node, msg.t, msg.x)
+                self._advance()
+        elif isinstance(msg, AdvStateMsg):
+            v = self.view(msg.node)
+            v.corrupted = True
+            v.private_value = msg.s
+        elif isinstance(msg, StatusMsg):
+            v = self.view(msg.node)
+            v.state = msg.state
+            if msg.output is not None:
+                v.output = list(msg.output)
+            self._check_finished()
+
+    def _on_config(self, msg: ConfigMsg) -> None:
+        if self.config is not None:
+            return
+        self.config = msg
+        cfg, edges = config_from_msg(msg)
+        phases = plan_phases(cfg)
+        self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
+        # Catch up on what arrived before the config.
+        for group, arr in self.transcript.z0(cfg.n, edges).items():
+            self.replay.z0[group] = arr
+        x = self.transcript.x(cfg.n)
+        for i in range(min(cfg.n, x.shape[0])):
+            for t in range(min(x.shape[1], self.replay.t_total)):
+                if x[i, t] == x[i, t]:
+                    self.replay.add_x(i, t, float(x[i, t]))
+        self._advance()
+        self._check_finished()
+
+    def _advance(self) -> None:
+        assert self.replay is not None
+        t_before = self.replay.t_next
+        for exp in self.replay.advance():
+            v = self.view(exp.node)
+            if v.exposed is None:
+                v.exposed = exp
+            if self.view(exp.node).corrupted:
+                continue
+            self.exposures.append(exp)
+            if self.on_exposure is not None:
+                self.on_exposure(exp)
+        if self.replay.t_next > t_before:
+            t = self.replay.t_next - 1
+            for i in range(self.replay.n):
+                self.view(i).branch = BRANCH_NAMES[int(self.replay.branch[i, t])]
+
+    def _check_finished(self) -> None:
+        if self.config is None:
+            return
+        done = sum(1 for i in range(self.config.n) if self.nodes.get(i, NodeView()).state == "done")
+        if done == self.config.n:
+            if self.replay is not None:
+                for exp in self.replay.advance(force=True):
+                    if not self.view(exp.node).corrupted:
+                        self.exposures.append(exp)
+                        if self.on_exposure is not None:
+                            self.on_exposure(exp)
+            self.finished.set()
+
+    def honest_exposed(self) -> list[int]:
+        """Honest nodes whose value the transcript exposed, ascending."""
+        return sorted({e.node for e in self.exposures if not self.view(e.node).corrupted})
+
+
+def live_table(eaves: Eavesdropper) -> Any:
+    """A rich table: per node, iterations seen, its latest branch, and what is already exposed."""
+    from rich.table import Table
+
+    n = eaves.config.n if eaves.config is not None else (max(eaves.nodes, default=-1) + 1)
+    title = f"run {eaves.transcript.run_id}: {eaves.captured} messages"
+    if eaves.config is None:
+        title += " (waiting for the retained config)"
+    table = Table(title=title)
+    for col in ("node", "state", "iterations", "last x", "revealed"):
+        table.add_column(col)
+    for i in range(n):
+        v = eaves.nodes.get(i, NodeView())
+        if v.corrupted:
+            revealed = f"[yellow]corrupted: s = {v.private_value!r}[/yellow]"
+        elif v.exposed is not None:
+            revealed = f"[red]s = {v.exposed.value!r} (t={v.exposed.t}, {v.exposed.how})[/red]"
+        else:
+            revealed = "nothing yet"
+        table.add_row(str(i), v.state, str(v.iterations), v.branch, revealed)
+    return table
+
+
+async def run_eavesdropper(
+    broker: str,
+    run_id: str,
+    db: Path,
+    *,
+    prefix: str = "nlagg",
+    username: str | None = None,
+    password: str | None = None,
+    live: bool = True,
+    stop_after: float | None = None,
+) -> Eavesdropper:
+    """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from nlagg_node.runtime.mqtt import MqttTransport
+
+    console = Console()
+    transcript = Transcript(db, run_id=run_id, prefix=prefix)
+    client_id = f"nlagg-{run_id}-eavesdropper"
+    try:
+        async with MqttTransport(broker, client_id=client_id, username=username, password=password) as tr:
+
+            def report(e: Exposure) -> None:
+                if not live:
+                    console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
+
+            eaves = Eavesdropper(tr, transcript, on_exposure=report)
+            task = asyncio.create_task(eaves.run())
+            try:
+                async with asyncio.timeout(stop_after):
+                    if live:
+                        with Live(live_table(eaves), console=console, refresh_per_second=4) as view:
+                            while not task.done():
+                                await asyncio.wait({task}, timeout=0.25)
+                                view.update(live_table(eaves))
+                    await task
+            except TimeoutError:
+                console.print(f"stopped after {stop_after:g} s")
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    finally:
+        transcript.close()
+    console.print(
+        f"{eaves.captured} messages captured into {db} ({eaves.rejected} not protocol v1); "
+        f"exposed honest nodes: {eaves.honest_exposed() or 'none'}"
+    )
+    return eaves

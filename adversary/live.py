@@ -1,0 +1,201 @@
+"""The minimal live attack: replay the public z-recursion and spot every x_i^(t) that equals s_i.
+
+An eavesdropper that captured every z^(0) and every x^(t) can recompute every dual: the z-update
+of each directed edge only needs the old duals and the published x's. For a piecewise-linear
+objective it then knows both linear-branch candidates ``(lo, hi)`` of node i's x-update
+(:func:`nlagg_node.pdmm.linear_branch`); a published x_i^(t) equal to neither is s_i itself
+(a matching event: the value is exposed, exactly). For the quadratic objective (average part of
+the trimmed mean) the update solves for s_i directly: ``s_i = x_i (1 + c d_i) + v_i``.
+
+All equations come from :mod:`nlagg_node.pdmm`; the replay adds only bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nlagg_node.graphs import EdgeLayout, IntArray
+from nlagg_node.pdmm import dual_sum, linear_branch, z_update
+from nlagg_node.schedule import Phase
+
+__all__ = ["BRANCH_NAMES", "Exposure", "Exposures", "LiveReplay", "replay_exposures"]
+
+FloatArray = NDArray[np.float64]
+
+UNKNOWN, LOW, HIGH, VALUE, SOLVED = -1, 0, 1, 2, 3
+BRANCH_NAMES = {UNKNOWN: "unknown", LOW: "lo", HIGH: "hi", VALUE: "=s", SOLVED: "solved"}
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """Node ``node`` revealed ``value`` at iteration ``t`` (``how``: ``=s`` match or ``solved`` quadratic)."""
+
+    node: int
+    t: int
+    value: float
+    how: str
+
+
+@dataclass
+class Exposures:
+    """Result of :func:`replay_exposures`.
+
+    Attributes
+    ----------
+    branch : int8 ``(n, T)``: -1 unknown (data missing), 0 lower linear branch ``lo``, 1 upper
+        linear branch ``hi``, 2 ``x = s`` (exposed), 3 quadratic phase (s solved from x and v).
+    first : ``(n,)`` first iteration where node i's value was exposed, -1 if never.
+    value : ``(n,)`` the exposed value (NaN if never).
+    """
+
+    branch: NDArray[np.int8]
+    first: NDArray[np.int64]
+    value: FloatArray
+
+    @property
+    def exposed_nodes(self) -> list[int]:
+        return [int(i) for i in np.flatnonzero(self.first >= 0)]
+
+
+class LiveReplay:
+    """The replay, one iteration at a time, for a live eavesdropper.
+
+    Feed z^(0) with :meth:`set_z0` and x's with :meth:`add_x`; each call of :meth:`advance`
+    processes every iteration whose x's are all known and returns the new exposures.
+    """
+
+    def __init__(
+        self, n: int, edges: IntArray, phases: Sequence[Phase], cs: Sequence[float], theta: float
+    ) -> None:
+        self.n = n
+        self.layout = EdgeLayout.from_graphs(n, [np.asarray(edges, dtype=np.int64)])
+        self.index = {
+            (int(a), int(b)): e for e, (a, b) in enumerate(zip(self.layout.src, self.layout.dst, strict=True))
+        }
+        self.phases = list(phases)
+        self.cs = list(cs)
+        self.theta = theta
+        self.t_total = sum(p.t_len for p in self.phases)
+        self._phase_of = np.repeat(np.arange(len(self.phases)), [p.t_len for p in self.phases])
+        self.z0: dict[str, FloatArray] = {}
+        self.x = np.full((n, self.t_total), np.nan)
+        self._seen = np.zeros(self.t_total, dtype=np.int64)
+        self.branch = np.full((n, self.t_total), UNKNOWN, dtype=np.int8)
+        self.first = np.full(n, -1, dtype=np.int64)
+        self.value = np.full(n, np.nan)
+        self.t_next = 0
+        self._u: FloatArray | None = None
+        self._group = ""
+
+    def set_z0(self, group: str, i: int, j: int, z: float) -> None:
+        arr = self.z0.setdefault(group, np.full(len(self.layout.src), np.nan))
+        e = self.index.get((i, j))
+        if e is not None:
+            arr[e] = z
+
+    def add_x(self, i: int, t: int, x: float) -> None:
+        if 0 <= i < self.n and 0 <= t < self.t_total and np.isnan(self.x[i, t]):
+            self.x[i, t] = x
+            self._seen[t] += 1
+
+    def ready(self, t: int) -> bool:
+        if self._seen[t] < self.n:
+            return False
+        phase = self.phases[self._phase_of[t]]
+        if phase.group != self._group:
+            z = self.z0.get(phase.group)
+            return z is not None and not bool(np.isnan(z).any())
+        return True
+
+    def advance(self, *, force: bool = False) -> list[Exposure]:
+        """Process ready iterations (``force``: also incomplete ones, with NaN for the gaps)."""
+        found: list[Exposure] = []
+        while self.t_next < self.t_total and (force or self.ready(self.t_next)):
+            found += self._step(self.t_next)
+            self.t_next += 1
+        return found
+
+    def _step(self, t: int) -> list[Exposure]:
+        lay = self.layout
+        k = int(self._phase_of[t])
+        phase, c = self.phases[k], self.cs[k]
+        if phase.group != self._group or self._u is None:
+            self._group = phase.group
+            z = self.z0.get(phase.group, np.full(len(lay.src), np.nan))
+            self._u = lay.sign * z
+        u = self._u
+        x = self.x[:, t]
+        cd = c * lay.degree
+        v = dual_sum(u, lay.src, self.n)
+        known = ~np.isnan(x) & ~np.isnan(v)
+        codes = np.full(self.n, UNKNOWN, dtype=np.int8)
+        if phase.objective.kind == "quadratic":
+            codes[known] = SOLVED
+            estimate = x * (1.0 + cd) + v
+        else:
+            lo, hi = linear_branch(phase.objective, v, cd)
+            codes[known & (x == lo)] = LOW
+            codes[known & (x == hi) & (x != lo)] = HIGH
+            codes[known & (x != lo) & (x != hi)] = VALUE
+            estimate = x
+        self.branch[:, t] = codes
+        found: list[Exposure] = []
+        for i in np.flatnonzero(((codes == VALUE) | (codes == SOLVED)) & (self.first < 0)):
+            self.first[i] = t
+            self.value[i] = estimate[i]
+            found.append(Exposure(int(i), t, float(estimate[i]), BRANCH_NAMES[int(codes[i])]))
+        h = lay.n_pairs
+        xd = x[lay.dst]
+        new = np.empty_like(u)
+        new[:h] = z_update(u[:h], u[h:], xd[:h], c, self.theta)
+        new[h:] = z_update(u[h:], u[:h], xd[h:], c, self.theta)
+        self._u = new
+        return found
+
+    def result(self) -> Exposures:
+        return Exposures(self.branch.copy(), self.first.copy(), self.value.copy())
+
+
+def replay_exposures(
+    n: int,
+    edges: IntArray,
+    phases: Sequence[Phase],
+    cs: Sequence[float],
+    theta: float,
+    z0: Mapping[str, FloatArray],
+    x: FloatArray,
+) -> Exposures:
+    """Classify every published x_i^(t) from the transcript alone.
+
+    Parameters
+    ----------
+    n : number of nodes.
+    edges : ``(H, 2)`` canonical undirected edges (``nlagg_node.graphs.normalize_edges``).
+    phases : :func:`nlagg_node.schedule.plan_phases` of the run's config.
+    cs : the step ``c`` of each phase (:func:`nlagg_node.schedule.phase_c`).
+    theta : the z-update's averaging parameter.
+    z0 : dual group -> ``(2H,)`` z_{i|j}^(0) in :class:`~nlagg_node.graphs.EdgeLayout` order
+        (``Transcript.z0`` or ``SimResult.z0`` of a one-trial run); NaN where not captured.
+    x : ``(n, T)`` published x's (``Transcript.x``), NaN where not captured; T may be shorter than
+        the schedule (the replay stops there).
+
+    Returns
+    -------
+    Exposures
+        Branch code per ``(node, t)``, first exposure per node and the exposed value. Nodes whose
+        x or duals depend on missing data are ``unknown`` from then on (NaN propagates).
+    """
+    replay = LiveReplay(n, edges, phases, cs, theta)
+    for group, arr in z0.items():
+        replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
+    t_len = min(x.shape[1], replay.t_total)
+    replay.x[:, :t_len] = x[:, :t_len]
+    for t in range(t_len):
+        replay.t_next = t
+        replay._step(t)
+    out = replay.result()
+    return Exposures(out.branch[:, :t_len], out.first, out.value)

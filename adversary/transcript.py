@@ -1,0 +1,260 @@
+"""The eavesdropper's transcript: every captured message of one run in SQLite (WAL).
+
+One row per distinct message: topic, raw payload, receive time, whether the broker flagged it
+retained, and the parsed fields (kind, node, peer, t, phase, value; ``valid = 0`` with the error
+for anything that does not follow wire protocol v1). ``dedup`` (topic + payload) is UNIQUE, so a
+QoS 1 redelivery or a second capture of the same message is stored once.
+
+Readers give what the analysis needs: the public config, z^(0) per directed edge (EdgeLayout
+order, like :attr:`nlagg_node.sim.SimResult.z0`), x as an ``(n, T)`` array with NaN where nothing
+was captured, the corrupted nodes' forwarded states, and the final statuses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nlagg_node.errors import ConfigError
+from nlagg_node.graphs import EdgeLayout
+from nlagg_node.runtime.wire import (
+    AdvStateMsg,
+    ConfigMsg,
+    StatusMsg,
+    TopicInfo,
+    WireError,
+    WireMessage,
+    XMsg,
+    Z0Msg,
+    check_prefix,
+    check_run_id,
+    decode,
+)
+
+__all__ = ["Captured", "Transcript"]
+
+FloatArray = NDArray[np.float64]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    received REAL NOT NULL,
+    retained INTEGER NOT NULL DEFAULT 0,
+    valid INTEGER NOT NULL,
+    error TEXT,
+    kind TEXT,
+    node INTEGER,
+    peer INTEGER,
+    t INTEGER,
+    phase TEXT,
+    value REAL,
+    dedup TEXT NOT NULL UNIQUE
+);
+CREATE INDEX IF NOT EXISTS messages_kind ON messages (kind, node, t);
+"""
+
+Captured = tuple[TopicInfo, WireMessage] | None
+
+
+def _fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | None, float | None]:
+    if isinstance(msg, XMsg):
+        return msg.t, msg.phase, msg.x
+    if isinstance(msg, Z0Msg):
+        return None, msg.group, msg.z
+    if isinstance(msg, AdvStateMsg):
+        return msg.t, None, msg.s
+    if isinstance(msg, StatusMsg):
+        return msg.iterations, msg.state, None
+    return None, None, None
+
+
+class Transcript:
+    """A transcript file, opened for writing (the eavesdropper) or reading (the analysis).
+
+    Parameters
+    ----------
+    path : the SQLite file; created when missing.
+    run_id, prefix : the run it captures. When the file exists they must match what it holds;
+        when None they are read from the file.
+    """
+
+    def __init__(self, path: str | Path, run_id: str | None = None, prefix: str | None = None) -> None:
+        self.path = Path(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+        meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        for key, given in (("run_id", run_id), ("prefix", prefix)):
+            stored = meta.get(key)
+            if stored is not None and given is not None and stored != given:
+                raise ConfigError(key, given, f"{self.path} holds a transcript of {key} {stored!r}")
+            if stored is None:
+                if given is None:
+                    given = "nlagg" if key == "prefix" else None
+                if given is None:
+                    raise ConfigError("run_id", None, f"{self.path} is not a transcript; give the run id")
+                self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, given))
+                meta[key] = given
+        self.run_id = check_run_id(meta["run_id"])
+        self.prefix = check_prefix(meta["prefix"])
+        self._pending = 0
+        self._in_tx = False
+
+    # Writing ------------------------------------------------------------------------------
+    def add(
+        self, topic: str, payload: bytes, *, received: float | None = None, retained: bool = False
+    ) -> Captured:
+        """Store one message (parsed when valid); return the parsed message, or None if invalid.
+
+        Writes are grouped into transactions; call :meth:`commit` (the eavesdropper does so every
+        fraction of a second and at exit).
+        """
+        when = time.time() if received is None else received
+        row: tuple[object, ...]
+        try:
+            info, msg = decode(topic, payload, self.prefix, self.run_id)
+        except WireError as exc:
+            parsed: Captured = None
+            row = (topic, payload, when, int(retained), 0, str(exc), None, None, None, None, None, None)
+        else:
+            parsed = (info, msg)
+            t, phase, value = _fields(info, msg)
+            row = (
+                topic,
+                payload,
+                when,
+                int(retained),
+                1,
+                None,
+                info.kind,
+                info.node,
+                info.peer,
+                t,
+                phase,
+                value,
+            )
+        key = hashlib.blake2b(topic.encode() + b"\0" + payload, digest_size=16).hexdigest()
+        if not self._in_tx:
+            self.db.execute("BEGIN")
+            self._in_tx = True
+        self.db.execute(
+            "INSERT OR IGNORE INTO messages (topic, payload, received, retained, valid, error, kind, node,"
+            " peer, t, phase, value, dedup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*row, key),
+        )
+        self._pending += 1
+        return parsed
+
+    def commit(self) -> None:
+        """Make everything added so far durable."""
+        if self._in_tx:
+            self.db.execute("COMMIT")
+            self._in_tx = False
+            self._pending = 0
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.commit()
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def close(self) -> None:
+        self.commit()
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Reading ------------------------------------------------------------------------------
+    def count(self, *, valid_only: bool = False) -> int:
+        """Number of stored (distinct) messages."""
+        sql = "SELECT COUNT(*) FROM messages" + (" WHERE valid = 1" if valid_only else "")
+        return int(self.db.execute(sql).fetchone()[0])
+
+    def rejected(self) -> list[tuple[str, str]]:
+        """``(topic, error)`` of every stored message that is not valid protocol v1."""
+        return [
+            (str(a), str(b)) for a, b in self.db.execute("SELECT topic, error FROM messages WHERE valid = 0")
+        ]
+
+    def _payloads(self, kind: str) -> list[tuple[str, bytes]]:
+        rows = self.db.execute(
+            "SELECT topic, payload FROM messages WHERE valid = 1 AND kind = ? ORDER BY id", (kind,)
+        )
+        return [(str(t), bytes(p)) for t, p in rows]
+
+    def _decode(self, topic: str, payload: bytes) -> WireMessage:
+        return decode(topic, payload, self.prefix, self.run_id)[1]
+
+    def config(self) -> ConfigMsg | None:
+        """The retained public configuration, if it was captured."""
+        rows = self._payloads("config")
+        if not rows:
+            return None
+        msg = self._decode(*rows[-1])
+        return msg if isinstance(msg, ConfigMsg) else None
+
+    def z0(self, n: int, edges: NDArray[np.int64]) -> dict[str, FloatArray]:
+        """z_{i|j}^(0) per dual group, in :class:`EdgeLayout` order of ``edges`` (NaN if not captured)."""
+        layout = EdgeLayout.from_graphs(n, [edges])
+        index = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(layout.src, layout.dst, strict=True))}
+        out: dict[str, FloatArray] = {}
+        for topic, payload in self._payloads("z0"):
+            msg = self._decode(topic, payload)
+            if not isinstance(msg, Z0Msg):
+                continue
+            arr = out.setdefault(msg.group, np.full(len(layout.src), np.nan))
+            e = index.get((msg.from_, msg.to))
+            if e is not None:
+                arr[e] = msg.z
+        return out
+
+    def x(self, n: int, t_total: int | None = None) -> FloatArray:
+        """x_i^(t) as an ``(n, T)`` array, NaN where no message was captured."""
+        rows = self.db.execute(
+            "SELECT node, t, value FROM messages WHERE valid = 1 AND kind = 'x'"
+        ).fetchall()
+        if t_total is None:
+            t_total = 1 + max((int(t) for _, t, _ in rows), default=-1)
+        out = np.full((n, t_total), np.nan)
+        for node, t, value in rows:
+            if 0 <= node < n and 0 <= t < t_total:
+                out[node, t] = value
+        return out
+
+    def adv_states(self) -> list[AdvStateMsg]:
+        """Every state a corrupted node forwarded, in capture order."""
+        return [m for m in (self._decode(*r) for r in self._payloads("adv")) if isinstance(m, AdvStateMsg)]
+
+    def corrupted(self) -> list[int]:
+        """Nodes that forwarded their state."""
+        rows = self.db.execute(
+            "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'adv' ORDER BY node"
+        )
+        return [int(r[0]) for r in rows]
+
+    def statuses(self) -> dict[int, StatusMsg]:
+        """The last captured status of every node."""
+        out: dict[int, StatusMsg] = {}
+        for topic, payload in self._payloads("status"):
+            msg = self._decode(topic, payload)
+            if isinstance(msg, StatusMsg):
+                out[msg.node] = msg
+        return out

@@ -1,0 +1,350 @@
+"""``nlagg node``, ``nlagg testbed``, ``nlagg eavesdrop``: the protocol over a real MQTT broker."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..errors import ConfigError
+from ._app import app
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _parse_value(text: str, field: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ConfigError(field, text.strip()[:60], "not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(field, text.strip(), "must be a finite number")
+    return value
+
+
+def _read_value(value: float | None, value_file: Path | None, value_cmd: str | None) -> float:
+    given = [x for x in (value, value_file, value_cmd) if x is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "value", f"{len(given)} sources", "give exactly one of --value, --value-file, --value-cmd"
+        )
+    if value is not None:
+        return _parse_value(repr(value), "value")
+    if value_file is not None:
+        if not value_file.is_file():
+            raise ConfigError("value_file", str(value_file), "no such file")
+        lines = [ln for ln in value_file.read_text().splitlines() if ln.strip()]
+        if not lines:
+            raise ConfigError("value_file", str(value_file), "file is empty")
+        return _parse_value(lines[0], "value_file")
+    assert value_cmd is not None
+    proc = subprocess.run(value_cmd, shell=True, capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise ConfigError(
+            "value_cmd", value_cmd, f"exited with {proc.returncode}: {proc.stderr.strip()[:200]}"
+        )
+    return _parse_value(proc.stdout, "value_cmd")
+
+
+def _read_password(password_file: Path | None) -> str | None:
+    if password_file is None:
+        return None
+    if not password_file.is_file():
+        raise ConfigError("password_file", str(password_file), "no such file")
+    lines = password_file.read_text().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _network_table(config: Path) -> dict[str, Any]:
+    """The ``[network]`` table (prefix, run_id) of a run.toml, if any."""
+    import tomllib
+
+    if config.suffix.lower() != ".toml" or not config.is_file():
+        return {}
+    try:
+        doc = tomllib.loads(config.read_text())
+    except tomllib.TOMLDecodeError:
+        return {}
+    net = doc.get("network", {})
+    return net if isinstance(net, dict) else {}
+
+
+@app.command()
+def node(
+    id: Annotated[int, typer.Option("--id", help="this node's id, 0..n-1")],
+    config: Annotated[
+        Path, typer.Option(help="run config (TOML with [run] and optional [network], or JSON)")
+    ],
+    broker: Annotated[str, typer.Option(help="mqtt://host:port")] = "mqtt://127.0.0.1:1883",
+    value: Annotated[float | None, typer.Option(help="the private value s_i")] = None,
+    value_file: Annotated[Path | None, typer.Option(help="file whose first line is s_i")] = None,
+    value_cmd: Annotated[
+        str | None, typer.Option(help="shell command printing s_i (e.g. a sensor read)")
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option(help="run id (default: [network].run_id of the config)")
+    ] = None,
+    prefix: Annotated[
+        str | None, typer.Option(help="topic prefix (default: [network].prefix or nlagg)")
+    ] = None,
+    username: Annotated[str | None, typer.Option(help="broker user name")] = None,
+    password_file: Annotated[Path | None, typer.Option(help="file holding the broker password")] = None,
+    corrupt: Annotated[
+        bool, typer.Option(help="forward s_i and the duals to adv/{i}/state (passive adversary)")
+    ] = False,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="seed of this node's generator rng_for(seed,'node',0,id); OS entropy if unset"),
+    ] = None,
+    neighbour_timeout: Annotated[
+        float, typer.Option(help="seconds to wait at a barrier before failing")
+    ] = 60.0,
+    startup_timeout: Annotated[
+        float, typer.Option(help="seconds to wait for the neighbours to come online")
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run one node: connect, announce, exchange z^(0), iterate with the neighbour barrier, publish done."""
+    import asyncio
+
+    from ..config import load_config
+    from ..runtime.mqtt import MqttTransport
+    from ..runtime.node import Node, node_will
+    from ..runtime.wire import check_prefix, check_run_id
+
+    _setup_logging(verbose)
+    cfg = load_config(config)
+    net = _network_table(config)
+    rid = check_run_id(run_id or str(net.get("run_id", "")) or "default")
+    pfx = check_prefix(prefix or str(net.get("prefix", "nlagg")))
+    if not 0 <= id < cfg.n:
+        raise ConfigError("id", id, f"must lie in 0..{cfg.n - 1}")
+    s = _read_value(value, value_file, value_cmd)
+    password = _read_password(password_file)
+
+    async def main() -> dict[str, Any]:
+        transport = MqttTransport(
+            broker,
+            client_id=f"nlagg-{rid}-node-{id}",
+            will=node_will(pfx, rid, id),
+            username=username,
+            password=password,
+        )
+        async with Node(
+            cfg,
+            id,
+            s,
+            transport,
+            run_id=rid,
+            prefix=pfx,
+            corrupt=corrupt,
+            seed=seed,
+            neighbour_timeout=neighbour_timeout,
+            startup_timeout=startup_timeout,
+        ) as nd:
+            r = await nd.run()
+        return {
+            "node": r.node,
+            "output": r.output,
+            "finals": r.finals,
+            "iterations": r.iterations,
+            "seconds": r.seconds,
+            "rounds_per_second": r.rounds_per_second,
+            "rejected": r.rejected,
+            "duplicates": r.duplicates,
+        }
+
+    result = asyncio.run(main())
+    if as_json:
+        print(json.dumps(result))
+    else:
+        out = result["output"]
+        print(
+            f"node {id}: done, output {out[0] if len(out) == 1 else out} after {result['iterations']} "
+            f"iterations ({result['rounds_per_second']:.0f} rounds/s, {result['rejected']} messages rejected)"
+        )
+
+
+def _parse_corrupt(spec: str | None, n: int) -> set[int]:
+    """``--corrupt 2`` picks 2 nodes (the lowest ids), ``--corrupt 3,7`` names them."""
+    if spec is None or spec.strip() == "":
+        return set()
+    spec = spec.strip()
+    try:
+        if "," not in spec:
+            count = int(spec)
+            if not 0 <= count < n:
+                raise ConfigError("corrupt", spec, f"a count must lie in 0..{n - 1}")
+            return set(range(count))
+        ids = {int(p) for p in spec.split(",") if p.strip()}
+    except ValueError:
+        raise ConfigError("corrupt", spec, "use a count (2) or a list of node ids (3,7)") from None
+    bad = sorted(i for i in ids if not 0 <= i < n)
+    if bad:
+        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
+    return ids
+
+
+@app.command("testbed")
+def run_testbed_command(
+    n: Annotated[int | None, typer.Option(help="number of nodes")] = None,
+    op: Annotated[
+        str | None, typer.Option(help="max, min, topk, median, quantile, trimmed-mean, average")
+    ] = None,
+    graph: Annotated[
+        str | None, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")
+    ] = None,
+    graph_file: Annotated[Path | None, typer.Option(help="edge list; implies --graph file")] = None,
+    corrupt: Annotated[str | None, typer.Option(help="a count (2: nodes 0 and 1) or ids (3,7)")] = None,
+    seed: Annotated[int | None, typer.Option(help="run seed: graph, values and every node's z^(0)")] = None,
+    run_id: Annotated[str | None, typer.Option(help="run id (fresh tb-xxxxxxxx by default)")] = None,
+    prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
+    broker: Annotated[str | None, typer.Option(help="use this broker instead of a private one")] = None,
+    broker_kind: Annotated[str, typer.Option(help="private broker: auto, mosquitto or amqtt")] = "auto",
+    in_process: Annotated[
+        bool, typer.Option(help="host all nodes as tasks on one connection (large n)")
+    ] = False,
+    t_max: Annotated[
+        int | None, typer.Option(help="iterations per phase (operator default if unset)")
+    ] = None,
+    c: Annotated[float | None, typer.Option(help="PDMM step parameter c")] = None,
+    mu_z: Annotated[float | None, typer.Option(help="mean offset of z^(0)")] = None,
+    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
+    quantile: Annotated[float | None, typer.Option(help="quantile level p")] = None,
+    init: Annotated[str | None, typer.Option(help="dual initialization (see nlagg sim)")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML run config; flags override it")] = None,
+    neighbour_timeout: Annotated[float, typer.Option(help="seconds a node waits at a barrier")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="keep transcript.sqlite, summary.json, manifest.json here")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run a whole network on this machine: broker, eavesdropper, n nodes; print what happened."""
+    import asyncio
+
+    from rich.console import Console
+
+    from ..config import load_config
+    from ..runtime.testbed import run_testbed
+
+    _setup_logging(verbose)
+    cfg = load_config(
+        config,
+        op=op,
+        n=n,
+        graph="file" if graph_file is not None and graph is None else graph,
+        graph_file=graph_file,
+        t_max=t_max,
+        c=c,
+        mu_z=mu_z,
+        k=k,
+        quantile=quantile,
+        init=init,
+        seed=seed,
+        trials=1,
+    )
+    if broker_kind not in ("auto", "mosquitto", "amqtt"):
+        raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")
+    console = Console(stderr=as_json)
+    summary = asyncio.run(
+        run_testbed(
+            cfg,
+            run_id=run_id,
+            prefix=prefix,
+            broker_url=broker,
+            broker_kind=broker_kind,
+            in_process=in_process,
+            corrupt=_parse_corrupt(corrupt, cfg.n),
+            out_dir=out,
+            neighbour_timeout=neighbour_timeout,
+            on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+        )
+    )
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(console, summary)
+
+
+def _print_summary(console: Any, s: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"run {s['run_id']}: {s['op']} on {s['n']} nodes ({s['graph']}, {s['edges']} edges)")
+    table.add_column("node", justify="right")
+    table.add_column("private value", justify="right")
+    table.add_column("final x", justify="right")
+    table.add_column("eavesdropper learned")
+    for i in range(s["n"]):
+        key = str(i)
+        exp = s["exposures"].get(key)
+        if i in s["corrupted"]:
+            learned = "corrupted: forwards s_i"
+        elif exp is not None:
+            ok = "correct" if exp["correct"] else "WRONG"
+            learned = f"[red]s_i exposed at t={exp['t']} ({exp['how']}, {ok})[/red]"
+        else:
+            learned = "linear branches only"
+        table.add_row(key, f"{s['private_values'][key]:.6g}", str(s["final_x"][key]), learned)
+    console.print(table)
+    verdict = "[green]exact[/green]" if s["exact"] else "[red]NOT exact[/red]"
+    console.print(f"true aggregate {s['true_value']}: {verdict} (MSE {s['mse']:.3g})")
+    console.print(
+        f"{s['iterations']} iterations, {s['rounds_per_second']:.1f} rounds/s, "
+        f"wall {s['wall_seconds']:.1f} s; broker {s['broker']}; "
+        f"{s['messages_captured']} messages captured ({s['messages_rejected']} rejected)"
+    )
+    console.print(
+        f"exposed honest nodes: {s['exposed_nodes'] or 'none'}; corrupted: {s['corrupted'] or 'none'}"
+    )
+    if s["transcript"]:
+        console.print(f"transcript: {s['transcript']}")
+
+
+@app.command()
+def eavesdrop(
+    broker: Annotated[str, typer.Option(help="mqtt://host:port")],
+    run_id: Annotated[str, typer.Option(help="the run to capture")],
+    db: Annotated[Path, typer.Option(help="SQLite transcript (created or appended)")] = Path(
+        "transcript.sqlite"
+    ),
+    prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
+    username: Annotated[str | None, typer.Option(help="broker user name")] = None,
+    password_file: Annotated[Path | None, typer.Option(help="file holding the broker password")] = None,
+    live: Annotated[bool | None, typer.Option(help="live view (default: when stdout is a terminal)")] = None,
+    timeout: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Capture every message of a run into SQLite and show per node what the transcript reveals."""
+    import asyncio
+
+    from adversary.eavesdropper import run_eavesdropper
+
+    _setup_logging(verbose)
+    password = _read_password(password_file)
+    show = sys.stdout.isatty() if live is None else live
+    asyncio.run(
+        run_eavesdropper(
+            broker,
+            run_id,
+            db,
+            prefix=prefix,
+            username=username,
+            password=password,
+            live=show,
+            stop_after=timeout,
+        )
+    )

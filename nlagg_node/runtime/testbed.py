@@ -1,0 +1,309 @@
+"""``nlagg testbed``: a whole run on one machine, over a real broker, captured by the eavesdropper.
+
+Starts the broker (a private Mosquitto or embedded amqtt unless ``broker_url`` is given),
+publishes the retained public config, starts the eavesdropper (subscribed before any node
+exists, so it sees every z^(0)), then the n nodes: separate ``nlagg node`` processes by default,
+or tasks sharing one connection (``in_process``, for large n). Waits for everything, and builds
+the summary from the ground truth (held here only) and what the eavesdropper captured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..config import RunConfig
+from ..errors import NlaggError
+from ..schedule import distance_to, true_aggregate
+from .brokers import start_broker
+from .mqtt import MqttTransport
+from .node import Node, build_config_msg, host_nodes, run_edges
+from .wire import check_run_id, encode, topics
+
+__all__ = ["TestbedError", "new_run_id", "run_testbed"]
+
+log = logging.getLogger("nlagg.testbed")
+NODE_ENTRY = "from nlagg_node.cli import main; main()"
+
+
+class TestbedError(NlaggError):
+    """A node process failed or the run did not complete."""
+
+
+def new_run_id() -> str:
+    """A fresh run id (``tb-`` + 8 hex digits): retained statuses of older runs never mix in."""
+    return f"tb-{secrets.token_hex(4)}"
+
+
+def _open_log(path: Path) -> BinaryIO:
+    return open(path, "wb")  # closed by the caller's with-block
+
+
+def _node_command(
+    i: int, cfg_path: Path, value: float, url: str, run_id: str, prefix: str, corrupt: bool, timeout: float
+) -> list[str]:
+    cmd = [sys.executable, "-c", NODE_ENTRY, "node", "--id", str(i), "--config", str(cfg_path)]
+    cmd += ["--value", repr(float(value)), "--broker", url, "--run-id", run_id, "--prefix", prefix]
+    cmd += ["--neighbour-timeout", repr(timeout), "--json"]
+    if corrupt:
+        cmd.append("--corrupt")
+    return cmd
+
+
+async def _run_processes(
+    cfg: RunConfig,
+    values: np.ndarray[Any, np.dtype[np.float64]],
+    url: str,
+    run_id: str,
+    prefix: str,
+    corrupt: set[int],
+    workdir: Path,
+    node_timeout: float,
+) -> list[dict[str, Any]]:
+    cfg_path = workdir / "run-config.json"
+    cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
+    procs: list[asyncio.subprocess.Process] = []
+    logs = []
+    try:
+        for i in range(cfg.n):
+            log_path = workdir / f"node-{i}.log"
+            logs.append(log_path)
+            with _open_log(log_path) as err:
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        *_node_command(
+                            i, cfg_path, values[i], url, run_id, prefix, i in corrupt, node_timeout
+                        ),
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=err,
+                        stdin=asyncio.subprocess.DEVNULL,
+                    )
+                )
+        outs = await asyncio.gather(*(p.communicate() for p in procs))
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    results = []
+    for i, (p, (stdout, _)) in enumerate(zip(procs, outs, strict=True)):
+        if p.returncode != 0:
+            tail = logs[i].read_text(errors="replace").strip().splitlines()[-3:]
+            raise TestbedError(f"node {i} exited with {p.returncode}: {' | '.join(tail)}")
+        results.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+    return results
+
+
+async def _run_in_process(
+    cfg: RunConfig,
+    values: np.ndarray[Any, np.dtype[np.float64]],
+    url: str,
+    run_id: str,
+    prefix: str,
+    corrupt: set[int],
+    node_timeout: float,
+) -> list[dict[str, Any]]:
+    edges = run_edges(cfg)
+    async with MqttTransport(url, client_id=f"nlagg-{run_id}-host") as transport:
+        nodes = [
+            Node(
+                cfg,
+                i,
+                float(values[i]),
+                transport,
+                run_id=run_id,
+                prefix=prefix,
+                edges=edges,
+                corrupt=i in corrupt,
+                neighbour_timeout=node_timeout,
+                own_transport=False,
+            )
+            for i in range(cfg.n)
+        ]
+        results = await host_nodes(nodes, transport, prefix, run_id)
+    return [
+        {"node": r.node, "output": r.output, "seconds": r.seconds, "rejected": r.rejected} for r in results
+    ]
+
+
+async def run_testbed(
+    cfg: RunConfig,
+    *,
+    run_id: str | None = None,
+    prefix: str = "nlagg",
+    broker_url: str | None = None,
+    broker_kind: str = "auto",
+    in_process: bool = False,
+    corrupt: set[int] | None = None,
+    out_dir: Path | None = None,
+    neighbour_timeout: float = 60.0,
+    on_event: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run one testbed and return its summary (see the issue's ``--json`` fields)."""
+    from adversary.eavesdropper import Eavesdropper
+    from adversary.live import Exposure
+    from adversary.transcript import Transcript
+
+    from ..sim.values import draw_values
+
+    cfg = cfg.resolved().model_copy(update={"trials": 1})
+    run_id = check_run_id(run_id or new_run_id())
+    corrupt = set(corrupt or set())
+    bad = sorted(i for i in corrupt if not 0 <= i < cfg.n)
+    if bad:
+        from ..errors import ConfigError
+
+        raise ConfigError("corrupt", bad, f"node ids must lie in 0..{cfg.n - 1}")
+    say = on_event or (lambda _msg: None)
+    values = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+    edges = run_edges(cfg)
+    truth_lo, truth_hi = true_aggregate(cfg, values[None])
+    t = topics(prefix, run_id)
+    started = time.perf_counter()
+    async with AsyncExitStack() as stack:
+        if out_dir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nlagg-testbed-")))
+        else:
+            workdir = out_dir
+            workdir.mkdir(parents=True, exist_ok=True)
+        db_path = workdir / "transcript.sqlite"
+        if db_path.exists():
+            raise NlaggError(f"{db_path} exists; choose another --out directory")
+        if broker_url is None:
+            handle = await stack.enter_async_context(start_broker(broker_kind))  # type: ignore[arg-type]
+            url, kind = handle.url, str(handle.kind)
+        else:
+            url, kind = broker_url, "external"
+        say(f"broker {kind} at {url}; run {run_id}")
+        launcher = await stack.enter_async_context(MqttTransport(url, client_id=f"nlagg-{run_id}-launcher"))
+        await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
+        transcript = Transcript(db_path, run_id=run_id, prefix=prefix)
+        stack.callback(transcript.close)
+        eaves_tr = await stack.enter_async_context(
+            MqttTransport(url, client_id=f"nlagg-{run_id}-eavesdropper")
+        )
+
+        def exposed(e: Exposure) -> None:
+            say(f"eavesdropper: node {e.node} exposed at t={e.t} ({e.how}): s = {e.value!r}")
+
+        eaves = Eavesdropper(eaves_tr, transcript, on_exposure=exposed)
+        eaves_task = asyncio.create_task(eaves.run())
+        await eaves.subscribed.wait()
+        say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
+        t_nodes = time.perf_counter()
+        try:
+            if in_process:
+                results = await _run_in_process(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout)
+            else:
+                results = await _run_processes(
+                    cfg, values, url, run_id, prefix, corrupt, workdir, neighbour_timeout
+                )
+            node_wall = time.perf_counter() - t_nodes
+            try:
+                async with asyncio.timeout(30.0):
+                    await eaves.finished.wait()
+            except TimeoutError:
+                missing = [i for i in range(cfg.n) if eaves.view(i).state != "done"]
+                raise TestbedError(
+                    f"the nodes finished but the eavesdropper saw no 'done' from {missing} within 30 s"
+                ) from None
+        finally:
+            eaves_task.cancel()
+            await asyncio.gather(eaves_task, return_exceptions=True)
+        transcript.commit()
+        summary = _summary(cfg, run_id, values, truth_lo, truth_hi, results, eaves, corrupt, node_wall)
+        summary.update(
+            broker=kind,
+            broker_url=url,
+            in_process=in_process,
+            wall_seconds=time.perf_counter() - started,
+            transcript=str(db_path) if out_dir is not None else None,
+        )
+        if out_dir is not None:
+            _write_outputs(out_dir, cfg, summary)
+    return summary
+
+
+def _summary(
+    cfg: RunConfig,
+    run_id: str,
+    values: np.ndarray[Any, np.dtype[np.float64]],
+    truth_lo: np.ndarray[Any, np.dtype[np.float64]],
+    truth_hi: np.ndarray[Any, np.dtype[np.float64]],
+    results: list[dict[str, Any]],
+    eaves: Any,
+    corrupt: set[int],
+    node_wall: float,
+) -> dict[str, Any]:
+    from ..schedule import plan_phases
+
+    t_total = sum(p.t_len for p in plan_phases(cfg))
+    lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
+    outputs = {int(r["node"]): [float(v) for v in r["output"]] for r in results}
+    err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)])
+    exact = bool((err <= 1e-9).all())
+    mse = float((err**2).sum(axis=1).mean())
+    slowest = max(float(r["seconds"]) for r in results)
+    statuses = {i: v.output for i, v in eaves.nodes.items() if v.state == "done"}
+    exposures = {
+        str(e.node): {
+            "t": e.t,
+            "value": e.value,
+            "how": e.how,
+            "correct": bool(abs(e.value - values[e.node]) <= 1e-9),
+        }
+        for e in eaves.exposures
+    }
+    single = cfg.op != "topk"
+    return {
+        "run_id": run_id,
+        "op": cfg.op,
+        "n": cfg.n,
+        "graph": cfg.graph,
+        "edges": len(run_edges(cfg)),
+        "seed": cfg.seed,
+        "true_value": float(lo[0]) if single and lo[0] == hi[0] else [float(v) for v in lo],
+        "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
+        "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in range(cfg.n)},
+        "final_x_captured": {str(i): statuses.get(i) for i in range(cfg.n)},
+        "exact": exact,
+        "mse": mse,
+        "private_values": {str(i): float(values[i]) for i in range(cfg.n)},
+        "corrupted": sorted(corrupt),
+        "iterations": t_total,
+        "rounds_per_second": t_total / slowest if slowest > 0 else 0.0,
+        "node_wall_seconds": node_wall,
+        "messages_captured": eaves.transcript.count(),
+        "messages_rejected": eaves.rejected,
+        "exposed_nodes": eaves.honest_exposed(),
+        "exposures": exposures,
+    }
+
+
+def _write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
+    from ..sim.output import package_versions
+
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    manifest = {
+        "kind": "nlagg-testbed",
+        "config": cfg.model_dump(mode="json"),
+        "seed": cfg.seed,
+        "run_id": summary["run_id"],
+        "corrupted": summary["corrupted"],
+        "in_process": summary["in_process"],
+        "broker": summary["broker"],
+        "versions": package_versions(),
+        "replay": "nlagg sim --config manifest.json --trials 1 --record all  (same numbers, bit for bit)",
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
