@@ -1,0 +1,360 @@
+"""The transcript attack: what a passive adversary provably learns about every honest node.
+
+Input is the public part of one run as plain arrays: the graph, the phase schedule, z^(0)
+of every directed edge, every published x (an ``(n, T)`` matrix) and whatever corrupted
+nodes forwarded. :func:`adversary.live.replay_exposures` replays the public z-recursion
+with the functions of :mod:`nlagg_node.pdmm` and classifies each x_i^(t) as the lower
+linear branch ``lo`` (so ``s_i <= lo``), the upper branch ``hi`` (so ``s_i >= hi``), a
+matching event (``x_i^(t) = s_i``: exposed exactly) or, in an average-consensus phase, a
+solved value (``s_i = x_i (1 + c d_i) + v_i``, exact up to rounding). This module turns
+those codes into one finding per node: the exposed value with the iteration of the
+matching event, or the tightest interval the transcript proves, and scores the findings
+against ground truth when it is known.
+
+Top-K rounds after the first let nodes that hold an identified value bypass the max (their
+x is then ``lo`` whatever s_i is). A ``lo`` there proves ``s_i <= lo`` only for nodes the
+transcript already shows to lie more than epsilon below every value they identified; for
+the others the round adds nothing (and symmetrically for the min rounds of the trimmed mean).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nlagg_node.errors import ConfigError
+from nlagg_node.graphs import IntArray
+from nlagg_node.schedule import Phase
+
+from .live import HIGH, LOW, SOLVED, VALUE, replay_exposures
+
+FloatArray = NDArray[np.float64]
+Status = Literal["exposed", "interval", "corrupted"]
+
+SOLVED_TOLERANCE = 1e-9
+"""Relative tolerance of a value solved from an average-consensus x (exact up to rounding)."""
+
+
+@dataclass(frozen=True)
+class NodeFinding:
+    """What the transcript proves about one node.
+
+    ``lower <= s_i <= upper`` always holds; for an exposed node both equal ``value``.
+    ``t`` is the iteration of the first matching event (or solved x), -1 otherwise.
+    ``side`` places the interval against the final output: ``above``, ``below``,
+    ``at`` (exposed and equal), or ``unknown`` when the interval contains the output.
+    ``distance`` is how far the interval lies from the output (0 when it touches it).
+    """
+
+    node: int
+    status: Status
+    value: float | None
+    t: int
+    how: str
+    lower: float
+    upper: float
+    side: str
+    distance: float
+
+
+@dataclass
+class AttackReport:
+    """Findings for every node, and scores when the truth is known."""
+
+    op: str
+    n: int
+    iterations: int
+    output: float | None
+    findings: list[NodeFinding]
+    precision: float | None = None
+    recall: float | None = None
+    iteration_agreement: float | None = None
+    interval_soundness: float | None = None
+    truth_note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exposed(self) -> dict[int, NodeFinding]:
+        return {f.node: f for f in self.findings if f.status == "exposed"}
+
+    def to_json(self) -> dict[str, Any]:
+        def clean(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+            return v
+
+        nodes = [{k: clean(v) for k, v in asdict(f).items()} for f in self.findings]
+        return {
+            "op": self.op,
+            "n": self.n,
+            "iterations": self.iterations,
+            "output": clean(self.output) if self.output is not None else None,
+            "exposed": sorted(self.exposed),
+            "precision": self.precision,
+            "recall": self.recall,
+            "iteration_agreement": self.iteration_agreement,
+            "interval_soundness": self.interval_soundness,
+            "truth": self.truth_note,
+            "nodes": nodes,
+            **self.extra,
+        }
+
+
+def _bypass_allows(
+    phase: Phase, lower: float, upper: float, identified: Sequence[float], epsilon: float
+) -> bool:
+    """Whether a branch code of this phase proves anything about the node (see module notes)."""
+    if phase.bypass == "none" or not identified:
+        return True
+    if phase.bypass == "max":
+        return upper < min(identified) - epsilon
+    return lower > max(identified) + epsilon
+
+
+def attack_arrays(
+    n: int,
+    edges: IntArray,
+    phases: Sequence[Phase],
+    cs: Sequence[float],
+    theta: float,
+    z0: Mapping[str, FloatArray],
+    x: FloatArray,
+    *,
+    op: str = "",
+    epsilon: float = 1e-3,
+    corrupted: Mapping[int, float] | None = None,
+) -> AttackReport:
+    """Run the attack on one transcript given as arrays.
+
+    Parameters
+    ----------
+    n, edges
+        Number of nodes and canonical undirected edges.
+    phases, cs, theta
+        The schedule (:func:`nlagg_node.schedule.plan_phases`), each phase's c and the
+        averaging constant: all public.
+    z0
+        Dual group -> z_{i|j}^(0) per directed edge in EdgeLayout order (NaN where missing).
+    x
+        ``(n, T)`` published states, NaN where not captured.
+    op
+        Operator name, for the report.
+    epsilon
+        Top-K tolerance (public; decides which nodes may bypass).
+    corrupted
+        Node id -> private value forwarded by that corrupted node.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] != n:
+        raise ConfigError("x", f"shape {x.shape}", f"expected (n={n}, T)")
+    corrupt = dict(corrupted or {})
+    bad = [i for i in corrupt if not 0 <= i < n]
+    if bad:
+        raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
+    rep = replay_exposures(n, edges, phases, cs, theta, z0, x)
+    T = rep.branch.shape[1]
+    lower = np.full(n, -np.inf)
+    upper = np.full(n, np.inf)
+    t0 = 0
+    ends: dict[str, list[int]] = {}
+    for phase in phases:
+        t1 = min(t0 + phase.t_len, T)
+        if t1 <= t0:
+            break
+        earlier = ends.get(phase.group, [])
+        for i in range(n):
+            identified = [float(x[i, e]) for e in earlier if math.isfinite(x[i, e])]
+            if not _bypass_allows(phase, float(lower[i]), float(upper[i]), identified, epsilon):
+                continue
+            codes = rep.branch[i, t0:t1]
+            xi = x[i, t0:t1]
+            lows = xi[codes == LOW]
+            highs = xi[codes == HIGH]
+            if len(lows):
+                upper[i] = min(upper[i], float(lows.min()))
+            if len(highs):
+                lower[i] = max(lower[i], float(highs.max()))
+        ends.setdefault(phase.group, []).append(t1 - 1)
+        t0 = t1
+    last = x[:, T - 1] if T else np.full(n, np.nan)
+    output = float(np.nanmedian(last)) if np.isfinite(last).any() else None
+    findings: list[NodeFinding] = []
+    for i in range(n):
+        if i in corrupt:
+            v = float(corrupt[i])
+            findings.append(_finding(i, "corrupted", v, -1, "forwarded", v, v, output))
+        elif rep.first[i] >= 0:
+            v = float(rep.value[i])
+            how = "=s" if rep.branch[i, rep.first[i]] == VALUE else "solved"
+            findings.append(_finding(i, "exposed", v, int(rep.first[i]), how, v, v, output))
+        else:
+            findings.append(_finding(i, "interval", None, -1, "", float(lower[i]), float(upper[i]), output))
+    codes_used = {int(c) for c in np.unique(rep.branch)} if T else set()
+    return AttackReport(
+        op=op,
+        n=n,
+        iterations=T,
+        output=output,
+        findings=findings,
+        extra={"solved_phase": SOLVED in codes_used},
+    )
+
+
+def _finding(
+    i: int, status: Status, value: float | None, t: int, how: str, lo: float, hi: float, output: float | None
+) -> NodeFinding:
+    if output is None:
+        side, dist = "unknown", math.nan
+    elif lo > output:
+        side, dist = "above", lo - output
+    elif hi < output:
+        side, dist = "below", output - hi
+    elif lo == hi == output:
+        side, dist = "at", 0.0
+    else:
+        side, dist = "unknown", 0.0
+    return NodeFinding(i, status, value, t, how, lo, hi, side, dist)
+
+
+def score(
+    report: AttackReport,
+    true_values: Sequence[float] | FloatArray,
+    true_first_match: Sequence[int] | IntArray | None = None,
+    *,
+    note: str = "",
+) -> AttackReport:
+    """Fill precision, recall, iteration agreement and interval soundness from the truth.
+
+    Parameters
+    ----------
+    true_values
+        The value each node's dynamics used (``SimResult.used_values``: the DP baselines
+        expose the perturbed value, which is what they put into the protocol).
+    true_first_match
+        First iteration with ``x_i^(t) = s_i`` per node (-1 if none), for recall.
+    """
+    s = np.asarray(true_values, dtype=np.float64)
+    if s.shape != (report.n,):
+        raise ConfigError("true_values", f"shape {s.shape}", f"expected ({report.n},)")
+    honest = [f for f in report.findings if f.status != "corrupted"]
+    claims = [f for f in honest if f.status == "exposed"]
+
+    def right(f: NodeFinding) -> bool:
+        truth = float(s[f.node])
+        assert f.value is not None
+        if f.how == "=s":
+            return f.value == truth
+        return abs(f.value - truth) <= SOLVED_TOLERANCE * max(1.0, abs(truth))
+
+    report.precision = sum(right(f) for f in claims) / len(claims) if claims else 1.0
+    sound = [f.lower <= s[f.node] <= f.upper or (f.status == "exposed" and right(f)) for f in honest]
+    report.interval_soundness = sum(sound) / max(1, len(sound))
+    if true_first_match is not None:
+        first = np.asarray(true_first_match, dtype=np.int64)
+        events = [f for f in honest if 0 <= first[f.node] < report.iterations]
+        found = [f for f in events if f.status == "exposed" and f.how == "=s"]
+        report.recall = len(found) / len(events) if events else 1.0
+        same = [f for f in found if f.t == first[f.node]]
+        report.iteration_agreement = len(same) / len(found) if found else 1.0
+    report.truth_note = note
+    return report
+
+
+def report_json(report: AttackReport) -> str:
+    return json.dumps(report.to_json(), indent=2)
+
+
+def load_transcript_arrays(path: str | Path) -> dict[str, Any]:
+    """Read what the attack needs from a transcript file (``adversary.transcript`` format)."""
+    from nlagg_node.runtime.node import config_from_msg
+    from nlagg_node.schedule import phase_c, plan_phases
+
+    from .transcript import Transcript
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("transcript", str(p), "no such file")
+    with Transcript(p) as tr:
+        msg = tr.config()
+        if msg is None:
+            raise ConfigError("transcript", str(p), "holds no run configuration (no config message)")
+        cfg, edges = config_from_msg(msg)
+        phases = plan_phases(cfg)
+        t_total = sum(ph.t_len for ph in phases)
+        corrupted = {m.node: float(m.s) for m in tr.adv_states()}
+        return {
+            "cfg": cfg,
+            "run_id": tr.run_id,
+            "n": cfg.n,
+            "edges": edges,
+            "phases": phases,
+            "cs": [phase_c(cfg, ph) for ph in phases],
+            "theta": cfg.theta,
+            "z0": tr.z0(cfg.n, edges),
+            "x": tr.x(cfg.n, t_total),
+            "corrupted": corrupted,
+            "statuses": tr.statuses(),
+        }
+
+
+def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackReport:
+    """Attack a transcript file; score it when ground truth is at hand.
+
+    ``truth`` is a testbed ``summary.json`` (its ``private_values``); by default the
+    ``summary.json`` next to the transcript is used when it exists.
+    """
+    data = load_transcript_arrays(path)
+    cfg = data["cfg"]
+    report = attack_arrays(
+        data["n"],
+        data["edges"],
+        data["phases"],
+        data["cs"],
+        data["theta"],
+        data["z0"],
+        data["x"],
+        op=cfg.op,
+        epsilon=cfg.epsilon,
+        corrupted=data["corrupted"],
+    )
+    report.extra["run_id"] = data["run_id"]
+    report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
+    report.extra["expected_x"] = int(data["x"].size)
+    candidates = (
+        [truth]
+        if truth is not None
+        else [
+            Path(path).with_name("summary.json"),
+            Path(path).with_name(Path(path).name + ".truth.json"),
+        ]
+    )
+    for cand in candidates:
+        if cand is None or not cand.is_file():
+            continue
+        doc = json.loads(cand.read_text())
+        if doc.get("run_id") not in (None, data["run_id"]) or "private_values" not in doc:
+            continue
+        vals = np.array([float(doc["private_values"][str(i)]) for i in range(cfg.n)])
+        if "first_match" in doc:
+            first = np.array([int(doc["first_match"][str(i)]) for i in range(cfg.n)], dtype=np.int64)
+        elif cfg.init in ("dp-gauss", "dp-laplace"):
+            report.truth_note = f"{cand}: DP baseline (exposures are perturbed inputs), not scored"
+            break
+        else:
+            first = _first_matches(data["x"], vals)
+        score(report, vals, first, note=f"ground truth from {cand}")
+        break
+    return report
+
+
+def _first_matches(x: FloatArray, s: FloatArray) -> IntArray:
+    """First t with ``x_i^(t) = s_i`` per node (-1 if none)."""
+    eq = x == s[:, None]
+    return np.asarray(np.where(eq.any(axis=1), eq.argmax(axis=1), -1), dtype=np.int64)

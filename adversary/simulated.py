@@ -1,0 +1,173 @@
+"""Simulated runs as transcripts: the simulator's trial b seen exactly as the eavesdropper sees a testbed.
+
+:func:`write_sim_transcript` writes one trial of a :class:`~nlagg_node.sim.SimResult` through
+the same :class:`adversary.transcript.Transcript` writer and wire encoding as a live capture
+(config, every z^(0), every x, final statuses, and the forwarded state of corrupted nodes), so
+``nlagg attack`` reads both the same way. :func:`attack_simulation` runs the attack directly on
+the arrays of one trial and scores it against the simulator's ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nlagg_node.errors import ConfigError
+from nlagg_node.graphs import EdgeLayout, IntArray
+from nlagg_node.schedule import phase_c
+from nlagg_node.sim import SimResult
+
+from .attack import AttackReport, attack_arrays, score
+
+FloatArray = NDArray[np.float64]
+
+
+def _check_trial(result: SimResult, trial: int) -> None:
+    B = result.values.shape[0]
+    if not 0 <= trial < B:
+        raise ConfigError("trial", trial, f"the run has trials 0..{B - 1}")
+    t_total = result.t_total
+    if len(result.recorded_t) != t_total or not np.array_equal(result.recorded_t, np.arange(t_total)):
+        raise ConfigError("record", result.config.record, "the attack needs every x: use record='all'")
+
+
+def trial_z0(result: SimResult, trial: int) -> dict[str, FloatArray]:
+    """z^(0) of one trial per dual group, in the single-graph EdgeLayout order."""
+    sizes = [len(g) for g in result.graphs]
+    total = sum(sizes)
+    off = sum(sizes[:trial])
+    h = sizes[trial]
+    return {
+        group: np.concatenate([z[off : off + h], z[total + off : total + off + h]])
+        for group, z in result.z0.items()
+    }
+
+
+def trial_x(result: SimResult, trial: int) -> FloatArray:
+    """Every x of one trial as ``(n, T)`` (needs ``record='all'``)."""
+    _check_trial(result, trial)
+    return np.ascontiguousarray(result.recorded_x[:, trial, :].T)
+
+
+def _corrupted_values(result: SimResult, trial: int, corrupted: Sequence[int]) -> dict[int, float]:
+    n = result.values.shape[1]
+    bad = [c for c in corrupted if not 0 <= int(c) < n]
+    if bad:
+        raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
+    return {int(c): float(result.used_values[trial, int(c)]) for c in corrupted}
+
+
+def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int] = ()) -> AttackReport:
+    """Attack trial ``trial`` of a simulation and score it against the simulator's truth."""
+    _check_trial(result, trial)
+    cfg = result.config
+    report = attack_arrays(
+        cfg.n,
+        result.graphs[trial],
+        result.phases,
+        [phase_c(cfg, ph) for ph in result.phases],
+        cfg.theta,
+        trial_z0(result, trial),
+        trial_x(result, trial),
+        op=cfg.op,
+        epsilon=cfg.epsilon,
+        corrupted=_corrupted_values(result, trial, corrupted),
+    )
+    return score(
+        report,
+        result.used_values[trial],
+        result.first_match[trial],
+        note=f"simulator ground truth, trial {trial}",
+    )
+
+
+def write_sim_transcript(
+    result: SimResult,
+    path: str | Path,
+    *,
+    trial: int = 0,
+    corrupted: Sequence[int] = (),
+    run_id: str | None = None,
+    prefix: str = "nlagg",
+) -> Path:
+    """Write trial ``trial`` of a simulation as an eavesdropper transcript (SQLite).
+
+    Messages are those a testbed run publishes, encoded by the wire protocol: the
+    retained config, z^(0) of every directed edge and dual group, x_i^(t) of every node
+    and iteration, a ``done`` status per node with its final x per phase and its output,
+    and for every corrupted node one forwarded state at t = 0 (its value and duals; later
+    duals follow from the public recursion). The simulation must record every iteration
+    (``record='all'``). An existing file is refused rather than mixed with another run.
+    The ground truth (values the dynamics used, first matching events) goes to a
+    separate ``<path>.truth.json`` for scoring. Returns the transcript's path.
+    """
+    from nlagg_node.runtime.node import build_config_msg
+    from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, XMsg, Z0Msg, encode, topics
+
+    from .transcript import Transcript
+
+    _check_trial(result, trial)
+    out = Path(path)
+    if out.exists():
+        raise ConfigError("transcript", str(out), "already exists; choose a new path")
+    cfg = result.config
+    n = cfg.n
+    edges: IntArray = result.graphs[trial]
+    rid = run_id if run_id is not None else f"sim-{uuid.uuid4().hex[:12]}"
+    tp = topics(prefix, rid)
+    layout = EdgeLayout.from_graphs(n, [edges])
+    z0 = trial_z0(result, trial)
+    x = trial_x(result, trial)
+    corrupt = _corrupted_values(result, trial, corrupted)
+    names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
+    ends = np.cumsum([ph.t_len for ph in result.phases]) - 1
+    output = np.asarray(result.output[trial], dtype=np.float64)
+    with Transcript(out, run_id=rid, prefix=prefix) as tr:
+        tr.set_meta("source", f"nlagg simulator, trial {trial}, seed {cfg.seed}")
+        tr.add(tp.config, encode(build_config_msg(cfg, rid, edges)), retained=True, received=0.0)
+        for group, z in z0.items():
+            for e in range(len(z)):
+                i, j = int(layout.src[e]), int(layout.dst[e])
+                msg = Z0Msg.model_validate({"from": i, "to": j, "group": group, "z": float(z[e])})
+                tr.add(tp.z0(i, j), encode(msg), received=0.0)
+        for t in range(x.shape[1]):
+            for i in range(n):
+                tr.add(
+                    tp.x(i),
+                    encode(XMsg(node=i, t=t, phase=str(names[t]), x=float(x[i, t]))),
+                    received=float(t),
+                )
+        first = next(iter(z0.values()))
+        for i, s in corrupt.items():
+            out_e = np.flatnonzero(layout.src == i)
+            zs = {str(int(layout.dst[e])): float(first[e]) for e in out_e}
+            zin = {str(int(layout.src[e])): float(first[e]) for e in np.flatnonzero(layout.dst == i)}
+            tr.add(tp.adv(i), encode(AdvStateMsg(node=i, t=0, s=s, z=zs, z_in=zin)), received=0.0)
+        for i in range(n):
+            status = StatusMsg(
+                node=i,
+                state="done",
+                final=[float(x[i, e]) for e in ends],
+                output=[float(v) for v in np.atleast_1d(output[i])],
+                iterations=int(x.shape[1]),
+            )
+            tr.add(tp.status(i), encode(status), retained=True, received=float(x.shape[1]))
+        tr.commit()
+    truth = {
+        "run_id": rid,
+        "note": "ground truth of a simulated transcript (never part of a capture)",
+        "private_values": {str(i): float(result.used_values[trial, i]) for i in range(n)},
+        "first_match": {str(i): int(result.first_match[trial, i]) for i in range(n)},
+    }
+    truth_path(out).write_text(json.dumps(truth, indent=2))
+    return out
+
+
+def truth_path(transcript: Path) -> Path:
+    """Where :func:`write_sim_transcript` puts the ground truth of a simulated transcript."""
+    return transcript.with_name(transcript.name + ".truth.json")
