@@ -69,6 +69,8 @@ class Client:
             self.client.username_pw_set(user, password)
         self.client.on_connect = self._on_connect
         self.client.on_message = lambda _c, _u, msg: self.inbox.put((msg.topic, msg.payload))
+        self.subacks: queue.Queue[int] = queue.Queue()
+        self.client.on_subscribe = lambda _c, _u, mid, _rc, _p: self.subacks.put(mid)
         self.client.connect(broker.host, broker.port)
         self.client.loop_start()
         self.rc = self.connack.get(timeout=WAIT)
@@ -80,8 +82,9 @@ class Client:
         self.connack.put(code)
 
     def subscribe(self, topic: str) -> None:
-        info = self.client.subscribe(topic, qos=1)
-        assert info[0] == mqtt.MQTT_ERR_SUCCESS
+        rc, mid = self.client.subscribe(topic, qos=1)
+        assert rc == mqtt.MQTT_ERR_SUCCESS
+        assert self.subacks.get(timeout=WAIT) == mid  # active before anything is published
 
     def publish(self, topic: str, payload: bytes) -> None:
         self.client.publish(topic, payload, qos=1).wait_for_publish(timeout=WAIT)

@@ -121,6 +121,7 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
     argvs = [shlex.split(ln) for ln in lines]
     assert argvs[0] == ["mosquitto", "-c", "broker/mosquitto.conf"]
     assert argvs[1][:2] == ["nlagg", "eavesdrop"]
+    assert argvs[2][:3] == ["nlagg", "deploy", "publish-config"]
     node_lines = [a for a in argvs if a[:2] == ["nlagg", "node"]]
     assert [int(a[a.index("--id") + 1]) for a in node_lines] == list(range(6))
     assert [("--corrupt" in a) for a in node_lines] == [i in (1, 4) for i in range(6)]
@@ -204,10 +205,10 @@ def test_compose_names_every_service(tmp_path: Path) -> None:
     out = _make_plan(tmp_path, corrupt="2")
     text = compose_yaml(load_plan(out), compose_dir=tmp_path)
     names = service_names(load_plan(out))
-    assert names == ["broker", "eavesdropper", *(f"node-{i}" for i in range(6))]
+    assert names == ["broker", "eavesdropper", "launcher", *(f"node-{i}" for i in range(6))]
     for name in names:
         assert f"\n  {name}:" in text
-    assert text.count("<<: *node") == 7
+    assert text.count("<<: *node") == 8
     assert "./plan:/plan:ro" in text
 
 

@@ -26,6 +26,9 @@ def plan_cmd(
     n: Annotated[int, typer.Option(help="number of nodes")] = 15,
     graph: Annotated[str, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")] = "rgg",
     graph_file: Annotated[Path | None, typer.Option(help="edge list for --graph file")] = None,
+    radius: Annotated[
+        float | None, typer.Option(help="rgg connection radius (default: connectivity)")
+    ] = None,
     op: Annotated[
         str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
     ] = "max",
@@ -72,6 +75,7 @@ def plan_cmd(
         n=n,
         graph="file" if graph_file is not None else graph,
         graph_file=graph_file,
+        radius=radius,
         t_max=t_max,
         c=c,
         mu_z=mu_z,
@@ -134,6 +138,28 @@ def compose_cmd(
     from ..deploy import compose_yaml, load_plan
 
     sys.stdout.write(compose_yaml(load_plan(plan), compose_dir=compose_dir))
+
+
+@deploy_app.command("publish-config")
+def publish_config_cmd(
+    broker: Annotated[str, typer.Option(help="mqtt://host:port of the run's broker")],
+    config: Annotated[Path, typer.Option(help="the plan's public run.toml")] = Path("run.toml"),
+    username: Annotated[str, typer.Option(help="broker user allowed to write the config")] = "launcher",
+    password_file: Annotated[Path, typer.Option(help="file holding that user's password")] = Path(
+        "secrets/launcher.pw"
+    ),
+) -> None:
+    """Publish the run's public configuration as the retained P/R/config message (run from the plan dir)."""
+    import asyncio
+
+    from ..deploy.launcher import publish_config
+    from ..errors import ConfigError
+
+    if not password_file.is_file():
+        raise ConfigError("password_file", str(password_file), "no such file")
+    password = password_file.read_text(encoding="utf-8").splitlines()[0].strip()
+    topic = asyncio.run(publish_config(config, broker, username=username, password=password))
+    print(f"published the retained run configuration on {topic}")
 
 
 @deploy_app.command("node")

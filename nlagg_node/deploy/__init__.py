@@ -1,6 +1,7 @@
 """Deployment: per-node files, Mosquitto credentials and ACLs, docker-compose, Raspberry Pi nodes."""
 
 from .compose import compose_yaml, service_names
+from .launcher import publish_config, run_network
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
     LAUNCHER_USER,
@@ -48,6 +49,8 @@ __all__ = [
     "node_user",
     "parse_corrupt",
     "password_file_text",
+    "publish_config",
+    "run_network",
     "security_lines",
     "service_names",
     "verify_password",

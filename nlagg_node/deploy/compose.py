@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from .plan import TRANSCRIPT_NAME, LoadedPlan, eavesdrop_argv
+from .plan import TRANSCRIPT_NAME, LoadedPlan, eavesdrop_argv, launcher_argv
 
 __all__ = ["BROKER_IMAGE", "COMPOSE_BROKER_URL", "NLAGG_IMAGE", "compose_yaml", "service_names"]
 
@@ -24,8 +24,8 @@ _TRANSCRIPT_MOUNT = "/transcript"
 
 
 def service_names(plan: LoadedPlan) -> list[str]:
-    """Every service a plan needs: ``broker``, ``eavesdropper`` and ``node-<i>`` for each node."""
-    return ["broker", "eavesdropper", *(f"node-{node.id}" for node in plan.nodes)]
+    """Every service a plan needs: ``broker``, ``eavesdropper``, ``launcher``, ``node-<i>`` per node."""
+    return ["broker", "eavesdropper", "launcher", *(f"node-{node.id}" for node in plan.nodes)]
 
 
 def _flow(items: list[str]) -> str:
@@ -94,6 +94,13 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         f"      - transcript:{_TRANSCRIPT_MOUNT}",
         "    depends_on:",
         "      - broker",
+        "",
+        "  launcher:  # one-shot: publishes the retained public run configuration",
+        "    <<: *node",
+        f"    command: {_flow(launcher_argv(COMPOSE_BROKER_URL))}",
+        "    depends_on:",
+        "      - broker",
+        '    restart: "on-failure"',
         "",
     ]
     for node in plan.nodes:

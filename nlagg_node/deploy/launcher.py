@@ -1,0 +1,61 @@
+"""Publish a plan's public run configuration as the retained ``P/R/config`` message (launcher user).
+
+The eavesdropper learns n, the graph and the phase schedule from this message, and stops once
+every node of it is done; in a testbed the launcher publishes it, in a deployment this does.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ..config import load_config
+from ..errors import ConfigError
+
+__all__ = ["publish_config", "run_network"]
+
+
+def run_network(config: Path) -> tuple[str, str]:
+    """``(prefix, run_id)`` from the ``[network]`` table of a plan's run.toml."""
+    if not config.is_file():
+        raise ConfigError("config", str(config), "no such file")
+    try:
+        net = tomllib.loads(config.read_text(encoding="utf-8")).get("network", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", str(config), f"invalid TOML ({exc})") from None
+    run_id = net.get("run_id")
+    if not isinstance(run_id, str):
+        raise ConfigError(
+            "network.run_id", run_id, f"missing in {config} (write plans with nlagg deploy plan)"
+        )
+    return str(net.get("prefix", "nlagg")), run_id
+
+
+async def publish_config(
+    config: Path, broker: str, *, username: str | None, password: str | None, within: float = 30.0
+) -> str:
+    """Publish the retained config of ``config`` (a run.toml) and return its topic.
+
+    Relative paths in the file (``graph_file``) are resolved against the current directory,
+    which the caller sets to the plan directory.
+    """
+    import asyncio
+
+    from ..runtime.mqtt import MqttTransport
+    from ..runtime.node import build_config_msg, run_edges
+    from ..runtime.wire import encode, topics
+
+    prefix, run_id = run_network(config)
+    cfg = load_config(config)
+    msg = build_config_msg(cfg, run_id, run_edges(cfg))
+    if cfg.graph == "file" and cfg.graph_file is not None:
+        # The plan's graph file is public (its edges are in this very message); naming it keeps
+        # the message valid for readers that rebuild a RunConfig from msg.run (config_from_msg).
+        msg = msg.model_copy(update={"run": {**msg.run, "graph_file": cfg.graph_file.name}})
+    topic = topics(prefix, run_id).config
+    transport = MqttTransport(
+        broker, client_id=f"nlagg-{run_id}-launcher", username=username, password=password, clean_session=True
+    )
+    async with asyncio.timeout(within), transport:
+        await transport.publish(topic, encode(msg), qos=1, retain=True)
+    return topic

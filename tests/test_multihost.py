@@ -1,0 +1,446 @@
+"""Multi-host test: the broker, the eavesdropper and 8 nodes each in its own network namespace.
+
+Topology (built here, removed in a finalizer): a switch namespace holding a Linux bridge, and one
+namespace per host joined to it by a veth pair. Addresses are chosen inside these namespaces only
+(10.213.77.0/24); nothing is configured in the root namespace. Node links get 5 ms +- 2 ms of delay
+and 1 % loss in each direction: ``tc netem`` when the kernel has it, otherwise the same impairment
+built from what minimal kernels do have (iptables ``statistic`` drops in the kernel and an NFQUEUE
+delayer, tests/netem_nfqueue.py, on the bridge ports). Every part is started with the exact line of
+the plan's commands.txt, so the generated Mosquitto config, password file and ACL are what runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.netns, pytest.mark.mosquitto]
+
+N_NODES = 8
+SUBNET = "10.213.77"
+BROKER_IP = f"{SUBNET}.1"
+EAVES_IP = f"{SUBNET}.2"
+DELAY_MS, JITTER_MS, LOSS = 5.0, 2.0, 0.01
+NFQUEUE_HELPER = Path(__file__).with_name("netem_nfqueue.py")
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=30)
+
+
+def _unavailable() -> str | None:
+    """Why namespaces cannot be used here, or None."""
+    if sys.platform != "linux":
+        return "network namespaces need Linux"
+    if os.geteuid() != 0:
+        return "needs root (ip netns, veth, bridge, tc)"
+    missing = [b for b in ("ip", "tc", "mosquitto", "mosquitto_pub", "mosquitto_sub") if not shutil.which(b)]
+    if missing:
+        return (
+            f"missing binaries: {', '.join(missing)} (apt-get install iproute2 mosquitto mosquitto-clients)"
+        )
+    probe = f"nlagg-probe-{uuid.uuid4().hex[:6]}"
+    made = _run("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    try:
+        bridge = _run("ip", "-n", probe, "link", "add", "br0", "type", "bridge", check=False)
+        if bridge.returncode != 0:
+            return f"cannot create a bridge: {bridge.stderr.strip()}"
+    finally:
+        _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class Net:
+    """The namespaces, their addresses, and the processes started in them."""
+
+    tag: str
+    hosts: dict[str, str]  # namespace -> address
+    switch: str
+    impairment: str = ""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def ns(self, role: str) -> str:
+        return f"{self.tag}-{role}"
+
+    def popen(
+        self,
+        role: str,
+        command: str,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Run a shell command line inside host ``role``'s namespace (own process group).
+
+        Output goes to pipes, or both streams to the file ``log`` (for long-running parts).
+        """
+        argv = ["ip", "netns", "exec", self.ns(role), "sh", "-c", command]
+        with contextlib.ExitStack() as stack:
+            sink = stack.enter_context(open(log, "wb")) if log is not None else subprocess.PIPE
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+                stdout=sink,
+                stderr=subprocess.STDOUT if log is not None else subprocess.PIPE,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def run(self, role: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ip", "netns", "exec", self.ns(role), *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        self.procs.clear()
+
+
+def _ip(*args: str) -> None:
+    _run("ip", *args)
+
+
+def _impair(net: Net, port: str, host_ns: str) -> None:
+    """Delay and loss on both directions of one node link (host eth0 egress and bridge-port egress)."""
+    netem = ["netem", "delay", f"{DELAY_MS:g}ms", f"{JITTER_MS:g}ms", "loss", f"{LOSS * 100:g}%"]
+    if net.impairment in ("", "tc netem"):
+        a = _run(
+            "ip", "netns", "exec", host_ns, "tc", "qdisc", "add", "dev", "eth0", "root", *netem, check=False
+        )
+        if a.returncode == 0:
+            _run("ip", "netns", "exec", net.switch, "tc", "qdisc", "add", "dev", port, "root", *netem)
+            net.impairment = "tc netem"
+            return
+        net.impairment = "iptables statistic loss + NFQUEUE delay (kernel without sch_netem)"
+    ipt = ["ip", "netns", "exec", net.switch, "iptables", "-A", "FORWARD", "-m", "physdev"]
+    for direction in ("--physdev-in", "--physdev-out"):
+        _run(
+            *ipt,
+            direction,
+            port,
+            "-m",
+            "statistic",
+            "--mode",
+            "random",
+            "--probability",
+            str(LOSS),
+            "-j",
+            "DROP",
+        )
+        _run(*ipt, direction, port, "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass")
+
+
+@pytest.fixture(scope="module")
+def net() -> Iterator[Net]:
+    reason = _unavailable()
+    if reason:
+        pytest.skip(reason)
+    tag = f"nlg{uuid.uuid4().hex[:5]}"
+    roles = {
+        "broker": BROKER_IP,
+        "eaves": EAVES_IP,
+        **{f"n{i}": f"{SUBNET}.{10 + i}" for i in range(N_NODES)},
+    }
+    net = Net(tag, {f"{tag}-{r}": a for r, a in roles.items()}, f"{tag}-sw")
+    created: list[str] = []
+    try:
+        for name in [net.switch, *net.hosts]:
+            _ip("netns", "add", name)
+            created.append(name)
+            _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", net.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", net.switch, "link", "set", "br0", "up")
+        for k, (name, addr) in enumerate(net.hosts.items()):
+            port = f"p{k}"
+            _ip("-n", net.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", name)
+            _ip("-n", net.switch, "link", "set", port, "master", "br0", "up")
+            _ip("-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+        for k, name in enumerate(net.hosts):
+            if name.removeprefix(f"{tag}-").startswith("n"):  # node links only
+                _impair(net, f"p{k}", name)
+        if net.impairment.startswith("iptables"):
+            _run("ip", "netns", "exec", net.switch, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
+            delayer = net.popen(
+                "sw",
+                f"exec {shlex.quote(sys.executable)} {shlex.quote(str(NFQUEUE_HELPER))} "
+                f"--delay-ms {DELAY_MS} --jitter-ms {JITTER_MS} --seed 1",
+                cwd=Path.cwd(),
+            )
+            assert delayer.stdout is not None
+            assert delayer.stdout.readline().strip() == b"ready", (
+                delayer.stderr.read() if delayer.stderr else ""
+            )
+        yield net
+    finally:
+        net.stop_all()
+        for name in reversed(created):
+            _run("ip", "netns", "del", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def plan_dir() -> Iterator[Path]:
+    """A directory Mosquitto's dropped-privilege user can enter (pytest's temp dirs are 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="nlagg-multihost-"))
+    os.chmod(base, 0o755)
+    try:
+        yield base / "plan"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _plan(plan_dir: Path) -> dict[str, str]:
+    """Generate the plan (8 nodes, rgg, max, 2 corrupted) and return its commands by part."""
+    argv = [
+        "nlagg",
+        "deploy",
+        "plan",
+        "--out",
+        str(plan_dir),
+        "--run-id",
+        "multihost",
+        "--n",
+        str(N_NODES),
+        "--graph",
+        "rgg",
+        "--radius",
+        str(RADIUS),
+        "--op",
+        "max",
+        "--corrupt",
+        "2",
+        "--seed",
+        str(SEED),
+        "--replay",
+        "--t-max",
+        str(T_MAX),
+        "--c",
+        str(C),
+        "--mu-z",
+        str(MU_Z),
+        "--broker",
+        f"mqtt://{BROKER_IP}:1883",
+        "--listen",
+        f"{BROKER_IP}:1883",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    commands: dict[str, str] = {}
+    role = ""
+    for line in (plan_dir / "commands.txt").read_text().splitlines():
+        if line.startswith("# broker"):
+            role = "broker"
+        elif line.startswith("# eavesdropper"):
+            role = "eaves"
+        elif line.startswith("# launcher"):
+            role = "launcher"
+        elif line.startswith("# node "):
+            role = "n" + line.split()[2]
+        elif line and not line.startswith("#"):
+            commands[role] = line
+    assert set(commands) == {"broker", "eaves", "launcher", *(f"n{i}" for i in range(N_NODES))}
+    return commands
+
+
+# rgg radius 0.45, seed 3: 11 edges, node 0 has 3 neighbours; the simulator is exact from t = 478.
+SEED, RADIUS, T_MAX, C, MU_Z = 3, 0.45, 600, 3.0, 9.0
+
+
+@pytest.fixture(scope="module")
+def broker(net: Net, plan_dir: Path) -> dict[str, str]:
+    """The plan's broker, started with its commands.txt line in the broker namespace."""
+    commands = _plan(plan_dir)
+    proc = net.popen("broker", "exec " + commands["broker"], cwd=plan_dir, log=plan_dir.parent / "broker.log")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        probe = net.run("n0", [sys.executable, "-c", _CONNECT_PROBE, BROKER_IP, "1"])
+        if probe.returncode == 0:
+            return commands
+        assert proc.poll() is None, (plan_dir.parent / "broker.log").read_text()
+        time.sleep(0.1)
+    pytest.fail("broker did not open its port in the broker namespace")
+
+
+_CONNECT_PROBE = """
+import socket, statistics, sys, time
+host, count, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1883
+rtts = []
+for _ in range(count):
+    t = time.perf_counter()
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except ConnectionRefusedError:
+        if port == 1883:
+            raise
+    rtts.append((time.perf_counter() - t) * 1000)
+print(statistics.median(rtts))
+"""
+
+
+def _client_env(plan_dir: Path, user: str) -> dict[str, str]:
+    """XDG config dir whose mosquitto_pub/sub defaults carry the user's credentials (not on argv)."""
+    xdg = plan_dir / "xdg" / user
+    if xdg.is_dir():  # written once: a client may be reading it right now
+        return {"XDG_CONFIG_HOME": str(xdg)}
+    xdg.mkdir(parents=True)
+    password = (plan_dir / "secrets" / f"{user}.pw").read_text().strip()
+    for tool in ("mosquitto_pub", "mosquitto_sub"):
+        conf = xdg / tool
+        conf.write_text(f"-h {BROKER_IP}\n-u {user}\n-P {password}\n")
+        conf.chmod(0o600)
+    return {"XDG_CONFIG_HOME": str(xdg)}
+
+
+def test_namespaces_are_impaired_and_carry_only_what_the_acl_allows(
+    net: Net, plan_dir: Path, broker: dict[str, str]
+) -> None:
+    # SYN -> RST on a closed port of the broker host: one round trip, no connection left behind
+    rtt = net.run("n0", [sys.executable, "-c", _CONNECT_PROBE, BROKER_IP, "20", "1884"])
+    assert rtt.returncode == 0, rtt.stderr
+    median_ms = float(rtt.stdout)
+    # one round trip crosses the impaired link twice: 2 x (5 +- 2) ms, loss adds retransmissions
+    assert 6.0 <= median_ms <= 40.0, f"median SYN/RST RTT {median_ms:.1f} ms ({net.impairment})"
+    print(f"impairment: {net.impairment}; median SYN/RST RTT {median_ms:.1f} ms")
+
+    import json
+
+    edges = json.loads((plan_dir / "graph.json").read_text())["edges"]
+    nbrs = sorted({b for a, b in edges if a == 0} | {a for a, b in edges if b == 0})
+    far = [k for k in range(1, N_NODES) if k not in nbrs]
+    assert far, "the test graph must give node 0 a non-neighbour"
+    near = nbrs[0]
+    root = "nlagg/multihost"
+    # node 0 subscribes to its neighbour's x and to what non-neighbours publish (x, and z0 "to" it);
+    # each round the non-neighbours publish first, so receiving 3 of the neighbour's messages and
+    # nothing else shows the ACL filtered at least two full rounds of theirs.
+    filters = [f"{root}/node/{near}/x", *(f"{root}/node/{k}/x" for k in far), f"{root}/edge/+/0/z0"]
+    listen = net.popen(
+        "n0",
+        "exec mosquitto_sub -v -C 3 -W 20 " + " ".join(f"-t {f}" for f in filters),
+        plan_dir,
+        _client_env(plan_dir, "node0"),
+    )
+    deadline = time.monotonic() + 20
+    while listen.poll() is None and time.monotonic() < deadline:
+        for k in [*far, near]:
+            for topic in (f"{root}/node/{k}/x", f"{root}/edge/{k}/0/z0"):
+                env = [f"{a}={b}" for a, b in _client_env(plan_dir, f"node{k}").items()]
+                pub = ["env", *env, "mosquitto_pub", "-q", "1", "-t", topic, "-m", f"from-{k}"]
+                assert net.run(f"n{k}", pub).returncode == 0
+        time.sleep(0.1)
+    out, err = listen.communicate(timeout=20)
+    assert listen.returncode == 0, (err, (plan_dir.parent / "broker.log").read_text()[-2000:])
+    # node k may not write edge/k/0/z0 unless 0 is its neighbour: only near's messages arrive
+    lines = out.decode().splitlines()
+    assert set(lines) <= {f"{root}/node/{near}/x from-{near}", f"{root}/edge/{near}/0/z0 from-{near}"}
+    assert len(lines) == 3
+
+
+def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
+    net: Net, plan_dir: Path, broker: dict[str, str]
+) -> None:
+    import json
+
+    import numpy as np
+
+    from adversary.transcript import Transcript
+    from nlagg_node.config import load_config
+    from nlagg_node.deploy import load_plan
+    from nlagg_node.sim import simulate
+
+    logs = plan_dir.parent / "logs"
+    logs.mkdir(exist_ok=True)
+    eaves = net.popen("eaves", "exec " + broker["eaves"], plan_dir, log=logs / "eavesdropper.log")
+    launcher = net.popen("eaves", "exec " + broker["launcher"], plan_dir, log=logs / "launcher.log")
+    assert launcher.wait(timeout=60) == 0, (logs / "launcher.log").read_text()
+    started = time.monotonic()
+    nodes = {
+        i: net.popen(f"n{i}", "exec " + broker[f"n{i}"], plan_dir, log=logs / f"node{i}.log")
+        for i in range(N_NODES)
+    }
+    for i, proc in nodes.items():
+        rc = proc.wait(timeout=max(1.0, 150 - (time.monotonic() - started)))
+        assert rc == 0, f"node {i} exited {rc}: {(logs / f'node{i}.log').read_text()[-2000:]}"
+    seconds = time.monotonic() - started
+    assert eaves.wait(timeout=60) == 0, (logs / "eavesdropper.log").read_text()[-2000:]
+
+    plan = load_plan(plan_dir)
+    values = np.array([node.value.value for node in plan.nodes], dtype=np.float64)
+    truth = float(values.max())
+    sim = simulate(
+        load_config(
+            None,
+            op="max",
+            n=N_NODES,
+            graph="rgg",
+            radius=RADIUS,
+            trials=1,
+            t_max=T_MAX,
+            c=C,
+            mu_z=MU_Z,
+            seed=SEED,
+            record="all",
+        )
+    )
+    edges = np.array(json.loads((plan_dir / "graph.json").read_text())["edges"])
+    assert np.array_equal(sim.graphs[0], edges)
+    assert np.array_equal(sim.values[0], values)
+
+    with Transcript(plan_dir / "transcript.sqlite") as tr:
+        config = tr.config()
+        assert config is not None
+        assert config.n == N_NODES
+        assert [list(e) for e in config.edges] == edges.tolist()
+        statuses = tr.statuses()
+        assert sorted(statuses) == list(range(N_NODES))
+        for i, status in statuses.items():
+            assert status.state == "done", i
+            assert status.output is not None
+            assert abs(status.output[0] - truth) <= 1e-9, (i, status.output, truth)
+        x = tr.x(N_NODES, T_MAX)
+        assert not np.isnan(x).any(), f"{int(np.isnan(x).sum())} x_i^(t) missing from the transcript"
+        assert np.array_equal(x, sim.recorded_x[:, 0, :].T), "transcript differs from the simulator"
+        z0 = tr.z0(N_NODES, edges)
+        assert sorted(z0) == sorted(sim.z0)
+        for group, captured in z0.items():
+            assert not np.isnan(captured).any(), f"z0 of group {group} incomplete"
+            assert np.array_equal(captured, sim.z0[group]), f"z0 of group {group} differs from the simulator"
+        assert tr.corrupted() == plan.corrupted
+        assert len(tr.adv_states()) == len(plan.corrupted) * T_MAX
+        assert tr.rejected() == []
+    print(
+        f"multihost: {N_NODES} nodes, {len(edges)} edges, {T_MAX} rounds in {seconds:.1f} s "
+        f"({T_MAX / seconds:.0f} rounds/s) over {net.impairment}; max {truth!r} exact at every node"
+    )
