@@ -246,3 +246,13 @@ def test_docker_compose_config_accepts_the_file(tmp_path: Path, which: str) -> N
     )
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split()) == sorted(expected)
+
+
+def test_image_is_slim_python_and_never_holds_plans_or_secrets() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text().splitlines()
+    base = [line.split()[1] for line in dockerfile if line.startswith("FROM ")]
+    assert len(base) == 1
+    assert base[0].startswith("python:3.11-slim")
+    assert any(line.startswith("USER ") and "root" not in line for line in dockerfile)
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
+    assert {"deploy", "tests", ".git", "*.sqlite"} <= ignored

@@ -162,6 +162,20 @@ def publish_config_cmd(
     print(f"published the retained run configuration on {topic}")
 
 
+@deploy_app.command("bundle")
+def bundle_cmd(
+    plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan")],
+    node: Annotated[int, typer.Option(help="node id")],
+    out: Annotated[Path | None, typer.Option(help="tarball to write (default: node<ID>.tar.gz)")] = None,
+) -> None:
+    """Pack what one device needs (run.toml, graph.json, its node file and password) into a tarball."""
+    from ..deploy.bundle import write_bundle
+
+    target = out if out is not None else Path(f"node{node}.tar.gz")
+    members = write_bundle(plan, node, target)
+    print(f"{target}: {', '.join(members)}")
+
+
 @deploy_app.command("node")
 def node_cmd(
     node_file: Annotated[Path, typer.Argument(help="the node's private file (nodes/<i>.toml)")],
