@@ -71,6 +71,9 @@ class MemoryTransport:
             raise NlaggError(f"memory transport {self.client_id!r} is not connected")
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        self.publish_nowait(topic, payload, qos=qos, retain=retain)
+
+    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         self._require()
         if not topic or "+" in topic or "#" in topic:
             raise ConfigError("topic", topic, "a publish topic must be non-empty without wildcards")

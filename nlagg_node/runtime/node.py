@@ -422,14 +422,11 @@ class Node:
                 x = float(x_update(phase.objective, v, s_eff, cd_c)[0])
                 xs.append(x)
                 if self.corrupt:
-                    await self._publish_state(t, s_used, signs, u_out, u_in)
-                pub = asyncio.ensure_future(
-                    self.transport.publish(
-                        self.topics.x(self.id), encode(XMsg(node=self.id, t=t, phase=phase.name, x=x)), qos=1
-                    )
+                    self._publish_state(t, s_used, signs, u_out, u_in)
+                self.transport.publish_nowait(
+                    self.topics.x(self.id), encode(XMsg(node=self.id, t=t, phase=phase.name, x=x)), qos=1
                 )
                 got = await self._inbox.take(("x", t), self.neighbour_timeout, f"x^({t})", self.id)
-                await pub
                 x_nbrs = np.array([got[j] for j in nbrs])
                 u_out_new = z_update(u_out, u_in, x_nbrs, c, cfg.theta)
                 u_in = z_update(u_in, u_out, np.full(d, x), c, cfg.theta)
@@ -439,7 +436,7 @@ class Node:
             identified.append(xs[-1])
         return finals, xs, z0_sent
 
-    async def _publish_state(
+    def _publish_state(
         self, t: int, s: float, signs: FloatArray, u_out: FloatArray, u_in: FloatArray
     ) -> None:
         z = (signs * u_out).tolist()
@@ -451,7 +448,7 @@ class Node:
             z={str(j): v for j, v in zip(self.neighbours, z, strict=True)},
             z_in={str(j): v for j, v in zip(self.neighbours, z_in, strict=True)},
         )
-        await self.transport.publish(self.topics.adv(self.id), encode(msg), qos=1)
+        self.transport.publish_nowait(self.topics.adv(self.id), encode(msg), qos=1)
 
 
 async def host_nodes(nodes: list[Node], transport: Transport, prefix: str, run_id: str) -> list[NodeResult]:

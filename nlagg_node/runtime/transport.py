@@ -44,7 +44,11 @@ class Transport(Protocol):
 
     async def connect(self) -> None: ...
 
-    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None: ...
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Send a message and wait until the broker has it (PUBACK at QoS 1)."""
+
+    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Queue a message for sending without waiting for the broker (order is kept)."""
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None: ...
 
