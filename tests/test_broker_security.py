@@ -7,9 +7,11 @@ traffic, not after an arbitrary sleep.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import shutil
+import stat
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +22,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from nlagg_node.config import load_config
-from nlagg_node.deploy import PlanSpec, build_plan, security_lines, verify_password, write_plan
+from nlagg_node.deploy import PlanSpec, TlsFiles, build_plan, security_lines, verify_password, write_plan
 from nlagg_node.runtime.brokers import BrokerHandle, mosquitto_binary, start_mosquitto
 
 pytestmark = [
@@ -210,3 +212,111 @@ def test_password_hashes_interoperate_with_mosquitto_passwd(tmp_path: Path, plan
     assert verify_password("s3cret pass", hashed)
     assert not verify_password("s3cret pas", hashed)
     assert os.path.getsize(plan.root / "broker" / "passwd") > 0
+
+
+def _make_certs(d: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl)."""
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-subj",
+        "/CN=nlagg-test-ca",
+        "-days",
+        "2",
+    )
+    ssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    ssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    )
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+async def test_tls_listener_of_the_generated_config(tmp_path: Path) -> None:
+    from nlagg_node.runtime.brokers import free_port
+
+    ca, cert, key = _make_certs(tmp_path)
+    port = free_port()
+    run = load_config(None, op="max", n=3, graph="ring")
+    spec = PlanSpec(
+        run=run,
+        run_id=RUN,
+        seed=1,
+        listen_host="127.0.0.1",
+        listen_port=port,
+        tls=TlsFiles(str(ca), str(cert), str(key)),
+    )
+    root = tmp_path / "plan"
+    write_plan(build_plan(spec), root)
+    conf = (root / "broker" / "mosquitto.conf").read_text()
+    assert "cafile broker/tls/ca.pem" in conf
+    assert stat.S_IMODE((root / "broker" / "tls" / "server.key").stat().st_mode) == 0o600
+    # The whole generated file, as a second listener next to the fixture's plain loopback one.
+    async with start_mosquitto(
+        extra_config=root / "broker" / "mosquitto.conf",
+        workdir=root,
+        extra_lines=["user root"],
+        allow_anonymous=False,
+    ) as handle:
+        tls_broker = BrokerHandle("mosquitto", "127.0.0.1", port)
+        password = (root / "secrets" / "node0.pw").read_text().strip()
+
+        def connect(tls: bool) -> int:
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+            client.username_pw_set("node0", password)
+            if tls:
+                client.tls_set(ca_certs=str(ca))
+            try:
+                client.connect(tls_broker.host, tls_broker.port)
+            except (OSError, mqtt.WebsocketConnectionError):
+                return -1
+            done: queue.Queue[int] = queue.Queue()
+            client.on_connect = lambda _c, _u, _f, rc, _p: done.put(int(rc.value))
+            client.on_disconnect = lambda *_a: done.put(-2)
+            client.loop_start()
+            try:
+                return done.get(timeout=WAIT)
+            finally:
+                client.disconnect()
+                client.loop_stop()
+
+        assert handle.port != port
+        assert await asyncio.to_thread(connect, True) == 0
+        assert await asyncio.to_thread(connect, False) != 0  # plain MQTT on the TLS port fails
