@@ -11,6 +11,7 @@ __all__ = ["app", "main"]
 
 def _register() -> None:
     # Importing a command module adds its commands to ``app``.
+    from . import analysis as _analysis  # noqa: F401
     from . import deploy as _deploy  # noqa: F401
     from . import net as _net  # noqa: F401
     from . import sim as _sim  # noqa: F401

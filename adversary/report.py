@@ -1,0 +1,195 @@
+"""HTML pages: the index of every experiment, and the report of one testbed run.
+
+``write_index(out, docs)`` lists every figure of ``nlagg experiment all`` with its caption,
+what it should show, its parameters and its numbers. ``render_testbed_report(run_dir)`` turns a
+testbed run directory (``transcript.sqlite``, ``summary.json``, ``manifest.json`` written by
+``nlagg testbed --out DIR``) into the same kind of page: trajectories with the exposures
+marked, what the adversary learned when, and each node against the ideal-world bound.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nlagg_node.errors import ConfigError
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
+img { max-width: 100%; border: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1.5em; }
+td, th { border: 1px solid #ccc; padding: 2px 6px; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+.expect { background: #f6f9ff; border-left: 3px solid #58f; padding: 0.4em 0.8em; }
+code { font-size: 12px; }
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
+    )
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return html.escape(str(v))
+
+
+def _rank_table(panels: list[dict[str, Any]]) -> str:
+    n = len(panels[0]["leakage_probability"])
+    head = "".join(f"<th>{r}</th>" for r in range(n))
+    rows = []
+    for p in panels:
+        name = html.escape(p["label"] + (f" / {p['series']}" if p.get("series") else ""))
+        for key, what in (
+            ("leakage_probability", "leak prob."),
+            ("nmi_final", "NMI final"),
+            ("ideal_bound", "ideal bound"),
+            ("gap_final", "gap"),
+        ):
+            cells = "".join(f"<td>{_fmt(v)}</td>" for v in p[key])
+            rows.append(f"<tr><td class='l'>{name}</td><td class='l'>{what}</td>{cells}</tr>")
+    return f"<table><tr><th class='l'>panel</th><th class='l'>rank</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def _param_table(panels: list[dict[str, Any]]) -> str:
+    keys = ["op", "graph", "init", "c", "mu_z", "sigma_z", "sigma_s", "t_max", "k", "quantile", "values"]
+    head = "".join(f"<th>{k}</th>" for k in keys)
+    rows = []
+    for p in panels:
+        cfg = p["config"]
+        name = html.escape(p["label"] + (f" / {p['series']}" if p.get("series") else ""))
+        cells = "".join(f"<td>{_fmt(cfg.get(k))}</td>" for k in keys)
+        extra = f"<td>{_fmt(p['final_mse'])}</td><td>{_fmt(p['seconds'].get('simulate'))}</td>"
+        rows.append(f"<tr><td class='l'>{name}</td>{cells}{extra}</tr>")
+    header = f"<tr><th class='l'>panel</th>{head}<th>final MSE</th><th>sim s</th></tr>"
+    return f"<table>{header}{''.join(rows)}</table>"
+
+
+def write_index(out: Path, docs: list[dict[str, Any]], *, wall_seconds: float, simulations: int) -> Path:
+    """``index.html`` with every experiment of ``nlagg experiment all``."""
+    parts = [
+        f"<p>{len(docs)} experiments, {simulations} distinct simulations of {docs[0]['trials']} trials each "
+        f"(seed {docs[0]['seed']}), {wall_seconds / 60:.1f} minutes in total. NMI curves: KSG estimator "
+        "(k = 3) over the trials, nodes relabelled by rank (0 = largest). Legends give each rank's empirical "
+        "leakage probability; triangles at the right edge mark the ideal-world bound of each rank.</p>"
+    ]
+    for d in docs:
+        name = html.escape(d["experiment"])
+        parts.append(f"<h2 id='{name}'>{name}: {html.escape(d['title'])}</h2>")
+        parts.append(f"<p><img src='{name}.png' alt='{name}'></p><p>{html.escape(d['caption'])}</p>")
+        parts.append(f"<p class='expect'><b>What to see.</b> {html.escape(d['expect'])}</p>")
+        parts.append(
+            f"<p>Files: <a href='{name}.pdf'>{name}.pdf</a>, <a href='{name}.json'>{name}.json</a></p>"
+        )
+        parts.append(_param_table(d["panels"]))
+        parts.append(_rank_table(d["panels"]))
+    path = out / "index.html"
+    path.write_text(_page("nlagg: the paper's experiments", "".join(parts)))
+    return path
+
+
+def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
+    from nlagg_node.config import validate_config
+    from nlagg_node.sim import draw_values
+
+    from .attack import attack_transcript, load_transcript_arrays
+    from .bounds import ideal_leakage
+    from .plots import _colors, _pyplot
+
+    run_dir = Path(run_dir)
+    transcript = run_dir / "transcript.sqlite"
+    summary_path = run_dir / "summary.json"
+    for p in (transcript, summary_path):
+        if not p.is_file():
+            raise ConfigError("run_dir", str(run_dir), f"missing {p.name} (expected nlagg testbed --out)")
+    summary = json.loads(summary_path.read_text())
+    manifest_path = run_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    out = run_dir if out is None else Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = attack_transcript(transcript, truth=summary_path)
+    data = load_transcript_arrays(transcript)
+    cfg = data["cfg"]
+    x = data["x"]
+    n = cfg.n
+    values = np.array([float(summary["private_values"][str(i)]) for i in range(n)])
+    rank = np.argsort(np.argsort(-values, kind="stable"), kind="stable")
+    base = manifest.get("config", {})
+    mc_cfg = validate_config(
+        {
+            **cfg.model_dump(mode="json"),
+            "trials": 1000,
+            "record": "none",
+            **({"values": base["values"]} if "values" in base else {}),
+        }
+    )
+    mc_values = draw_values(mc_cfg.values, 12345, 1000, n)
+    bound = ideal_leakage(mc_cfg, mc_values, corrupted=sorted(data["corrupted"]))
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    colors = _colors(n)
+    t = np.arange(x.shape[1])
+    for i in range(n):
+        ax.plot(t, x[i], color=colors[int(rank[i])], lw=0.9, label=f"node {i} (rank {int(rank[i])})")
+    for f in report.findings:
+        if f.status == "exposed" and f.t >= 0:
+            ax.plot([f.t], [x[f.node, f.t]], "rx", ms=7)
+    finite = x[np.isfinite(x)]
+    if finite.size:
+        lo, hi = np.percentile(finite, [1, 99])
+        ax.set_ylim(lo - 0.2 * max(hi - lo, 1e-3), hi + 0.2 * max(hi - lo, 1e-3))
+    ax.set_xlabel("iteration t")
+    ax.set_ylabel("x_i^(t) as captured")
+    ax.set_title(f"{cfg.op} on {n} nodes: trajectories, red x = value exposed", fontsize=10)
+    ax.legend(fontsize=5.5, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "report.png", dpi=110)
+    fig.savefig(out / "report.pdf")
+    plt.close(fig)
+
+    rows = []
+    for f in report.findings:
+        r = int(rank[f.node])
+        must = bool(bound.full[r])
+        exposed = f.status == "exposed"
+        verdict = "unavoidable" if must and exposed else ("avoidable leak" if exposed else "protected")
+        if f.status == "corrupted":
+            verdict = "corrupted"
+        rows.append(
+            f"<tr><td>{f.node}</td><td>{r}</td><td>{values[f.node]:.6g}</td><td class='l'>{f.status}</td>"
+            f"<td>{f.t if f.t >= 0 else '-'}</td><td>{_fmt(f.lower)}</td><td>{_fmt(f.upper)}</td>"
+            f"<td class='l'>{f.side}</td><td>{_fmt(bound.nmi[r])}</td><td class='l'>{verdict}</td></tr>"
+        )
+    avoidable = sum("avoidable" in row for row in rows)
+    body = (
+        f"<p>Run <code>{html.escape(str(summary.get('run_id')))}</code>: {html.escape(cfg.op)}, n = {n}, "
+        f"graph {html.escape(cfg.graph)}, init {html.escape(cfg.init)}, c = {cfg.c}, mu_z = {cfg.mu_z}, "
+        f"{report.iterations} iterations, exact output: {summary.get('exact')}, "
+        f"{summary.get('messages_captured')} messages captured. "
+        f"Corrupted: {sorted(data['corrupted']) or 'none'}.</p>"
+        f"<p><img src='report.png' alt='trajectories'></p>"
+        f"<p>Attack: precision {_fmt(report.precision)}, recall of matching events {_fmt(report.recall)}, "
+        f"intervals sound {_fmt(report.interval_soundness)}. {avoidable} honest node(s) leaked beyond the "
+        "ideal world.</p>"
+        "<table><tr><th>node</th><th>rank</th><th>s_i</th><th class='l'>adversary learned</th><th>at t</th>"
+        "<th>lower</th><th>upper</th><th class='l'>side</th><th>ideal NMI bound (rank)</th>"
+        f"<th class='l'>verdict</th></tr>{''.join(rows)}</table>"
+        f"<p>Ideal bound: {html.escape(bound.method)} (Monte Carlo over 1000 simulated value draws).</p>"
+    )
+    page = out / "report.html"
+    page.write_text(_page(f"nlagg testbed run {summary.get('run_id', '')}", body))
+    (out / "report.json").write_text(json.dumps(report.to_json(), indent=1))
+    return page

@@ -1,0 +1,105 @@
+"""``nlagg attack``, ``nlagg experiment`` and ``nlagg report``: the adversary's analysis."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ._app import app
+
+
+@app.command()
+def attack(
+    transcript: Annotated[Path, typer.Argument(help="transcript.sqlite of a testbed or simulated run")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    truth: Annotated[
+        Path | None,
+        typer.Option(help="ground truth to score against (summary.json); default: next to the transcript"),
+    ] = None,
+) -> None:
+    """Replay the public z-recursion of a transcript and report what it proves about every node."""
+    from adversary.attack import attack_transcript
+
+    report = attack_transcript(transcript, truth=truth)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report.op}: {report.iterations} iterations replayed, output {report.output}")
+    for col in ("node", "learned", "value / interval", "at t", "side", "distance"):
+        table.add_column(col)
+    for f in report.findings:
+        shown = f"{f.value!r}" if f.value is not None else f"[{f.lower:.6g}, {f.upper:.6g}]"
+        table.add_row(
+            str(f.node),
+            f.status + (f" ({f.how})" if f.how else ""),
+            shown,
+            str(f.t) if f.t >= 0 else "-",
+            f.side,
+            f"{f.distance:.3g}",
+        )
+    console = Console()
+    console.print(table)
+    if report.precision is not None:
+        console.print(
+            f"precision {report.precision:.3f}  recall {report.recall}  "
+            f"intervals sound {report.interval_soundness}  ({report.truth_note})"
+        )
+    else:
+        console.print(report.truth_note or "no ground truth found: not scored")
+
+
+@app.command()
+def experiment(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="mse, nmi-max, nmi-median, topology, dp, min, topk, quantile, trimmed-mean or all"
+        ),
+    ],
+    trials: Annotated[int, typer.Option(help="Monte Carlo trials per simulation")] = 1000,
+    out: Annotated[Path, typer.Option(help="directory for the figures, JSON and index.html")] = Path(
+        "experiments"
+    ),
+    seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
+    quiet: Annotated[bool, typer.Option(help="no progress lines")] = False,
+) -> None:
+    """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""
+    import time
+
+    from adversary.experiments import run_all, run_experiment
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    if name == "all":
+        page = run_all(trials, out, seed=seed, log=log)
+        print(f"wrote {page} in {time.perf_counter() - started:.0f} s")
+    else:
+        doc = run_experiment(name, trials, out, seed=seed, log=log)
+        print(
+            f"wrote {', '.join(str(out / f) for f in doc['files'])} and {out / (name + '.json')} "
+            f"in {time.perf_counter() - started:.0f} s"
+        )
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="directory written by nlagg testbed --out")],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write report.html (default: the run directory)")
+    ] = None,
+) -> None:
+    """Turn one testbed run into a page: trajectories, what the adversary learned when, the ideal bound."""
+    from adversary.report import render_testbed_report
+
+    page = render_testbed_report(run_dir, out)
+    print(f"wrote {page}")
