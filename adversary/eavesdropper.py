@@ -11,7 +11,9 @@ run has published ``done`` (or on ``stop()``/timeout).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +73,7 @@ class Eavesdropper:
         self.nodes: dict[int, NodeView] = {}
         self.exposures: list[Exposure] = []
         self.captured = 0
+        self.stored = 0
         self.rejected = 0
         self.subscribed = asyncio.Event()
         self.finished = asyncio.Event()
@@ -95,6 +98,7 @@ class Eavesdropper:
                     break
         finally:
             self.transcript.commit()
+            self.stored = self.transcript.count()
 
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
         """Store one message, then update the views and the live replay."""
@@ -203,6 +207,10 @@ def live_table(eaves: Eavesdropper) -> Any:
     return table
 
 
+def _event(kind: str, **fields: object) -> None:
+    print(json.dumps({"event": kind, **fields}), flush=True)
+
+
 async def run_eavesdropper(
     broker: str,
     run_id: str,
@@ -213,25 +221,40 @@ async def run_eavesdropper(
     password: str | None = None,
     live: bool = True,
     stop_after: float | None = None,
+    events: bool = False,
 ) -> Eavesdropper:
-    """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary."""
+    """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary.
+
+    With ``events`` the output is JSON lines for a supervising process (the testbed):
+    ``subscribed``, one ``exposure`` per exposed node the moment it is found, ``finished``.
+    """
     from rich.console import Console
     from rich.live import Live
 
     from nlagg_node.runtime.mqtt import MqttTransport
 
     console = Console()
+    live = live and not events
     transcript = Transcript(db, run_id=run_id, prefix=prefix)
     client_id = f"nlagg-{run_id}-eavesdropper"
     try:
         async with MqttTransport(broker, client_id=client_id, username=username, password=password) as tr:
 
             def report(e: Exposure) -> None:
-                if not live:
+                if events:
+                    _event("exposure", node=e.node, t=e.t, value=e.value, how=e.how)
+                elif not live:
                     console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
 
             eaves = Eavesdropper(tr, transcript, on_exposure=report)
             task = asyncio.create_task(eaves.run())
+            # SIGTERM/SIGINT stop the capture through the normal path: everything is committed.
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, task.cancel)
+            await eaves.subscribed.wait()
+            if events:
+                _event("subscribed")
             try:
                 async with asyncio.timeout(stop_after):
                     if live:
@@ -239,16 +262,29 @@ async def run_eavesdropper(
                             while not task.done():
                                 await asyncio.wait({task}, timeout=0.25)
                                 view.update(live_table(eaves))
-                    await task
+                    await asyncio.wait({task})
+                    if not task.cancelled():
+                        task.result()  # re-raise a capture failure
             except TimeoutError:
-                console.print(f"stopped after {stop_after:g} s")
+                if not events:
+                    console.print(f"stopped after {stop_after:g} s")
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
     finally:
         transcript.close()
-    console.print(
-        f"{eaves.captured} messages captured into {db} ({eaves.rejected} not protocol v1); "
-        f"exposed honest nodes: {eaves.honest_exposed() or 'none'}"
-    )
+    if events:
+        _event(
+            "finished",
+            complete=eaves.finished.is_set(),
+            captured=eaves.captured,
+            stored=eaves.stored,
+            rejected=eaves.rejected,
+            exposed=eaves.honest_exposed(),
+        )
+    else:
+        console.print(
+            f"{eaves.captured} messages captured into {db} ({eaves.rejected} not protocol v1); "
+            f"exposed honest nodes: {eaves.honest_exposed() or 'none'}"
+        )
     return eaves

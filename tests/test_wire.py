@@ -21,6 +21,7 @@ from nlagg_node.runtime.wire import (
     check_run_id,
     decode,
     encode,
+    encode_x,
     parse_topic,
     topics,
 )
@@ -35,6 +36,11 @@ def test_x_roundtrip_is_bit_exact(x: float) -> None:
     assert isinstance(msg, XMsg)
     assert math.copysign(1.0, msg.x) == math.copysign(1.0, x)
     assert msg.x == x
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 10**6))
+def test_fast_x_encoder_matches_model(x: float, t: int) -> None:
+    assert encode_x(4, t, "max-2", x) == encode(XMsg(node=4, t=t, phase="max-2", x=x))
 
 
 def test_floats_use_shortest_repr() -> None:
@@ -85,7 +91,7 @@ def test_foreign_topics_are_rejected(topic: str) -> None:
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        (b'{"v":1,"node":3,"t":0,"phase":"max","x":NaN}', "payload"),
+        (b'{"v":1,"node":3,"t":0,"phase":"max","x":NaN}', "x"),
         (b'{"v":1,"node":3,"t":0,"phase":"max","x":1e999}', "x"),
         (b'{"v":1,"node":3,"t":"0","phase":"max","x":1.0}', "t"),
         (b'{"v":1,"node":3,"t":-1,"phase":"max","x":1.0}', "t"),

@@ -326,6 +326,7 @@ def eavesdrop(
     password_file: Annotated[Path | None, typer.Option(help="file holding the broker password")] = None,
     live: Annotated[bool | None, typer.Option(help="live view (default: when stdout is a terminal)")] = None,
     timeout: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
+    events: Annotated[bool, typer.Option(help="print JSON-line events (for a supervising process)")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
@@ -346,5 +347,6 @@ def eavesdrop(
             password=password,
             live=show,
             stop_after=timeout,
+            events=events,
         )
     )

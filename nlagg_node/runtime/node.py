@@ -42,6 +42,7 @@ from .wire import (
     Z0Msg,
     decode,
     encode,
+    encode_x,
     topics,
 )
 
@@ -401,6 +402,7 @@ class Node:
         z0_sent: dict[str, list[float]] = {}
         group = ""
         t = 0
+        x_topic = self.topics.x(self.id)
         for phase in self.phases:
             c = phase_c(cfg, phase)
             cd_c = cd * c
@@ -423,9 +425,7 @@ class Node:
                 xs.append(x)
                 if self.corrupt:
                     self._publish_state(t, s_used, signs, u_out, u_in)
-                self.transport.publish_nowait(
-                    self.topics.x(self.id), encode(XMsg(node=self.id, t=t, phase=phase.name, x=x)), qos=1
-                )
+                self.transport.publish_nowait(x_topic, encode_x(self.id, t, phase.name, x), qos=1)
                 got = await self._inbox.take(("x", t), self.neighbour_timeout, f"x^({t})", self.id)
                 x_nbrs = np.array([got[j] for j in nbrs])
                 u_out_new = z_update(u_out, u_in, x_nbrs, c, cfg.theta)

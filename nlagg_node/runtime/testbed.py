@@ -34,6 +34,7 @@ from .wire import check_run_id, encode, topics
 __all__ = ["TestbedError", "new_run_id", "run_testbed"]
 
 log = logging.getLogger("nlagg.testbed")
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 NODE_ENTRY = "from nlagg_node.cli import main; main()"
 
 
@@ -44,6 +45,76 @@ class TestbedError(NlaggError):
 def new_run_id() -> str:
     """A fresh run id (``tb-`` + 8 hex digits): retained statuses of older runs never mix in."""
     return f"tb-{secrets.token_hex(4)}"
+
+
+class _Eavesdropper:
+    """``nlagg eavesdrop --events`` as a child process (its own core; the nodes keep theirs)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, say: Callable[[str], None]) -> None:
+        self.proc = proc
+        self.say = say
+        self.exposures: list[dict[str, Any]] = []
+        self.finished: dict[str, Any] | None = None
+        self.subscribed = asyncio.Event()
+        self.reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def start(
+        cls, url: str, run_id: str, prefix: str, db: Path, say: Callable[[str], None]
+    ) -> _Eavesdropper:
+        cmd = [sys.executable, "-c", NODE_ENTRY, "eavesdrop", "--broker", url, "--run-id", run_id]
+        cmd += ["--prefix", prefix, "--db", str(db), "--events", "--no-live"]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+        )
+        eaves = cls(proc, say)
+        try:
+            async with asyncio.timeout(30.0):
+                await eaves.subscribed.wait()
+        except TimeoutError:
+            await eaves.stop()
+            raise TestbedError("the eavesdropper did not subscribe within 30 s") from None
+        return eaves
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            kind = event.get("event")
+            if kind == "subscribed":
+                self.subscribed.set()
+            elif kind == "exposure":
+                self.exposures.append(event)
+                self.say(
+                    f"eavesdropper: node {event['node']} exposed at t={event['t']} ({event['how']}): "
+                    f"s = {event['value']!r}"
+                )
+            elif kind == "finished":
+                self.finished = event
+
+    async def wait_finished(self, within: float) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(within):
+                await self.proc.wait()
+                await self.reader
+        except TimeoutError:
+            return {"complete": False, "reason": f"still running after {within:g} s"}
+        return self.finished or {"complete": False, "reason": f"exited with {self.proc.returncode}"}
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                async with asyncio.timeout(5.0):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
 
 
 def _open_log(path: Path) -> BinaryIO:
@@ -63,7 +134,7 @@ def _node_command(
 
 async def _run_processes(
     cfg: RunConfig,
-    values: np.ndarray[Any, np.dtype[np.float64]],
+    values: FloatArray,
     url: str,
     run_id: str,
     prefix: str,
@@ -107,7 +178,7 @@ async def _run_processes(
 
 async def _run_in_process(
     cfg: RunConfig,
-    values: np.ndarray[Any, np.dtype[np.float64]],
+    values: FloatArray,
     url: str,
     run_id: str,
     prefix: str,
@@ -151,8 +222,6 @@ async def run_testbed(
     on_event: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run one testbed and return its summary (see the issue's ``--json`` fields)."""
-    from adversary.eavesdropper import Eavesdropper
-    from adversary.live import Exposure
     from adversary.transcript import Transcript
 
     from ..sim.values import draw_values
@@ -188,41 +257,27 @@ async def run_testbed(
         say(f"broker {kind} at {url}; run {run_id}")
         launcher = await stack.enter_async_context(MqttTransport(url, client_id=f"nlagg-{run_id}-launcher"))
         await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
-        transcript = Transcript(db_path, run_id=run_id, prefix=prefix)
-        stack.callback(transcript.close)
-        eaves_tr = await stack.enter_async_context(
-            MqttTransport(url, client_id=f"nlagg-{run_id}-eavesdropper")
-        )
-
-        def exposed(e: Exposure) -> None:
-            say(f"eavesdropper: node {e.node} exposed at t={e.t} ({e.how}): s = {e.value!r}")
-
-        eaves = Eavesdropper(eaves_tr, transcript, on_exposure=exposed)
-        eaves_task = asyncio.create_task(eaves.run())
-        await eaves.subscribed.wait()
+        eaves = await _Eavesdropper.start(url, run_id, prefix, db_path, say)
+        stack.push_async_callback(eaves.stop)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        try:
-            if in_process:
-                results = await _run_in_process(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout)
-            else:
-                results = await _run_processes(
-                    cfg, values, url, run_id, prefix, corrupt, workdir, neighbour_timeout
-                )
-            node_wall = time.perf_counter() - t_nodes
-            try:
-                async with asyncio.timeout(30.0):
-                    await eaves.finished.wait()
-            except TimeoutError:
-                missing = [i for i in range(cfg.n) if eaves.view(i).state != "done"]
-                raise TestbedError(
-                    f"the nodes finished but the eavesdropper saw no 'done' from {missing} within 30 s"
-                ) from None
-        finally:
-            eaves_task.cancel()
-            await asyncio.gather(eaves_task, return_exceptions=True)
-        transcript.commit()
-        summary = _summary(cfg, run_id, values, truth_lo, truth_hi, results, eaves, corrupt, node_wall)
+        if in_process:
+            results = await _run_in_process(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout)
+        else:
+            results = await _run_processes(
+                cfg, values, url, run_id, prefix, corrupt, workdir, neighbour_timeout
+            )
+        node_wall = time.perf_counter() - t_nodes
+        finished = await eaves.wait_finished(30.0)
+        if not finished.get("complete"):
+            raise TestbedError(
+                f"the nodes finished but the eavesdropper did not see every 'done': {finished}"
+            )
+        with Transcript(db_path) as transcript:
+            captured = {i: st.output for i, st in transcript.statuses().items() if st.state == "done"}
+            stored = transcript.count()
+        summary = _summary(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall)
+        summary.update(_capture_summary(cfg, values, corrupt, eaves.exposures, captured, stored, finished))
         summary.update(
             broker=kind,
             broker_url=url,
@@ -238,11 +293,10 @@ async def run_testbed(
 def _summary(
     cfg: RunConfig,
     run_id: str,
-    values: np.ndarray[Any, np.dtype[np.float64]],
-    truth_lo: np.ndarray[Any, np.dtype[np.float64]],
-    truth_hi: np.ndarray[Any, np.dtype[np.float64]],
+    values: FloatArray,
+    truth_lo: FloatArray,
+    truth_hi: FloatArray,
     results: list[dict[str, Any]],
-    eaves: Any,
     corrupt: set[int],
     node_wall: float,
 ) -> dict[str, Any]:
@@ -252,19 +306,7 @@ def _summary(
     lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
     outputs = {int(r["node"]): [float(v) for v in r["output"]] for r in results}
     err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)])
-    exact = bool((err <= 1e-9).all())
-    mse = float((err**2).sum(axis=1).mean())
     slowest = max(float(r["seconds"]) for r in results)
-    statuses = {i: v.output for i, v in eaves.nodes.items() if v.state == "done"}
-    exposures = {
-        str(e.node): {
-            "t": e.t,
-            "value": e.value,
-            "how": e.how,
-            "correct": bool(abs(e.value - values[e.node]) <= 1e-9),
-        }
-        for e in eaves.exposures
-    }
     single = cfg.op != "topk"
     return {
         "run_id": run_id,
@@ -276,18 +318,42 @@ def _summary(
         "true_value": float(lo[0]) if single and lo[0] == hi[0] else [float(v) for v in lo],
         "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
         "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in range(cfg.n)},
-        "final_x_captured": {str(i): statuses.get(i) for i in range(cfg.n)},
-        "exact": exact,
-        "mse": mse,
+        "exact": bool((err <= 1e-9).all()),
+        "mse": float((err**2).sum(axis=1).mean()),
         "private_values": {str(i): float(values[i]) for i in range(cfg.n)},
         "corrupted": sorted(corrupt),
         "iterations": t_total,
         "rounds_per_second": t_total / slowest if slowest > 0 else 0.0,
         "node_wall_seconds": node_wall,
-        "messages_captured": eaves.transcript.count(),
-        "messages_rejected": eaves.rejected,
-        "exposed_nodes": eaves.honest_exposed(),
-        "exposures": exposures,
+        "messages_rejected_by_nodes": sum(int(r.get("rejected", 0)) for r in results),
+    }
+
+
+def _capture_summary(
+    cfg: RunConfig,
+    values: FloatArray,
+    corrupt: set[int],
+    exposures: list[dict[str, Any]],
+    captured: dict[int, list[float] | None],
+    stored: int,
+    finished: dict[str, Any],
+) -> dict[str, Any]:
+    """What the eavesdropper got, checked against the ground truth."""
+    honest = [e for e in exposures if int(e["node"]) not in corrupt]
+    return {
+        "messages_captured": stored,
+        "messages_rejected": int(finished.get("rejected", 0)),
+        "final_x_captured": {str(i): captured.get(i) for i in range(cfg.n)},
+        "exposed_nodes": sorted({int(e["node"]) for e in honest}),
+        "exposures": {
+            str(e["node"]): {
+                "t": int(e["t"]),
+                "value": float(e["value"]),
+                "how": str(e["how"]),
+                "correct": bool(abs(float(e["value"]) - float(values[int(e["node"])])) <= 1e-9),
+            }
+            for e in honest
+        },
     }
 
 

@@ -1,0 +1,174 @@
+"""Rounds per second of the networked testbed against a raw MQTT round baseline, in one run.
+
+    python benchmarks/bench_testbed.py [--n 15] [--rounds 1000] [--layouts processes,in-process]
+
+Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
+run's RGG), the same process layout and the same transport (MqttTransport: aiomqtt, QoS 1,
+TCP_NODELAY):
+
+* baseline: synchronous rounds with a trivial payload; a node publishes round t and waits for
+  round t of every neighbour. No math, no JSON, no capture.
+* testbed: ``run_testbed`` (max, ``t_max = rounds``): full wire protocol v1, PDMM updates, the
+  eavesdropper storing every message in SQLite and replaying the attack live.
+
+Rounds per second are measured from the first round to the last (startup excluded) on both
+sides. Target: testbed >= 80% of the baseline. The machine is shared, so the two are run
+back to back, alternately, ``--repeat`` times, and the medians compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+from nlagg_node.config import RunConfig
+from nlagg_node.graphs import neighbours
+from nlagg_node.runtime.brokers import start_mosquitto
+from nlagg_node.runtime.mqtt import MqttTransport
+from nlagg_node.runtime.node import run_edges
+from nlagg_node.runtime.testbed import new_run_id, run_testbed
+from nlagg_node.runtime.transport import Transport
+
+SELF = __file__
+
+
+class RawRound:
+    """A baseline node: publish ``t``, wait for ``t`` from every neighbour, repeat."""
+
+    def __init__(self, i: int, nbrs: list[int], run: str) -> None:
+        self.i, self.nbrs, self.run = i, nbrs, run
+        self.counts: dict[int, int] = {}
+        self.online: set[int] = set()
+        self.waiting: asyncio.Future[None] | None = None
+        self.want = -1
+
+    def topic(self, j: int | str, leaf: str) -> str:
+        return f"bench/{self.run}/{j}/{leaf}"
+
+    def ready(self, t: int) -> bool:
+        if t < 0:
+            return len(self.online) == len(self.nbrs)
+        return self.counts.get(t, 0) == len(self.nbrs)
+
+    def feed(self, topic: str, payload: bytes) -> None:
+        parts = topic.split("/")
+        if parts[3] == "on":
+            self.online.add(int(parts[2]))
+        else:
+            t = int(payload)
+            self.counts[t] = self.counts.get(t, 0) + 1
+        if self.waiting is not None and not self.waiting.done() and self.ready(self.want):
+            self.waiting.set_result(None)
+
+    async def wait(self, t: int) -> None:
+        self.want = t
+        if not self.ready(t):
+            self.waiting = asyncio.get_running_loop().create_future()
+            await self.waiting
+            self.waiting = None
+
+    async def run_rounds(self, tr: Transport, rounds: int) -> float:
+        await tr.publish(self.topic(self.i, "on"), b"1", retain=True)
+        await self.wait(-1)
+        started = time.perf_counter()
+        for t in range(rounds):
+            tr.publish_nowait(self.topic(self.i, "x"), str(t).encode())
+            await self.wait(t)
+            self.counts.pop(t, None)
+        return rounds / (time.perf_counter() - started)
+
+
+async def _reader(tr: Transport, route: dict[int, list[RawRound]]) -> None:
+    async for msg in tr.messages():
+        j = int(msg.topic.split("/")[2])
+        for node in route.get(j, ()):
+            node.feed(msg.topic, msg.payload)
+
+
+async def raw_in_process(url: str, cfg: RunConfig, rounds: int) -> float:
+    run = new_run_id()
+    nb = neighbours(cfg.n, run_edges(cfg))
+    nodes = [RawRound(i, nb[i], run) for i in range(cfg.n)]
+    route: dict[int, list[RawRound]] = {}
+    for node in nodes:
+        for j in node.nbrs:
+            route.setdefault(j, []).append(node)
+    async with MqttTransport(url, client_id=f"bench-{run}-host") as tr:
+        await tr.subscribe(f"bench/{run}/#")
+        reader = asyncio.create_task(_reader(tr, route))
+        rates = await asyncio.gather(*(node.run_rounds(tr, rounds) for node in nodes))
+        reader.cancel()
+    return min(rates)
+
+
+async def raw_one_node(url: str, run: str, i: int, nbrs: list[int], rounds: int) -> float:
+    node = RawRound(i, nbrs, run)
+    async with MqttTransport(url, client_id=f"bench-{run}-{i}") as tr:
+        await tr.subscribe(*(node.topic(j, "+") for j in nbrs))
+        reader = asyncio.create_task(_reader(tr, {j: [node] for j in nbrs}))
+        rate = await node.run_rounds(tr, rounds)
+        await asyncio.sleep(0.2)  # let the neighbours receive our last round
+        reader.cancel()
+    return rate
+
+
+async def raw_processes(url: str, cfg: RunConfig, rounds: int) -> float:
+    run = new_run_id()
+    nb = neighbours(cfg.n, run_edges(cfg))
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            SELF,
+            "--raw-node",
+            json.dumps({"url": url, "run": run, "i": i, "nbrs": nb[i], "rounds": rounds}),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(cfg.n)
+    ]
+    outs = await asyncio.gather(*(p.communicate() for p in procs))
+    return min(float(out.decode().strip()) for out, _ in outs)
+
+
+async def testbed_rate(url: str, cfg: RunConfig, in_process: bool) -> float:
+    summary = await run_testbed(cfg, broker_url=url, in_process=in_process)
+    if not summary["exact"] and cfg.t_max_value >= 7000:
+        print("warning: testbed result not exact", file=sys.stderr)
+    return float(summary["rounds_per_second"])
+
+
+async def main(args: argparse.Namespace) -> None:
+    cfg = RunConfig(op="max", n=args.n, trials=1, t_max=args.rounds, seed=args.seed)
+    layouts = args.layouts.split(",")
+    async with start_mosquitto() as broker:
+        print(f"Mosquitto at {broker.url}; n = {cfg.n}, {args.rounds} rounds, RGG seed {cfg.seed}")
+        for layout in layouts:
+            in_process = layout == "in-process"
+            base, ours = [], []
+            for _ in range(args.repeat):
+                raw = raw_in_process if in_process else raw_processes
+                base.append(await raw(broker.url, cfg, args.rounds))
+                ours.append(await testbed_rate(broker.url, cfg, in_process))
+            b, o = statistics.median(base), statistics.median(ours)
+            print(
+                f"{layout:>11}: raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
+                f"ratio {o / b:5.2f}  (target >= 0.80; runs: raw {[round(x) for x in base]}, "
+                f"testbed {[round(x) for x in ours]})"
+            )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--raw-node":
+        spec = json.loads(sys.argv[2])
+        print(asyncio.run(raw_one_node(spec["url"], spec["run"], spec["i"], spec["nbrs"], spec["rounds"])))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layouts", default="processes,in-process")
+    asyncio.run(main(parser.parse_args()))
