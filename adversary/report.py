@@ -54,7 +54,8 @@ def _rank_table(panels: list[dict[str, Any]]) -> str:
             ("leakage_probability", "leak prob."),
             ("nmi_final", "NMI final"),
             ("ideal_bound", "ideal bound"),
-            ("gap_final", "gap"),
+            ("nmi_peak", "NMI peak"),
+            ("gap_peak", "gap (peak - bound)"),
         ):
             cells = "".join(f"<td>{_fmt(v)}</td>" for v in p[key])
             rows.append(f"<tr><td class='l'>{name}</td><td class='l'>{what}</td>{cells}</tr>")

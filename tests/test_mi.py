@@ -133,3 +133,14 @@ def test_bad_input_names_the_field(x: np.ndarray, y: np.ndarray, k: int, field: 
     with pytest.raises(ConfigError) as err:
         mutual_information(x, y, k)
     assert err.value.field == field
+
+
+def test_nmi_curves_equal_npeet_called_in_documented_order() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((300, 3))
+    x = np.stack([s + rng.standard_normal((300, 3)) * a for a in (0.1, 1.0, 3.0)])
+    got = nmi_curves(s, x, rng=np.random.RandomState(5))
+    np.random.seed(5)
+    norm = [npeet_plus.mi(s[:, r : r + 1], s[:, r : r + 1]) for r in range(3)]
+    ref = [[npeet_plus.mi(s[:, r : r + 1], x[t][:, r : r + 1]) / norm[r] for r in range(3)] for t in range(3)]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-9)
