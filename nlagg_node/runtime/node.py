@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
@@ -451,10 +452,18 @@ class Node:
         self.transport.publish_nowait(self.topics.adv(self.id), encode(msg), qos=1)
 
 
-async def host_nodes(nodes: list[Node], transport: Transport, prefix: str, run_id: str) -> list[NodeResult]:
+async def host_nodes(
+    nodes: list[Node],
+    transport: Transport,
+    prefix: str,
+    run_id: str,
+    on_reject: Callable[[str, WireError], None] | None = None,
+) -> list[NodeResult]:
     """Run several nodes over one shared connection (``--in-process``): one reader dispatches to all.
 
     The transport must already be connected; every node must have ``own_transport=False``.
+    Messages that fail to decode are logged and passed to ``on_reject(topic, error)``; those that
+    decode but do not fit a node's state are counted by that node (``NodeResult.rejected``).
     """
     t = topics(prefix, run_id)
     await transport.subscribe(t.x("+"), t.status("+"), t.z0("+", "+"))
@@ -463,15 +472,15 @@ async def host_nodes(nodes: list[Node], transport: Transport, prefix: str, run_i
     for node in nodes:
         for j in node.neighbours:
             listeners.setdefault(j, []).append(node)
-    stats = {"rejected": 0}
 
     async def reader() -> None:
         async for raw in transport.messages():
             try:
                 info, msg = decode(raw.topic, raw.payload, prefix, run_id)
             except WireError as exc:
-                stats["rejected"] += 1
                 log.warning("host: rejected message on %s (%s)", raw.topic, exc)
+                if on_reject is not None:
+                    on_reject(raw.topic, exc)
                 continue
             if info.kind == "z0":
                 target = hosted.get(info.peer if info.peer is not None else -1)

@@ -122,11 +122,20 @@ def _open_log(path: Path) -> BinaryIO:
 
 
 def _node_command(
-    i: int, cfg_path: Path, value: float, url: str, run_id: str, prefix: str, corrupt: bool, timeout: float
+    i: int,
+    cfg_path: Path,
+    value: float,
+    url: str,
+    run_id: str,
+    prefix: str,
+    corrupt: bool,
+    timeout: float,
+    seed: int,
 ) -> list[str]:
+    """The ``nlagg node`` command of node i; ``--seed`` makes its z^(0) those of the simulator."""
     cmd = [sys.executable, "-c", NODE_ENTRY, "node", "--id", str(i), "--config", str(cfg_path)]
     cmd += ["--value", repr(float(value)), "--broker", url, "--run-id", run_id, "--prefix", prefix]
-    cmd += ["--neighbour-timeout", repr(timeout), "--json"]
+    cmd += ["--neighbour-timeout", repr(timeout), "--seed", str(seed), "--json"]
     if corrupt:
         cmd.append("--corrupt")
     return cmd
@@ -154,7 +163,7 @@ async def _run_processes(
                 procs.append(
                     await asyncio.create_subprocess_exec(
                         *_node_command(
-                            i, cfg_path, values[i], url, run_id, prefix, i in corrupt, node_timeout
+                            i, cfg_path, values[i], url, run_id, prefix, i in corrupt, node_timeout, cfg.seed
                         ),
                         stdout=asyncio.subprocess.PIPE,
                         stderr=err,
@@ -202,10 +211,15 @@ async def _run_in_process(
             )
             for i in range(cfg.n)
         ]
-        results = await host_nodes(nodes, transport, prefix, run_id)
-    return [
+        undecodable: list[str] = []
+        results = await host_nodes(
+            nodes, transport, prefix, run_id, on_reject=lambda topic, _exc: undecodable.append(topic)
+        )
+    out = [
         {"node": r.node, "output": r.output, "seconds": r.seconds, "rejected": r.rejected} for r in results
     ]
+    out[0]["rejected"] += len(undecodable)  # the shared reader's count, reported once
+    return out
 
 
 async def run_testbed(

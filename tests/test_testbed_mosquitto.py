@@ -1,0 +1,146 @@
+"""Integration: the testbed over a real Mosquitto and over the embedded amqtt broker.
+
+The transcript the eavesdropper stores must equal the simulator's trajectory bit for bit (every
+z^(0), every x_i^(t)); an independent ``mosquitto_sub`` must see exactly protocol v1 messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adversary.transcript import Transcript
+from nlagg_node.config import RunConfig
+from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
+from nlagg_node.runtime.node import run_edges
+from nlagg_node.runtime.testbed import run_testbed
+from nlagg_node.runtime.wire import decode, parse_topic, topics
+from nlagg_node.sim import simulate
+
+needs_mosquitto = pytest.mark.mosquitto
+
+
+def assert_transcript_is_simulation(cfg: RunConfig, db: Path) -> None:
+    sim = simulate(cfg.model_copy(update={"trials": 1, "record": "all"}))
+    with Transcript(db) as tr:
+        x = tr.x(cfg.n)
+        z0 = tr.z0(cfg.n, run_edges(cfg))
+    assert x.shape == (cfg.n, sim.recorded_x.shape[0])
+    assert np.array_equal(x, sim.recorded_x[:, 0, :].T)
+    assert z0.keys() == sim.z0.keys()
+    for group, arr in sim.z0.items():
+        assert np.array_equal(z0[group], arr)
+
+
+@needs_mosquitto
+@pytest.mark.parametrize("op", ["max", "median", "topk"], ids=["max", "median", "topk"])
+async def test_transcript_equals_simulator_on_mosquitto(op: str, mosquitto_url: str, tmp_path: Path) -> None:
+    cfg = RunConfig(op=op, n=8, trials=1, t_max=120, seed=21)
+    summary = await run_testbed(cfg, broker_url=mosquitto_url, in_process=True, out_dir=tmp_path)
+    assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
+    sim = simulate(cfg.model_copy(update={"trials": 1}))
+    finals = np.array([summary["final_x"][str(i)] for i in range(cfg.n)]).reshape(sim.output[0].shape)
+    assert np.array_equal(finals, sim.output[0])
+    assert (tmp_path / "summary.json").is_file()
+    assert (tmp_path / "manifest.json").is_file()
+
+
+@needs_mosquitto
+async def test_separate_processes_with_corrupted_node(mosquitto_url: str, tmp_path: Path) -> None:
+    cfg = RunConfig(op="max", n=5, graph="ring", trials=1, t_max=60, seed=3)
+    summary = await run_testbed(cfg, broker_url=mosquitto_url, corrupt={1}, out_dir=tmp_path)
+    assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
+    assert summary["corrupted"] == [1]
+    assert summary["iterations"] == 60
+    assert summary["rounds_per_second"] > 0
+    with Transcript(tmp_path / "transcript.sqlite") as tr:
+        states = tr.adv_states()
+        assert tr.corrupted() == [1]
+        assert [s.t for s in states] == list(range(60))
+        assert states[0].s == summary["private_values"]["1"]
+        assert {i: st.state for i, st in tr.statuses().items()} == dict.fromkeys(range(5), "done")
+
+
+async def test_embedded_amqtt_broker(amqtt_url: str, tmp_path: Path) -> None:
+    cfg = RunConfig(op="max", n=6, trials=1, t_max=80, seed=4)
+    summary = await run_testbed(cfg, broker_url=amqtt_url, in_process=True, out_dir=tmp_path)
+    assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
+    assert summary["messages_captured"] == 1 + 6 * 80 + 2 * len(run_edges(cfg)) + 6 * 3
+
+
+@needs_mosquitto
+@pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto_sub not installed")
+async def test_independent_subscriber_sees_only_protocol_messages(mosquitto_url: str, tmp_path: Path) -> None:
+    host, port = parse_broker_url(mosquitto_url)
+    sub = await asyncio.create_subprocess_exec(
+        *("mosquitto_sub", "-h", host, "-p", str(port), "-t", "nlagg/#", "-v", "-q", "1"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        await asyncio.sleep(0.5)  # let it subscribe
+        cfg = RunConfig(op="median", n=6, trials=1, t_max=40, seed=8)
+        summary = await run_testbed(cfg, broker_url=mosquitto_url, in_process=True, run_id="subcheck")
+        await asyncio.sleep(0.5)
+    finally:
+        sub.terminate()
+        raw, _ = await sub.communicate()
+    lines = raw.decode().splitlines()
+    kinds: dict[str, int] = {}
+    for line in lines:
+        topic, _, payload = line.partition(" ")
+        info, _msg = decode(topic, payload.encode(), "nlagg", "subcheck")
+        kinds[info.kind] = kinds.get(info.kind, 0) + 1
+    edges = len(run_edges(cfg))
+    assert kinds == {"config": 1, "z0": 2 * edges, "x": 6 * 40, "status": 6 * 3}
+    assert len(lines) == summary["messages_captured"]
+
+
+@needs_mosquitto
+async def test_junk_on_run_topics_is_rejected_and_changes_nothing(mosquitto_url: str, tmp_path: Path) -> None:
+    cfg = RunConfig(op="max", n=6, trials=1, t_max=150, seed=9)
+    t = topics("nlagg", "junk")
+    stop = asyncio.Event()
+
+    async def inject() -> None:
+        async with MqttTransport(mosquitto_url, client_id="attacker") as tr:
+            while not stop.is_set():
+                await tr.publish(t.x(2), b"{not json")
+                await tr.publish(t.x(3), b'{"v":1,"node":3,"t":0,"phase":"max","x":1e999}')
+                await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(inject())
+    try:
+        summary = await run_testbed(
+            cfg, broker_url=mosquitto_url, in_process=True, run_id="junk", out_dir=tmp_path
+        )
+    finally:
+        stop.set()
+        await task
+    assert summary["messages_rejected"] > 0
+    assert summary["messages_rejected_by_nodes"] > 0
+    assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
+
+
+@needs_mosquitto
+def test_node_command_names_missing_neighbours(mosquitto_url: str, tmp_path: Path) -> None:
+    cfg_file = tmp_path / "run.toml"
+    cfg_file.write_text('[run]\nop = "max"\nn = 4\ngraph = "ring"\nt_max = 10\n')
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-c", "from nlagg_node.cli import main; main()", "node", "--id", "0"),
+            *("--config", str(cfg_file), "--value", "1.5", "--broker", mosquitto_url, "--run-id", "lonely"),
+            *("--startup-timeout", "0.5"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "neighbour(s) [1, 3] not online within 0.5 s" in proc.stderr
+    assert parse_topic("nlagg/lonely/node/0/status", "nlagg", "lonely").kind == "status"
