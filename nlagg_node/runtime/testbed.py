@@ -215,7 +215,7 @@ async def _run_in_process(
         results = await host_nodes(
             nodes, transport, prefix, run_id, on_reject=lambda topic, _exc: undecodable.append(topic)
         )
-    out = [
+    out: list[dict[str, Any]] = [
         {"node": r.node, "output": r.output, "seconds": r.seconds, "rejected": r.rejected} for r in results
     ]
     out[0]["rejected"] += len(undecodable)  # the shared reader's count, reported once
