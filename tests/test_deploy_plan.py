@@ -27,6 +27,7 @@ from nlagg_node.deploy import (
     verify_password,
     write_plan,
 )
+from nlagg_node.deploy.nodefile import read_node_value
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import neighbours
 
@@ -64,8 +65,18 @@ def test_plan_files_public_part_has_no_private_values_or_seed(tmp_path: Path) ->
     out = _make_plan(tmp_path, corrupt="2")
     public = (out / "run.toml").read_text() + (out / "graph.json").read_text()
     nodes = [load_node_file(out / "nodes" / f"{i}.toml") for i in range(6)]
-    values = [node.value.value for node in nodes]
-    assert all(v is not None for v in values)
+    values = [read_node_value(node, out) for node in nodes]
+    assert [node.value.path for node in nodes] == [f"values/{i}.txt" for i in range(6)]
+    assert stat.S_IMODE((out / "values" / "0.txt").stat().st_mode) == 0o600
+    from nlagg_node.deploy.bundle import bundle_members
+
+    assert bundle_members(out, 1) == [
+        "run.toml",
+        "graph.json",
+        "nodes/1.toml",
+        "secrets/node1.pw",
+        "values/1.txt",
+    ]
     for v in values:
         assert repr(v) not in public
     doc = tomllib.loads((out / "run.toml").read_text())

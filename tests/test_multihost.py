@@ -378,11 +378,19 @@ def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
     from adversary.transcript import Transcript
     from nlagg_node.config import load_config
     from nlagg_node.deploy import load_plan
+    from nlagg_node.deploy.nodefile import read_node_value
     from nlagg_node.sim import simulate
 
     logs = plan_dir.parent / "logs"
     logs.mkdir(exist_ok=True)
-    eaves = net.popen("eaves", "exec " + broker["eaves"], plan_dir, log=logs / "eavesdropper.log")
+    # The exact line plus --events, whose "subscribed" line tells when nothing can be missed any more.
+    eaves_log = logs / "eavesdropper.log"
+    eaves = net.popen("eaves", "exec " + broker["eaves"] + " --events", plan_dir, log=eaves_log)
+    deadline = time.monotonic() + 60
+    while '"event": "subscribed"' not in eaves_log.read_text():
+        assert eaves.poll() is None, eaves_log.read_text()[-2000:]
+        assert time.monotonic() < deadline, "eavesdropper never subscribed: " + eaves_log.read_text()[-2000:]
+        time.sleep(0.05)
     launcher = net.popen("eaves", "exec " + broker["launcher"], plan_dir, log=logs / "launcher.log")
     assert launcher.wait(timeout=60) == 0, (logs / "launcher.log").read_text()
     started = time.monotonic()
@@ -401,10 +409,16 @@ def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
         rc = proc.wait(timeout=max(1.0, 150 - (time.monotonic() - started)))
         assert rc == 0, f"node {i} exited {rc}: {(logs / f'node{i}.log').read_text()[-2000:]}"
     seconds = time.monotonic() - started
-    assert eaves.wait(timeout=60) == 0, (logs / "eavesdropper.log").read_text()[-2000:]
+    try:
+        eaves_rc = eaves.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            "eavesdropper still running 60 s after every node exited: " + eaves_log.read_text()[-3000:]
+        )
+    assert eaves_rc == 0, eaves_log.read_text()[-2000:]
 
     plan = load_plan(plan_dir)
-    values = np.array([node.value.value for node in plan.nodes], dtype=np.float64)
+    values = np.array([read_node_value(node, plan_dir) for node in plan.nodes], dtype=np.float64)
     truth = float(values.max())
     sim = simulate(
         load_config(

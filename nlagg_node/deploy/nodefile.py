@@ -123,6 +123,23 @@ def shell_line(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
+def read_node_value(node: NodeFile, base: Path) -> float:
+    """The value a node's constant or file source holds (a command is not run here)."""
+    src = node.value
+    if src.source == "constant" and src.value is not None:
+        return src.value
+    if src.source == "file":
+        path = base / str(src.path)
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        if not lines:
+            raise ConfigError("value.path", str(path), "file is empty")
+        try:
+            return float(lines[0])
+        except ValueError:
+            raise ConfigError("value.path", str(path), f"not a number: {lines[0][:40]!r}") from None
+    raise ConfigError("value.source", src.source, "only constant and file sources hold a value")
+
+
 def nlagg_program() -> str:
     """The ``nlagg`` executable: the one beside this Python (a venv's bin/), else the first on PATH."""
     import shutil

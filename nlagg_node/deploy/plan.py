@@ -6,6 +6,7 @@ Layout of a plan directory ``DIR``::
     graph.json          public: the communication graph {"n": N, "edges": [[i, j], ...]}
     plan.toml           the operator's record (seed, corrupted ids, users, broker); not for the nodes
     nodes/<i>.toml      private, one per node: id, value source, broker, user, password file
+    values/<i>.txt      private drawn values (mode 0600), when no value source was given
     secrets/<user>.pw   one clear-text password per broker user, mode 0600 (directory 0700)
     broker/mosquitto.conf         run from DIR: mosquitto -c broker/mosquitto.conf (persistence in broker/)
     broker/mosquitto-docker.conf  the same for the eclipse-mosquitto container (/mosquitto/...)
@@ -128,6 +129,7 @@ class DeployPlan:
     corrupted: list[int]
     nodes: list[NodeFile]
     passwords: dict[str, str] = field(repr=False)
+    values: dict[int, float] = field(repr=False, default_factory=dict)  # drawn private values
 
     @property
     def n(self) -> int:
@@ -158,7 +160,9 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
 
     seed = spec.seed if spec.seed is not None else secrets.randbits(63)
     run = spec.run.model_copy(update={"seed": seed, "trials": 1})
-    edges_arr = run.graph_spec().build(rng_for(seed, "graph", 0))
+    from ..sim.engine import sample_graphs
+
+    edges_arr = sample_graphs(run)[0]  # the simulator's trial-0 graph of this seed
     edges = [[int(a), int(b)] for a, b in edges_arr.tolist()]
     n = run.n
     public = validate_config(
@@ -172,9 +176,11 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     if spec.value_source is None:
         from ..sim.values import draw_values
 
-        values = draw_values(run.values, seed, 1, n)[0]
-        sources = [ValueSource(source="constant", value=float(v)) for v in values]
+        drawn = {i: float(v) for i, v in enumerate(draw_values(run.values, seed, 1, n)[0])}
+        # In private files, not in the node files: `nlagg node --value V` would show it to `ps`.
+        sources = [ValueSource(source="file", path=f"values/{i}.txt") for i in range(n)]
     else:
+        drawn = {}
         sources = [spec.value_source] * n
     passwords = {user: new_password() for user in [LAUNCHER_USER, EAVESDROPPER_USER]}
     nodes = []
@@ -202,6 +208,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         corrupted=corrupted,
         nodes=nodes,
         passwords=passwords,
+        values=drawn,
     )
 
 
@@ -317,6 +324,11 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     put("plan.toml", _plan_toml(plan), 0o600)
     for node in plan.nodes:
         put(f"nodes/{node.id}.toml", node_file_text(node), 0o600)
+    if plan.values:
+        (out / "values").mkdir(exist_ok=True)
+        os.chmod(out / "values", 0o700)
+    for i, value in plan.values.items():
+        put(f"values/{i}.txt", repr(value) + "\n", 0o600)
     (out / "secrets").mkdir(exist_ok=True)
     os.chmod(out / "secrets", 0o700)
     for user, password in plan.passwords.items():
