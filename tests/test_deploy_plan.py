@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from nlagg_node.cli import _register, app
+from nlagg_node.cli import _register, app, main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import (
     PlanSpec,
@@ -33,6 +33,17 @@ from nlagg_node.graphs import neighbours
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "deploy" / "testbed"
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str]:
+    """Run ``nlagg ARGS`` through the console entry point (errors -> exit 2); return code and output."""
+    monkeypatch.setattr("sys.argv", ["nlagg", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out + err
 
 
 def _make_plan(tmp_path: Path, **spec_kw: object) -> Path:
@@ -203,13 +214,13 @@ def test_value_sources_and_node_command(tmp_path: Path) -> None:
         ValueSource(source="file")
 
 
-def test_cli_plan_errors_name_the_field(tmp_path: Path) -> None:
-    _register()
-    result = CliRunner().invoke(
-        app, ["deploy", "plan", "--out", str(tmp_path / "p"), "--run-id", "r", "--n", "5", "--corrupt", "9,1"]
-    )
-    assert result.exit_code != 0
-    assert "corrupt" in str(result.exception) + result.output
+def test_cli_plan_errors_name_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["deploy", "plan", "--out", str(tmp_path / "p"), "--run-id", "r", "--n", "5", "--corrupt", "9,1"]
+    code, out = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert "corrupt='9,1'" in out
 
 
 def test_compose_names_every_service(tmp_path: Path) -> None:
@@ -267,3 +278,60 @@ def test_image_is_slim_python_and_never_holds_plans_or_secrets() -> None:
     assert any(line.startswith("USER ") and "root" not in line for line in dockerfile)
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
     assert {"deploy", "tests", ".git", "*.sqlite"} <= ignored
+
+
+def test_cli_plan_compose_and_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "lab"
+    args = ["deploy", "plan", "--out", str(out), "--run-id", "lab", "--n", "5", "--graph", "ring"]
+    args += [
+        "--corrupt",
+        "2",
+        "--seed",
+        "4",
+        "--listen",
+        "127.0.0.1:18830",
+        "--broker",
+        "mqtt://10.0.0.1:18830",
+    ]
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 0, text
+    assert "n=5, 5 edges" in text
+    assert "listener 18830 127.0.0.1" in (out / "broker" / "mosquitto.conf").read_text().splitlines()
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert "--force" in text
+    monkeypatch.chdir(tmp_path)
+    code, text = run_cli(["deploy", "compose", "--plan", "lab"], capsys, monkeypatch)
+    assert code == 0, text
+    assert "    - ./lab:/plan:ro" in text
+    code, text = run_cli(["deploy", "node", str(out / "nodes" / "0.toml"), "--dry-run"], capsys, monkeypatch)
+    assert code == 0, text
+    assert "--value-file values/0.txt --broker mqtt://10.0.0.1:18830 --username node0" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--broker", "mqtts://h:8883"], "broker"),
+        (["--broker", "http://h"], "broker"),
+        (["--listen", "h:x"], "listen"),
+        (["--tls-cafile", "ca.pem"], "tls"),
+        (["--value", "1", "--value-cmd", "true"], "value_cmd"),
+        (["--run-id", "bad id"], "run_id"),
+    ],
+    ids=["mqtts", "scheme", "port", "tls-partial", "two-sources", "run-id"],
+)
+def test_cli_plan_rejects_bad_options(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    extra: list[str],
+    field: str,
+) -> None:
+    args = ["deploy", "plan", "--out", str(tmp_path / "p"), "--run-id", "r", "--n", "4", *extra]
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 2, text
+    assert f"{field}=" in text
+    assert not (tmp_path / "p").exists()

@@ -142,7 +142,9 @@ class DeployPlan:
 
 def _check_url(url: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "mqtts", "tcp") or not parts.hostname:
+    if parts.scheme == "mqtts":
+        raise ConfigError("broker", url, "nlagg node connects with plain mqtt:// (no TLS client support yet)")
+    if parts.scheme not in ("mqtt", "tcp") or not parts.hostname:
         raise ConfigError("broker", url, "expected mqtt://host:port")
     return url
 
