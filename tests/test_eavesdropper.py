@@ -1,0 +1,104 @@
+"""Transcript storage, the live replay of the z-recursion, and the eavesdropper over memory."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adversary.eavesdropper import Eavesdropper
+from adversary.live import replay_exposures
+from adversary.transcript import Transcript
+from nlagg_node.config import RunConfig
+from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
+from nlagg_node.runtime.node import Node, build_config_msg, host_nodes, run_edges
+from nlagg_node.runtime.wire import XMsg, encode, topics
+from nlagg_node.schedule import phase_c, plan_phases
+from nlagg_node.sim import draw_values, simulate
+
+
+@pytest.mark.parametrize("op", ["max", "median", "topk"], ids=["max", "median", "topk"])
+def test_replay_finds_exactly_the_simulators_matching_events(op: str) -> None:
+    cfg = RunConfig(op=op, n=12, trials=1, record="all", seed=4, t_max=2500).resolved()
+    sim = simulate(cfg)
+    phases = plan_phases(cfg)
+    ex = replay_exposures(
+        cfg.n,
+        run_edges(cfg),
+        phases,
+        [phase_c(cfg, p) for p in phases],
+        cfg.theta,
+        sim.z0,
+        sim.recorded_x[:, 0, :].T,
+    )
+    assert np.array_equal(ex.first, sim.first_match[0])
+    exposed = ex.first >= 0
+    assert np.array_equal(ex.value[exposed], sim.values[0][exposed])
+    assert (ex.branch >= 0).all()
+
+
+def test_replay_marks_missing_data_unknown() -> None:
+    cfg = RunConfig(op="median", n=8, trials=1, record="all", seed=2, t_max=50).resolved()
+    sim = simulate(cfg)
+    x = sim.recorded_x[:, 0, :].T.copy()
+    x[3, 10] = np.nan
+    phases = plan_phases(cfg)
+    ex = replay_exposures(cfg.n, run_edges(cfg), phases, [cfg.c_value], cfg.theta, sim.z0, x)
+    assert ex.branch[3, 10] == -1
+    assert (ex.branch[:, :10] >= 0).all()
+
+
+def test_transcript_keeps_a_duplicate_once_and_rejects_junk(tmp_path: Path) -> None:
+    t = topics("nlagg", "r1")
+    payload = encode(XMsg(node=1, t=0, phase="max", x=0.5))
+    with Transcript(tmp_path / "t.sqlite", run_id="r1") as tr:
+        assert tr.add(t.x(1), payload) is not None
+        tr.add(t.x(1), payload)
+        assert tr.add(t.x(1), b"garbage") is None
+        tr.commit()
+        assert tr.count() == 2
+        assert tr.count(valid_only=True) == 1
+        assert tr.rejected()[0][0] == t.x(1)
+        x = tr.x(3)
+    assert x.shape == (3, 1)
+    assert x[1, 0] == 0.5
+    assert np.isnan(x[0, 0])
+
+
+def test_transcript_refuses_another_run(tmp_path: Path) -> None:
+    Transcript(tmp_path / "t.sqlite", run_id="r1").close()
+    with pytest.raises(ValueError, match="run_id='r2'"):
+        Transcript(tmp_path / "t.sqlite", run_id="r2")
+
+
+async def test_eavesdropper_captures_a_run_and_stops_when_all_done(tmp_path: Path) -> None:
+    cfg = RunConfig(op="median", n=7, trials=1, t_max=300, seed=6, record="all")
+    sim = simulate(cfg)
+    broker = MemoryBroker()
+    edges = run_edges(cfg)
+    t = topics("nlagg", "cap")
+    found: list[int] = []
+    with Transcript(tmp_path / "t.sqlite", run_id="cap") as transcript:
+        async with MemoryTransport(broker, "launcher") as launcher:
+            await launcher.publish(t.config, encode(build_config_msg(cfg, "cap", edges)), retain=True)
+        eve_tr = MemoryTransport(broker, "eve")
+        await eve_tr.connect()
+        eaves = Eavesdropper(eve_tr, transcript, on_exposure=lambda e: found.append(e.node))
+        task = asyncio.create_task(eaves.run())
+        await eaves.subscribed.wait()
+        s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+        async with MemoryTransport(broker, "host") as tr:
+            nodes = [
+                Node(cfg, i, s[i], tr, run_id="cap", edges=edges, own_transport=False) for i in range(cfg.n)
+            ]
+            await host_nodes(nodes, tr, "nlagg", "cap")
+        async with asyncio.timeout(10):
+            await task
+        assert eaves.finished.is_set()
+        x = transcript.x(cfg.n)
+    assert np.array_equal(x, sim.recorded_x[:, 0, :].T)
+    expected = sorted(int(i) for i in np.flatnonzero(sim.first_match[0] >= 0))
+    assert sorted(found) == expected
+    assert eaves.honest_exposed() == expected
