@@ -20,7 +20,7 @@ from nlagg_node.config import RunConfig
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
 from nlagg_node.runtime.node import run_edges
 from nlagg_node.runtime.testbed import run_testbed
-from nlagg_node.runtime.wire import decode, parse_topic, topics
+from nlagg_node.runtime.wire import decode, encode, parse_topic, topics
 from nlagg_node.sim import simulate
 
 needs_mosquitto = pytest.mark.mosquitto
@@ -144,3 +144,79 @@ def test_node_command_names_missing_neighbours(mosquitto_url: str, tmp_path: Pat
     assert proc.returncode == 1
     assert "neighbour(s) [1, 3] not online within 0.5 s" in proc.stderr
     assert parse_topic("nlagg/lonely/node/0/status", "nlagg", "lonely").kind == "status"
+
+
+class CuttableProxy:
+    """A loopback TCP proxy whose connections the test can cut, as a flaky network would."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.writers: list[asyncio.StreamWriter] = []
+        self.cuts = 0
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.writers += [writer, up_writer]
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+        self.writers.clear()
+        self.cuts += 1
+
+    async def close(self) -> None:
+        self.cut()
+        self.server.close()
+
+
+@needs_mosquitto
+async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path) -> None:
+    from adversary.eavesdropper import Eavesdropper
+    from nlagg_node.runtime.node import Node, build_config_msg, host_nodes
+    from nlagg_node.sim import draw_values
+
+    cfg = RunConfig(op="median", n=6, trials=1, t_max=1500, seed=12)
+    host, port = parse_broker_url(mosquitto_url)
+    proxy = CuttableProxy(host, port)
+    proxy_url = f"mqtt://127.0.0.1:{await proxy.start()}"
+    t = topics("nlagg", "flaky")
+    edges = run_edges(cfg)
+    with Transcript(tmp_path / "transcript.sqlite", run_id="flaky") as transcript:
+        async with MqttTransport(mosquitto_url, client_id="launcher") as launcher:
+            await launcher.publish(t.config, encode(build_config_msg(cfg, "flaky", edges)), retain=True)
+        async with MqttTransport(mosquitto_url, client_id="eve") as eve_tr:
+            eaves = Eavesdropper(eve_tr, transcript)
+            eve_task = asyncio.create_task(eaves.run())
+            await eaves.subscribed.wait()
+            s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+            async with MqttTransport(proxy_url, client_id="flaky-host", backoff_base=0.01) as tr:
+                nodes = [
+                    Node(cfg, i, s[i], tr, run_id="flaky", prefix="nlagg", edges=edges, own_transport=False)
+                    for i in range(cfg.n)
+                ]
+                run = asyncio.create_task(host_nodes(nodes, tr, "nlagg", "flaky"))
+                await asyncio.sleep(0.4)
+                assert not run.done()  # the cut happens mid-run
+                proxy.cut()
+                await run
+                assert tr.reconnects >= 1
+            async with asyncio.timeout(20):
+                await eve_task
+        await proxy.close()
+    assert proxy.cuts >= 1
+    assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")

@@ -20,6 +20,7 @@ from typing import Self, cast
 from urllib.parse import urlsplit
 
 import aiomqtt
+import paho.mqtt.client as paho_mqtt
 
 from ..errors import ConfigError, NlaggError
 from ..rng import rng_for
@@ -149,10 +150,12 @@ class MqttTransport:
         async with self._lock:
             await self._connect_locked()
 
-    async def _connect_locked(self) -> None:
+    async def _connect_locked(self, reuse: aiomqtt.Client | None = None) -> None:
+        """Connect a new client, or reconnect ``reuse``: the same paho client keeps its unacknowledged
+        QoS 1 messages and resends them once the broker confirms the persistent session."""
         last = ""
         for attempt in range(self.reconnect_tries):
-            client = self._new_client()
+            client = reuse if reuse is not None else self._new_client()
             try:
                 await client.__aenter__()
             except aiomqtt.MqttError as exc:
@@ -188,7 +191,7 @@ class MqttTransport:
                     log.debug("closing the lost connection: %s", exc)
             self.reconnects += 1
             log.warning("connection to %s lost; reconnecting (%d)", self.url, self.reconnects)
-            await self._connect_locked()
+            await self._connect_locked(reuse=old)
 
     def _require(self) -> tuple[aiomqtt.Client, int]:
         if self._client is None:
@@ -216,12 +219,11 @@ class MqttTransport:
         """
         client, _gen = self._require()
         info = client._client.publish(topic, payload, qos, retain)  # paho client: no task, no wait
-        if info.rc != 0:
-            task = asyncio.get_running_loop().create_task(
-                self.publish(topic, payload, qos=qos, retain=retain)
-            )
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        if info.rc == 0 or (qos > 0 and info.rc == paho_mqtt.MQTT_ERR_NO_CONN):
+            return  # sent, or kept by paho and resent after the reconnection (persistent session)
+        task = asyncio.get_running_loop().create_task(self.publish(topic, payload, qos=qos, retain=retain))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None:
         for pattern in filters:
