@@ -235,6 +235,10 @@ class Node:
         self._nbr_state: dict[int, str] = {}
         self._online: asyncio.Event = asyncio.Event()
         self._t_now = 0
+        self._degree = len(self.neighbours)
+        self._xbuf: dict[int, dict[int, float]] = {}
+        self._x_wait_t = -1
+        self._x_waiter: asyncio.Future[None] | None = None
         self._groups_done: set[str] = set()
         self.rejected = 0
         self.duplicates = 0
@@ -279,16 +283,53 @@ class Node:
         if j not in self._nbr_set:
             self._reject(f"x from node {j}, not a neighbour of {self.id}")
             return
+        if t < self.t_total and msg.phase != self._phase_at[t]:
+            self._reject(f"x from node {j} at t={t}: phase {msg.phase!r}, expected {self._phase_at[t]!r}")
+            return
+        self._accept_x(j, t, msg.x)
+
+    def _accept_x(self, j: int, t: int, x: float) -> None:
+        """Buffer x_j^(t) of neighbour j (checked: neighbour, phase); the barrier's hot path."""
         if t < self._t_now:
             self.duplicates += 1
             return
         if t > self._t_now + 1 or t >= self.t_total:
             self._reject(f"x from node {j} for t={t}, outside the window {self._t_now}..{self._t_now + 1}")
             return
-        if msg.phase != self._phase_at[t]:
-            self._reject(f"x from node {j} at t={t}: phase {msg.phase!r}, expected {self._phase_at[t]!r}")
+        slot = self._xbuf.get(t)
+        if slot is None:
+            slot = self._xbuf[t] = {}
+        old = slot.get(j)
+        if old is not None:
+            if old == x:
+                self.duplicates += 1
+            else:
+                self._reject(f"second, different x_{j}^({t}); the first one is kept")
             return
-        self._count(self._inbox.put(("x", t), j, msg.x), f"x_{j}^({t})")
+        slot[j] = x
+        waiter = self._x_waiter
+        if t == self._x_wait_t and waiter is not None and len(slot) == self._degree and not waiter.done():
+            waiter.set_result(None)
+
+    async def _take_x(self, t: int) -> dict[int, float]:
+        slot = self._xbuf.get(t)
+        if slot is None or len(slot) < self._degree:
+            self._x_wait_t = t
+            self._x_waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(self.neighbour_timeout):
+                    await self._x_waiter
+            except TimeoutError:
+                have = self._xbuf.get(t, {})
+                missing = [j for j in self.neighbours if j not in have]
+                within = self.neighbour_timeout
+                raise NeighbourTimeoutError(
+                    f"node {self.id}: no x^({t}) from neighbour(s) {missing} within {within:g} s"
+                ) from None
+            finally:
+                self._x_wait_t = -1
+                self._x_waiter = None
+        return self._xbuf.pop(t)
 
     def _on_z0(self, msg: Z0Msg) -> None:
         j = msg.from_
@@ -427,7 +468,7 @@ class Node:
                 if self.corrupt:
                     self._publish_state(t, s_used, signs, u_out, u_in)
                 self.transport.publish_nowait(x_topic, encode_x(self.id, t, phase.name, x), qos=1)
-                got = await self._inbox.take(("x", t), self.neighbour_timeout, f"x^({t})", self.id)
+                got = await self._take_x(t)
                 x_nbrs = np.array([got[j] for j in nbrs])
                 u_out_new = z_update(u_out, u_in, x_nbrs, c, cfg.theta)
                 u_in = z_update(u_in, u_out, np.full(d, x), c, cfg.theta)
@@ -468,6 +509,8 @@ async def host_nodes(
     t = topics(prefix, run_id)
     await transport.subscribe(t.x("+"), t.status("+"), t.z0("+", "+"))
     hosted = {node.id: node for node in nodes}
+    phase_at = nodes[0]._phase_at
+    schedule_len = len(phase_at)
     listeners: dict[int, list[Node]] = {}
     for node in nodes:
         for j in node.neighbours:
@@ -482,7 +525,17 @@ async def host_nodes(
                 if on_reject is not None:
                     on_reject(raw.topic, exc)
                 continue
-            if info.kind == "z0":
+            if isinstance(msg, XMsg):
+                # One schedule check per message, then the barrier fast path of every listener.
+                if msg.t >= schedule_len or msg.phase != phase_at[msg.t]:
+                    misfit = WireError("t/phase", (msg.t, msg.phase), "does not fit the run's schedule")
+                    log.warning("host: rejected message on %s (%s)", raw.topic, misfit)
+                    if on_reject is not None:
+                        on_reject(raw.topic, misfit)
+                    continue
+                for node in listeners.get(msg.node, ()):
+                    node._accept_x(msg.node, msg.t, msg.x)
+            elif info.kind == "z0":
                 target = hosted.get(info.peer if info.peer is not None else -1)
                 if target is not None:
                     target.handle(info, msg)
