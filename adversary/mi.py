@@ -13,10 +13,13 @@ in every step that decides a count:
 
 With the same jitter values the result equals ``npeet_plus.mi`` to rounding of the
 final mean (about 1e-15 bits). The 1-D x 1-D case, the only one the NMI curves need,
-runs in a compiled kernel: an exact k-nearest-neighbour search for the 2-D max-norm by
-a sweep along one sorted coordinate (pruned as soon as the coordinate gap alone
-exceeds the current k-th distance), and exact marginal counts by binary search with
+runs in compiled kernels (:mod:`adversary.ksg_kernels`): an exact k-nearest-neighbour
+search for the 2-D max-norm by a sweep along one sorted coordinate (pruned as soon as
+the coordinate gap alone exceeds the current k-th distance, and started from a bound
+inherited from the previous point), and exact marginal counts on the sorted values with
 the same floating-point predicate ``|x_j - x_i| <= r`` that the tree query evaluates.
+The NMI curves run one chain of pairs per rank, reusing the sort of S_r and of the
+previous X_r^(t), on all cores.
 Multi-dimensional variables (the ideal-world side information of
 :mod:`adversary.bounds`) use a scipy k-d tree with identical conventions.
 """
@@ -26,13 +29,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import digamma
 
 from nlagg_node.errors import ConfigError
 from nlagg_node.rng import rng_for
+
+from .ksg_kernels import ksg_batch, ksg_chains, ksg_counts_one
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -42,234 +46,7 @@ JITTER = 1e-10
 """NPEET's jitter intensity (``add_noise(x, intens=1e-10)``)."""
 _RADIUS_SHRINK = 1e-15
 """NPEET counts marginal neighbours strictly inside ``eps_i`` as ``<= eps_i - 1e-15``."""
-_PAIRS_PER_CHUNK = 256
-
-
-# Compiled kernels -----------------------------------------------------------------------
-@numba.njit(cache=True, nogil=True, inline="always")
-def _insert(best: FloatArray, k: int, d: float) -> float:
-    a = k - 1
-    while a > 0 and best[a - 1] > d:
-        best[a] = best[a - 1]
-        a -= 1
-    best[a] = d
-    return float(best[k - 1])
-
-
-@numba.njit(cache=True, nogil=True)
-def _sweep(ps: FloatArray, qs: FloatArray, k: int, m: int, bound: float, best: FloatArray) -> float:
-    """k-th smallest max-norm distance from sorted point m to the other points.
-
-    ``ps`` is sorted; ``|p_j - p_m|`` is a lower bound of the distance, so the walk in
-    each direction ends as soon as it reaches the current k-th smallest distance.
-    ``bound`` must be strictly larger than the answer (or inf); it prunes from the start.
-    """
-    n = len(ps)
-    for a in range(k):
-        best[a] = bound
-    kth = bound
-    pm = ps[m]
-    qm = qs[m]
-    j = m + 1
-    while j < n:
-        dp = ps[j] - pm
-        if dp >= kth:
-            break
-        dq = abs(qs[j] - qm)
-        d = max(dp, dq)
-        if d < kth:
-            kth = _insert(best, k, d)
-        j += 1
-    j = m - 1
-    while j >= 0:
-        dp = pm - ps[j]
-        if dp >= kth:
-            break
-        dq = abs(qs[j] - qm)
-        d = max(dp, dq)
-        if d < kth:
-            kth = _insert(best, k, d)
-        j -= 1
-    return kth
-
-
-@numba.njit(cache=True, nogil=True)
-def _sweep3(ps: FloatArray, qs: FloatArray, m: int, bound: float) -> float:
-    """:func:`_sweep` for k = 3 with the three smallest distances kept branch-free in registers."""
-    n = len(ps)
-    b0 = bound
-    b1 = bound
-    b2 = bound
-    pm = ps[m]
-    qm = qs[m]
-    j = m + 1
-    while j < n:
-        dp = ps[j] - pm
-        if dp >= b2:
-            break
-        d = max(dp, abs(qs[j] - qm))
-        b2 = min(b2, max(b1, d))
-        b1 = min(b1, max(b0, d))
-        b0 = min(b0, d)
-        j += 1
-    j = m - 1
-    while j >= 0:
-        dp = pm - ps[j]
-        if dp >= b2:
-            break
-        d = max(dp, abs(qs[j] - qm))
-        b2 = min(b2, max(b1, d))
-        b1 = min(b1, max(b0, d))
-        b0 = min(b0, d)
-        j -= 1
-    return b2
-
-
-@numba.njit(cache=True, nogil=True)
-def _typical_spacing(vs: FloatArray, k: int) -> float:
-    """Median gap between sorted samples k apart, from 64 evenly spread positions.
-
-    A sweep along a coordinate examines about ``eps / spacing * k`` points per query,
-    and ``eps`` is the same whichever coordinate is swept, so the coordinate with the
-    larger typical spacing is the cheaper one.
-    """
-    n = len(vs) - k
-    probes = min(64, n)
-    gaps = np.empty(probes)
-    for a in range(probes):
-        m = (a * n) // probes
-        gaps[a] = vs[m + k] - vs[m]
-    return float(np.median(gaps))
-
-
-@numba.njit(cache=True, nogil=True)
-def _first_above(vs: FloatArray, vi: float, r: float, start: int, strict: bool) -> int:
-    """First index j of sorted ``vs`` with ``vs[j] - vi > r`` (``>= r`` if ``strict``).
-
-    ``fl(vs[j] - vi)`` is non-decreasing in j, so the predicate switches once. The
-    search walks a few steps from ``start`` (the answer for the previous sorted point,
-    usually next to this one) and falls back to bisection.
-    """
-    n = len(vs)
-    j = start
-    for _ in range(8):
-        below = j > 0 and ((vs[j - 1] - vi < r) if strict else (vs[j - 1] - vi <= r))
-        above = j == n or ((vs[j] - vi >= r) if strict else (vs[j] - vi > r))
-        if below and above:
-            return j
-        if j > 0 and not below:
-            j -= 1
-        elif j < n and not above:
-            j += 1
-        else:
-            return j
-    a, b = 0, n
-    while a < b:
-        mid = (a + b) >> 1
-        if (vs[mid] - vi < r) if strict else (vs[mid] - vi <= r):
-            a = mid + 1
-        else:
-            b = mid
-    return a
-
-
-@numba.njit(cache=True, nogil=True)
-def _marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: IntArray) -> None:
-    """``out[i] = #{j : |v_j - v_i| <= radius[i]}`` (i included), exactly as a tree query.
-
-    ``vs = v[order]`` is sorted. ``|fl(a - b)| = |fl(b - a)|``, so the predicate holds
-    on one contiguous run of the sorted values, whose ends are found with the same
-    floating-point comparisons a tree evaluates.
-    """
-    n = len(vs)
-    upper = 0
-    lower = 0
-    for m in range(n):
-        i = order[m]
-        r = radius[i]
-        if r < 0.0:
-            out[i] = 0
-            continue
-        vi = vs[m]
-        upper = _first_above(vs, vi, r, max(upper, m + 1), False)
-        lower = _first_above(vs, vi, -r, min(lower, m), True)
-        out[i] = upper - lower
-
-
-@numba.njit(cache=True, nogil=True)
-def _order(v: FloatArray, hint: IntArray) -> IntArray:
-    """A sorting permutation of ``v``; ``hint`` (may be empty) is a nearly sorting one to repair.
-
-    The NMI curves estimate ``I(S_r; X_r^(t))`` for hundreds of t with the same S_r up to
-    the 1e-10 jitter, so the order of the unjittered S_r is off by a few swaps at most:
-    an insertion sort fixes it in linear time. Too many descents fall back to a full sort.
-    """
-    n = len(v)
-    if len(hint) != n:
-        return np.argsort(v)
-    descents = 0
-    for a in range(1, n):
-        if v[hint[a]] < v[hint[a - 1]]:
-            descents += 1
-    if descents > 32:
-        return np.argsort(v)
-    o = hint.copy()
-    for a in range(1, n):
-        cur = o[a]
-        val = v[cur]
-        b = a - 1
-        while b >= 0 and v[o[b]] > val:
-            o[b + 1] = o[b]
-            b -= 1
-        o[b + 1] = cur
-    return o
-
-
-@numba.njit(cache=True, nogil=True)
-def _ksg_counts_one(
-    x: FloatArray, y: FloatArray, k: int, nx: IntArray, ny: IntArray, hint_x: IntArray
-) -> None:
-    """Marginal neighbour counts ``n_x, n_y`` of the KSG estimator for one 1-D x 1-D pair."""
-    n = len(x)
-    ox = _order(x, hint_x)
-    oy = np.argsort(y)
-    xs, ys = x[ox], y[oy]
-    # Sweep along the coordinate whose window holds fewer candidates.
-    if _typical_spacing(xs, k) >= _typical_spacing(ys, k):
-        ps, qs, order = xs, y[ox], ox
-    else:
-        ps, qs, order = ys, x[oy], oy
-    radius = np.empty(n)
-    best = np.empty(k)
-    kth = np.inf
-    for m in range(n):
-        # The k nearest of the previous point, and that point itself, lie within
-        # kth + d(m - 1, m) of point m: a valid bound (widened against rounding).
-        if m > 0:
-            step = max(ps[m] - ps[m - 1], abs(qs[m] - qs[m - 1]))
-            kth = (kth + step) * (1.0 + 1e-9) + 1e-300
-        kth = _sweep3(ps, qs, m, kth) if k == 3 else _sweep(ps, qs, k, m, kth, best)
-        radius[order[m]] = kth - 1e-15
-    _marginal_counts(xs, ox, radius, nx)
-    _marginal_counts(ys, oy, radius, ny)
-
-
-@numba.njit(cache=True, parallel=True)
-def _ksg_batch(
-    xs: FloatArray, ys: FloatArray, hints: IntArray, k: int, table: FloatArray, out: FloatArray
-) -> None:
-    """Per pair ``-<psi(n_x)> - <psi(n_y)>`` (the rest of the formula is a constant)."""
-    n = xs.shape[1]
-    for b in numba.prange(xs.shape[0]):
-        nx = np.empty(n, dtype=np.int64)
-        ny = np.empty(n, dtype=np.int64)
-        _ksg_counts_one(xs[b], ys[b], k, nx, ny, hints[b])
-        sx = 0.0
-        sy = 0.0
-        for i in range(n):
-            sx += table[nx[i]]
-            sy += table[ny[i]]
-        out[b] = -sx / n - sy / n
+_PAIRS_PER_CHUNK = 2048
 
 
 # Public API ------------------------------------------------------------------------------
@@ -366,7 +143,8 @@ def mutual_information(
         nx = np.empty((1, n), dtype=np.int64)
         ny = np.empty((1, n), dtype=np.int64)
         x1, y1 = np.ascontiguousarray(xa[:, 0]), np.ascontiguousarray(ya[:, 0])
-        _ksg_counts_one(x1, y1, k, nx[0], ny[0], np.empty(0, dtype=np.int64))
+        empty = np.empty(0, dtype=np.int64)
+        ksg_counts_one(x1, y1, k, nx[0], ny[0], empty, empty)
         return float(_ksg_from_counts(nx, ny, k)[0])
     from scipy.spatial import cKDTree
 
@@ -420,9 +198,31 @@ def _batch(
             else np.ascontiguousarray(x_hint[start:stop], dtype=np.int64)
         )
         part = np.empty(stop - start)
-        _ksg_batch(np.ascontiguousarray(xs), np.ascontiguousarray(ys), hints, k, table, part)
+        ksg_batch(np.ascontiguousarray(xs), np.ascontiguousarray(ys), hints, k, table, part)
         out[start:stop] = part / math.log(2.0) + const
     return out
+
+
+def _chained(
+    st: FloatArray, x: FloatArray, order: IntArray, k: int, jitter: float, source: RandomSource
+) -> FloatArray:
+    """``mi(S_r, X_r^(t))`` for all (t, r): jitter drawn pair by pair in (t, r) order, ranks in parallel."""
+    R, _, n_ranks = x.shape
+    n = st.shape[1]
+    table = _digamma_table(n)
+    const = (digamma(k) + digamma(n)) / math.log(2.0)
+    y_order = np.full((n_ranks, n), -1, dtype=np.int64)
+    raw = np.empty((R, n_ranks))
+    step = max(1, _PAIRS_PER_CHUNK // n_ranks)
+    for t0 in range(0, R, step):
+        t1 = min(R, t0 + step)
+        noise = _jittered(np.zeros((t1 - t0, n_ranks, 2, n)), jitter, source)
+        xs = st[None] + noise[:, :, 0] if jitter else np.broadcast_to(st[None], (t1 - t0, n_ranks, n))
+        ys = x[t0:t1].transpose(0, 2, 1) + noise[:, :, 1] if jitter else x[t0:t1].transpose(0, 2, 1)
+        part = np.empty((t1 - t0, n_ranks))
+        ksg_chains(np.ascontiguousarray(xs), np.ascontiguousarray(ys), order, y_order, k, table, part)
+        raw[t0:t1] = part / math.log(2.0) + const
+    return raw
 
 
 def self_information(n: int, k: int = 3, *, jitter: bool = True) -> float:
@@ -511,17 +311,13 @@ def nmi_curves(
 def _nmi(
     s: FloatArray, x: FloatArray, k: int, jitter: float, source: RandomSource
 ) -> tuple[FloatArray, FloatArray]:
-    R, _, n = x.shape
     _check_k(k, s.shape[0])
     if not (np.isfinite(s).all() and np.isfinite(x).all()):
         raise ConfigError("x_by_rank", "non-finite entries", "values and states must be finite numbers")
     st = np.ascontiguousarray(s.T)
     order = np.argsort(st, axis=1)  # S_r is the x of every pair of rank r: sort it once
     norm = _batch(st, st, k, jitter, source, order)
-    xs = np.broadcast_to(st[None], (R, n, st.shape[1])).reshape(R * n, -1)
-    hint = np.broadcast_to(order[None], (R, n, st.shape[1])).reshape(R * n, -1)
-    ys = np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(R * n, -1)
-    raw = _batch(xs, ys, k, jitter, source, hint).reshape(R, n)
+    raw = _chained(st, x, order, k, jitter, source)
     return raw / norm[None, :], norm
 
 
