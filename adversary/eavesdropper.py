@@ -51,6 +51,8 @@ class Eavesdropper:
 
     Parameters
     ----------
+    config : the run's public configuration when known in advance; otherwise the retained
+        ``P/R/config`` message provides it (the replay and the stop condition need n and the graph).
     on_exposure : called with each :class:`Exposure` the moment the replay finds it.
     commit_every : seconds between SQLite commits.
     """
@@ -62,6 +64,7 @@ class Eavesdropper:
         *,
         on_exposure: Callable[[Exposure], None] | None = None,
         commit_every: float = 0.25,
+        config: ConfigMsg | None = None,
     ) -> None:
         self.transport = transport
         self.transcript = transcript
@@ -78,27 +81,38 @@ class Eavesdropper:
         self.subscribed = asyncio.Event()
         self.finished = asyncio.Event()
         self.started = time.time()
+        if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
+            self._on_config(config)
 
     def view(self, i: int) -> NodeView:
         return self.nodes.setdefault(i, NodeView())
 
     async def run(self) -> None:
-        """Subscribe, capture until every node is done, commit. Cancel it to stop earlier."""
+        """Subscribe, capture until every node is done, commit. Cancel it to stop earlier.
+
+        A background loop commits every ``commit_every`` seconds even when traffic stops, so a
+        reader of the file (or a crash) never misses more than that.
+        """
         await self.transport.subscribe(self.topics.all, qos=1)
         self.subscribed.set()
-        last_commit = time.monotonic()
         try:
-            async for raw in self.transport.messages():
-                self.handle(raw.topic, raw.payload, raw.retain)
-                now = time.monotonic()
-                if now - last_commit >= self.commit_every:
-                    self.transcript.commit()
-                    last_commit = now
-                if self.finished.is_set():
-                    break
+            async with asyncio.TaskGroup() as tg:
+                committer = tg.create_task(self._commit_loop())
+                try:
+                    async for raw in self.transport.messages():
+                        self.handle(raw.topic, raw.payload, raw.retain)
+                        if self.finished.is_set():
+                            break
+                finally:
+                    committer.cancel()
         finally:
             self.transcript.commit()
             self.stored = self.transcript.count()
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.commit_every)
+            self.transcript.commit()
 
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
         """Store one message, then update the views and the live replay."""
@@ -222,6 +236,7 @@ async def run_eavesdropper(
     live: bool = True,
     stop_after: float | None = None,
     events: bool = False,
+    config: ConfigMsg | None = None,
 ) -> Eavesdropper:
     """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary.
 
@@ -246,7 +261,7 @@ async def run_eavesdropper(
                 elif not live:
                     console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
 
-            eaves = Eavesdropper(tr, transcript, on_exposure=report)
+            eaves = Eavesdropper(tr, transcript, on_exposure=report, config=config)
             task = asyncio.create_task(eaves.run())
             # SIGTERM/SIGINT stop the capture through the normal path: everything is committed.
             loop = asyncio.get_running_loop()

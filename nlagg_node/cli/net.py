@@ -327,6 +327,9 @@ def eavesdrop(
     live: Annotated[bool | None, typer.Option(help="live view (default: when stdout is a terminal)")] = None,
     timeout: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
     events: Annotated[bool, typer.Option(help="print JSON-line events (for a supervising process)")] = False,
+    config: Annotated[
+        Path | None, typer.Option(help="the run's config file, if the retained P/R/config is not published")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
@@ -337,6 +340,13 @@ def eavesdrop(
     _setup_logging(verbose)
     password = _read_password(password_file)
     show = sys.stdout.isatty() if live is None else live
+    public = None
+    if config is not None:
+        from ..config import load_config
+        from ..runtime.node import build_config_msg, run_edges
+
+        cfg = load_config(config)
+        public = build_config_msg(cfg, run_id, run_edges(cfg))
     asyncio.run(
         run_eavesdropper(
             broker,
@@ -348,5 +358,6 @@ def eavesdrop(
             live=show,
             stop_after=timeout,
             events=events,
+            config=public,
         )
     )
