@@ -205,6 +205,8 @@ class PanelResult:
     trajectory: FloatArray  # (R, n) trial 0, by rank
     phase_ends: list[int]
     seconds: dict[str, float] = field(default_factory=dict)
+    nmi_lower: FloatArray | None = None  # bootstrap band, (R, n)
+    nmi_upper: FloatArray | None = None
 
     def summary(self) -> dict[str, Any]:
         final = self.nmi[-1]
@@ -232,12 +234,12 @@ def panel_config(params: dict[str, Any], trials: int, seed: int) -> RunConfig:
     return cfg.model_copy(update={"record": f"every:{max(1, t_total // RECORDED_POINTS)}"})
 
 
-def measure(cfg: RunConfig, log: Log | None = None) -> PanelResult:
-    """Simulate one configuration and measure its leakage."""
+def measure(cfg: RunConfig, log: Log | None = None, bootstrap: int = 0) -> PanelResult:
+    """Simulate one configuration and measure its leakage (``bootstrap`` > 1: 90% bands too)."""
     from nlagg_node.sim import simulate
 
     from .bounds import ideal_leakage
-    from .mi import mse_curve, nmi_curves
+    from .mi import mse_curve, nmi_curves, nmi_with_bootstrap
 
     started = time.perf_counter()
     res = simulate(cfg)
@@ -245,7 +247,8 @@ def measure(cfg: RunConfig, log: Log | None = None) -> PanelResult:
     x = res.recorded_by_rank()
     s = np.asarray(res.by_rank(res.values), dtype=np.float64)
     t1 = time.perf_counter()
-    nmi = nmi_curves(s, x, seed=cfg.seed)
+    band = nmi_with_bootstrap(s, x, resamples=bootstrap, seed=cfg.seed) if bootstrap > 1 else None
+    nmi = band.nmi if band is not None else nmi_curves(s, x, seed=cfg.seed)
     nmi_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     bound = ideal_leakage(cfg, res.values, seed=cfg.seed).nmi
@@ -267,6 +270,8 @@ def measure(cfg: RunConfig, log: Log | None = None) -> PanelResult:
         trajectory=np.asarray(x[:, 0, :], dtype=np.float64),
         phase_ends=[int(e) for e in ends],
         seconds={"simulate": sim_s, "nmi": nmi_s, "bound": time.perf_counter() - t2},
+        nmi_lower=band.lower if band is not None else None,
+        nmi_upper=band.upper if band is not None else None,
     )
     if log is not None:
         log(
@@ -279,14 +284,15 @@ def measure(cfg: RunConfig, log: Log | None = None) -> PanelResult:
 class PanelCache:
     """Simulations shared between figures within one ``experiment all`` run."""
 
-    def __init__(self, log: Log | None = None) -> None:
+    def __init__(self, log: Log | None = None, bootstrap: int = 0) -> None:
         self.results: dict[str, PanelResult] = {}
         self.log = log
+        self.bootstrap = bootstrap
 
     def get(self, cfg: RunConfig) -> PanelResult:
         key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
         if key not in self.results:
-            self.results[key] = measure(cfg, self.log)
+            self.results[key] = measure(cfg, self.log, self.bootstrap)
         return self.results[key]
 
 
@@ -302,6 +308,7 @@ def run_experiment(
     seed: int = 0,
     cache: PanelCache | None = None,
     log: Log | None = None,
+    bootstrap: int = 0,
 ) -> dict[str, Any]:
     """Run one experiment; write ``<name>.png``, ``<name>.pdf`` and ``<name>.json`` into ``out``."""
     from .plots import draw_experiment
@@ -311,7 +318,9 @@ def run_experiment(
     if trials < 10:
         raise ConfigError("trials", trials, "the KSG estimate needs at least 10 trials")
     exp = EXPERIMENTS[name]
-    cache = cache if cache is not None else PanelCache(log)
+    if bootstrap == 1 or bootstrap < 0:
+        raise ConfigError("bootstrap", bootstrap, "use 0 (no bands) or at least 2 resamples")
+    cache = cache if cache is not None else PanelCache(log, bootstrap)
     started = time.perf_counter()
     if log is not None:
         log(f"{name}: {exp.title} ({len(exp.panels)} panels, {trials} trials)")
@@ -332,6 +341,11 @@ def run_experiment(
                 **r.summary(),
                 "recorded_t": r.recorded_t,
                 "nmi": _nested(r.nmi),
+                **(
+                    {"nmi_lower": _nested(r.nmi_lower), "nmi_upper": _nested(r.nmi_upper)}
+                    if r.nmi_lower is not None and r.nmi_upper is not None
+                    else {}
+                ),
             }
             for p, r in zip(exp.panels, results, strict=True)
         ],
@@ -353,6 +367,7 @@ def run_all(
     seed: int = 0,
     log: Log | None = None,
     names: list[str] | None = None,
+    bootstrap: int = 0,
 ) -> Path:
     """Every experiment (or ``names``), sharing identical simulations; writes ``index.html``."""
     from .report import write_index
@@ -362,7 +377,9 @@ def run_all(
     if unknown or not chosen:
         raise ConfigError("experiment", unknown or chosen, f"choose from {', '.join(EXPERIMENTS)}")
     started = time.perf_counter()
-    cache = PanelCache(log)
+    if bootstrap == 1 or bootstrap < 0:
+        raise ConfigError("bootstrap", bootstrap, "use 0 (no bands) or at least 2 resamples")
+    cache = PanelCache(log, bootstrap)
     docs = [run_experiment(name, trials, out, seed=seed, cache=cache, log=log) for name in chosen]
     wall = time.perf_counter() - started
     return write_index(out, docs, wall_seconds=wall, simulations=len(cache.results))

@@ -33,13 +33,16 @@ def _colors(n: int) -> list[Any]:
 def draw_nmi(ax: Any, res: PanelResult, title: str, *, legend: bool = True) -> None:
     """NMI against iteration, one line per rank, leakage probability in the legend.
 
-    The ideal-world bound of each rank is marked by a triangle at the right edge.
+    The ideal-world bound of each rank is marked by a triangle at the right edge; bootstrap
+    bands, when measured, are shaded.
     """
     t = np.asarray(res.recorded_t)
     n = res.nmi.shape[1]
     colors = _colors(n)
     for r in range(n):
         ax.plot(t, res.nmi[:, r], color=colors[r], lw=1.0, label=f"{r} ({res.leak[r]:.3f})")
+        if res.nmi_lower is not None and res.nmi_upper is not None:
+            ax.fill_between(t, res.nmi_lower[:, r], res.nmi_upper[:, r], color=colors[r], alpha=0.15, lw=0)
     t_end = float(t[-1]) if len(t) else 1.0
     finite = np.isfinite(res.bound)
     ax.scatter(

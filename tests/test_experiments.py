@@ -73,8 +73,12 @@ def test_all_experiments_with_few_trials(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
-    [({"name": "nope"}, "experiment"), ({"name": "min", "trials": 3}, "trials")],
-    ids=["unknown-name", "too-few-trials"],
+    [
+        ({"name": "nope"}, "experiment"),
+        ({"name": "min", "trials": 3}, "trials"),
+        ({"name": "min", "bootstrap": 1}, "bootstrap"),
+    ],
+    ids=["unknown-name", "too-few-trials", "one-resample"],
 )
 def test_bad_experiment_arguments(tmp_path: Path, kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as err:

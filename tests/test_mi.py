@@ -101,16 +101,20 @@ def test_nmi_curves_reach_one_when_the_state_equals_the_value() -> None:
     assert np.all(nmi[2, 1:] < 0.9)
 
 
-def test_bootstrap_band_brackets_the_estimate() -> None:
+def test_subsampling_band_brackets_the_estimate_without_duplicate_bias() -> None:
     rng = np.random.default_rng(9)
-    s = rng.standard_normal((300, 2))
-    x = (s + 0.5 * rng.standard_normal((300, 2)))[None]
+    s = rng.standard_normal((400, 2))
+    x = np.stack([s + 0.5 * rng.standard_normal((400, 2)), rng.standard_normal((400, 2))])
     band = nmi_with_bootstrap(s, x, resamples=8, seed=2)
     assert band.lower is not None
     assert band.upper is not None
     assert np.all(band.lower <= band.upper)
-    assert np.all(band.upper >= band.nmi - 0.05)
-    assert np.all(band.lower <= band.nmi + 0.25)
+    assert np.all(band.lower <= band.nmi + 0.02)
+    assert np.all(band.upper >= band.nmi - 0.02)
+    assert np.all(band.upper[1] < 0.05)  # independent pair: no upward bias from duplicated trials
+    with pytest.raises(ConfigError) as err:
+        nmi_with_bootstrap(s, x, fraction=1.0)
+    assert err.value.field == "fraction"
 
 
 def test_leakage_probability_and_mse() -> None:

@@ -69,6 +69,7 @@ def experiment(
     ),
     seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
     quiet: Annotated[bool, typer.Option(help="no progress lines")] = False,
+    bootstrap: Annotated[int, typer.Option(help="subsamples (80% of trials) for 90% NMI bands")] = 0,
 ) -> None:
     """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""
     import time
@@ -81,10 +82,10 @@ def experiment(
 
     started = time.perf_counter()
     if name == "all":
-        page = run_all(trials, out, seed=seed, log=log)
+        page = run_all(trials, out, seed=seed, log=log, bootstrap=bootstrap)
         print(f"wrote {page} in {time.perf_counter() - started:.0f} s")
     else:
-        doc = run_experiment(name, trials, out, seed=seed, log=log)
+        doc = run_experiment(name, trials, out, seed=seed, log=log, bootstrap=bootstrap)
         print(
             f"wrote {', '.join(str(out / f) for f in doc['files'])} and {out / (name + '.json')} "
             f"in {time.perf_counter() - started:.0f} s"
