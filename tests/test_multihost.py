@@ -437,7 +437,7 @@ def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
         assert rc == 0, f"node {i} exited {rc}: {(logs / f'node{i}.log').read_text()[-2000:]}"
     seconds = time.monotonic() - started
     try:
-        eaves_rc = eaves.wait(timeout=20)
+        eaves_rc = eaves.wait(timeout=10)
         stopped_by_itself = True
     except subprocess.TimeoutExpired:
         # Known runtime issue: a node's last will ("offline") can reach the broker after its "done"
