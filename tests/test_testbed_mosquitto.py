@@ -220,3 +220,49 @@ async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path
         await proxy.close()
     assert proxy.cuts >= 1
     assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
+
+
+REQUIRED_SUMMARY_FIELDS = {
+    "run_id",
+    "op",
+    "n",
+    "true_value",
+    "final_x",
+    "exact",
+    "private_values",
+    "corrupted",
+    "iterations",
+    "rounds_per_second",
+    "messages_captured",
+    "exposed_nodes",
+    "transcript",
+}
+
+
+@needs_mosquitto
+def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: Path) -> None:
+    import json
+
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-c", "from nlagg_node.cli import main; main()", "testbed", "--n", "5"),
+            *("--op", "min", "--t-max", "30", "--in-process", "--corrupt", "4", "--json"),
+            *("--broker", mosquitto_url, "--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary.keys() >= REQUIRED_SUMMARY_FIELDS
+    assert summary["op"] == "min"
+    assert summary["corrupted"] == [0, 1, 2, 3]
+    assert summary["iterations"] == 30
+    assert sorted(summary["final_x"]) == ["0", "1", "2", "3", "4"]
+    assert Path(summary["transcript"]).is_file()
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {
+        "transcript.sqlite",
+        "summary.json",
+        "manifest.json",
+    }
