@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         self_information,
     )
     from .report import render_testbed_report
-    from .simulated import attack_simulation, write_sim_transcript
+    from .simulated import attack_simulation, simulate_transcript, write_sim_transcript
 
 _EXPORTS = {
     "EXPERIMENTS": "experiments",
@@ -44,6 +44,7 @@ _EXPORTS = {
     "run_all": "experiments",
     "run_experiment": "experiments",
     "score": "attack",
+    "simulate_transcript": "simulated",
     "self_information": "mi",
     "write_sim_transcript": "simulated",
 }
@@ -68,6 +69,7 @@ __all__ = [
     "run_experiment",
     "score",
     "self_information",
+    "simulate_transcript",
     "write_sim_transcript",
 ]
 

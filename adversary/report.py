@@ -136,7 +136,8 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         }
     )
     mc_values = draw_values(mc_cfg.values, 12345, 1000, n)
-    bound = ideal_leakage(mc_cfg, mc_values, corrupted=sorted(data["corrupted"]))
+    corrupt = sorted(data["corrupted"])
+    bound = ideal_leakage(mc_cfg, mc_values, corrupted=corrupt, graphs=[data["edges"]] * 1000)
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.2))

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout, IntArray
 from nlagg_node.schedule import phase_c
@@ -171,3 +172,24 @@ def write_sim_transcript(
 def truth_path(transcript: Path) -> Path:
     """Where :func:`write_sim_transcript` puts the ground truth of a simulated transcript."""
     return transcript.with_name(transcript.name + ".truth.json")
+
+
+def simulate_transcript(
+    cfg: RunConfig,
+    path: str | Path,
+    *,
+    corrupted: Sequence[int] = (),
+    run_id: str | None = None,
+    prefix: str = "nlagg",
+) -> Path:
+    """Simulate trial 0 of ``cfg`` alone, recording every x, and write it as a transcript.
+
+    This is what ``nlagg sim --transcript PATH`` writes: trial 0 of a run does not depend
+    on the number of trials (every stream is keyed by trial), so a one-trial simulation
+    with ``record='all'`` reproduces it exactly without keeping every x of every trial,
+    and it is also the run a testbed with the same seed performs.
+    """
+    from nlagg_node.sim import simulate
+
+    one = cfg.model_copy(update={"trials": 1, "record": "all"})
+    return write_sim_transcript(simulate(one), path, corrupted=corrupted, run_id=run_id, prefix=prefix)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from adversary.attack import attack_transcript, score
-from adversary.simulated import attack_simulation, truth_path, write_sim_transcript
+from adversary.simulated import attack_simulation, simulate_transcript, truth_path, write_sim_transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.sim import SimResult, simulate
@@ -141,3 +141,14 @@ async def test_testbed_transcript_precision_and_recall(op: str, mosquitto_url: s
     assert report.interval_soundness == 1.0
     assert report.recall == 1.0
     assert sorted(report.exposed) == sorted(summary["exposed_nodes"])
+
+
+def test_simulate_transcript_is_trial_zero_of_the_batch(tmp_path: Path) -> None:
+    cfg = RunConfig(op="min", trials=3, t_max=800, seed=9, record="all")
+    batch = simulate(cfg)
+    path = simulate_transcript(cfg, tmp_path / "one.sqlite", corrupted=[4])
+    from_file = attack_transcript(path)
+    direct = attack_simulation(batch, 0, corrupted=[4])
+    assert from_file.findings == direct.findings
+    assert from_file.precision == 1.0
+    assert from_file.recall == 1.0
