@@ -405,6 +405,7 @@ def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
     from adversary.transcript import Transcript
     from nlagg_node.config import load_config
     from nlagg_node.deploy import load_plan
+    from nlagg_node.deploy.compose import transcript_ready_check
     from nlagg_node.deploy.nodefile import read_node_value
     from nlagg_node.sim import simulate
 
@@ -488,6 +489,11 @@ def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
             f"last states {_last_states(plan_dir / 'transcript.sqlite')}",
             stacklevel=1,
         )
+    # The compose file's eavesdropper healthcheck accepts this transcript and refuses a missing one.
+    ready = transcript_ready_check(str(plan_dir / "transcript.sqlite"))
+    assert subprocess.run([sys.executable, "-c", ready], capture_output=True, check=False).returncode == 0
+    missing = transcript_ready_check(str(plan_dir / "missing.sqlite"))
+    assert subprocess.run([sys.executable, "-c", missing], capture_output=True, check=False).returncode != 0
     with Transcript(plan_dir / "transcript.sqlite") as tr:
         x = tr.x(N_NODES, T_MAX)
         assert not np.isnan(x).any(), f"{int(np.isnan(x).sum())} x_i^(t) missing from the transcript"

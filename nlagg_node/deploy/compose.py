@@ -14,13 +14,30 @@ from pathlib import Path
 
 from .plan import TRANSCRIPT_NAME, LoadedPlan, eavesdrop_argv, launcher_argv
 
-__all__ = ["BROKER_IMAGE", "COMPOSE_BROKER_URL", "NLAGG_IMAGE", "compose_yaml", "service_names"]
+__all__ = [
+    "BROKER_IMAGE",
+    "COMPOSE_BROKER_URL",
+    "NLAGG_IMAGE",
+    "compose_yaml",
+    "service_names",
+    "transcript_ready_check",
+]
 
 BROKER_IMAGE = "eclipse-mosquitto:2.0"
 NLAGG_IMAGE = "nlagg:0.1.0"
 COMPOSE_BROKER_URL = "mqtt://broker:1883"
 _PLAN_MOUNT = "/plan"
 _TRANSCRIPT_MOUNT = "/transcript"
+
+
+def transcript_ready_check(db: str) -> str:
+    """Python code exiting 0 once the transcript ``db`` holds the run's config (the eavesdropper is
+    subscribed: the config is retained and published before any node starts), 1 otherwise."""
+    return (
+        "import sqlite3, sys; "
+        f"c = sqlite3.connect('file:{db}?mode=ro', uri=True); "
+        "sys.exit(0 if c.execute(\"SELECT 1 FROM messages WHERE kind = 'config' LIMIT 1\").fetchone() else 1)"
+    )
 
 
 def service_names(plan: LoadedPlan) -> list[str]:
@@ -97,8 +114,8 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         f"      - transcript:{_TRANSCRIPT_MOUNT}",
         "    depends_on:",
         "      - broker",
-        "    healthcheck:  # the transcript exists once the eavesdropper is up",
-        f"      test: {_flow(['CMD', 'test', '-s', db])}",
+        "    healthcheck:  # ready once the retained config is in the transcript: it has subscribed",
+        f"      test: {_flow(['CMD', 'python', '-c', transcript_ready_check(db)])}",
         "      interval: 1s",
         "      timeout: 5s",
         "      retries: 120",
