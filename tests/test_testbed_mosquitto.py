@@ -266,3 +266,16 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
         "summary.json",
         "manifest.json",
     }
+
+
+@needs_mosquitto
+@pytest.mark.slow
+async def test_default_max_testbed_is_exact_with_one_process_per_node(mosquitto_url: str) -> None:
+    """The issue's acceptance run: ``nlagg testbed --n 15 --op max`` at its defaults (7000 iterations)."""
+    cfg = RunConfig(op="max", n=15, trials=1)
+    summary = await run_testbed(cfg, broker_url=mosquitto_url)
+    assert summary["exact"]
+    assert summary["final_x"]["0"] == summary["true_value"]
+    assert (
+        summary["messages_captured"] == 1 + 15 * cfg.resolved().t_max_value + 2 * len(run_edges(cfg)) + 15 * 3
+    )
