@@ -174,6 +174,9 @@ def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
             raise ConfigError("config", str(path), f"invalid {path.suffix[1:].upper()} ({exc})") from None
         # A run.toml may hold a [run] table; a manifest.json holds {"config": {...}}.
         data.update(doc.get("run", doc.get("config", doc)))
+        if isinstance(data.get("graph_file"), str) and not Path(data["graph_file"]).is_absolute():
+            # A graph file named in a config file is relative to that file, not to the cwd.
+            data["graph_file"] = str(path.parent / data["graph_file"])
     data.update({k.replace("-", "_"): v for k, v in overrides.items() if v is not None})
     return validate_config(data)
 

@@ -132,3 +132,16 @@ def test_bad_graph_file_exits_2(tmp_path: Path, content: str, field: str, capsys
     assert code == 2
     assert field in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_graph_file_in_a_config_is_relative_to_the_config(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "graph.csv").write_text("0,1\n1,2\n2,3\n")
+    (plan / "run.toml").write_text(
+        'op = "max"\nn = 4\ngraph = "file"\ngraph_file = "graph.csv"\ntrials = 2\nt_max = 50\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["sim", "--config", str(plan / "run.toml"), "--json"], capsys, monkeypatch)
+    assert code == 0
+    assert json.loads(out)["graph"] == "file"

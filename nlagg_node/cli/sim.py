@@ -55,6 +55,13 @@ def sim(
     out: Annotated[
         Path | None, typer.Option(help="write summary.json, arrays.npz and manifest.json here")
     ] = None,
+    transcript: Annotated[
+        Path | None,
+        typer.Option(help="also write trial 0 as an eavesdropper transcript (SQLite), for `nlagg attack`"),
+    ] = None,
+    corrupt: Annotated[
+        str | None, typer.Option(help="corrupted nodes whose state the transcript includes, e.g. 3,7")
+    ] = None,
 ) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..config import load_config
@@ -82,14 +89,33 @@ def sim(
         values=values,
         record=record,
     )
+    corrupted = _parse_nodes(corrupt, cfg.n)
     result = _run_with_progress(cfg)
     summary = summarize(result)
     if out is not None:
         write_run(result, out, summary)
+    if transcript is not None:
+        from adversary.simulated import simulate_transcript
+
+        summary["transcript"] = str(simulate_transcript(cfg, transcript, corrupted=corrupted))
     if as_json:
         typer.echo(json.dumps(summary))
     else:
         _print_table(summary)
+
+
+def _parse_nodes(spec: str | None, n: int) -> list[int]:
+    from ..errors import ConfigError
+
+    if not spec:
+        return []
+    try:
+        nodes = sorted({int(part) for part in spec.split(",") if part.strip()})
+    except ValueError:
+        raise ConfigError("corrupt", spec, "expected node ids like 3,7") from None
+    if any(not 0 <= i < n for i in nodes):
+        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
+    return nodes
 
 
 def _run_with_progress(cfg: Any) -> Any:

@@ -33,7 +33,6 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
-from .kernel import run_phase
 from .values import draw_values
 
 FloatArray = NDArray[np.float64]
@@ -129,6 +128,8 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     progress
         Called as ``progress(done, total)`` with iteration counts, a few hundred times per run.
     """
+    from .kernel import run_phase  # numba: compiled (or loaded from cache) on first use
+
     started = time.perf_counter()
     cfg = cfg.resolved()
     B, n = cfg.trials, cfg.n
