@@ -83,6 +83,13 @@ def _jittered(a: FloatArray, jitter: float, rng: RandomSource) -> FloatArray:
     )
 
 
+def _noise(shape: tuple[int, ...], jitter: float, rng: RandomSource) -> FloatArray:
+    """``jitter * U[0, 1)`` of the given shape, drawn in C order (the order of separate calls)."""
+    u = rng.random_sample(shape) if isinstance(rng, np.random.RandomState) else rng.random(shape)
+    u *= jitter
+    return np.asarray(u, dtype=np.float64)
+
+
 def _ksg_from_counts(nx: IntArray, ny: IntArray, k: int) -> FloatArray:
     n = nx.shape[-1]
     table = _digamma_table(n)
@@ -189,7 +196,7 @@ def _batch(
     for start in range(0, n_pairs, _PAIRS_PER_CHUNK):
         stop = min(n_pairs, start + _PAIRS_PER_CHUNK)
         # One draw in the order separate calls would make: per pair the x row, then the y row.
-        noise = _jittered(np.zeros((stop - start, 2, n)), jitter, source)
+        noise = _noise((stop - start, 2, n), jitter, source)
         xs = xa[start:stop] + noise[:, 0] if jitter else xa[start:stop]
         ys = ya[start:stop] + noise[:, 1] if jitter else ya[start:stop]
         hints = (
@@ -216,7 +223,7 @@ def _chained(
     step = max(1, _PAIRS_PER_CHUNK // n_ranks)
     for t0 in range(0, R, step):
         t1 = min(R, t0 + step)
-        noise = _jittered(np.zeros((t1 - t0, n_ranks, 2, n)), jitter, source)
+        noise = _noise((t1 - t0, n_ranks, 2, n), jitter, source)
         xs = st[None] + noise[:, :, 0] if jitter else np.broadcast_to(st[None], (t1 - t0, n_ranks, n))
         ys = x[t0:t1].transpose(0, 2, 1) + noise[:, :, 1] if jitter else x[t0:t1].transpose(0, 2, 1)
         part = np.empty((t1 - t0, n_ranks))
