@@ -120,6 +120,9 @@ class MqttTransport:
         self.reconnects = 0
         self._inbox = _Inbox()
         self._background: set[asyncio.Task[None]] = set()
+        # Publishes handed over while a reconnection is in progress: sent, in order, once it is up.
+        self._held: deque[tuple[str, bytes, int, bool]] = deque()
+        self._up = asyncio.Event()
         self._jitter = rng_for(None)  # OS entropy: backoff jitter is not part of any run's numbers
 
     def _new_client(self) -> aiomqtt.Client:
@@ -173,6 +176,10 @@ class MqttTransport:
             client._disconnected.add_done_callback(lambda _fut: self._inbox.wake())
             for pattern, qos in self._filters:
                 await client.subscribe(pattern, qos=qos)
+            while self._held:
+                topic, payload, qos, retain = self._held.popleft()
+                client._client.publish(topic, payload, qos, retain)
+            self._up.set()
             return
         raise NlaggError(f"cannot connect to broker {self.url} after {self.reconnect_tries} tries: {last}")
 
@@ -184,6 +191,7 @@ class MqttTransport:
                 return  # someone else already reconnected
             old = self._client
             self._client = None
+            self._up.clear()
             if old is not None:
                 try:
                     await old.__aexit__(None, None, None)
@@ -201,6 +209,8 @@ class MqttTransport:
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         """Publish and wait for the broker's acknowledgement (QoS 1); reconnect and resend once if lost."""
         for _attempt in range(2):
+            if self._client is None and not self._closing:
+                await self._up.wait()  # a reconnection is in progress
             client, gen = self._require()
             try:
                 await client.publish(topic, payload, qos=qos, retain=retain)
@@ -217,6 +227,9 @@ class MqttTransport:
         kept. If the connection is down, the message is resent by :meth:`publish` after the
         reconnection, in the background.
         """
+        if self._client is None and not self._closing and self._generation > 0:
+            self._held.append((topic, payload, qos, retain))  # reconnecting: sent once connected
+            return
         client, _gen = self._require()
         info = client._client.publish(topic, payload, qos, retain)  # paho client: no task, no wait
         if info.rc == 0 or (qos > 0 and info.rc == paho_mqtt.MQTT_ERR_NO_CONN):

@@ -17,7 +17,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
 
@@ -26,11 +25,14 @@ from numpy.typing import NDArray
 
 from ..config import RunConfig
 from ..errors import NlaggError
-from ..graphs import IntArray, neighbours, normalize_edges
+from ..graphs import IntArray, neighbours
 from ..init import draw_z0, perturb_value
 from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import Phase, bypassed, combine, effective_values, phase_c, plan_phases, value_noise
+from .barrier import KeyedSlots, NeighbourTimeoutError, NodeResult
+from .checkpoint import Checkpoint, CheckpointStore, fingerprint
+from .public import ConfigMismatchError, build_config_msg, config_from_msg, config_mismatch, run_edges
 from .transport import Message, Transport, Will
 from .wire import (
     AdvStateMsg,
@@ -48,6 +50,7 @@ from .wire import (
 )
 
 __all__ = [
+    "ConfigMismatchError",
     "NeighbourTimeoutError",
     "Node",
     "NodeResult",
@@ -62,112 +65,10 @@ log = logging.getLogger("nlagg.node")
 FloatArray = NDArray[np.float64]
 
 
-class NeighbourTimeoutError(NlaggError):
-    """A neighbour did not deliver what the barrier waits for within the configured timeout."""
-
-
-def run_edges(cfg: RunConfig) -> IntArray:
-    """The graph of trial 0 of ``cfg``: the one the simulator and every testbed node build."""
-    from ..sim.engine import sample_graphs
-
-    return sample_graphs(cfg.model_copy(update={"trials": 1}))[0]
-
-
-_PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file"}
-
-
-def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
-    """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule.
-
-    Leaves out the seed (it would reveal every node's z^(0)) and simulator-only fields.
-    """
-    cfg = cfg.resolved()
-    run = cfg.model_dump(mode="json", exclude=_PRIVATE_FIELDS)
-    phases = [
-        {
-            "name": ph.name,
-            "group": ph.group,
-            "t_len": ph.t_len,
-            "c": phase_c(cfg, ph),
-            "objective": ph.objective.kind,
-            "bypass": ph.bypass,
-        }
-        for ph in plan_phases(cfg)
-    ]
-    pairs = [[int(a), int(b)] for a, b in np.asarray(edges).tolist()]
-    return ConfigMsg(run_id=run_id, n=cfg.n, edges=pairs, run=run, phases=phases)
-
-
-def config_from_msg(msg: ConfigMsg) -> tuple[RunConfig, IntArray]:
-    """Rebuild the run configuration (seed 0, graph from the message's edges) and the canonical edges."""
-    from ..config import validate_config
-
-    cfg = validate_config({**msg.run, "trials": 1, "record": "none"})
-    return cfg, normalize_edges(msg.n, msg.edges, source="config.edges")
-
-
 def node_will(prefix: str, run_id: str, node_id: int) -> Will:
     """The last will of node ``node_id``: retained ``offline`` status."""
     payload = encode(StatusMsg(node=node_id, state="offline"))
     return Will(topics(prefix, run_id).status(node_id), payload, retain=True, qos=1)
-
-
-@dataclass
-class NodeResult:
-    """What one node ended with (``value`` is private; it never leaves the node)."""
-
-    node: int
-    value: float
-    finals: list[float]  # final x of every phase
-    output: list[float]  # combine(): the k values of top-K, else one value
-    iterations: int
-    seconds: float
-    z0_sent: dict[str, list[float]] = field(default_factory=dict)  # group -> z_{i|j}^(0), j ascending
-    x: list[float] = field(default_factory=list)  # x_i^(t), t = 0..iterations-1
-    rejected: int = 0
-    duplicates: int = 0
-
-    @property
-    def rounds_per_second(self) -> float:
-        return self.iterations / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Slots:
-    """Values that neighbours send for one key (an iteration or a dual group), and one waiter."""
-
-    def __init__(self, expected: list[int]) -> None:
-        self.expected = expected
-        self.slots: dict[tuple[str, int | str], dict[int, float]] = {}
-        self._key: tuple[str, int | str] | None = None
-        self._future: asyncio.Future[None] | None = None
-
-    def put(self, key: tuple[str, int | str], sender: int, value: float) -> Literal["new", "dup", "conflict"]:
-        slot = self.slots.setdefault(key, {})
-        if sender in slot:
-            return "dup" if slot[sender] == value else "conflict"
-        slot[sender] = value
-        fut = self._future
-        if key == self._key and len(slot) == len(self.expected) and fut is not None and not fut.done():
-            fut.set_result(None)
-        return "new"
-
-    async def take(self, key: tuple[str, int | str], within: float, what: str, node: int) -> dict[int, float]:
-        slot = self.slots.setdefault(key, {})
-        if len(slot) < len(self.expected):
-            self._key = key
-            self._future = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(within):
-                    await self._future
-            except TimeoutError:
-                missing = [j for j in self.expected if j not in slot]
-                raise NeighbourTimeoutError(
-                    f"node {node}: no {what} from neighbour(s) {missing} within {within:g} s"
-                ) from None
-            finally:
-                self._key = None
-                self._future = None
-        return self.slots.pop(key)
 
 
 class Node:
@@ -190,6 +91,8 @@ class Node:
         None for OS entropy (a device in the field).
     neighbour_timeout : seconds a barrier may wait before :class:`NeighbourTimeoutError` names the missing
         neighbours; ``startup_timeout`` for the neighbours to come online.
+    checkpoint : where to keep the local checkpoint (written before every publish that depends on the
+        node's state); a node restarted with the same store resumes from it with the same numbers.
     """
 
     def __init__(
@@ -207,6 +110,7 @@ class Node:
         neighbour_timeout: float = 30.0,
         startup_timeout: float = 60.0,
         own_transport: bool = True,
+        checkpoint: CheckpointStore | None = None,
     ) -> None:
         self.cfg = cfg.resolved()
         if not 0 <= node_id < self.cfg.n:
@@ -230,7 +134,7 @@ class Node:
         self.t_total = sum(p.t_len for p in self.phases)
         self._phase_at: list[str] = [p.name for p in self.phases for _ in range(p.t_len)]
         self._groups = {p.group for p in self.phases}
-        self._inbox = _Slots(self.neighbours)
+        self._inbox = KeyedSlots(self.neighbours)
         self._nbr_set = frozenset(self.neighbours)
         self._nbr_state: dict[int, str] = {}
         self._online: asyncio.Event = asyncio.Event()
@@ -242,11 +146,40 @@ class Node:
         self._groups_done: set[str] = set()
         self.rejected = 0
         self.duplicates = 0
+        # Resending after a neighbour restarts: our z^(0) payloads per group and the last two x's.
+        self._z0_out: dict[str, dict[int, bytes]] = {}
+        self._sent_x: dict[int, bytes] = {}
+        self._t_done = -1  # the last iteration whose neighbour x's were consumed
+        self._consumed: dict[int, dict[int, float]] = {}
+        self._phase_start = [sum(p.t_len for p in self.phases[:k]) for k in range(len(self.phases))]
+        self.public = build_config_msg(self.cfg, run_id, self.edges)
+        self.store = checkpoint
+        self.resumed: Checkpoint | None = None
+        self._fingerprint = ""
+        if checkpoint is not None:
+            self._fingerprint = fingerprint(
+                run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
+            )
+            self.resumed = checkpoint.load(self._fingerprint)
+            if self.resumed is not None:
+                self._restore_window(self.resumed)
+
+    def _restore_window(self, ck: Checkpoint) -> None:
+        """Before any message flows: the barrier window and the groups done of the checkpoint."""
+        self._t_now = ck.t
+        self._t_done = ck.t - 1
+        self._consumed[ck.t - 1] = {int(j): v for j, v in ck.prev_got.items()}
+        done_phases = ck.phase + (0 if ck.stage == "z0" else 1)
+        self._groups_done = {p.group for p in self.phases[:done_phases]}
+        for group, zs in ck.z0_sent.items():
+            self._z0_out[group] = {
+                j: self._z0_payload(j, group, z) for j, z in zip(self.neighbours, zs, strict=True)
+            }
 
     # Subscriptions and message handling -------------------------------------------------
     def subscriptions(self) -> list[str]:
-        """Topic filters this node needs: its neighbours' x and status, and z^(0) sent to it."""
-        subs = [self.topics.z0("+", self.id)]
+        """Topic filters this node needs: the retained config, its neighbours' x and status, z^(0) to it."""
+        subs = [self.topics.config, self.topics.z0("+", self.id)]
         for j in self.neighbours:
             subs += [self.topics.x(j), self.topics.status(j)]
         return subs
@@ -265,16 +198,23 @@ class Node:
         self.handle(info, body)
 
     def handle(self, info: TopicInfo, msg: WireMessage) -> None:
-        """Route one validated message into the barrier buffers (never raises)."""
+        """Route one validated message into the barrier buffers.
+
+        Raises :class:`ConfigMismatchError` only for a retained run config contradicting this node's.
+        """
         if isinstance(msg, XMsg):
             self._on_x(msg)
         elif isinstance(msg, Z0Msg):
             self._on_z0(msg)
         elif isinstance(msg, StatusMsg):
             if msg.node in self._nbr_set:
-                self._nbr_state[msg.node] = msg.state
-                if all(self._nbr_state.get(j) in ("online", "running", "done") for j in self.neighbours):
-                    self._online.set()
+                self._on_status(msg)
+            else:
+                self._reject(f"status of node {msg.node}, not a neighbour of {self.id}")
+        elif isinstance(msg, ConfigMsg):
+            mismatch = config_mismatch(self.public, msg)
+            if mismatch is not None:
+                raise mismatch
         else:
             self._reject(f"{info.kind} message from node {info.node} is not for nodes")
 
@@ -288,10 +228,35 @@ class Node:
             return
         self._accept_x(j, t, msg.x)
 
+    def _on_status(self, msg: StatusMsg) -> None:
+        j = msg.node
+        self._nbr_state[j] = msg.state
+        if all(self._nbr_state.get(k) in ("online", "running", "done") for k in self.neighbours):
+            self._online.set()
+        if msg.state == "online":
+            self._resend(j)  # j (re)started: it may have lost what we sent; it drops duplicates
+        elif msg.state == "done" and msg.final and self._t_now >= self.t_total - 2:
+            # j has finished and left: its last x is its last final (we may have crashed before it came)
+            self._accept_x(j, self.t_total - 1, msg.final[-1])
+
+    def _resend(self, j: int) -> None:
+        """Republish our z^(0) to j and our last two x's (idempotent for every receiver)."""
+        for payloads in self._z0_out.values():
+            if j in payloads:
+                self.transport.publish_nowait(self.topics.z0(self.id, j), payloads[j], qos=1)
+        for t in sorted(self._sent_x):
+            self.transport.publish_nowait(self.topics.x(self.id), self._sent_x[t], qos=1)
+
     def _accept_x(self, j: int, t: int, x: float) -> None:
         """Buffer x_j^(t) of neighbour j (checked: neighbour, phase); the barrier's hot path."""
-        if t < self._t_now:
-            self.duplicates += 1
+        if t <= self._t_done:
+            seen = self._consumed.get(t)
+            if seen is None or j not in seen:
+                self._reject(f"stale x from node {j} for t={t}; the node is at t={self._t_now}")
+            elif seen[j] == x:
+                self.duplicates += 1
+            else:
+                self._reject(f"x_{j}^({t}) = {x!r} differs from the {seen[j]!r} already used")
             return
         if t > self._t_now + 1 or t >= self.t_total:
             self._reject(f"x from node {j} for t={t}, outside the window {self._t_now}..{self._t_now + 1}")
@@ -329,7 +294,11 @@ class Node:
             finally:
                 self._x_wait_t = -1
                 self._x_waiter = None
-        return self._xbuf.pop(t)
+        got = self._xbuf.pop(t)
+        self._consumed[t] = got
+        self._consumed.pop(t - 2, None)
+        self._t_done = t
+        return got
 
     def _on_z0(self, msg: Z0Msg) -> None:
         j = msg.from_
@@ -400,87 +369,154 @@ class Node:
             raise NeighbourTimeoutError(
                 f"node {self.id}: neighbour(s) {missing} not online within {self.startup_timeout:g} s"
             ) from None
+        ck = self.resumed
+        if ck is not None and ck.stage == "done":  # killed after finishing: announce it again
+            await self._status("done", final=ck.finals, output=ck.output, iterations=self.t_total)
+            return self._result(ck.finals, ck.output, ck.xs, ck.z0_sent, 0.0)
         await self._status("running")
         started = time.perf_counter()
         finals, xs, z0_sent = await self._iterate()
         seconds = time.perf_counter() - started
         output = combine(self.cfg, self.phases, [np.array([f]) for f in finals])
         out_list = [float(v) for v in np.ravel(output)]
+        if self.store is not None:
+            last = self.resumed
+            assert last is not None  # _iterate saved at least one checkpoint
+            last.stage, last.finals, last.xs, last.output = "done", finals, xs, out_list
+            self.store.save(last)
         await self._status("done", final=finals, output=out_list, iterations=self.t_total)
+        return self._result(finals, out_list, xs, z0_sent, seconds)
+
+    def _result(
+        self,
+        finals: list[float],
+        output: list[float],
+        xs: list[float],
+        z0: dict[str, list[float]],
+        sec: float,
+    ) -> NodeResult:
         return NodeResult(
             node=self.id,
             value=self.value,
             finals=finals,
-            output=out_list,
+            output=output,
             iterations=self.t_total,
-            seconds=seconds,
-            z0_sent=z0_sent,
+            seconds=sec,
+            z0_sent=z0,
             x=xs,
             rejected=self.rejected,
             duplicates=self.duplicates,
         )
 
-    async def _exchange_z0(self, phase: Phase, rng: np.random.Generator, signs: FloatArray) -> FloatArray:
-        z_out = draw_z0(phase.init, signs, rng)
-        for j, z in zip(self.neighbours, z_out.tolist(), strict=True):
-            msg = Z0Msg.model_validate({"from": self.id, "to": j, "group": phase.group, "z": z})
-            await self.transport.publish(self.topics.z0(self.id, j), encode(msg), qos=1)
-        return z_out
+    def _z0_payload(self, j: int, group: str, z: float) -> bytes:
+        return encode(Z0Msg.model_validate({"from": self.id, "to": j, "group": group, "z": z}))
+
+    async def _exchange_z0(self, group: str, z_out: FloatArray) -> dict[int, float]:
+        """Publish z_{i|j}^(0) (awaiting the broker) and wait for every z_{j|i}^(0) of ``group``."""
+        payloads = {
+            j: self._z0_payload(j, group, z) for j, z in zip(self.neighbours, z_out.tolist(), strict=True)
+        }
+        self._z0_out[group] = payloads
+        for j, payload in payloads.items():
+            await self.transport.publish(self.topics.z0(self.id, j), payload, qos=1)
+        z_in = await self._inbox.take(("z0", group), self.startup_timeout, f"z0 ({group})", self.id)
+        self._groups_done.add(group)
+        return z_in
+
+    def _save(self, ck: Checkpoint) -> None:
+        if self.store is not None:
+            self.store.save(ck)
+            self.resumed = ck
 
     async def _iterate(self) -> tuple[list[float], list[float], dict[str, list[float]]]:
+        """Every phase from the start, or from the checkpoint; a checkpoint precedes every publish."""
         cfg, nbrs = self.cfg, self.neighbours
         d = len(nbrs)
         rng = rng_for(self.seed, "node", 0, self.id)
-        s_used = perturb_value(self.value, value_noise(cfg), cfg.sigma_s, rng)
-        s_arr = np.array([s_used])
         signs = np.array([1.0 if self.id < j else -1.0 for j in nbrs])
         src = np.zeros(d, dtype=np.int64)
         cd = np.array([float(d)])
-        u_out = np.zeros(d)
-        u_in = np.zeros(d)
-        finals: list[float] = []
-        identified: list[float] = []
-        xs: list[float] = []
-        z0_sent: dict[str, list[float]] = {}
-        group = ""
-        t = 0
+        ck = self.resumed
+        if ck is None:
+            s_used = perturb_value(self.value, value_noise(cfg), cfg.sigma_s, rng)
+            ck = Checkpoint(self._fingerprint, "z0", 0, 0, "", s_used, {})
+        else:
+            s_used = ck.s_used
+            rng.bit_generator.state = ck.rng_state
+        resuming = self.resumed is not None
+        s_arr = np.array([s_used])
+        u_out, u_in = np.array(ck.u_out), np.array(ck.u_in)
+        finals, identified, xs = list(ck.finals), list(ck.identified), list(ck.xs)
+        z0_sent: dict[str, list[float]] = dict(ck.z0_sent)
+        group, t = ck.group, ck.t
         x_topic = self.topics.x(self.id)
-        for phase in self.phases:
+        prev_got = ck.prev_got
+        adv = None if ck.prev_adv is None else ck.prev_adv.encode()
+        for p_idx in range(ck.phase, len(self.phases)):
+            phase = self.phases[p_idx]
             c = phase_c(cfg, phase)
             cd_c = cd * c
-            if phase.group != group:
+            if (resuming and ck.stage == "z0") or (not resuming and phase.group != group):
                 group = phase.group
                 self._t_now = t
-                z_out = await self._exchange_z0(phase, rng, signs)
-                z0_sent[group] = z_out.tolist()
-                z_in = await self._inbox.take(("z0", group), self.startup_timeout, f"z0 ({group})", self.id)
-                self._groups_done.add(group)
+                if resuming:
+                    z_out = np.array(ck.z_out)
+                else:
+                    z_out = draw_z0(phase.init, signs, rng)
+                    z0_sent[group] = z_out.tolist()
+                    identified = []
+                    self._save(
+                        Checkpoint(
+                            ck.fingerprint, "z0", t, p_idx, group, s_used, dict(rng.bit_generator.state),
+                            z_out=z0_sent[group], z0_sent=z0_sent, finals=finals, xs=xs, prev_got=prev_got,
+                        )
+                    )  # fmt: skip
+                z_in = await self._exchange_z0(group, z_out)
                 u_out = signs * z_out
                 u_in = -signs * np.array([z_in[j] for j in nbrs])
-                identified = []
+            elif resuming and t > 0:
+                # Resumed mid-phase: what we may have published just before the crash goes out again.
+                self._sent_x[t - 1] = encode_x(self.id, t - 1, self._phase_at[t - 1], xs[-1])
+                self.transport.publish_nowait(x_topic, self._sent_x[t - 1], qos=1)
+                if ck.prev_adv is not None:
+                    self.transport.publish_nowait(self.topics.adv(self.id), ck.prev_adv.encode(), qos=1)
+            resuming = False
             skip = bypassed(phase, s_arr, np.array(identified).reshape(-1, 1), cfg.epsilon)
             s_eff = effective_values(phase, s_arr, skip)
-            for _ in range(phase.t_len):
+            for t in range(t, self._phase_start[p_idx] + phase.t_len):  # noqa: B020 - t carries on
                 self._t_now = t
+                if self.store is not None:
+                    self._save(
+                        Checkpoint(
+                            ck.fingerprint, "x", t, p_idx, group, s_used, dict(rng.bit_generator.state),
+                            u_out=u_out.tolist(), u_in=u_in.tolist(), z0_sent=z0_sent, finals=finals,
+                            identified=identified, xs=xs, prev_got=prev_got,
+                            prev_adv=None if adv is None else adv.decode(),
+                        )
+                    )  # fmt: skip
                 v = dual_sum(u_out, src, 1)
                 x = float(x_update(phase.objective, v, s_eff, cd_c)[0])
                 xs.append(x)
                 if self.corrupt:
-                    self._publish_state(t, s_used, signs, u_out, u_in)
-                self.transport.publish_nowait(x_topic, encode_x(self.id, t, phase.name, x), qos=1)
+                    adv = self._publish_state(t, s_used, signs, u_out, u_in)
+                payload = encode_x(self.id, t, phase.name, x)
+                self._sent_x[t] = payload
+                self._sent_x.pop(t - 2, None)
+                self.transport.publish_nowait(x_topic, payload, qos=1)
                 got = await self._take_x(t)
+                prev_got = {str(j): xj for j, xj in got.items()}
                 x_nbrs = np.array([got[j] for j in nbrs])
                 u_out_new = z_update(u_out, u_in, x_nbrs, c, cfg.theta)
                 u_in = z_update(u_in, u_out, np.full(d, x), c, cfg.theta)
                 u_out = u_out_new
-                t += 1
+            t = self._phase_start[p_idx] + phase.t_len
             finals.append(xs[-1])
             identified.append(xs[-1])
         return finals, xs, z0_sent
 
     def _publish_state(
         self, t: int, s: float, signs: FloatArray, u_out: FloatArray, u_in: FloatArray
-    ) -> None:
+    ) -> bytes:
         z = (signs * u_out).tolist()
         z_in = (-signs * u_in).tolist()
         msg = AdvStateMsg(
@@ -490,7 +526,9 @@ class Node:
             z={str(j): v for j, v in zip(self.neighbours, z, strict=True)},
             z_in={str(j): v for j, v in zip(self.neighbours, z_in, strict=True)},
         )
-        self.transport.publish_nowait(self.topics.adv(self.id), encode(msg), qos=1)
+        payload = encode(msg)
+        self.transport.publish_nowait(self.topics.adv(self.id), payload, qos=1)
+        return payload
 
 
 async def host_nodes(

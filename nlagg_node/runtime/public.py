@@ -1,0 +1,86 @@
+"""The run's public configuration document (``P/R/config``): building it, reading it, comparing it.
+
+Every participant derives the same document from the same :class:`~nlagg_node.config.RunConfig`; a
+node refuses to run when the broker's retained document differs in anything its numbers depend on
+(:func:`config_mismatch`), so a stale or mistyped config fails with one line instead of diverging.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..graphs import IntArray, normalize_edges
+from ..schedule import phase_c, plan_phases
+from .wire import ConfigMsg
+
+__all__ = ["ConfigMismatchError", "build_config_msg", "config_from_msg", "config_mismatch", "run_edges"]
+
+
+class ConfigMismatchError(ConfigError):
+    """This node's configuration contradicts the run's retained ``P/R/config`` on the broker."""
+
+
+# RunConfig fields the node's numbers depend on: a retained config that differs in one is refused.
+_MATH_FIELDS = (
+    "op", "n", "t_max", "c", "theta", "init", "mu_z", "sigma_z", "sigma_s", "k", "quantile",
+    "epsilon", "prior_median", "avg_c", "avg_sigma_z",
+)  # fmt: skip
+
+
+def config_mismatch(mine: ConfigMsg, retained: ConfigMsg) -> ConfigMismatchError | None:
+    """The first difference that matters between two public configs (None when they agree)."""
+    where = f"the broker's retained config of run {retained.run_id!r}"
+    for key in _MATH_FIELDS:
+        if mine.run.get(key) != retained.run.get(key):
+            return ConfigMismatchError(
+                f"config.{key}", mine.run.get(key), f"{where} has {retained.run.get(key)!r}"
+            )
+    if mine.n != retained.n or mine.edges != retained.edges:
+        return ConfigMismatchError("config.edges", f"{len(mine.edges)} edges", f"{where} has another graph")
+    if mine.phases != retained.phases:
+        return ConfigMismatchError(
+            "config.phases", [p["name"] for p in mine.phases], f"{where} has another schedule"
+        )
+    return None
+
+
+def run_edges(cfg: RunConfig) -> IntArray:
+    """The graph of trial 0 of ``cfg``: the one the simulator and every testbed node build."""
+    from ..sim.engine import sample_graphs
+
+    return sample_graphs(cfg.model_copy(update={"trials": 1}))[0]
+
+
+_PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file"}
+
+
+def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
+    """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule.
+
+    Leaves out the seed (it would reveal every node's z^(0)) and simulator-only fields.
+    """
+    cfg = cfg.resolved()
+    run = cfg.model_dump(mode="json", exclude=_PRIVATE_FIELDS)
+    phases = [
+        {
+            "name": ph.name,
+            "group": ph.group,
+            "t_len": ph.t_len,
+            "c": phase_c(cfg, ph),
+            "objective": ph.objective.kind,
+            "bypass": ph.bypass,
+        }
+        for ph in plan_phases(cfg)
+    ]
+    pairs = [[int(a), int(b)] for a, b in np.asarray(edges).tolist()]
+    return ConfigMsg(run_id=run_id, n=cfg.n, edges=pairs, run=run, phases=phases)
+
+
+def config_from_msg(msg: ConfigMsg) -> tuple[RunConfig, IntArray]:
+    """Rebuild the run configuration (seed 0, graph from the message's edges) and the canonical edges."""
+    from ..config import validate_config
+
+    cfg = validate_config({**msg.run, "trials": 1, "record": "none"})
+    return cfg, normalize_edges(msg.n, msg.edges, source="config.edges")
