@@ -2,10 +2,15 @@
 
 ``nlagg eavesdrop --broker URL --run-id R --db transcript.sqlite`` runs :func:`eavesdrop`; the
 testbed runs :class:`Eavesdropper` in its launcher. Every message goes to the
-:class:`~adversary.transcript.Transcript` first (committed every ``commit_every`` seconds and at
-exit, so nothing captured is lost), then to the :class:`~adversary.live.LiveReplay`, which reports
-an exposure as soon as the iteration that reveals it is complete. It stops when every node of the
-run has published ``done`` (or on ``stop()``/timeout).
+:class:`~adversary.transcript.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
+which reports an exposure as soon as the iteration that reveals it is complete. Over an
+:class:`~adversary.capture.AckingSubscriber` (what ``nlagg eavesdrop`` uses) a message is
+acknowledged to the broker only after the transaction holding it is committed (whenever the
+inbox runs dry, every 256 messages, and every ``commit_every`` seconds): killed at any moment, the
+eavesdropper loses nothing, since the broker redelivers the rest to its persistent session.
+It stops when every node of the run has published ``done`` and every x and z^(0) of the run is in
+the transcript (after ``complete_grace`` seconds it stops anyway and reports what is missing), or
+on cancellation/timeout.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from nlagg_node.runtime.node import config_from_msg
-from nlagg_node.runtime.transport import Transport
+from nlagg_node.runtime.transport import Message, Transport
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, XMsg, Z0Msg, topics
 from nlagg_node.schedule import phase_c, plan_phases
 
+from .capture import AckingSubscriber
 from .live import BRANCH_NAMES, Exposure, LiveReplay
 from .transcript import Transcript
 
@@ -55,6 +61,7 @@ class Eavesdropper:
         ``P/R/config`` message provides it (the replay and the stop condition need n and the graph).
     on_exposure : called with each :class:`Exposure` the moment the replay finds it.
     commit_every : seconds between SQLite commits.
+    complete_grace : seconds to wait, once every node is done, for x's and z^(0)'s still missing.
     """
 
     def __init__(
@@ -65,6 +72,7 @@ class Eavesdropper:
         on_exposure: Callable[[Exposure], None] | None = None,
         commit_every: float = 0.25,
         config: ConfigMsg | None = None,
+        complete_grace: float = 10.0,
     ) -> None:
         self.transport = transport
         self.transcript = transcript
@@ -81,6 +89,10 @@ class Eavesdropper:
         self.subscribed = asyncio.Event()
         self.finished = asyncio.Event()
         self.started = time.time()
+        self.complete_grace = complete_grace
+        self.missing: tuple[int, int] = (0, 0)  # x's and z^(0)'s missing when the capture stopped
+        self._all_done_since: float | None = None
+        self._unacked: list[Message] = []
         if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
             self._on_config(config)
 
@@ -98,21 +110,38 @@ class Eavesdropper:
         try:
             async with asyncio.TaskGroup() as tg:
                 committer = tg.create_task(self._commit_loop())
+                reader = tg.create_task(self._read())
+                finished = tg.create_task(self.finished.wait())
                 try:
-                    async for raw in self.transport.messages():
-                        self.handle(raw.topic, raw.payload, raw.retain)
-                        if self.finished.is_set():
-                            break
+                    await asyncio.wait({reader, finished}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    committer.cancel()
+                    for task in (committer, reader, finished):
+                        task.cancel()
         finally:
-            self.transcript.commit()
+            self._commit()
             self.stored = self.transcript.count()
+
+    async def _read(self) -> None:
+        acking = self.transport if isinstance(self.transport, AckingSubscriber) else None
+        async for raw in self.transport.messages():
+            self.handle(raw.topic, raw.payload, raw.retain)
+            if acking is not None:
+                self._unacked.append(raw)
+                if acking.backlog() == 0 or len(self._unacked) >= 256:
+                    self._commit()
+
+    def _commit(self) -> None:
+        """Commit the transcript, then acknowledge what it now holds (never the other way round)."""
+        self.transcript.commit()
+        if self._unacked and isinstance(self.transport, AckingSubscriber):
+            self.transport.ack(self._unacked)
+        self._unacked = []
 
     async def _commit_loop(self) -> None:
         while True:
             await asyncio.sleep(self.commit_every)
-            self.transcript.commit()
+            self._commit()
+            self._check_finished()
 
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
         """Store one message, then update the views and the live replay."""
@@ -181,10 +210,22 @@ class Eavesdropper:
                 self.view(i).branch = BRANCH_NAMES[int(self.replay.branch[i, t])]
 
     def _check_finished(self) -> None:
-        if self.config is None:
+        if self.config is None or self.finished.is_set() or self.replay is None:
             return
         done = sum(1 for i in range(self.config.n) if self.nodes.get(i, NodeView()).state == "done")
         if done == self.config.n:
+            groups = {str(p["group"]) for p in self.config.phases}
+            z0_expected = 2 * len(self.config.edges) * len(groups)
+            self.missing = self.transcript.complete(self.config.n, self.replay.t_total, z0_expected)
+            if self.missing != (0, 0):
+                now = time.monotonic()
+                if self._all_done_since is None:
+                    self._all_done_since = now
+                if now - self._all_done_since < self.complete_grace:
+                    return  # redeliveries of the persistent session may still be on their way
+                log.warning(
+                    "every node is done but %d x and %d z0 messages are missing; stopping", *self.missing
+                )
             if self.replay is not None:
                 for exp in self.replay.advance(force=True):
                     if not self.view(exp.node).corrupted:
@@ -246,14 +287,12 @@ async def run_eavesdropper(
     from rich.console import Console
     from rich.live import Live
 
-    from nlagg_node.runtime.mqtt import MqttTransport
-
     console = Console()
     live = live and not events
     transcript = Transcript(db, run_id=run_id, prefix=prefix)
     client_id = f"nlagg-{run_id}-eavesdropper"
     try:
-        async with MqttTransport(broker, client_id=client_id, username=username, password=password) as tr:
+        async with AckingSubscriber(broker, client_id=client_id, username=username, password=password) as tr:
 
             def report(e: Exposure) -> None:
                 if events:
@@ -295,6 +334,8 @@ async def run_eavesdropper(
             captured=eaves.captured,
             stored=eaves.stored,
             rejected=eaves.rejected,
+            missing_x=eaves.missing[0],
+            missing_z0=eaves.missing[1],
             exposed=eaves.honest_exposed(),
         )
     else:

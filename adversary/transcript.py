@@ -3,7 +3,10 @@
 One row per distinct message: topic, raw payload, receive time, whether the broker flagged it
 retained, and the parsed fields (kind, node, peer, t, phase, value; ``valid = 0`` with the error
 for anything that does not follow wire protocol v1). ``dedup`` (topic + payload) is UNIQUE, so a
-QoS 1 redelivery or a second capture of the same message is stored once.
+QoS 1 redelivery or a second capture of the same message is stored once. An x, z^(0) or adversary
+state is valid once per topic and iteration (group for z^(0)): a later message with the same topic
+and iteration but another payload is stored with ``valid = 0`` ("conflicts with ..."), the first
+one is kept, as the nodes do.
 
 Readers give what the analysis needs: the public config, z^(0) per directed edge (EdgeLayout
 order, like :attr:`nlagg_node.sim.SimResult.z0`), x as an ``(n, T)`` array with NaN where nothing
@@ -130,6 +133,11 @@ class Transcript:
         else:
             parsed = (info, msg)
             t, phase, value = _fields(info, msg)
+            clash = self._conflict(topic, payload, info, t, phase)
+            if clash is not None:
+                parsed = None
+                row = (topic, payload, when, int(retained), 0, clash, None, None, None, None, None, None)
+        if parsed is not None:
             row = (
                 topic,
                 payload,
@@ -155,6 +163,36 @@ class Transcript:
         )
         self._pending += 1
         return parsed
+
+    def _conflict(
+        self, topic: str, payload: bytes, info: TopicInfo, t: int | None, phase: str | None
+    ) -> str | None:
+        """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
+        if info.kind not in ("x", "z0", "adv"):
+            return None
+        key = phase if info.kind == "z0" else None
+        row = self.db.execute(
+            "SELECT payload FROM messages WHERE valid = 1 AND kind = ? AND node = ? AND t IS ? AND topic = ?"
+            " AND (? IS NULL OR phase = ?) LIMIT 1",
+            (info.kind, info.node, t, topic, key, key),
+        ).fetchone()
+        if row is None or bytes(row[0]) == payload:
+            return None
+        what = f"group {phase}" if info.kind == "z0" else f"t={t}"
+        return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+
+    def complete(self, n: int, t_total: int, z0_expected: int) -> tuple[int, int]:
+        """Missing ``(x, z0)``: distinct valid x's vs ``n * t_total``, z^(0)'s vs ``z0_expected``."""
+        xs = self.db.execute(
+            "SELECT COUNT(*) FROM (SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'x'"
+            " AND t < ?)",
+            (t_total,),
+        ).fetchone()[0]
+        z0 = self.db.execute(
+            "SELECT COUNT(*) FROM (SELECT DISTINCT topic, phase FROM messages"
+            " WHERE valid = 1 AND kind = 'z0')"
+        ).fetchone()[0]
+        return n * t_total - int(xs), z0_expected - int(z0)
 
     def commit(self) -> None:
         """Make everything added so far durable."""
