@@ -114,6 +114,10 @@ def node(
     startup_timeout: Annotated[
         float, typer.Option(help="seconds to wait for the neighbours to come online")
     ] = 120.0,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(help="keep a checkpoint here (before every publish); a restart resumes from it"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -121,6 +125,7 @@ def node(
     import asyncio
 
     from ..config import load_config
+    from ..runtime.checkpoint import CheckpointStore
     from ..runtime.mqtt import MqttTransport
     from ..runtime.node import Node, node_will
     from ..runtime.wire import check_prefix, check_run_id
@@ -154,6 +159,7 @@ def node(
             seed=seed,
             neighbour_timeout=neighbour_timeout,
             startup_timeout=startup_timeout,
+            checkpoint=None if state_dir is None else CheckpointStore(state_dir, rid, id),
         ) as nd:
             r = await nd.run()
         return {

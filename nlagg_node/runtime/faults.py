@@ -1,0 +1,377 @@
+"""A testbed that can be hurt: kill/restart nodes, restart the broker, kill the eavesdropper, inject junk.
+
+Used by ``tests/test_faults.py`` and ``benchmarks/soak.py``. Everything runs as in a real deployment:
+a private Mosquitto with persistence (stopped and started again on the same port), ``nlagg
+eavesdrop`` and one ``nlagg node --state-dir`` process per node. :meth:`FaultBed.verdict` compares
+the outcome with the simulator's trial of the same config and seed: every node's output, every x and
+z^(0) in the transcript, and the corrupted nodes' forwarded states (one per iteration each).
+
+Examples
+--------
+>>> async with FaultBed(cfg, tmp_path) as bed:                      # doctest: +SKIP
+...     await bed.start_nodes()
+...     await bed.wait_progress(0.4)
+...     await bed.kill_node(2); await bed.restart_node(2)
+...     verdict = await bed.finish()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, Self
+
+import numpy as np
+
+from ..config import RunConfig
+from ..errors import NlaggError
+from .brokers import BrokerHandle, start_mosquitto
+from .mqtt import MqttTransport
+from .node import build_config_msg, run_edges
+from .wire import encode, topics
+
+__all__ = ["FaultBed", "Verdict", "hostile_messages"]
+
+ENTRY = "from nlagg_node.cli import main; main()"
+
+
+@dataclass
+class Verdict:
+    """How a run under faults compares with the simulator's run of the same config and seed."""
+
+    completed: bool
+    identical: bool  # every node's output and every captured x / z^(0) equal the simulator's
+    lost: int  # expected messages (x, z^(0), adv states of corrupted nodes) missing from the transcript
+    extra: int  # valid x / z^(0) / adv rows beyond one per topic and iteration (should be 0)
+    rejected_by_nodes: int
+    rejected_by_eavesdropper: int
+    detail: list[str] = field(default_factory=list)
+
+
+def hostile_messages(prefix: str, run_id: str, node: int, peer: int) -> list[tuple[str, bytes]]:
+    """Garbage on the run's topics: every kind a node and the eavesdropper must reject, none accepted.
+
+    ``node``/``peer`` are two neighbours. A stale x for t = 0 (a valid message, but for an iteration
+    long consumed) is among them; it is only harmless once the run is past its first iterations.
+    """
+    t = topics(prefix, run_id)
+    x = t.x(node)
+    return [
+        (x, b"{not json"),
+        (x, b'{"v":2,"node":%d,"t":1,"phase":"max","x":1.0}' % node),
+        (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":NaN}' % node),
+        (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":1e999}' % node),
+        (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":Infinity}' % node),
+        (x, b'{"v":1,"node":%d,"t":0,"phase":"max","x":12345.5}' % peer),  # claims another sender
+        (x, b'{"v":1,"node":%d,"t":0,"phase":"max","x":12345.5}' % node),  # stale, conflicting
+        (x, b'{"v":1,"node":%d,"t":0,"phase":"max","x":1.0,"extra":1}' % node),
+        (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":"%s"}' % (node, b"9" * (1 << 20))),  # > 1 MiB
+        (f"{t.base}/node/{node}/y", b'{"v":1}'),
+        (f"{t.base}/nodes/{node}/x", b'{"v":1}'),
+        (f"{t.base}/node/0{node}/x", b'{"v":1,"node":%d,"t":1,"phase":"max","x":1.0}' % node),
+        (t.z0(peer, node), b'{"v":1,"from":%d,"to":%d,"group":"nope","z":1.0}' % (peer, node)),
+        (t.status(node), b'{"v":1,"node":%d,"state":"sleeping"}' % node),
+        (t.adv(node), b'{"v":1,"node":%d,"t":0,"s":1.0,"z":{},"z_in":{},"more":0}' % node),
+    ]
+
+
+def _append(path: Path) -> BinaryIO:
+    return open(path, "ab")  # closed by the caller's with-block
+
+
+class _Proc:
+    """A child process whose stdout lines are collected (JSON events / the node's result)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self.subscribed = asyncio.Event()
+        self.reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def start(cls, cmd: list[str], log_path: Path) -> _Proc:
+        with _append(log_path) as err:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL
+            )
+        return cls(proc)
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            self.lines.append(line)
+            if '"subscribed"' in line:
+                self.subscribed.set()
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        await asyncio.gather(self.reader, return_exceptions=True)
+
+    async def wait(self) -> int:
+        rc = await self.proc.wait()
+        await asyncio.gather(self.reader, return_exceptions=True)
+        return rc
+
+
+class FaultBed:
+    """One run of ``cfg`` (trial 0 of its seed) over a restartable private Mosquitto, with faults on demand.
+
+    Parameters
+    ----------
+    cfg : the run; ``trials`` is forced to 1.
+    workdir : broker files, node logs, checkpoints, transcript.
+    corrupt : nodes that forward their state to the adversary.
+    neighbour_timeout : seconds a node waits at a barrier (a killed neighbour must be back within it).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        workdir: Path,
+        *,
+        run_id: str = "faults",
+        prefix: str = "nlagg",
+        corrupt: set[int] | None = None,
+        neighbour_timeout: float = 30.0,
+    ) -> None:
+        from ..sim.values import draw_values
+
+        self.cfg = cfg.resolved().model_copy(update={"trials": 1})
+        self.workdir = workdir
+        self.run_id = run_id
+        self.prefix = prefix
+        self.corrupt = set(corrupt or set())
+        self.neighbour_timeout = neighbour_timeout
+        self.values = draw_values(self.cfg.values, self.cfg.seed, 1, self.cfg.n)[0]
+        self.edges = run_edges(self.cfg)
+        self.t_total = sum(int(p["t_len"]) for p in build_config_msg(self.cfg, run_id, self.edges).phases)
+        self.db = workdir / "transcript.sqlite"
+        self.nodes: dict[int, _Proc] = {}
+        self.eavesdropper: _Proc | None = None
+        self.broker: BrokerHandle | None = None
+        self._broker_cm: AbstractAsyncContextManager[BrokerHandle] | None = None
+        self.restarts: dict[str, int] = {"node": 0, "broker": 0, "eavesdropper": 0}
+
+    # Broker -----------------------------------------------------------------------------------
+    async def _start_broker(self, port: int | None) -> None:
+        bdir = self.workdir / "broker"
+        bdir.mkdir(parents=True, exist_ok=True)
+        cm = start_mosquitto(
+            port=port,
+            workdir=bdir,
+            extra_lines=[
+                "persistence true",
+                f"persistence_location {bdir}/",
+                "autosave_interval 0",
+                # As root, Mosquitto drops to user 'mosquitto', which may not write into bdir.
+                *(["user root"] if os.geteuid() == 0 else []),
+            ],
+        )
+        self.broker = await cm.__aenter__()
+        self._broker_cm = cm
+
+    async def _stop_broker(self) -> None:
+        cm, self._broker_cm = self._broker_cm, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)  # SIGTERM: Mosquitto saves its sessions and queues
+
+    async def restart_broker(self, pause: float = 0.5) -> None:
+        """Stop Mosquitto (it saves the persistent sessions), wait ``pause`` s, start it on the same port."""
+        assert self.broker is not None
+        port = self.broker.port
+        await self._stop_broker()
+        await asyncio.sleep(pause)
+        await self._start_broker(port)
+        self.restarts["broker"] += 1
+
+    @property
+    def url(self) -> str:
+        assert self.broker is not None
+        return self.broker.url
+
+    # Lifecycle --------------------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        await self._start_broker(None)
+        cfg_msg = build_config_msg(self.cfg, self.run_id, self.edges)
+        async with MqttTransport(self.url, client_id=f"nlagg-{self.run_id}-launcher") as tr:
+            await tr.publish(topics(self.prefix, self.run_id).config, encode(cfg_msg), retain=True)
+        self.cfg_path = self.workdir / "run-config.json"
+        self.cfg_path.write_text(json.dumps({"config": self.cfg.model_dump(mode="json")}))
+        await self.start_eavesdropper()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for proc in [*self.nodes.values(), *([self.eavesdropper] if self.eavesdropper else [])]:
+            await proc.kill()
+        await self._stop_broker()
+
+    # Eavesdropper -----------------------------------------------------------------------------
+    async def start_eavesdropper(self) -> None:
+        """``nlagg eavesdrop`` (same client id every time: the broker keeps its session)."""
+        cmd = [sys.executable, "-c", ENTRY, "eavesdrop", "--broker", self.url, "--run-id", self.run_id]
+        cmd += ["--prefix", self.prefix, "--db", str(self.db), "--events", "--no-live"]
+        proc = await _Proc.start(cmd, self.workdir / "eavesdropper.log")
+        try:
+            async with asyncio.timeout(30.0):
+                await proc.subscribed.wait()
+        except TimeoutError:
+            await proc.kill()
+            raise NlaggError("the eavesdropper did not subscribe within 30 s") from None
+        self.eavesdropper = proc
+
+    async def kill_eavesdropper(self) -> None:
+        assert self.eavesdropper is not None
+        await self.eavesdropper.kill()
+
+    async def restart_eavesdropper(self) -> None:
+        await self.kill_eavesdropper()
+        await self.start_eavesdropper()
+        self.restarts["eavesdropper"] += 1
+
+    # Nodes ------------------------------------------------------------------------------------
+    def node_command(self, i: int) -> list[str]:
+        cmd = [sys.executable, "-c", ENTRY, "node", "--id", str(i), "--config", str(self.cfg_path)]
+        cmd += ["--value", repr(float(self.values[i])), "--broker", self.url, "--run-id", self.run_id]
+        cmd += ["--prefix", self.prefix, "--neighbour-timeout", repr(self.neighbour_timeout)]
+        cmd += ["--seed", str(self.cfg.seed), "--state-dir", str(self.workdir / "state"), "--json"]
+        if i in self.corrupt:
+            cmd.append("--corrupt")
+        return cmd
+
+    async def start_nodes(self) -> None:
+        for i in range(self.cfg.n):
+            self.nodes[i] = await _Proc.start(self.node_command(i), self.workdir / f"node-{i}.log")
+
+    async def kill_node(self, i: int) -> None:
+        """SIGKILL: no clean disconnect, no last words (the broker publishes the will)."""
+        await self.nodes[i].kill()
+
+    async def restart_node(self, i: int) -> None:
+        """The same command again: it resumes from its checkpoint."""
+        self.nodes[i] = await _Proc.start(self.node_command(i), self.workdir / f"node-{i}.log")
+        self.restarts["node"] += 1
+
+    async def inject(self, messages: list[tuple[str, bytes]]) -> None:
+        async with MqttTransport(self.url, client_id=f"nlagg-{self.run_id}-intruder") as tr:
+            for topic, payload in messages:
+                await tr.publish(topic, payload, qos=1)
+
+    async def progress(self) -> float:
+        """Fraction of the run's x messages already in the transcript (0..1)."""
+        import sqlite3
+
+        if not self.db.exists():
+            return 0.0
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=1.0)) as db:
+                row = db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = 'x'").fetchone()
+        except sqlite3.Error:
+            return 0.0
+        return float(row[0]) / (self.cfg.n * self.t_total)
+
+    async def wait_progress(self, fraction: float, within: float = 120.0) -> None:
+        """Wait until ``fraction`` of the run's x's are captured (fails after ``within`` s)."""
+        async with asyncio.timeout(within):
+            while await self.progress() < fraction:
+                if any(p.proc.returncode not in (None, 0) for p in self.nodes.values()):
+                    return  # a node died on its own: finish() reports it
+                await asyncio.sleep(0.02)
+
+    # Outcome ----------------------------------------------------------------------------------
+    async def finish(self, within: float = 180.0) -> Verdict:
+        """Wait for every node and the eavesdropper, then compare with the simulator."""
+        results: dict[int, dict[str, Any]] = {}
+        detail: list[str] = []
+        try:
+            async with asyncio.timeout(within):
+                for i, proc in self.nodes.items():
+                    rc = await proc.wait()
+                    if rc != 0:
+                        detail.append(f"node {i} exited with {rc}")
+                    elif proc.lines:
+                        results[i] = json.loads(proc.lines[-1])
+                if self.eavesdropper is not None:
+                    await self.eavesdropper.wait()
+        except TimeoutError:
+            detail.append(f"not finished within {within:g} s")
+        return self.verdict(results, detail)
+
+    def verdict(self, results: dict[int, dict[str, Any]], detail: list[str]) -> Verdict:
+        from adversary.transcript import Transcript
+
+        from ..sim import simulate
+
+        sim = simulate(self.cfg.model_copy(update={"record": "all"}))
+        completed = len(results) == self.cfg.n and not detail
+        identical = completed
+        if completed:
+            out = np.array([results[i]["output"] for i in range(self.cfg.n)], dtype=float)
+            if not np.array_equal(out.reshape(sim.output[0].shape), sim.output[0]):
+                identical = False
+                detail.append("node outputs differ from the simulator's")
+        finished: dict[str, Any] = {}
+        if self.eavesdropper is not None:
+            for line in self.eavesdropper.lines:
+                if '"finished"' in line:
+                    finished = json.loads(line)
+        with Transcript(self.db) as tr:
+            x = tr.x(self.cfg.n, self.t_total)
+            z0 = tr.z0(self.cfg.n, self.edges)
+            adv = {(s.node, s.t) for s in tr.adv_states()}
+            # Rows per kind; z^(0) of groups the run does not have (junk) are not the run's messages.
+            marks = ",".join("?" * len(sim.z0))
+            counts = dict(
+                tr.db.execute(
+                    "SELECT kind, COUNT(*) FROM messages WHERE valid = 1 AND (kind IN ('x', 'adv')"
+                    f" OR (kind = 'z0' AND phase IN ({marks}))) GROUP BY kind",
+                    list(sim.z0),
+                ).fetchall()
+            )
+        want_x = sim.recorded_x[:, 0, :].T
+        have = ~np.isnan(x)
+        lost = int((~have).sum())
+        if not np.array_equal(x[have], want_x[have]):
+            identical = False
+            detail.append("captured x's differ from the simulator's")
+        n_z0 = 0
+        for group, arr in sim.z0.items():
+            got = z0.get(group, np.full_like(arr, np.nan))
+            ok = ~np.isnan(got)
+            lost += int((~ok).sum())
+            n_z0 += arr.size
+            if not np.array_equal(got[ok], arr[ok]):
+                identical = False
+                detail.append(f"captured z0 ({group}) differ from the simulator's")
+        want_adv = {(i, t) for i in self.corrupt for t in range(self.t_total)}
+        lost += len(want_adv - adv)
+        expected = {"x": self.cfg.n * self.t_total, "z0": n_z0, "adv": len(want_adv)}
+        extra = sum(max(0, int(counts.get(k, 0)) - v) for k, v in expected.items())
+        if lost:
+            detail.append(f"{lost} expected messages missing from the transcript")
+        return Verdict(
+            completed=completed,
+            identical=identical,
+            lost=lost,
+            extra=extra,
+            rejected_by_nodes=sum(int(r.get("rejected", 0)) for r in results.values()),
+            rejected_by_eavesdropper=int(finished.get("rejected", 0)),
+            detail=detail,
+        )
