@@ -238,7 +238,10 @@ class AckingSubscriber:
             self._waiter = loop.create_future()
             try:
                 if not self._inbox and self._fatal is None:
-                    await asyncio.wait_for(self._waiter, timeout=0.5)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+                    # coincides with the wake-up, and the reader would never stop.
+                    async with asyncio.timeout(0.5):
+                        await self._waiter
             except TimeoutError:
                 pass
             finally:

@@ -129,6 +129,8 @@ class Eavesdropper:
                 self._unacked.append(raw)
                 if acking.backlog() == 0 or len(self._unacked) >= 256:
                     self._commit()
+            if self.finished.is_set():
+                return
 
     def _commit(self) -> None:
         """Commit the transcript, then acknowledge what it now holds (never the other way round)."""
@@ -178,6 +180,7 @@ class Eavesdropper:
         if self.config is not None:
             return
         self.config = msg
+        log.info("run configuration received (%d nodes)", msg.n)
         cfg, edges = config_from_msg(msg)
         phases = plan_phases(cfg)
         self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
@@ -221,6 +224,7 @@ class Eavesdropper:
                 now = time.monotonic()
                 if self._all_done_since is None:
                     self._all_done_since = now
+                    log.info("every node is done; waiting for %d x and %d z0 still missing", *self.missing)
                 if now - self._all_done_since < self.complete_grace:
                     return  # redeliveries of the persistent session may still be on their way
                 log.warning(
@@ -232,6 +236,7 @@ class Eavesdropper:
                         self.exposures.append(exp)
                         if self.on_exposure is not None:
                             self.on_exposure(exp)
+            log.info("every node is done and the transcript is complete (missing: %s)", self.missing)
             self.finished.set()
 
     def honest_exposed(self) -> list[int]:

@@ -227,7 +227,7 @@ class FaultBed:
     async def start_eavesdropper(self) -> None:
         """``nlagg eavesdrop`` (same client id every time: the broker keeps its session)."""
         cmd = [sys.executable, "-c", ENTRY, "eavesdrop", "--broker", self.url, "--run-id", self.run_id]
-        cmd += ["--prefix", self.prefix, "--db", str(self.db), "--events", "--no-live"]
+        cmd += ["--prefix", self.prefix, "--db", str(self.db), "--events", "--no-live", "--verbose"]
         proc = await _Proc.start(cmd, self.workdir / "eavesdropper.log")
         try:
             async with asyncio.timeout(30.0):
@@ -309,7 +309,10 @@ class FaultBed:
                     elif proc.lines:
                         results[i] = json.loads(proc.lines[-1])
                 if self.eavesdropper is not None:
-                    await self.eavesdropper.wait()
+                    if detail:  # a node failed: the capture cannot complete, stop it
+                        await self.eavesdropper.kill()
+                    else:
+                        await self.eavesdropper.wait()
         except TimeoutError:
             detail.append(f"not finished within {within:g} s")
         return self.verdict(results, detail)

@@ -1,0 +1,126 @@
+"""Soak: consecutive testbed runs on Mosquitto, each with a random fault, judged against the simulator.
+
+Every run is trial 0 of its own seed (``n`` nodes, one ``nlagg node --state-dir`` process each, a
+persistent Mosquitto, ``nlagg eavesdrop``), hit by one fault drawn at random, at a random point of
+the run (a fraction of the x's already captured):
+
+* ``node``: SIGKILL one node, restart it with the same command (it resumes from its checkpoint);
+* ``broker``: stop Mosquitto (persistence on) and start it again on the same port;
+* ``eavesdropper``: SIGKILL the eavesdropper, restart it (the broker kept its session);
+* ``garbage``: publish every kind of hostile message on the run's topics.
+
+The seeds are the first ones (from ``--seed``) whose simulated run converges to the exact maximum
+within ``--t-max``, checked with the simulator before the soak starts. A run is *identical* when every
+node's output and every captured x and z^(0) equal the simulator's; *lost* counts the expected
+messages (every z^(0), every x of every node, every adversary state of the corrupted nodes) missing
+from the transcript. Target: ``runs completed 20/20, identical 20/20, lost 0``.
+
+    python benchmarks/soak.py [--runs 20] [--n 8] [--t-max 600] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from nlagg_node.config import RunConfig
+from nlagg_node.rng import rng_for
+from nlagg_node.runtime.brokers import mosquitto_binary
+from nlagg_node.runtime.faults import FaultBed, Verdict, hostile_messages
+from nlagg_node.sim import simulate
+
+FAULTS = ("node", "broker", "eavesdropper", "garbage")
+
+
+def exact_seeds(base: RunConfig, first: int, count: int) -> list[int]:
+    """The first ``count`` seeds from ``first`` whose simulated run ends at the exact maximum."""
+    seeds: list[int] = []
+    seed = first
+    while len(seeds) < count:
+        sim = simulate(base.model_copy(update={"seed": seed, "trials": 1}))
+        if float(np.max(np.abs(sim.output[0] - sim.values[0].max()))) <= 1e-9:
+            seeds.append(seed)
+        seed += 1
+    return seeds
+
+
+async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
+    corrupt = {int(rng.integers(cfg.n))}
+    async with FaultBed(cfg, workdir, run_id=f"soak-{cfg.seed}", corrupt=corrupt) as bed:
+        await bed.start_nodes()
+        await bed.wait_progress(at)
+        if fault == "node":
+            victim = int(rng.integers(cfg.n))
+            await bed.kill_node(victim)
+            await asyncio.sleep(float(rng.uniform(0.0, 1.0)))
+            await bed.restart_node(victim)
+        elif fault == "broker":
+            await bed.restart_broker(pause=float(rng.uniform(0.1, 1.0)))
+        elif fault == "eavesdropper":
+            await bed.kill_eavesdropper()
+            await asyncio.sleep(float(rng.uniform(0.0, 1.0)))
+            await bed.start_eavesdropper()
+        else:
+            a, b = (int(v) for v in bed.edges[int(rng.integers(len(bed.edges)))])
+            await bed.inject(hostile_messages(bed.prefix, bed.run_id, a, b))
+        return await bed.finish()
+
+
+async def soak(runs: int, n: int, t_max: int, c: float, mu_z: float, seed: int) -> int:
+    base = RunConfig(op="max", n=n, trials=1, t_max=t_max, c=c, mu_z=mu_z, seed=seed)
+    seeds = exact_seeds(base, seed, runs)
+    rng = rng_for(seed, "soak")
+    # Every fault kind equally often, in random order.
+    plan = [FAULTS[k % len(FAULTS)] for k in range(runs)]
+    order = rng.permutation(runs)
+    plan = [plan[k] for k in order]
+    completed = identical = lost = 0
+    started = time.perf_counter()
+    print(f"soak: {runs} runs, op max, n={n}, t_max={t_max}, c={c:g}, mu_z={mu_z:g}, seeds {seeds}")
+    with tempfile.TemporaryDirectory(prefix="nlagg-soak-") as tmp:
+        for k, (run_seed, fault) in enumerate(zip(seeds, plan, strict=True)):
+            cfg = base.model_copy(update={"seed": run_seed})
+            at = float(rng.uniform(0.1, 0.85))
+            t0 = time.perf_counter()
+            v = await one_run(cfg, fault, at, rng, Path(tmp) / f"run-{k}")
+            completed += v.completed
+            identical += v.identical
+            lost += v.lost
+            note = "; ".join(v.detail) if v.detail else "ok"
+            print(
+                f"run {k + 1:2d} seed {run_seed:3d} fault {fault:12s} at {at:4.0%}: "
+                f"completed={v.completed} identical={v.identical} lost={v.lost} extra={v.extra} "
+                f"rejected(nodes/eavesdropper)={v.rejected_by_nodes}/{v.rejected_by_eavesdropper} "
+                f"{time.perf_counter() - t0:5.1f} s  {note}",
+                flush=True,
+            )
+    print(f"runs completed: {completed}/{runs}")
+    print(f"runs identical to the fault-free replay: {identical}/{runs}")
+    print(f"messages lost from the transcript: {lost}")
+    print(f"wall time: {time.perf_counter() - started:.0f} s")
+    return 0 if completed == identical == runs and lost == 0 else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--t-max", type=int, default=600)
+    parser.add_argument("--c", type=float, default=10.0)
+    parser.add_argument("--mu-z", type=float, default=3.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if mosquitto_binary() is None:
+        print("soak: the mosquitto binary is needed (apt-get install mosquitto)", file=sys.stderr)
+        return 2
+    return asyncio.run(soak(args.runs, args.n, args.t_max, args.c, args.mu_z, args.seed))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
