@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
@@ -105,8 +106,13 @@ async def test_hostile_messages_are_rejected_counted_and_change_nothing(tmp_path
         verdict = await bed.finish()
     assert_identical(verdict)
     assert verdict.rejected_by_nodes > 0
-    # The eavesdropper stores each distinct junk message once, marked invalid (one z0 is valid v1).
-    assert verdict.rejected_by_eavesdropper == len(junk) - 1
+    # Every junk message but the z0 of an unknown group (valid v1) is refused at each capture, and
+    # stored once, marked invalid with the reason.
+    assert verdict.rejected_by_eavesdropper == 2 * (len(junk) - 1)
+    with Transcript(bed.db) as tr:
+        refused = tr.rejected()
+    assert len(refused) == len(junk) - 1
+    assert any("conflicts with the x already stored" in why for _, why in refused)
 
 
 RUN = "fuzz"
