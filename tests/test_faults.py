@@ -83,10 +83,15 @@ async def test_restarting_a_finished_node_announces_done_again(tmp_path: Path) -
 
 def test_checkpoint_is_atomic_and_refuses_another_run(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, "r1", 3)
-    ck = Checkpoint("fp", "x", 5, 0, "max", 0.25, {"a": 1}, u_out=[0.1, -2.5], xs=[1.0, 2.0])
+    ck = Checkpoint("fp", "x", 2, 0, "max", 0.25, {"a": 1}, u_out=[0.1, -2.5], xs=[1.0, 0.1 + 0.2])
     store.save(ck)
-    assert store.load("fp") == ck
-    assert [p.name for p in tmp_path.iterdir()] == ["nlagg-r1-node-3.json"]  # no temp file left
+    with store.xlog.open("a") as f:
+        f.write("7.5\n")  # an x appended after the last checkpoint, then a crash
+    loaded = CheckpointStore(tmp_path, "r1", 3).load("fp")
+    assert loaded is not None
+    assert (loaded.stage, loaded.t, loaded.u_out, loaded.xs, loaded.n_x) == ("x", 2, [0.1, -2.5], ck.xs, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nlagg-r1-node-3.json", "nlagg-r1-node-3.xlog"]
+    assert store.xlog.read_text().splitlines() == ["1.0", "0.30000000000000004"]  # the extra x dropped
     with pytest.raises(ConfigError, match="another configuration"):
         store.load("other")
     assert CheckpointStore(tmp_path, "r2", 3).load("fp") is None

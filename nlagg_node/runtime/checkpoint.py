@@ -9,8 +9,10 @@ duals, the value actually used (after DP noise), the generator's state after eve
 the finals of finished phases and the x's of the iterations done.
 
 Writing is ``write temp file + fsync + os.replace + fsync(directory)``: a reader (the restarted
-node) sees either the previous checkpoint or the new one, never a torn file. About 1 ms per write
-on this machine's disk.
+node) sees either the previous checkpoint or the new one, never a torn file. The x's of the
+iterations done grow with the run, so they go to an append-only side file (``.xlog``, one repr
+per line, flushed and fdatasync'ed before the checkpoint that counts them): a checkpoint costs the
+same at iteration 7000 as at iteration 1, about 1-2 ms on this machine's disk.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,6 +80,7 @@ class Checkpoint:
     prev_got: dict[str, float] = field(default_factory=dict)
     prev_adv: str | None = None
     output: list[float] = field(default_factory=list)
+    n_x: int = 0  # how many x's of the .xlog file belong to this checkpoint (xs is stored there)
     version: int = CHECKPOINT_VERSION
 
 
@@ -93,13 +96,16 @@ class CheckpointStore:
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"nlagg-{run_id}-node-{node}.json"
+        self.xlog = self.path.with_suffix(".xlog")
         self.writes = 0
+        self._logged = 0  # x's already in the .xlog file
 
     def load(self, expected_fingerprint: str) -> Checkpoint | None:
         """The stored checkpoint, None if there is none; ConfigError if it belongs to another run."""
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            self.xlog.unlink(missing_ok=True)  # x's of a run that never reached a checkpoint
             return None
         try:
             doc = json.loads(text)
@@ -117,12 +123,31 @@ class CheckpointStore:
                 "holds the checkpoint of another configuration, value or seed of this run id; "
                 "use a fresh run id or remove the file",
             )
+        lines = self.xlog.read_text(encoding="utf-8").splitlines() if self.xlog.exists() else []
+        if len(lines) < ckpt.n_x:
+            raise ConfigError(
+                "state_dir", str(self.xlog), f"holds {len(lines)} x's, the checkpoint {ckpt.n_x}"
+            )
+        ckpt.xs = [float(v) for v in lines[: ckpt.n_x]]
+        # Drop what a crash may have left after the checkpoint's last x; appends continue from here.
+        self.xlog.write_text("".join(f"{v!r}\n" for v in ckpt.xs), encoding="utf-8")
+        self._logged = ckpt.n_x
         return ckpt
 
     def save(self, ckpt: Checkpoint) -> None:
-        """Write atomically: temp file, fsync, rename over the old one, fsync the directory."""
+        """Append the new x's to the .xlog (fdatasync), then write the checkpoint atomically: temp
+        file, fsync, rename over the old one, fsync the directory."""
+        new = ckpt.xs[self._logged :]
+        if new:
+            with open(self.xlog, "a", encoding="utf-8") as log_file:
+                log_file.write("".join(f"{v!r}\n" for v in new))
+                log_file.flush()
+                os.fdatasync(log_file.fileno())
+            self._logged = len(ckpt.xs)
+        doc = {fld.name: getattr(ckpt, fld.name) for fld in fields(ckpt)}
+        doc["xs"], doc["n_x"] = [], len(ckpt.xs)
         tmp = self.path.with_suffix(".json.tmp")
-        data = json.dumps(asdict(ckpt), allow_nan=False, separators=(",", ":")).encode()
+        data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
