@@ -171,7 +171,12 @@ class Eavesdropper:
             v.private_value = msg.s
         elif isinstance(msg, StatusMsg):
             v = self.view(msg.node)
-            v.state = msg.state
+            if v.state != "done" or msg.state == "done":
+                v.state = msg.state
+            else:
+                log.info(
+                    "node %d: status %r after 'done' (a redelivery or a restart) ignored", msg.node, msg.state
+                )
             if msg.output is not None:
                 v.output = list(msg.output)
             self._check_finished()
@@ -215,7 +220,9 @@ class Eavesdropper:
     def _check_finished(self) -> None:
         if self.config is None or self.finished.is_set() or self.replay is None:
             return
-        done = sum(1 for i in range(self.config.n) if self.nodes.get(i, NodeView()).state == "done")
+        # Done once a node has said so: the transcript, not the latest view, which a QoS 1 redelivery
+        # or a retained status re-sent after a reconnection may have set back to an earlier state.
+        done = len(self.transcript.done_nodes() & set(range(self.config.n)))
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
             z0_expected = 2 * len(self.config.edges) * len(groups)

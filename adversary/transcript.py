@@ -194,6 +194,13 @@ class Transcript:
         ).fetchone()[0]
         return n * t_total - int(xs), z0_expected - int(z0)
 
+    def done_nodes(self) -> set[int]:
+        """Nodes of which a valid ``done`` status was captured."""
+        rows = self.db.execute(
+            "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'status' AND phase = 'done'"
+        )
+        return {int(r[0]) for r in rows}
+
     def commit(self) -> None:
         """Make everything added so far durable."""
         if self._in_tx:
