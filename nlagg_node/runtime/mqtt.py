@@ -173,7 +173,7 @@ class MqttTransport:
             self._client = client
             self._generation += 1
             # Wake the reader when the connection drops (aiomqtt's only signal is this future).
-            client._disconnected.add_done_callback(lambda _fut: self._inbox.wake())
+            client._disconnected.add_done_callback(self._on_lost)
             for pattern, qos in self._filters:
                 await client.subscribe(pattern, qos=qos)
             while self._held:
@@ -182,6 +182,13 @@ class MqttTransport:
             self._up.set()
             return
         raise NlaggError(f"cannot connect to broker {self.url} after {self.reconnect_tries} tries: {last}")
+
+    def _on_lost(self, fut: asyncio.Future[None]) -> None:
+        """The connection dropped: wake the reader (it reconnects). The loss is expected and
+        handled, so its exception is retrieved here instead of being logged as never retrieved."""
+        if not fut.cancelled():
+            fut.exception()
+        self._inbox.wake()
 
     async def _reconnect(self, seen_generation: int) -> None:
         async with self._lock:
