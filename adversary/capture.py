@@ -130,7 +130,8 @@ class AckingSubscriber:
     def _on_message(self, _client: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
         item = Delivery(msg.topic, bytes(msg.payload), bool(msg.retain), msg.mid, msg.qos, self._connection)
         self._inbox.append(item)
-        self._wake()
+        if self._waiter is not None:  # the reader sets its waiter before it looks at the inbox
+            self._wake()
 
     def _wake(self) -> None:
         loop = self._loop

@@ -93,6 +93,7 @@ class Eavesdropper:
         self.missing: tuple[int, int] = (0, 0)  # x's and z^(0)'s missing when the capture stopped
         self._all_done_since: float | None = None
         self._unacked: list[Message] = []
+        self._committed = time.monotonic()
         if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
             self._on_config(config)
 
@@ -127,7 +128,9 @@ class Eavesdropper:
             self.handle(raw.topic, raw.payload, raw.retain)
             if acking is not None:
                 self._unacked.append(raw)
-                if acking.backlog() == 0 or len(self._unacked) >= 256:
+                pending = len(self._unacked)
+                idle = acking.backlog() == 0
+                if pending >= 256 or (idle and (pending >= 16 or time.monotonic() - self._committed >= 0.02)):
                     self._commit()
             if self.finished.is_set():
                 return
@@ -138,12 +141,25 @@ class Eavesdropper:
         if self._unacked and isinstance(self.transport, AckingSubscriber):
             self.transport.ack(self._unacked)
         self._unacked = []
+        self._committed = time.monotonic()
 
     async def _commit_loop(self) -> None:
+        # Over an acking subscriber, what waits for its commit also waits for its ack (a broker's
+        # in-flight window may be small): tick often, commit only when something is pending.
+        tick = (
+            min(self.commit_every, 0.02)
+            if isinstance(self.transport, AckingSubscriber)
+            else self.commit_every
+        )
+        last_check = 0.0
         while True:
-            await asyncio.sleep(self.commit_every)
-            self._commit()
-            self._check_finished()
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if self._unacked or now - self._committed >= self.commit_every:
+                self._commit()
+            if now - last_check >= self.commit_every:
+                last_check = now
+                self._check_finished()
 
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
         """Store one message, then update the views and the live replay."""
