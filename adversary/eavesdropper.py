@@ -241,8 +241,9 @@ class Eavesdropper:
         done = len(self.transcript.done_nodes() & set(range(self.config.n)))
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
-            z0_expected = 2 * len(self.config.edges) * len(groups)
-            self.missing = self.transcript.complete(self.config.n, self.replay.t_total, z0_expected)
+            self.missing = self.transcript.complete(
+                self.config.n, self.replay.t_total, self.config.edges, groups
+            )
             if self.missing != (0, 0):
                 now = time.monotonic()
                 if self._all_done_since is None:

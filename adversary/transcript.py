@@ -181,18 +181,24 @@ class Transcript:
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
 
-    def complete(self, n: int, t_total: int, z0_expected: int) -> tuple[int, int]:
-        """Missing ``(x, z0)``: distinct valid x's vs ``n * t_total``, z^(0)'s vs ``z0_expected``."""
+    def complete(self, n: int, t_total: int, edges: list[list[int]], groups: set[str]) -> tuple[int, int]:
+        """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
+        directions of every edge and every dual group. Valid-looking messages outside the run
+        (another node, group or edge) do not count."""
         xs = self.db.execute(
             "SELECT COUNT(*) FROM (SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'x'"
-            " AND t < ?)",
-            (t_total,),
+            " AND node < ? AND t < ?)",
+            (n, t_total),
         ).fetchone()[0]
-        z0 = self.db.execute(
-            "SELECT COUNT(*) FROM (SELECT DISTINCT topic, phase FROM messages"
-            " WHERE valid = 1 AND kind = 'z0')"
-        ).fetchone()[0]
-        return n * t_total - int(xs), z0_expected - int(z0)
+        wanted = {(a, b) for a, b in edges} | {(b, a) for a, b in edges}
+        z0 = {
+            (int(i), int(j), str(g))
+            for i, j, g in self.db.execute(
+                "SELECT DISTINCT node, peer, phase FROM messages WHERE valid = 1 AND kind = 'z0'"
+            )
+            if (int(i), int(j)) in wanted and g in groups
+        }
+        return n * t_total - int(xs), len(wanted) * len(groups) - len(z0)
 
     def done_nodes(self) -> set[int]:
         """Nodes of which a valid ``done`` status was captured."""

@@ -27,7 +27,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, topics
+from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 ENTRY = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
@@ -118,6 +118,20 @@ async def test_hostile_messages_are_rejected_counted_and_change_nothing(tmp_path
         refused = tr.rejected()
     assert len(refused) == len(junk) - 1
     assert any("conflicts with the x already stored" in why for _, why in refused)
+
+
+def test_completeness_ignores_valid_looking_messages_outside_the_run(tmp_path: Path) -> None:
+    t = topics("nlagg", "done")
+    with Transcript(tmp_path / "t.sqlite", run_id="done") as tr:
+        for i, j in ((0, 1), (1, 0)):
+            tr.add(t.z0(i, j), b'{"v":1,"from":%d,"to":%d,"group":"max","z":0.5}' % (i, j))
+        tr.add(t.z0(0, 1), b'{"v":1,"from":0,"to":1,"group":"nope","z":0.5}')  # unknown group
+        tr.add(t.z0(0, 2), b'{"v":1,"from":0,"to":2,"group":"max","z":0.5}')  # not an edge
+        for k in range(2):
+            tr.add(t.x(k), encode_x(k, 0, "max", 1.0))
+        tr.add(t.x(7), encode_x(7, 0, "max", 1.0))  # not a node of the run
+        assert tr.complete(2, 1, [[0, 1]], {"max"}) == (0, 0)
+        assert tr.complete(2, 2, [[0, 1]], {"max", "min"}) == (2, 2)
 
 
 RUN = "fuzz"
