@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError
-from ._app import app
+from ._app import app, parse_corrupt
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -184,26 +184,6 @@ def node(
         )
 
 
-def _parse_corrupt(spec: str | None, n: int) -> set[int]:
-    """``--corrupt 2`` picks 2 nodes (the lowest ids), ``--corrupt 3,7`` names them."""
-    if spec is None or spec.strip() == "":
-        return set()
-    spec = spec.strip()
-    try:
-        count = int(spec) if "," not in spec else None
-        ids = {int(p) for p in spec.split(",") if p.strip()} if count is None else set()
-    except ValueError:
-        raise ConfigError("corrupt", spec, "use a count (2) or a list of node ids (3,7)") from None
-    if count is not None:
-        if not 0 <= count < n:
-            raise ConfigError("corrupt", spec, f"a count must lie in 0..{n - 1}")
-        return set(range(count))
-    bad = sorted(i for i in ids if not 0 <= i < n)
-    if bad:
-        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
-    return ids
-
-
 @app.command("testbed")
 def run_testbed_command(
     n: Annotated[int | None, typer.Option(help="number of nodes")] = None,
@@ -274,7 +254,7 @@ def run_testbed_command(
             broker_url=broker,
             broker_kind=broker_kind,
             in_process=in_process,
-            corrupt=_parse_corrupt(corrupt, cfg.n),
+            corrupt=parse_corrupt(corrupt, cfg.n),
             out_dir=out,
             neighbour_timeout=neighbour_timeout,
             on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ._app import app
+from ._app import app, parse_corrupt
 
 
 @app.command()
@@ -60,7 +60,8 @@ def sim(
         typer.Option(help="also write trial 0 as an eavesdropper transcript (SQLite), for `nlagg attack`"),
     ] = None,
     corrupt: Annotated[
-        str | None, typer.Option(help="corrupted nodes whose state the transcript includes, e.g. 3,7")
+        str | None,
+        typer.Option(help="corrupted nodes in the transcript: a count (2: nodes 0 and 1) or ids (3,7)"),
     ] = None,
 ) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
@@ -89,7 +90,7 @@ def sim(
         values=values,
         record=record,
     )
-    corrupted = _parse_nodes(corrupt, cfg.n)
+    corrupted = sorted(parse_corrupt(corrupt, cfg.n))
     result = _run_with_progress(cfg)
     summary = summarize(result)
     if out is not None:
@@ -102,20 +103,6 @@ def sim(
         typer.echo(json.dumps(summary))
     else:
         _print_table(summary)
-
-
-def _parse_nodes(spec: str | None, n: int) -> list[int]:
-    from ..errors import ConfigError
-
-    if not spec:
-        return []
-    try:
-        nodes = sorted({int(part) for part in spec.split(",") if part.strip()})
-    except ValueError:
-        raise ConfigError("corrupt", spec, "expected node ids like 3,7") from None
-    if any(not 0 <= i < n for i in nodes):
-        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
-    return nodes
 
 
 def _run_with_progress(cfg: Any) -> Any:
