@@ -23,16 +23,6 @@ OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimm
 InitName = Literal[
     "none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"
 ]
-INITS: tuple[str, ...] = (
-    "none",
-    "dp-gauss",
-    "dp-laplace",
-    "proposed",
-    "symmetric",
-    "from-above",
-    "from-below",
-    "prior",
-)
 ValueDist = Literal["normal", "uniform", "bimodal"]
 
 # Per-operator defaults, measured on RGG n = 15 (see README, "Privacy against convergence time").

@@ -24,7 +24,6 @@ from numpy.typing import NDArray
 from .errors import ConfigError
 
 GraphKind = Literal["rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file"]
-GRAPH_KINDS: tuple[str, ...] = ("rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file")
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -235,11 +234,6 @@ class EdgeLayout:
         sign = np.where(src < dst, 1.0, -1.0)
         degree = np.bincount(src, minlength=n * len(graphs)).astype(np.float64)
         return cls(n=n, trials=len(graphs), src=src, dst=dst, sign=sign, degree=degree)
-
-    def reverse(self, values: FloatArray) -> FloatArray:
-        """Values of the reverse edges: swap the two halves (a view-free copy)."""
-        h = self.n_pairs
-        return np.concatenate([values[h:], values[:h]])
 
 
 def neighbours(n: int, edges: IntArray) -> list[list[int]]:

@@ -17,7 +17,6 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 
 DualInit = Literal["zero", "from-above", "from-below", "symmetric", "prior"]
-DUAL_INITS: tuple[str, ...] = ("zero", "from-above", "from-below", "symmetric", "prior")
 
 
 @dataclass(frozen=True)
