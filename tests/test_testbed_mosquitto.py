@@ -17,6 +17,7 @@ import pytest
 
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
 from nlagg_node.runtime.node import run_edges
 from nlagg_node.runtime.testbed import run_testbed
@@ -279,3 +280,19 @@ async def test_default_max_testbed_is_exact_with_one_process_per_node(mosquitto_
     assert (
         summary["messages_captured"] == 1 + 15 * cfg.resolved().t_max_value + 2 * len(run_edges(cfg)) + 15 * 3
     )
+
+
+@pytest.mark.parametrize(
+    ("broker_kind", "hosted"),
+    [
+        pytest.param("amqtt", True, id="embedded-in-process"),
+        pytest.param("mosquitto", False, id="mosquitto-processes"),
+    ],
+)
+async def test_private_broker_picks_the_node_layout(broker_kind: str, hosted: bool) -> None:
+    if broker_kind == "mosquitto" and mosquitto_binary() is None:
+        pytest.skip("mosquitto binary not installed")
+    cfg = RunConfig(op="max", n=4, graph="ring", t_max=300, c=10.0, mu_z=30.0, seed=2)
+    summary = await run_testbed(cfg, broker_kind=broker_kind)
+    assert summary["in_process"] is hosted
+    assert summary["exact"]

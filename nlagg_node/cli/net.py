@@ -201,8 +201,13 @@ def run_testbed_command(
     broker: Annotated[str | None, typer.Option(help="use this broker instead of a private one")] = None,
     broker_kind: Annotated[str, typer.Option(help="private broker: auto, mosquitto or amqtt")] = "auto",
     in_process: Annotated[
-        bool, typer.Option(help="host all nodes as tasks on one connection (large n)")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--in-process/--processes",
+            help="host all nodes as tasks on one connection (large n), or one process per node;"
+            " default: processes, except on the embedded broker",
+        ),
+    ] = None,
     t_max: Annotated[
         int | None, typer.Option(help="iterations per phase (operator default if unset)")
     ] = None,
