@@ -25,7 +25,7 @@ class ConfigMismatchError(ConfigError):
 # RunConfig fields the node's numbers depend on: a retained config that differs in one is refused.
 _MATH_FIELDS = (
     "op", "n", "t_max", "c", "theta", "init", "mu_z", "sigma_z", "sigma_s", "k", "quantile",
-    "epsilon", "prior_median", "avg_c", "avg_sigma_z",
+    "epsilon", "prior_median", "avg_c", "avg_sigma_z", "avg_t_max",
 )  # fmt: skip
 
 
