@@ -31,7 +31,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.rng import rng_for
-from nlagg_node.runtime.mqtt import parse_broker_url
+from nlagg_node.runtime.mqtt import jittered_backoff, parse_broker_url
 from nlagg_node.runtime.transport import Message, valid_filter
 
 __all__ = ["AckingSubscriber", "Delivery"]
@@ -171,8 +171,9 @@ class AckingSubscriber:
                     if failures >= self.reconnect_tries:
                         self._fail(NlaggError(f"cannot connect to broker {self.url} after {failures} tries"))
                         return
-                    cap = min(self.backoff_max, self.backoff_base * 2 ** min(failures, 30))
-                    self._stop.wait(float(self._jitter.uniform(0.0, cap)))
+                    self._stop.wait(
+                        jittered_backoff(failures, self.backoff_base, self.backoff_max, self._jitter)
+                    )
                     continue
             rc = self._client.loop(timeout=0.02)
             if self._connected.is_set():

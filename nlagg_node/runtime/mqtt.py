@@ -20,16 +20,26 @@ from typing import Self, cast
 from urllib.parse import urlsplit
 
 import aiomqtt
+import numpy as np
 import paho.mqtt.client as paho_mqtt
 
 from ..errors import ConfigError, NlaggError
 from ..rng import rng_for
 from .transport import Message, Will, valid_filter
 
-__all__ = ["MqttTransport", "parse_broker_url"]
+__all__ = ["MqttTransport", "jittered_backoff", "parse_broker_url"]
 
 log = logging.getLogger("nlagg.mqtt")
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+def jittered_backoff(attempt: int, base: float, maximum: float, rng: np.random.Generator) -> float:
+    """Seconds to wait before reconnection attempt ``attempt`` (0, 1, ...).
+
+    Full jitter, ``uniform(0, min(maximum, base 2^attempt))``, spreads the reconnections of
+    many clients after a broker restart.
+    """
+    return float(rng.uniform(0.0, min(maximum, base * 2 ** min(attempt, 30))))
 
 
 def parse_broker_url(url: str) -> tuple[str, int]:
@@ -165,8 +175,7 @@ class MqttTransport:
                 last = str(exc)
                 if "authori" in last.lower() or "bad user" in last.lower():
                     raise NlaggError(f"broker {self.url} refused client {self.client_id!r}: {last}") from None
-                cap = min(self.backoff_max, self.backoff_base * 2**attempt)
-                delay = float(self._jitter.uniform(0.0, cap))
+                delay = jittered_backoff(attempt, self.backoff_base, self.backoff_max, self._jitter)
                 log.info("connect to %s failed (%s); retrying in %.2f s", self.url, last, delay)
                 await asyncio.sleep(delay)
                 continue
