@@ -18,6 +18,10 @@ CASES = [
         {"op": "quantile", "init": "from-above", "c": 5.0, "mu_z": 20.0, "quantile": 0.7}, id="quantile"
     ),
     pytest.param({"op": "average", "init": "symmetric", "c": 1.0, "sigma_z": 10.0}, id="average"),
+    pytest.param(
+        {"op": "topk", "k": 3, "n": 8, "trials": 2, "t_max": 1500, "c": 10.0, "mu_z": 60.0, "seed": 5},
+        id="topk-algorithm-2",
+    ),
     pytest.param({"op": "max", "init": "dp-gauss", "c": 1.0, "sigma_s": 0.5}, id="max-dp"),
     pytest.param({"op": "median", "init": "none", "c": 1.0, "theta": 1.0}, id="median-theta1"),
 ]
@@ -39,12 +43,13 @@ def _trial_inputs(result, b):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("params", CASES)
 def test_engine_matches_paper_loop(params: dict[str, float | str]) -> None:
-    cfg = load_config(n=7, trials=3, t_max=400, record="all", seed=11, **params)
+    cfg = load_config(**{"n": 7, "trials": 3, "t_max": 400, "record": "all", "seed": 11, **params})
     result = simulate(cfg)
+    topk = cfg.op == "topk"  # Algorithm 2: k rounds of max consensus
     for b in range(cfg.trials):
         edges, z0 = _trial_inputs(result, b)
         xs, events = run_reference(
-            cfg.op,
+            "max" if topk else cfg.op,
             cfg.n,
             edges,
             list(result.used_values[b]),
@@ -53,6 +58,8 @@ def test_engine_matches_paper_loop(params: dict[str, float | str]) -> None:
             cfg.theta,
             cfg.t_max_value,
             q=paper_q(cfg.quantile),
+            rounds=cfg.k if topk else 1,
+            epsilon=cfg.epsilon,
         )
         engine_x = result.recorded_x[:, b, :]
         np.testing.assert_allclose(engine_x, xs, rtol=0, atol=1e-12)
@@ -64,31 +71,6 @@ def test_engine_matches_paper_loop(params: dict[str, float | str]) -> None:
             first = {i: min(t for t, j in events if j == i) for _, i in events}
             assert {i: int(result.first_match[b, i]) for i in first} == first
             assert result.matched[b].sum() == len(first)
-
-
-def test_topk_matches_algorithm_2() -> None:
-    cfg = load_config(op="topk", k=3, n=8, trials=2, t_max=1500, c=10.0, mu_z=60.0, record="all", seed=5)
-    result = simulate(cfg)
-    for b in range(cfg.trials):
-        edges, z0 = _trial_inputs(result, b)
-        xs, events = run_reference(
-            "max",
-            cfg.n,
-            edges,
-            list(result.used_values[b]),
-            z0,
-            cfg.c_value,
-            cfg.theta,
-            cfg.t_max_value,
-            rounds=3,
-            epsilon=cfg.epsilon,
-        )
-        np.testing.assert_allclose(result.recorded_x[:, b, :], xs, rtol=0, atol=1e-12)
-        engine_events = {
-            (int(t), int(i))
-            for t, i in zip(*np.nonzero(result.recorded_x[:, b, :] == result.values[b]), strict=True)
-        }
-        assert engine_events == events
 
 
 def test_batch_trial_equals_single_run() -> None:
