@@ -2,11 +2,16 @@
 
 One row per distinct message: topic, raw payload, receive time, whether the broker flagged it
 retained, and the parsed fields (kind, node, peer, t, phase, value; ``valid = 0`` with the error
-for anything that does not follow wire protocol v1). ``dedup`` (topic + payload) is UNIQUE, so a
+for anything that does not follow wire protocol v1). ``dedup`` is a digest of topic + payload, so a
 QoS 1 redelivery or a second capture of the same message is stored once. An x, z^(0) or adversary
 state is valid once per topic and iteration (group for z^(0)): a later message with the same topic
 and iteration but another payload is stored with ``valid = 0`` ("conflicts with ..."), the first
 one is kept, as the nodes do.
+
+The writer keeps both checks in memory (loaded from the file on the first :meth:`Transcript.add`,
+so a restarted eavesdropper continues where it stopped) and buffers rows until :meth:`commit`:
+a UNIQUE index on random digests and a lookup per message would make every commit rewrite
+dozens of scattered pages, which at thousands of messages per second is most of the capture's CPU.
 
 Readers give what the analysis needs: the public config, z^(0) per directed edge (EdgeLayout
 order, like :attr:`nlagg_node.sim.SimResult.z0`), x as an ``(n, T)`` array with NaN where nothing
@@ -61,12 +66,13 @@ CREATE TABLE IF NOT EXISTS messages (
     t INTEGER,
     phase TEXT,
     value REAL,
-    dedup TEXT NOT NULL UNIQUE
+    dedup TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_kind ON messages (kind, node, t);
 """
 
 Captured = tuple[TopicInfo, WireMessage] | None
+_NO_FIELDS = (None, None, None, None, None, None)  # kind, node, peer, t, phase, value of an invalid row
 
 
 def _fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | None, float | None]:
@@ -111,8 +117,11 @@ class Transcript:
                 meta[key] = given
         self.run_id = check_run_id(meta["run_id"])
         self.prefix = check_prefix(meta["prefix"])
-        self._pending = 0
-        self._in_tx = False
+        self._rows: list[tuple[object, ...]] = []
+        # Writer state, loaded lazily: digests stored, and (kind, topic, t or group) -> digest of
+        # the valid x/z0/adv message that holds that slot.
+        self._seen: set[str] | None = None
+        self._slots: dict[tuple[str, str, object], str] = {}
 
     # Writing ------------------------------------------------------------------------------
     def add(
@@ -120,72 +129,59 @@ class Transcript:
     ) -> Captured:
         """Store one message (parsed when valid); return the parsed message, or None if invalid.
 
-        Writes are grouped into transactions; call :meth:`commit` (the eavesdropper does so every
-        fraction of a second and at exit).
+        A message already stored (same topic and payload) is not stored again; it is still
+        returned parsed, so handling it twice is the caller's idempotent business. Rows are
+        written by :meth:`commit` (the eavesdropper commits every fraction of a second and at
+        exit); the readers below see them only after it.
         """
+        if self._seen is None:
+            self._load_writer_state()
+            assert self._seen is not None
         when = time.time() if received is None else received
-        row: tuple[object, ...]
+        key = hashlib.blake2b(topic.encode() + b"\0" + payload, digest_size=16).hexdigest()
         try:
             info, msg = decode(topic, payload, self.prefix, self.run_id)
         except WireError as exc:
-            parsed: Captured = None
-            row = (topic, payload, when, int(retained), 0, str(exc), None, None, None, None, None, None)
-        else:
-            parsed = (info, msg)
-            t, phase, value = _fields(info, msg)
-            clash = self._conflict(topic, payload, info, t, phase)
-            if clash is not None:
-                parsed = None
-                row = (topic, payload, when, int(retained), 0, clash, None, None, None, None, None, None)
-        if parsed is not None:
-            row = (
-                topic,
-                payload,
-                when,
-                int(retained),
-                1,
-                None,
-                info.kind,
-                info.node,
-                info.peer,
-                t,
-                phase,
-                value,
-            )
-        key = hashlib.blake2b(topic.encode() + b"\0" + payload, digest_size=16).hexdigest()
-        if not self._in_tx:
-            self.db.execute("BEGIN")
-            self._in_tx = True
-        self.db.execute(
-            "INSERT OR IGNORE INTO messages (topic, payload, received, retained, valid, error, kind, node,"
-            " peer, t, phase, value, dedup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*row, key),
-        )
-        self._pending += 1
-        return parsed
+            if key not in self._seen:
+                self._seen.add(key)
+                self._rows.append((topic, payload, when, int(retained), 0, str(exc), *_NO_FIELDS, key))
+            return None
+        if key in self._seen:
+            return (info, msg)  # a redelivery: stored once, but parsed for the caller
+        self._seen.add(key)
+        t, phase, value = _fields(info, msg)
+        clash = self._claim(key, topic, info, t, phase)
+        if clash is not None:
+            self._rows.append((topic, payload, when, int(retained), 0, clash, *_NO_FIELDS, key))
+            return None
+        fields = (info.kind, info.node, info.peer, t, phase, value)
+        self._rows.append((topic, payload, when, int(retained), 1, None, *fields, key))
+        return (info, msg)
 
-    def _conflict(
-        self, topic: str, payload: bytes, info: TopicInfo, t: int | None, phase: str | None
-    ) -> str | None:
+    def _claim(self, key: str, topic: str, info: TopicInfo, t: int | None, phase: str | None) -> str | None:
         """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
         if info.kind not in ("x", "z0", "adv"):
             return None
-        key = phase if info.kind == "z0" else None
-        row = self.db.execute(
-            "SELECT payload FROM messages WHERE valid = 1 AND kind = ? AND node = ? AND t IS ? AND topic = ?"
-            " AND (? IS NULL OR phase = ?) LIMIT 1",
-            (info.kind, info.node, t, topic, key, key),
-        ).fetchone()
-        if row is None or bytes(row[0]) == payload:
+        slot = (info.kind, topic, phase if info.kind == "z0" else t)
+        holder = self._slots.setdefault(slot, key)
+        if holder == key:
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+
+    def _load_writer_state(self) -> None:
+        rows = self.db.execute("SELECT dedup, valid, kind, topic, t, phase FROM messages ORDER BY id")
+        self._seen = set()
+        for key, valid, kind, topic, t, phase in rows:
+            self._seen.add(str(key))
+            if valid and kind in ("x", "z0", "adv"):
+                self._slots.setdefault((str(kind), str(topic), phase if kind == "z0" else t), str(key))
 
     def complete(self, n: int, t_total: int, edges: list[list[int]], groups: set[str]) -> tuple[int, int]:
         """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
         directions of every edge and every dual group. Valid-looking messages outside the run
         (another node, group or edge) do not count."""
-        xs = self.db.execute(
+        xs = self._query(
             "SELECT COUNT(*) FROM (SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'x'"
             " AND node < ? AND t < ?)",
             (n, t_total),
@@ -193,7 +189,7 @@ class Transcript:
         wanted = {(a, b) for a, b in edges} | {(b, a) for a, b in edges}
         z0 = {
             (int(i), int(j), str(g))
-            for i, j, g in self.db.execute(
+            for i, j, g in self._query(
                 "SELECT DISTINCT node, peer, phase FROM messages WHERE valid = 1 AND kind = 'z0'"
             )
             if (int(i), int(j)) in wanted and g in groups
@@ -202,17 +198,32 @@ class Transcript:
 
     def done_nodes(self) -> set[int]:
         """Nodes of which a valid ``done`` status was captured."""
-        rows = self.db.execute(
+        rows = self._query(
             "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'status' AND phase = 'done'"
         )
         return {int(r[0]) for r in rows}
 
     def commit(self) -> None:
-        """Make everything added so far durable."""
-        if self._in_tx:
+        """Write and make durable everything added so far (one transaction)."""
+        if not self._rows:
+            return
+        self.db.execute("BEGIN")
+        try:
+            self.db.executemany(
+                "INSERT INTO messages (topic, payload, received, retained, valid, error, kind, node,"
+                " peer, t, phase, value, dedup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._rows,
+            )
             self.db.execute("COMMIT")
-            self._in_tx = False
-            self._pending = 0
+        except BaseException:
+            self.db.execute("ROLLBACK")  # the rows stay buffered for the next commit
+            raise
+        self._rows = []
+
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        """Run a read query; rows still buffered by :meth:`add` are committed first, so they count."""
+        self.commit()
+        return self.db.execute(sql, params)
 
     def set_meta(self, key: str, value: str) -> None:
         self.commit()
@@ -237,18 +248,15 @@ class Transcript:
     def count(self, *, valid_only: bool = False) -> int:
         """Number of stored (distinct) messages."""
         sql = "SELECT COUNT(*) FROM messages" + (" WHERE valid = 1" if valid_only else "")
-        return int(self.db.execute(sql).fetchone()[0])
+        return int(self._query(sql).fetchone()[0])
 
     def rejected(self) -> list[tuple[str, str]]:
         """``(topic, error)`` of every stored message that is not valid protocol v1."""
-        return [
-            (str(a), str(b)) for a, b in self.db.execute("SELECT topic, error FROM messages WHERE valid = 0")
-        ]
+        return [(str(a), str(b)) for a, b in self._query("SELECT topic, error FROM messages WHERE valid = 0")]
 
     def _payloads(self, kind: str) -> list[tuple[str, bytes]]:
-        rows = self.db.execute(
-            "SELECT topic, payload FROM messages WHERE valid = 1 AND kind = ? ORDER BY id", (kind,)
-        )
+        sql = "SELECT topic, payload FROM messages WHERE valid = 1 AND kind = ? ORDER BY id"
+        rows = self._query(sql, (kind,))
         return [(str(t), bytes(p)) for t, p in rows]
 
     def _decode(self, topic: str, payload: bytes) -> WireMessage:
@@ -279,9 +287,7 @@ class Transcript:
 
     def x(self, n: int, t_total: int | None = None) -> FloatArray:
         """x_i^(t) as an ``(n, T)`` array, NaN where no message was captured."""
-        rows = self.db.execute(
-            "SELECT node, t, value FROM messages WHERE valid = 1 AND kind = 'x'"
-        ).fetchall()
+        rows = self._query("SELECT node, t, value FROM messages WHERE valid = 1 AND kind = 'x'").fetchall()
         if t_total is None:
             t_total = 1 + max((int(t) for _, t, _ in rows), default=-1)
         out = np.full((n, t_total), np.nan)
@@ -296,9 +302,8 @@ class Transcript:
 
     def corrupted(self) -> list[int]:
         """Nodes that forwarded their state."""
-        rows = self.db.execute(
-            "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'adv' ORDER BY node"
-        )
+        sql = "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'adv' ORDER BY node"
+        rows = self._query(sql)
         return [int(r[0]) for r in rows]
 
     def statuses(self) -> dict[int, StatusMsg]:
