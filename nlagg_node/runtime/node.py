@@ -143,6 +143,8 @@ class Node:
         self._xbuf: dict[int, dict[int, float]] = {}
         self._x_wait_t = -1
         self._x_waiter: asyncio.Future[None] | None = None
+        self._wait_since = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
         self._groups_done: set[str] = set()
         self.rejected = 0
         self.duplicates = 0
@@ -279,18 +281,14 @@ class Node:
     async def _take_x(self, t: int) -> dict[int, float]:
         slot = self._xbuf.get(t)
         if slot is None or len(slot) < self._degree:
+            loop = asyncio.get_running_loop()
             self._x_wait_t = t
-            self._x_waiter = asyncio.get_running_loop().create_future()
+            self._x_waiter = waiter = loop.create_future()
+            self._wait_since = loop.time()
+            if self._watchdog is None:
+                self._watchdog = loop.call_later(self.neighbour_timeout, self._check_barrier)
             try:
-                async with asyncio.timeout(self.neighbour_timeout):
-                    await self._x_waiter
-            except TimeoutError:
-                have = self._xbuf.get(t, {})
-                missing = [j for j in self.neighbours if j not in have]
-                within = self.neighbour_timeout
-                raise NeighbourTimeoutError(
-                    f"node {self.id}: no x^({t}) from neighbour(s) {missing} within {within:g} s"
-                ) from None
+                await waiter
             finally:
                 self._x_wait_t = -1
                 self._x_waiter = None
@@ -299,6 +297,27 @@ class Node:
         self._consumed.pop(t - 2, None)
         self._t_done = t
         return got
+
+    def _check_barrier(self) -> None:
+        """The barrier's deadline: fail the wait that has lasted ``neighbour_timeout``, naming the
+        missing neighbours. One timer re-armed lazily instead of an ``asyncio.timeout`` per
+        iteration: that costs a timer-heap push and cancel every round, on the hot path."""
+        self._watchdog = None
+        waiter = self._x_waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait arms the timer again
+        loop = asyncio.get_running_loop()
+        waited = loop.time() - self._wait_since
+        if waited < self.neighbour_timeout:
+            self._watchdog = loop.call_later(self.neighbour_timeout - waited, self._check_barrier)
+            return
+        t = self._x_wait_t
+        missing = [j for j in self.neighbours if j not in self._xbuf.get(t, {})]
+        waiter.set_exception(
+            NeighbourTimeoutError(
+                f"node {self.id}: no x^({t}) from neighbour(s) {missing} within {self.neighbour_timeout:g} s"
+            )
+        )
 
     def _on_z0(self, msg: Z0Msg) -> None:
         j = msg.from_
@@ -350,6 +369,9 @@ class Node:
                 finally:
                     if reader is not None:
                         reader.cancel()
+                    if self._watchdog is not None:
+                        self._watchdog.cancel()
+                        self._watchdog = None
         except ExceptionGroup as group:
             raise group.exceptions[0] from None
         return result
@@ -445,12 +467,16 @@ class Node:
             rng.bit_generator.state = ck.rng_state
         resuming = self.resumed is not None
         s_arr = np.array([s_used])
-        u_out, u_in = np.array(ck.u_out), np.array(ck.u_in)
+        # Both dual vectors in one: w = [u_{i|j} (own), u_{j|i} (the neighbours', tracked)], so one
+        # z_update call per iteration updates both (element-wise the same operations, same bits).
+        w = np.concatenate([ck.u_out, ck.u_in]) if ck.u_out else np.zeros(2 * d)
+        swap = np.concatenate([np.arange(d, 2 * d), np.arange(d)])
+        x_dst = np.empty(2 * d)
         finals, identified, xs = list(ck.finals), list(ck.identified), list(ck.xs)
         z0_sent: dict[str, list[float]] = dict(ck.z0_sent)
         group, t = ck.group, ck.t
         x_topic = self.topics.x(self.id)
-        prev_got = ck.prev_got
+        last_got = {int(j): v for j, v in ck.prev_got.items()}
         adv = None if ck.prev_adv is None else ck.prev_adv.encode()
         for p_idx in range(ck.phase, len(self.phases)):
             phase = self.phases[p_idx]
@@ -468,12 +494,12 @@ class Node:
                     self._save(
                         Checkpoint(
                             ck.fingerprint, "z0", t, p_idx, group, s_used, dict(rng.bit_generator.state),
-                            z_out=z0_sent[group], z0_sent=z0_sent, finals=finals, xs=xs, prev_got=prev_got,
+                            z_out=z0_sent[group], z0_sent=z0_sent, finals=finals, xs=xs,
+                            prev_got={str(j): v for j, v in last_got.items()},
                         )
                     )  # fmt: skip
                 z_in = await self._exchange_z0(group, z_out)
-                u_out = signs * z_out
-                u_in = -signs * np.array([z_in[j] for j in nbrs])
+                w = np.concatenate([signs * z_out, -signs * np.array([z_in[j] for j in nbrs])])
             elif resuming and t > 0:
                 # Resumed mid-phase: what we may have published just before the crash goes out again.
                 self._sent_x[t - 1] = encode_x(self.id, t - 1, self._phase_at[t - 1], xs[-1])
@@ -489,26 +515,24 @@ class Node:
                     self._save(
                         Checkpoint(
                             ck.fingerprint, "x", t, p_idx, group, s_used, dict(rng.bit_generator.state),
-                            u_out=u_out.tolist(), u_in=u_in.tolist(), z0_sent=z0_sent, finals=finals,
-                            identified=identified, xs=xs, prev_got=prev_got,
+                            u_out=w[:d].tolist(), u_in=w[d:].tolist(), z0_sent=z0_sent, finals=finals,
+                            identified=identified, xs=xs, prev_got={str(j): v for j, v in last_got.items()},
                             prev_adv=None if adv is None else adv.decode(),
                         )
                     )  # fmt: skip
-                v = dual_sum(u_out, src, 1)
+                v = dual_sum(w[:d], src, 1)
                 x = float(x_update(phase.objective, v, s_eff, cd_c)[0])
                 xs.append(x)
                 if self.corrupt:
-                    adv = self._publish_state(t, s_used, signs, u_out, u_in)
+                    adv = self._publish_state(t, s_used, signs, w[:d], w[d:])
                 payload = encode_x(self.id, t, phase.name, x)
                 self._sent_x[t] = payload
                 self._sent_x.pop(t - 2, None)
                 self.transport.publish_nowait(x_topic, payload, qos=1)
-                got = await self._take_x(t)
-                prev_got = {str(j): xj for j, xj in got.items()}
-                x_nbrs = np.array([got[j] for j in nbrs])
-                u_out_new = z_update(u_out, u_in, x_nbrs, c, cfg.theta)
-                u_in = z_update(u_in, u_out, np.full(d, x), c, cfg.theta)
-                u_out = u_out_new
+                last_got = await self._take_x(t)
+                x_dst[:d] = [last_got[j] for j in nbrs]
+                x_dst[d:] = x
+                w = z_update(w, w[swap], x_dst, c, cfg.theta)
             t = self._phase_start[p_idx] + phase.t_len
             finals.append(xs[-1])
             identified.append(xs[-1])

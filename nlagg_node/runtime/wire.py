@@ -19,6 +19,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -195,6 +196,7 @@ def _node_id(part: str, field: str, topic: str) -> int:
     return int(part)
 
 
+@lru_cache(maxsize=4096)  # a run's topics repeat every iteration; errors are not cached
 def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
     """Classify a topic of run ``run_id``; raise :class:`WireError` for anything else."""
     base = f"{prefix}/{run_id}/"
