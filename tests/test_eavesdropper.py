@@ -12,8 +12,9 @@ from adversary.eavesdropper import Eavesdropper
 from adversary.live import replay_exposures
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
-from nlagg_node.runtime.node import Node, build_config_msg, host_nodes, run_edges
+from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.wire import XMsg, encode, topics
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate

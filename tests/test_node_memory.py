@@ -11,8 +11,9 @@ import pytest
 
 from nlagg_node.config import RunConfig
 from nlagg_node.graphs import EdgeLayout, neighbours
+from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
-from nlagg_node.runtime.node import NeighbourTimeoutError, Node, NodeResult, host_nodes, node_will, run_edges
+from nlagg_node.runtime.node import NeighbourTimeoutError, Node, NodeResult, node_will, run_edges
 from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, Z0Msg, decode, encode, topics
 from nlagg_node.sim import draw_values, simulate
 

@@ -188,7 +188,8 @@ class CuttableProxy:
 @needs_mosquitto
 async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path) -> None:
     from adversary.eavesdropper import Eavesdropper
-    from nlagg_node.runtime.node import Node, build_config_msg, host_nodes
+    from nlagg_node.runtime.hosted import host_nodes
+    from nlagg_node.runtime.node import Node, build_config_msg
     from nlagg_node.sim import draw_values
 
     cfg = RunConfig(op="median", n=6, trials=1, t_max=1500, seed=12)

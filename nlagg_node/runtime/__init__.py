@@ -9,8 +9,9 @@ from .brokers import (
     start_broker,
     start_mosquitto,
 )
+from .hosted import host_nodes
 from .memory import MemoryBroker, MemoryTransport
-from .node import NeighbourTimeoutError, Node, NodeResult, host_nodes, run_edges
+from .node import NeighbourTimeoutError, Node, NodeResult, run_edges
 from .transport import Message, Transport, Will
 from .wire import WireError, decode, encode, topics
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from types import TracebackType
 from typing import Literal, Self
 
@@ -56,7 +55,6 @@ __all__ = [
     "NodeResult",
     "build_config_msg",
     "config_from_msg",
-    "host_nodes",
     "node_will",
     "run_edges",
 ]
@@ -319,6 +317,11 @@ class Node:
             )
         )
 
+    def _cancel_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
     def _on_z0(self, msg: Z0Msg) -> None:
         j = msg.from_
         if msg.to != self.id or j not in self._nbr_set:
@@ -369,9 +372,7 @@ class Node:
                 finally:
                     if reader is not None:
                         reader.cancel()
-                    if self._watchdog is not None:
-                        self._watchdog.cancel()
-                        self._watchdog = None
+                    self._cancel_watchdog()
         except ExceptionGroup as group:
             raise group.exceptions[0] from None
         return result
@@ -381,6 +382,18 @@ class Node:
         await self.transport.publish(self.topics.status(self.id), encode(msg), qos=1, retain=True)
 
     async def _protocol(self) -> NodeResult:
+        await self._announce()
+        ck = self.resumed
+        if ck is not None and ck.stage == "done":  # killed after finishing: announce it again
+            await self._status("done", final=ck.finals, output=ck.output, iterations=self.t_total)
+            return self._result(ck.finals, ck.output, ck.xs, ck.z0_sent, 0.0)
+        await self._status("running")
+        started = time.perf_counter()
+        finals, xs, z0_sent = await self._iterate()
+        return await self._finish(finals, xs, z0_sent, time.perf_counter() - started)
+
+    async def _announce(self) -> None:
+        """Publish ``online`` and wait until every neighbour is online (or ``startup_timeout``)."""
         await self._status("online")
         try:
             async with asyncio.timeout(self.startup_timeout):
@@ -391,14 +404,11 @@ class Node:
             raise NeighbourTimeoutError(
                 f"node {self.id}: neighbour(s) {missing} not online within {self.startup_timeout:g} s"
             ) from None
-        ck = self.resumed
-        if ck is not None and ck.stage == "done":  # killed after finishing: announce it again
-            await self._status("done", final=ck.finals, output=ck.output, iterations=self.t_total)
-            return self._result(ck.finals, ck.output, ck.xs, ck.z0_sent, 0.0)
-        await self._status("running")
-        started = time.perf_counter()
-        finals, xs, z0_sent = await self._iterate()
-        seconds = time.perf_counter() - started
+
+    async def _finish(
+        self, finals: list[float], xs: list[float], z0_sent: dict[str, list[float]], seconds: float
+    ) -> NodeResult:
+        """Combine the phases' finals into the output, publish ``done``, return the result."""
         output = combine(self.cfg, self.phases, [np.array([f]) for f in finals])
         out_list = [float(v) for v in np.ravel(output)]
         if self.store is not None:
@@ -553,67 +563,3 @@ class Node:
         payload = encode(msg)
         self.transport.publish_nowait(self.topics.adv(self.id), payload, qos=1)
         return payload
-
-
-async def host_nodes(
-    nodes: list[Node],
-    transport: Transport,
-    prefix: str,
-    run_id: str,
-    on_reject: Callable[[str, WireError], None] | None = None,
-) -> list[NodeResult]:
-    """Run several nodes over one shared connection (``--in-process``): one reader dispatches to all.
-
-    The transport must already be connected; every node must have ``own_transport=False``.
-    Messages that fail to decode are logged and passed to ``on_reject(topic, error)``; those that
-    decode but do not fit a node's state are counted by that node (``NodeResult.rejected``).
-    """
-    t = topics(prefix, run_id)
-    await transport.subscribe(t.x("+"), t.status("+"), t.z0("+", "+"))
-    hosted = {node.id: node for node in nodes}
-    phase_at = nodes[0]._phase_at
-    schedule_len = len(phase_at)
-    listeners: dict[int, list[Node]] = {}
-    for node in nodes:
-        for j in node.neighbours:
-            listeners.setdefault(j, []).append(node)
-
-    async def reader() -> None:
-        async for raw in transport.messages():
-            try:
-                info, msg = decode(raw.topic, raw.payload, prefix, run_id)
-            except WireError as exc:
-                log.warning("host: rejected message on %s (%s)", raw.topic, exc)
-                if on_reject is not None:
-                    on_reject(raw.topic, exc)
-                continue
-            if isinstance(msg, XMsg):
-                # One schedule check per message, then the barrier fast path of every listener.
-                if msg.t >= schedule_len or msg.phase != phase_at[msg.t]:
-                    misfit = WireError("t/phase", (msg.t, msg.phase), "does not fit the run's schedule")
-                    log.warning("host: rejected message on %s (%s)", raw.topic, misfit)
-                    if on_reject is not None:
-                        on_reject(raw.topic, misfit)
-                    continue
-                for node in listeners.get(msg.node, ()):
-                    node._accept_x(msg.node, msg.t, msg.x)
-            elif info.kind == "z0":
-                target = hosted.get(info.peer if info.peer is not None else -1)
-                if target is not None:
-                    target.handle(info, msg)
-            else:
-                for node in listeners.get(info.node if info.node is not None else -1, ()):
-                    node.handle(info, msg)
-        raise NlaggError("host: connection to the broker closed during the run")
-
-    try:
-        async with asyncio.TaskGroup() as tg:
-            read_task = tg.create_task(reader())
-            runs = [tg.create_task(node.run()) for node in nodes]
-            try:
-                results = [await r for r in runs]
-            finally:
-                read_task.cancel()
-    except ExceptionGroup as group:
-        raise group.exceptions[0] from None
-    return results

@@ -27,8 +27,9 @@ from ..config import RunConfig
 from ..errors import NlaggError
 from ..schedule import distance_to, true_aggregate
 from .brokers import start_broker
+from .hosted import host_nodes
 from .mqtt import MqttTransport
-from .node import Node, build_config_msg, host_nodes, run_edges
+from .node import Node, build_config_msg, run_edges
 from .wire import check_run_id, encode, topics
 
 __all__ = ["TestbedError", "new_run_id", "run_testbed"]
