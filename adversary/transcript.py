@@ -12,6 +12,8 @@ The writer keeps both checks in memory (loaded from the file on the first :meth:
 so a restarted eavesdropper continues where it stopped) and buffers rows until :meth:`commit`:
 a UNIQUE index on random digests and a lookup per message would make every commit rewrite
 dozens of scattered pages, which at thousands of messages per second is most of the capture's CPU.
+For the same reason the index is on ``(kind, t)``: the rows of one commit share the last pages
+of the index instead of one page per node.
 
 Readers give what the analysis needs: the public config, z^(0) per directed edge (EdgeLayout
 order, like :attr:`nlagg_node.sim.SimResult.z0`), x as an ``(n, T)`` array with NaN where nothing
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS messages (
     value REAL,
     dedup TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS messages_kind ON messages (kind, node, t);
+CREATE INDEX IF NOT EXISTS messages_kind_t ON messages (kind, t);
 """
 
 Captured = tuple[TopicInfo, WireMessage] | None
