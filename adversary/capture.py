@@ -1,16 +1,20 @@
 """A subscriber that acknowledges a message to the broker only once the transcript has committed it.
 
-paho-mqtt 2.x with ``manual_ack=True`` runs in its own thread; deliveries reach the asyncio side as
-:class:`Delivery` objects carrying their packet id, and :meth:`AckingSubscriber.ack` sends the
-PUBACKs after :meth:`adversary.transcript.Transcript.commit`. With a persistent session
-(``clean_session=False``, stable client id) the broker keeps every QoS 1 message that was not
-acknowledged, and everything that arrives while the eavesdropper is down, and delivers it again
-after a restart: killing the eavesdropper with SIGKILL loses nothing, and the transcript's dedup
-key keeps each message once.
+A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.mqtt_codec`):
+deliveries reach the reader as :class:`Delivery` objects carrying their packet id, and
+:meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.Transcript.commit`.
+With a persistent session (``clean_session=False``, stable client id) the broker keeps every QoS 1
+message that was not acknowledged, and everything that arrives while the eavesdropper is down, and
+delivers it again after a restart: killing the eavesdropper with SIGKILL loses nothing, and the
+transcript's dedup key keeps each message once.
 
 Acknowledgements are bound to the connection they came from: after a reconnection the broker
 resends what was unacknowledged (same packet ids, DUP set), so acks of an older connection are
 dropped instead of being sent into a session where the packet id may name another message.
+
+The capture sees every message of a run, so the per-message cost is kept small: every complete
+frame of a read is parsed in the protocol callback, a batch of acks is one write, and the reader
+sleeps on a single future only when its queue is empty (no thread, no task per message).
 """
 
 from __future__ import annotations
@@ -18,25 +22,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
-
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from typing import Self
 
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.rng import rng_for
 from nlagg_node.runtime.mqtt import jittered_backoff, parse_broker_url
 from nlagg_node.runtime.transport import Message, valid_filter
 
+from .mqtt_codec import (
+    CONNACK,
+    CONNACK_REFUSALS,
+    DISCONNECT_FRAME,
+    PACKET_NAMES,
+    PINGREQ_FRAME,
+    PINGRESP,
+    PUBLISH,
+    SUBACK,
+    SUBACK_FAILURE,
+    FrameReader,
+    MqttProtocolError,
+    decode_connack,
+    decode_publish,
+    decode_suback,
+    encode_connect,
+    encode_pubacks,
+    encode_subscribe,
+)
+
 __all__ = ["AckingSubscriber", "Delivery"]
 
 log = logging.getLogger("nlagg.capture")
+
+HANDSHAKE_TIMEOUT = 10.0  # seconds for one attempt's TCP connect and CONNACK
+FATAL_REFUSALS = (4, 5)  # bad user name or password, not authorized: retrying cannot help
 
 
 @dataclass(frozen=True)
@@ -48,6 +70,115 @@ class Delivery(Message):
     connection: int = 0
 
 
+class _Session(asyncio.Protocol):
+    """One TCP connection: parses what arrives into the owner's inbox, keeps the connection alive."""
+
+    def __init__(self, owner: AckingSubscriber) -> None:
+        self.owner = owner
+        self.inbox = owner._inbox
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader()
+        self.connack: asyncio.Future[tuple[bool, int]] = self.loop.create_future()
+        self.closed = asyncio.Event()
+        self.reason = "closed by the broker"
+        self.number = 0  # the connection number, from the moment the broker accepted it
+        self.wrote = False  # anything written since the last keepalive tick
+        self.ping_ticks = 0  # keepalive ticks since an unanswered PINGREQ (0: none outstanding)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        inbox = self.inbox
+        number = self.number
+        try:
+            for first, body in self.reader.feed(data):
+                if first >> 4 == PUBLISH and number:
+                    topic, payload, qos, retain, _dup, mid = decode_publish(first, body)
+                    if qos > 1:
+                        raise MqttProtocolError(f"QoS {qos} PUBLISH on {topic}; subscribed at QoS <= 1")
+                    inbox.append(Delivery(topic, payload, retain, mid, qos, number))
+                else:
+                    self._control(first, body)
+                    number = self.number  # a CONNACK accepts the session in the middle of a read
+        except MqttProtocolError as exc:
+            self.drop(str(exc))
+        if inbox:
+            self.owner._wake()
+
+    def _control(self, first: int, body: bytes) -> None:
+        kind = first >> 4
+        if kind == CONNACK and not self.connack.done():
+            present, code = decode_connack(body)
+            if code == 0:
+                self.owner._accept(self, present)
+            self.connack.set_result((present, code))
+        elif not self.number:
+            raise MqttProtocolError(f"{PACKET_NAMES[kind]} from the broker before an accepting CONNACK")
+        elif kind == SUBACK:
+            self.owner._on_suback(*decode_suback(body))
+        elif kind == PINGRESP and not body:
+            self.ping_ticks = 0
+        else:
+            raise MqttProtocolError(
+                f"unexpected {PACKET_NAMES[kind]} ({len(body)}-byte body) from the broker"
+            )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if exc is not None and self.reason == "closed by the broker":
+            self.reason = str(exc) or type(exc).__name__
+        self.owner._lost(self)
+        if not self.connack.done():
+            self.connack.set_exception(ConnectionError(f"connection closed before CONNACK: {self.reason}"))
+        self.closed.set()
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.wrote = True
+        self.transport.write(data)
+
+    def drop(self, reason: str) -> None:
+        """Abort the connection (the owner reconnects)."""
+        self.reason = reason
+        log.warning("dropping the connection to %s: %s", self.owner.url, reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def abandon(self) -> None:
+        """Abort a connection that never became a session."""
+        if not self.connack.done():
+            self.connack.cancel()
+        elif not self.connack.cancelled():
+            self.connack.exception()  # retrieved: no "never retrieved" warning
+        if self.transport is not None:
+            self.transport.abort()
+
+    def start_keepalive(self, keepalive: int) -> None:
+        """PINGREQ after ``keepalive / 2`` s without a write; drop if no PINGRESP within ``keepalive``."""
+        if keepalive > 0:
+            self.timer = self.loop.call_later(keepalive / 2, self._tick, keepalive)
+
+    def _tick(self, keepalive: int) -> None:
+        if self.ping_ticks >= 2:
+            self.drop(f"no PINGRESP within the {keepalive} s keepalive")
+            return
+        if self.ping_ticks:
+            self.ping_ticks += 1
+        elif not self.wrote:
+            self.write(PINGREQ_FRAME)
+            self.ping_ticks = 1
+        self.wrote = False
+        self.timer = self.loop.call_later(keepalive / 2, self._tick, keepalive)
+
+
 class AckingSubscriber:
     """Subscribe-only MQTT client with manual acknowledgements, persistent session and jittered reconnection.
 
@@ -56,10 +187,12 @@ class AckingSubscriber:
     url : ``mqtt://host:port``.
     client_id : stable id: the broker keeps the session (subscriptions, unacknowledged and queued
         QoS 1 messages) under it.
-    username, password : broker credentials.
+    username, password : broker credentials (the password is sent only with a user name).
     reconnect_tries : consecutive failed attempts before giving up with :class:`NlaggError`.
     backoff_base, backoff_max : jittered exponential backoff ``uniform(0, min(max, base 2^k))``.
-    connect_timeout : seconds for the first connection.
+    connect_timeout : seconds for the first connection (and for a subscription to be acknowledged).
+    keepalive : seconds; a PINGREQ goes out when the client has been silent, and a connection whose
+        PINGRESP does not come back within ``keepalive`` is dropped and reconnected (0: off).
     """
 
     def __init__(
@@ -76,6 +209,12 @@ class AckingSubscriber:
         keepalive: int = 30,
     ) -> None:
         self.host, self.port = parse_broker_url(url)
+        if not client_id or len(client_id.encode("utf-8")) > 0xFFFF:
+            raise ConfigError(
+                "client_id", client_id, "a persistent session needs a non-empty id of <= 65535 bytes"
+            )
+        if not 0 <= keepalive <= 0xFFFF:
+            raise ConfigError("keepalive", keepalive, "must be 0..65535 seconds")
         self.url = url
         self.client_id = client_id
         self.reconnect_tries = reconnect_tries
@@ -85,167 +224,232 @@ class AckingSubscriber:
         self.keepalive = keepalive
         self.reconnects = 0
         self.acked = 0
+        self._connect_frame = encode_connect(
+            client_id, keepalive=keepalive, username=username, password=password
+        )
         self._filters: list[tuple[str, int]] = []
         self._inbox: deque[Delivery] = deque()
-        self._acks: deque[tuple[int, int, int]] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: _Session | None = None  # the accepted connection, None while down
         self._connection = 0
-        self._connected = threading.Event()
-        self._stop = threading.Event()
+        self._packet_id = 0
+        # SUBSCRIBE packet id -> (its filters, subscribe() calls waiting, is it a resubscription)
+        self._subacks: dict[int, tuple[list[tuple[str, int]], list[asyncio.Future[None]], bool]] = {}
+        self._orphans: list[asyncio.Future[None]] = []  # waiting across a reconnection
+        self._task: asyncio.Task[None] | None = None
+        self._first: asyncio.Future[None] | None = None
+        self._closed = False
         self._fatal: NlaggError | None = None
-        self._thread: threading.Thread | None = None
         self._jitter = rng_for(None)  # OS entropy: not part of any run's numbers
-        self._client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            clean_session=False,
-            protocol=paho.MQTTv311,
-            reconnect_on_failure=False,
-            manual_ack=True,
-        )
-        if username is not None:
-            self._client.username_pw_set(username, password)
-        self._client.on_connect = self._on_connect
-        self._client.on_message = self._on_message
-        self._client.on_socket_open = self._on_socket_open
 
-    # paho thread ------------------------------------------------------------------------------
-    @staticmethod
-    def _on_socket_open(_client: paho.Client, _userdata: Any, sock: Any) -> None:
-        if isinstance(sock, socket.socket):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # connection management ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        """Connect, wait for the loss, reconnect (jittered backoff after a failed attempt) until closed."""
+        failures = 0
+        try:
+            while not self._closed:
+                session = await self._open()
+                if session is None:
+                    failures += 1
+                    if failures >= self.reconnect_tries:
+                        raise NlaggError(f"cannot connect to broker {self.url} after {failures} tries")
+                    await asyncio.sleep(
+                        jittered_backoff(failures, self.backoff_base, self.backoff_max, self._jitter)
+                    )
+                    continue
+                failures = 0
+                if self._first is not None and not self._first.done():
+                    self._first.set_result(None)
+                await session.closed.wait()
+                if self._closed:
+                    return
+                self.reconnects += 1
+                log.warning("connection to %s lost (%s); reconnecting", self.url, session.reason)
+        except NlaggError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug: fail loudly through messages(), never leave the reader hanging
+            log.exception("capture client for %s failed", self.url)
+            self._fail(NlaggError(f"capture client for {self.url} failed: {exc!r}"))
 
-    def _on_connect(self, client: paho.Client, _u: Any, flags: Any, reason: Any, _props: Any) -> None:
-        if reason.is_failure:
-            self._fail(NlaggError(f"broker {self.url} refused client {self.client_id!r}: {reason}"))
-            return
+    async def _open(self) -> _Session | None:
+        """One attempt: TCP connect, CONNECT, CONNACK. None on a failure worth retrying."""
+        loop = asyncio.get_running_loop()
+        session: _Session | None = None
+        try:
+            async with asyncio.timeout(min(self.connect_timeout, HANDSHAKE_TIMEOUT)):
+                _, session = await loop.create_connection(lambda: _Session(self), self.host, self.port)
+                session.write(self._connect_frame)
+                _, code = await session.connack
+        except (OSError, TimeoutError) as exc:
+            log.info("connect to %s failed: %s", self.url, str(exc) or type(exc).__name__)
+            if session is not None:
+                session.abandon()
+            return None
+        except asyncio.CancelledError:
+            if session is not None:
+                session.abandon()
+            raise
+        if code == 0:
+            return session
+        session.abandon()
+        reason = CONNACK_REFUSALS.get(code, f"return code {code}")
+        if code in FATAL_REFUSALS:
+            raise NlaggError(f"broker {self.url} refused client {self.client_id!r}: {reason}")
+        log.warning("broker %s refused client %r: %s; retrying", self.url, self.client_id, reason)
+        return None
+
+    def _accept(self, session: _Session, session_present: bool) -> None:
+        """The broker accepted ``session``: number it, resubscribe, start the keepalive."""
         self._connection += 1
-        for pattern, qos in self._filters:
-            client.subscribe(pattern, qos)
-        log.info("connected to %s (session present: %s)", self.url, flags.session_present)
-        self._connected.set()
+        session.number = self._connection
+        self._session = session
+        session.start_keepalive(self.keepalive)
+        if self._filters:
+            pid = self._next_packet_id()
+            self._subacks[pid] = (list(self._filters), self._orphans, True)
+            self._orphans = []
+            session.write(encode_subscribe(pid, self._filters))
+        if self._connection > 1 and not session_present:
+            log.warning(
+                "broker %s kept no session for %r: messages queued meanwhile are lost",
+                self.url,
+                self.client_id,
+            )
+        log.info("connected to %s (session present: %s)", self.url, session_present)
+
+    def _lost(self, session: _Session) -> None:
+        if self._session is session:
+            self._session = None
+        for _, waiters, _ in self._subacks.values():  # the resubscription will answer them
+            self._orphans.extend(waiters)
+        self._subacks.clear()
+
+    def _on_suback(self, packet_id: int, codes: list[int]) -> None:
+        entry = self._subacks.pop(packet_id, None)
+        if entry is None:
+            raise MqttProtocolError(f"SUBACK for packet id {packet_id}, which no SUBSCRIBE used")
+        filters, waiters, resubscribed = entry
+        if len(codes) != len(filters):
+            raise MqttProtocolError(f"SUBACK with {len(codes)} return codes for {len(filters)} filters")
+        refused = [
+            pattern for (pattern, _), code in zip(filters, codes, strict=True) if code == SUBACK_FAILURE
+        ]
+        if not refused:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
+        self._filters = [f for f in self._filters if f[0] not in refused]
+        error = NlaggError(
+            f"broker {self.url} refused client {self.client_id!r} the subscription to "
+            + ", ".join(repr(p) for p in refused)
+        )
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+        if resubscribed:
+            self._fail(error)
+
+    def _next_packet_id(self) -> int:
+        self._packet_id = self._packet_id % 0xFFFF + 1
+        return self._packet_id
+
+    def _fail(self, error: NlaggError) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        waiters = [w for _, ws, _ in self._subacks.values() for w in ws] + self._orphans
+        if self._first is not None:
+            waiters.append(self._first)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._subacks.clear()
+        self._orphans = []
         self._wake()
 
-    def _on_message(self, _client: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
-        item = Delivery(msg.topic, bytes(msg.payload), bool(msg.retain), msg.mid, msg.qos, self._connection)
-        self._inbox.append(item)
-        if self._waiter is not None:  # the reader sets its waiter before it looks at the inbox
-            self._wake()
-
     def _wake(self) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake_in_loop)
-
-    def _wake_in_loop(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _fail(self, error: NlaggError) -> None:
-        self._fatal = error
-        self._stop.set()
-        self._wake()
-
-    def _open(self, first: bool) -> bool:
-        try:
-            if first:
-                self._client.connect(self.host, self.port, keepalive=self.keepalive)
-            else:
-                self._client.reconnect()
-        except OSError as exc:
-            log.info("connect to %s failed: %s", self.url, exc)
-            return False
-        return True
-
-    def _run(self) -> None:
-        """Connect, loop, send pending acks, reconnect with jittered backoff on any loss."""
-        up, first, failures = False, True, 0
-        while not self._stop.is_set():
-            if not up:
-                if self._open(first):
-                    up, first = True, False
-                else:
-                    failures += 1
-                    if failures >= self.reconnect_tries:
-                        self._fail(NlaggError(f"cannot connect to broker {self.url} after {failures} tries"))
-                        return
-                    self._stop.wait(
-                        jittered_backoff(failures, self.backoff_base, self.backoff_max, self._jitter)
-                    )
-                    continue
-            rc = self._client.loop(timeout=0.02)
-            if self._connected.is_set():
-                failures = 0
-            self._send_acks()
-            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS and not self._stop.is_set():
-                up = False
-                self._connected.clear()
-                self.reconnects += 1
-                log.warning("connection to %s lost (%s); reconnecting", self.url, rc)
-        self._send_acks()
-
-    def _send_acks(self) -> None:
-        while self._acks:
-            mid, qos, connection = self._acks.popleft()
-            if connection == self._connection and self._connected.is_set():
-                self._client.ack(mid, qos)
-                self.acked += 1
-
-    # asyncio side -----------------------------------------------------------------------------
+    # public interface -----------------------------------------------------------------------------
     async def connect(self) -> None:
-        """Start the client thread and wait for the first connection (or a refusal)."""
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name=f"mqtt-{self.client_id}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + self.connect_timeout
-        while not self._connected.is_set():
-            if self._fatal is not None:
-                raise self._fatal
-            if time.monotonic() > deadline:
-                self._stop.set()
-                raise NlaggError(f"no connection to broker {self.url} within {self.connect_timeout:g} s")
-            await asyncio.sleep(0.01)
+        """Start the client and wait for the first connection (or a refusal)."""
+        if self._task is not None:
+            raise NlaggError(f"{self.client_id}: already connected to {self.url}")
+        loop = asyncio.get_running_loop()
+        self._closed = False
+        self._first = loop.create_future()
+        self._task = loop.create_task(self._run(), name=f"mqtt-{self.client_id}")
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._first
+        except TimeoutError:
+            await self._stop()
+            raise NlaggError(
+                f"no connection to broker {self.url} within {self.connect_timeout:g} s"
+            ) from None
+        except NlaggError:
+            await self._stop()
+            raise
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None:
-        """Subscribe (again after every reconnection; the persistent session keeps them anyway)."""
+        """Subscribe and wait for the SUBACK (again after every reconnection; the session keeps them)."""
         for pattern in filters:
             if not valid_filter(pattern):
                 raise ConfigError("topic_filter", pattern, "not a valid MQTT topic filter")
-        for pattern in filters:
-            self._filters.append((pattern, qos))
-            self._client.subscribe(pattern, qos)
+        if qos not in (0, 1):
+            raise ConfigError("qos", qos, "the capture client subscribes at QoS 0 or 1")
+        if self._fatal is not None:
+            raise self._fatal
+        added = [(pattern, qos) for pattern in filters]
+        self._filters.extend(added)
+        if not added or self._task is None:
+            return  # not connected yet: connect() subscribes them
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        session = self._session
+        if session is None:
+            self._orphans.append(waiter)  # reconnecting: the resubscription answers
+        else:
+            pid = self._next_packet_id()
+            self._subacks[pid] = (added, [waiter], False)
+            session.write(encode_subscribe(pid, added))
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await waiter
+        except TimeoutError:
+            raise NlaggError(
+                f"broker {self.url} did not acknowledge the subscription to {list(filters)} "
+                f"within {self.connect_timeout:g} s"
+            ) from None
 
     def backlog(self) -> int:
         """Messages received but not yet taken by :meth:`messages`."""
         return len(self._inbox)
 
     def ack(self, deliveries: Iterable[Message]) -> None:
-        """Acknowledge deliveries (QoS 1) to the broker; call only once they are committed."""
-        for d in deliveries:
-            if isinstance(d, Delivery) and d.qos > 0:
-                self._acks.append((d.mid, d.qos, d.connection))
+        """Acknowledge deliveries (QoS 1) to the broker, in one write; call only once they are committed."""
+        number = self._connection
+        mids = [d.mid for d in deliveries if isinstance(d, Delivery) and d.qos > 0 and d.connection == number]
+        session = self._session
+        if mids and session is not None:
+            session.write(encode_pubacks(mids))
+            self.acked += len(mids)
 
     async def messages(self) -> AsyncIterator[Message]:
         """Every delivery, in arrival order, across reconnections; raises if the client gave up."""
         loop = asyncio.get_running_loop()
+        inbox = self._inbox
         while True:
-            while self._inbox:
-                yield self._inbox.popleft()
+            while inbox:
+                yield inbox.popleft()
             if self._fatal is not None:
                 raise self._fatal
-            if self._stop.is_set():
+            if self._closed:
                 return
             self._waiter = loop.create_future()
             try:
-                if not self._inbox and self._fatal is None:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
-                    # coincides with the wake-up, and the reader would never stop.
-                    async with asyncio.timeout(0.5):
-                        await self._waiter
-            except TimeoutError:
-                pass
+                await self._waiter
             finally:
                 self._waiter = None
 
@@ -256,16 +460,34 @@ class AckingSubscriber:
         raise NlaggError(f"{self.client_id}: the capture client only subscribes (not {topic})")
 
     async def close(self) -> None:
-        """Send the pending acks, disconnect cleanly (the session stays on the broker), stop the thread."""
-        if self._thread is None:
+        """Disconnect cleanly after the acks already written (the session stays on the broker)."""
+        if self._task is None:
             return
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        await asyncio.to_thread(thread.join, 5.0)
-        if self._connected.is_set():
-            self._client.disconnect()
-            self._client.loop(timeout=0.1)
-        self._connected.clear()
+        session, self._session = self._session, None
+        if session is not None and session.transport is not None:
+            self._closed = True
+            session.write(DISCONNECT_FRAME)
+            # The broker closes the connection once it has read the DISCONNECT, so every ack written
+            # before it has been taken too (closing first could race a new connection of the same
+            # client id, which makes the broker drop what it had not read yet).
+            try:
+                async with asyncio.timeout(5.0):
+                    await session.closed.wait()
+            except TimeoutError:
+                session.transport.close()
+        await self._stop()
+
+    async def _stop(self) -> None:
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+        for waiter in [w for _, ws, _ in self._subacks.values() for w in ws] + self._orphans:
+            waiter.cancel()
+        self._subacks.clear()
+        self._orphans = []
+        self._wake()
 
     async def __aenter__(self) -> Self:
         await self.connect()
