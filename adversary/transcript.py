@@ -122,7 +122,7 @@ class Transcript:
         self._rows: list[tuple[object, ...]] = []
         # Writer state, loaded lazily: digests stored, and (kind, topic, t or group) -> digest of
         # the valid x/z0/adv message that holds that slot.
-        self._seen: set[str] | None = None
+        self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
 
     # Writing ------------------------------------------------------------------------------
@@ -131,10 +131,11 @@ class Transcript:
     ) -> Captured:
         """Store one message (parsed when valid); return the parsed message, or None if invalid.
 
-        A message already stored (same topic and payload) is not stored again; it is still
-        returned parsed, so handling it twice is the caller's idempotent business. Rows are
-        written by :meth:`commit` (the eavesdropper commits every fraction of a second and at
-        exit); the readers below see them only after it.
+        A message already stored (same topic and payload) is not stored again and is judged as
+        its first copy was: returned parsed if that one was valid (handling it twice is the
+        caller's idempotent business), None if it was rejected. Rows are written by
+        :meth:`commit` (the eavesdropper commits every fraction of a second and at exit); the
+        read methods below commit first, so they see everything added.
         """
         if self._seen is None:
             self._load_writer_state()
@@ -145,14 +146,14 @@ class Transcript:
             info, msg = decode(topic, payload, self.prefix, self.run_id)
         except WireError as exc:
             if key not in self._seen:
-                self._seen.add(key)
+                self._seen[key] = False
                 self._rows.append((topic, payload, when, int(retained), 0, str(exc), *_NO_FIELDS, key))
             return None
-        if key in self._seen:
-            return (info, msg)  # a redelivery: stored once, but parsed for the caller
-        self._seen.add(key)
+        if key in self._seen:  # a redelivery: stored once, judged as the first copy was
+            return (info, msg) if self._seen[key] else None
         t, phase, value = _fields(info, msg)
         clash = self._claim(key, topic, info, t, phase)
+        self._seen[key] = clash is None
         if clash is not None:
             self._rows.append((topic, payload, when, int(retained), 0, clash, *_NO_FIELDS, key))
             return None
@@ -173,9 +174,9 @@ class Transcript:
 
     def _load_writer_state(self) -> None:
         rows = self.db.execute("SELECT dedup, valid, kind, topic, t, phase FROM messages ORDER BY id")
-        self._seen = set()
+        self._seen = {}
         for key, valid, kind, topic, t, phase in rows:
-            self._seen.add(str(key))
+            self._seen[str(key)] = bool(valid)
             if valid and kind in ("x", "z0", "adv"):
                 self._slots.setdefault((str(kind), str(topic), phase if kind == "z0" else t), str(key))
 
