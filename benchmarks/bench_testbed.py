@@ -9,7 +9,8 @@ TCP_NODELAY):
 * baseline: synchronous rounds with a trivial payload; a node publishes round t and waits for
   round t of every neighbour. No math, no JSON, no capture.
 * testbed: ``run_testbed`` (max, ``t_max = rounds``): full wire protocol v1, PDMM updates, the
-  eavesdropper storing every message in SQLite and replaying the attack live.
+  eavesdropper storing every message in SQLite and replaying the attack live (as the testbed
+  runs it by default: its own process at nice +10).
 
 Rounds per second are measured from the first round to the last (startup excluded) on both
 sides. Target: testbed >= 80% of the baseline. The machine is shared, so the two are run
