@@ -1,6 +1,7 @@
 """Rounds per second of the networked testbed against a raw MQTT round baseline, in one run.
 
-    python benchmarks/bench_testbed.py [--n 15] [--rounds 1000] [--layouts processes,in-process]
+    python benchmarks/bench_testbed.py [--n 15] [--rounds 1000] [--repeat 3] [--layouts processes,in-process]
+                                       [--eavesdropper-nice 10]
 
 Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
 run's RGG), the same process layout and the same transport (MqttTransport: aiomqtt, QoS 1,
@@ -134,8 +135,8 @@ async def raw_processes(url: str, cfg: RunConfig, rounds: int) -> float:
     return min(float(out.decode().strip()) for out, _ in outs)
 
 
-async def testbed_rate(url: str, cfg: RunConfig, in_process: bool) -> float:
-    summary = await run_testbed(cfg, broker_url=url, in_process=in_process)
+async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int) -> float:
+    summary = await run_testbed(cfg, broker_url=url, in_process=in_process, eavesdropper_nice=nice)
     if not summary["exact"] and cfg.t_max_value >= 7000:
         print("warning: testbed result not exact", file=sys.stderr)
     return float(summary["rounds_per_second"])
@@ -152,7 +153,7 @@ async def main(args: argparse.Namespace) -> None:
             for _ in range(args.repeat):
                 raw = raw_in_process if in_process else raw_processes
                 base.append(await raw(broker.url, cfg, args.rounds))
-                ours.append(await testbed_rate(broker.url, cfg, in_process))
+                ours.append(await testbed_rate(broker.url, cfg, in_process, args.eavesdropper_nice))
             b, o = statistics.median(base), statistics.median(ours)
             print(
                 f"{layout:>11}: raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
@@ -172,4 +173,5 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layouts", default="processes,in-process")
+    parser.add_argument("--eavesdropper-nice", type=int, default=10, help="the testbed's default: 10")
     asyncio.run(main(parser.parse_args()))
