@@ -247,7 +247,7 @@ async def run_testbed(
     ``in_process=None`` picks the layout: one process per node, except on the embedded
     amqtt broker, where every node process would add its own delivery of every
     neighbour's x and the pure-Python broker becomes the bottleneck (48 rounds/s against
-    154 in-process, n = 15): there the nodes share one connection.
+    180 in-process, n = 15): there the nodes share one connection.
 
     ``eavesdropper_nice`` lowers the eavesdropper process's CPU priority by that much (0: as
     the launcher). It still stores every message (the run fails otherwise); it only yields the
