@@ -8,10 +8,11 @@ array, node after node with neighbours ascending, ``[u_{i|j} of every node; u_{j
 node]``, and the step is the same :mod:`nlagg_node.pdmm` calls a lone
 :class:`~nlagg_node.runtime.node.Node` makes on its own slice. The operations are element-wise
 and :func:`~nlagg_node.pdmm.dual_sum` adds each node's duals in the same order, so the numbers
-are bit for bit those of separate processes and of the simulator. One coroutine per node with
-numpy calls on five-element arrays spent more on scheduling and call overhead than on the math
-(n = 15 on Mosquitto: 1.32 ms of host CPU per round per-node, see ``benchmarks/bench_testbed.py``).
-Nodes with a checkpoint store run their own per-node loop (resume is per node).
+are bit for bit those of separate processes and of the simulator. One iterating coroutine per
+node, with numpy calls on five-element arrays, spent more on scheduling and call overhead than on
+the math (n = 15 on Mosquitto: 1.32 ms of host CPU per round, 1.08 ms batched; the raw MQTT
+baseline of ``benchmarks/bench_testbed.py`` takes 1.01 ms). Nodes with a checkpoint store run
+their own per-node loop (resume is per node).
 """
 
 from __future__ import annotations
