@@ -8,7 +8,7 @@ from typing import Literal
 
 from ..errors import NlaggError
 
-__all__ = ["KeyedSlots", "NeighbourTimeoutError", "NodeResult"]
+__all__ = ["KeyedSlots", "NeighbourTimeoutError", "NodeResult", "first_error"]
 
 
 class NeighbourTimeoutError(NlaggError):
@@ -71,3 +71,12 @@ class KeyedSlots:
                 self._key = None
                 self._future = None
         return self.slots.pop(key)
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of a (possibly nested) exception group: what a task group's caller re-raises,
+    so a node failure surfaces as itself (e.g. :class:`NeighbourTimeoutError`), not as a group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -30,7 +30,7 @@ from ..init import draw_z0, perturb_value
 from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
-from .barrier import NodeResult
+from .barrier import NodeResult, first_error
 from .node import FloatArray, Node
 from .transport import Transport
 from .wire import WireError, XMsg, decode, encode_x, topics
@@ -41,20 +41,13 @@ log = logging.getLogger("nlagg.node")
 T = TypeVar("T")
 
 
-def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
 async def _all(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
     """Run concurrently; the first failure cancels the rest and is raised as itself."""
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(c) for c in coros]
     except BaseExceptionGroup as group:
-        raise _first_error(group) from None
+        raise first_error(group) from None
     return [t.result() for t in tasks]
 
 
@@ -130,7 +123,7 @@ async def host_nodes(
                 for node in nodes:
                     node._cancel_watchdog()
     except BaseExceptionGroup as group:
-        raise _first_error(group) from None
+        raise first_error(group) from None
     return results
 
 

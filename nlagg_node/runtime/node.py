@@ -29,7 +29,7 @@ from ..init import draw_z0, perturb_value
 from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import Phase, bypassed, combine, effective_values, phase_c, plan_phases, value_noise
-from .barrier import KeyedSlots, NeighbourTimeoutError, NodeResult
+from .barrier import KeyedSlots, NeighbourTimeoutError, NodeResult, first_error
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .public import ConfigMismatchError, build_config_msg, config_from_msg, config_mismatch, run_edges
 from .transport import Message, Transport, Will
@@ -374,7 +374,7 @@ class Node:
                         reader.cancel()
                     self._cancel_watchdog()
         except ExceptionGroup as group:
-            raise group.exceptions[0] from None
+            raise first_error(group) from None
         return result
 
     async def _status(self, state: Literal["online", "running", "done"], **extra: object) -> None:
