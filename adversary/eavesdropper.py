@@ -1,6 +1,6 @@
 """The passive eavesdropper: subscribe to ``P/R/#``, store everything, replay the attack live.
 
-``nlagg eavesdrop --broker URL --run-id R --db transcript.sqlite`` runs :func:`eavesdrop`; the
+``nlagg eavesdrop --broker URL --run-id R --transcript transcript.sqlite`` runs :func:`eavesdrop`; the
 testbed runs :class:`Eavesdropper` in its launcher. Every message goes to the
 :class:`~adversary.transcript.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
 which reports an exposure as soon as the iteration that reveals it is complete. Over an

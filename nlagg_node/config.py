@@ -25,6 +25,9 @@ InitName = Literal[
 ]
 ValueDist = Literal["normal", "uniform", "bimodal"]
 
+DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+"""The broker every command connects to when none is given (the testbed starts its own instead)."""
+
 # Per-operator defaults, measured on RGG n = 15 (see README, "Privacy against convergence time").
 # c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
 OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
@@ -120,6 +123,33 @@ class RunConfig(BaseModel):
         return GraphSpec(
             kind=self.graph, n=self.n, radius=self.radius, p=self.edge_probability, path=self.graph_file
         )
+
+
+def parse_corrupt(spec: str | None, n: int) -> list[int]:
+    """The corrupted nodes of ``--corrupt``, one meaning for every command.
+
+    ``None``, ``""``, ``"none"`` or ``"0"``: nobody. A count ``"2"``: the nodes with the lowest ids
+    (0 and 1; private values are drawn independently of the id, so which ids is immaterial). A list
+    ``"3,7"``: those ids. At least one node must stay honest.
+    """
+    if spec is None or spec.strip() in ("", "none"):
+        return []
+    text = spec.strip()
+    try:
+        if "," not in text:
+            count = int(text)
+            if not 0 <= count < n:
+                raise ConfigError("corrupt", spec, f"a count must lie in 0..{n - 1} (one node stays honest)")
+            return list(range(count))
+        ids = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ConfigError("corrupt", spec, "use a count (2: nodes 0 and 1) or a list of ids (3,7)") from None
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
+    if len(ids) >= n:
+        raise ConfigError("corrupt", spec, "at least one node must stay honest")
+    return ids
 
 
 def parse_record_spec(spec: str, t_total: int) -> list[int]:

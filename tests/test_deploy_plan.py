@@ -168,18 +168,25 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "expected"),
-    [(None, []), ("0", []), ("3,7", [3, 7]), ("7,3,3", [3, 7]), ("5,", [5])],
-    ids=["none", "zero", "ids", "dupes", "one-id"],
+    [(None, []), ("0", []), ("none", []), ("3", [0, 1, 2]), ("3,7", [3, 7]), ("7,3,3", [3, 7]), ("5,", [5])],
+    ids=["none", "zero", "none-word", "count", "ids", "dupes", "one-id"],
 )
 def test_parse_corrupt(spec: str | None, expected: list[int]) -> None:
-    assert parse_corrupt(spec, 10, 0) == expected
+    assert parse_corrupt(spec, 10) == expected
 
 
-def test_parse_corrupt_count_is_seeded() -> None:
-    picked = parse_corrupt("3", 10, 5)
-    assert len(picked) == 3
-    assert picked == sorted(set(picked))
-    assert picked == parse_corrupt("3", 10, 5)
+def test_corrupt_count_names_the_same_nodes_in_plan_and_sim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--corrupt 2`` is nodes 0 and 1 in deploy plan as in sim and testbed (one parser)."""
+    from adversary.transcript import Transcript
+
+    assert load_plan(_make_plan(tmp_path, corrupt="2")).corrupted == [0, 1]
+    db = tmp_path / "t.sqlite"
+    args = ["sim", "--n", "6", "--trials", "1", "--t-max", "50", "--corrupt", "2", "--transcript", str(db)]
+    assert run_cli([*args, "--json"], capsys, monkeypatch)[0] == 0
+    with Transcript(db) as tr:
+        assert tr.corrupted() == [0, 1]
 
 
 @pytest.mark.parametrize(
@@ -187,7 +194,7 @@ def test_parse_corrupt_count_is_seeded() -> None:
 )
 def test_parse_corrupt_rejects(spec: str) -> None:
     with pytest.raises(ConfigError, match="corrupt"):
-        parse_corrupt(spec, 10, 0)
+        parse_corrupt(spec, 10)
 
 
 def test_plan_refuses_bad_run_id_and_overwrite(tmp_path: Path) -> None:

@@ -269,7 +269,7 @@ async def test_refused_credentials_fail_at_once_with_one_line(tmp_path: Path) ->
         )  # fmt: skip
         eaves = await asyncio.to_thread(
             run_cli, "eavesdrop", "--broker", broker.url, "--run-id", "locked",
-            "--db", str(tmp_path / "t.sqlite"), "--no-live",
+            "--transcript", str(tmp_path / "t.sqlite"), "--no-live",
         )  # fmt: skip
     for proc in (node, eaves):
         assert proc.returncode == 1

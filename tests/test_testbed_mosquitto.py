@@ -249,6 +249,7 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
         [
             *(sys.executable, "-c", "from nlagg_node.cli import main; main()", "testbed", "--n", "5"),
             *("--op", "min", "--t-max", "30", "--in-process", "--corrupt", "4", "--json"),
+            *("--theta", "0.6", "--sigma-z", "2", "--values", "uniform"),
             *("--broker", mosquitto_url, "--out", str(tmp_path / "out")),
         ],
         capture_output=True,
@@ -268,6 +269,8 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
         "summary.json",
         "manifest.json",
     }
+    config = json.loads((tmp_path / "out" / "manifest.json").read_text())["config"]
+    assert (config["theta"], config["sigma_z"], config["values"]) == (0.6, 2.0, "uniform")
 
 
 @needs_mosquitto

@@ -9,16 +9,21 @@ from typing import Annotated
 
 import typer
 
-from ._app import app
+from ._app import TRANSCRIPT_HELP, ForceOpt, app, claim_out
 
 
 @app.command()
 def attack(
-    transcript: Annotated[Path, typer.Argument(help="transcript.sqlite of a testbed or simulated run")],
+    transcript: Annotated[
+        Path,
+        typer.Argument(
+            metavar="TRANSCRIPT", help=TRANSCRIPT_HELP + " of a testbed or simulated run (opened read-only)"
+        ),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     truth: Annotated[
         Path | None,
-        typer.Option(help="ground truth to score against (summary.json); default: next to the transcript"),
+        typer.Option(help="ground truth to score (summary.json) [default: the one next to the transcript]"),
     ] = None,
 ) -> None:
     """Replay the public z-recursion of a transcript and report what it proves about every node."""
@@ -60,13 +65,15 @@ def experiment(
     name: Annotated[
         str,
         typer.Argument(
-            help="mse, nmi-max, nmi-median, topology, dp, min, topk, quantile, trimmed-mean or all"
+            metavar="NAME",
+            help="mse, nmi-max, nmi-median, topology, dp, min, topk, quantile, trimmed-mean or all",
         ),
     ],
     trials: Annotated[int, typer.Option(help="Monte Carlo trials per simulation")] = 1000,
     out: Annotated[Path, typer.Option(help="directory for the figures, JSON and index.html")] = Path(
         "experiments"
     ),
+    force: ForceOpt = False,
     seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
     quiet: Annotated[bool, typer.Option(help="no progress lines")] = False,
     bootstrap: Annotated[int, typer.Option(help="subsamples (80% of trials) for 90% NMI bands")] = 0,
@@ -80,6 +87,13 @@ def experiment(
         if not quiet:
             print(line, file=sys.stderr, flush=True)
 
+    from adversary.experiments import experiment_names
+
+    chosen = experiment_names() if name == "all" else [name]
+    if name in ("all", *experiment_names()):
+        extra = ["index.html"] if name == "all" else []
+        files = [f"{nm}.{ext}" for nm in chosen for ext in ("png", "pdf", "json")]
+        claim_out(out, files + extra, force=force)
     started = time.perf_counter()
     if name == "all":
         page = run_all(trials, out, seed=seed, log=log, bootstrap=bootstrap)
@@ -94,13 +108,20 @@ def experiment(
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="directory written by nlagg testbed --out")],
+    run_dir: Annotated[
+        Path, typer.Argument(metavar="RUN_DIR", help="directory written by nlagg testbed --out")
+    ],
     out: Annotated[
-        Path | None, typer.Option(help="where to write report.html (default: the run directory)")
+        Path | None,
+        typer.Option(help="directory for report.html, .png, .pdf, .json [default: the run directory]"),
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Turn one testbed run into a page: trajectories, what the adversary learned when, the ideal bound."""
     from adversary.report import render_testbed_report
 
+    target = out if out is not None else run_dir
+    if run_dir.is_dir():
+        claim_out(target, [f"report.{ext}" for ext in ("html", "png", "pdf", "json")], force=force)
     page = render_testbed_report(run_dir, out)
     print(f"wrote {page}")

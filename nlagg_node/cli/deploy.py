@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ._app import app
+from ..config import DEFAULT_BROKER
+from ._app import CorruptOpt, ForceOpt, app
 
 deploy_app = typer.Typer(
     name="deploy",
@@ -32,17 +33,17 @@ def plan_cmd(
     op: Annotated[
         str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
     ] = "max",
-    corrupt: Annotated[str | None, typer.Option(help="a count (2) drawn from the seed, or ids (3,7)")] = None,
+    corrupt: CorruptOpt = None,
     seed: Annotated[
-        int | None, typer.Option(help="run seed for graph, values, corrupted set (OS entropy if unset)")
+        int | None, typer.Option(help="run seed for graph and values [default: drawn from OS entropy]")
     ] = None,
     replay: Annotated[
         bool, typer.Option(help="give nodes the run seed so z^(0) replays the simulator (lab only)")
     ] = False,
     prefix: Annotated[str, typer.Option(help="topic prefix P")] = "nlagg",
     broker: Annotated[
-        str, typer.Option(help="URL nodes and eavesdropper connect to")
-    ] = "mqtt://localhost:1883",
+        str, typer.Option(help="broker URL the nodes and the eavesdropper connect to, mqtt://host[:port]")
+    ] = DEFAULT_BROKER,
     listen: Annotated[
         str, typer.Option(help="broker listener: PORT or HOST:PORT (PORT = every address)")
     ] = "1883",
@@ -62,7 +63,7 @@ def plan_cmd(
     tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
     tls_certfile: Annotated[str | None, typer.Option(help="broker TLS: server certificate (PEM)")] = None,
     tls_keyfile: Annotated[str | None, typer.Option(help="broker TLS: server key (PEM)")] = None,
-    force: Annotated[bool, typer.Option(help="replace an existing plan in --out")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Write run.toml, graph.json, nodes/<i>.toml, secrets/, broker/ (conf, passwd, ACL) and commands.txt."""
     from ..config import load_config
@@ -142,8 +143,8 @@ def compose_cmd(
 
 @deploy_app.command("publish-config")
 def publish_config_cmd(
-    broker: Annotated[str, typer.Option(help="mqtt://host:port of the run's broker")],
     config: Annotated[Path, typer.Option(help="the plan's public run.toml")] = Path("run.toml"),
+    broker: Annotated[str, typer.Option(help="the run's broker, mqtt://host[:port]")] = DEFAULT_BROKER,
     username: Annotated[str, typer.Option(help="broker user allowed to write the config")] = "launcher",
     password_file: Annotated[Path, typer.Option(help="file holding that user's password")] = Path(
         "secrets/launcher.pw"
@@ -166,7 +167,7 @@ def publish_config_cmd(
 def bundle_cmd(
     plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan")],
     node: Annotated[int, typer.Option(help="node id")],
-    out: Annotated[Path | None, typer.Option(help="tarball to write (default: node<ID>.tar.gz)")] = None,
+    out: Annotated[Path | None, typer.Option(help="tarball to write [default: node<ID>.tar.gz]")] = None,
 ) -> None:
     """Pack what one device needs (run.toml, graph.json, its node file and password) into a tarball."""
     from ..deploy.bundle import write_bundle
@@ -178,8 +179,10 @@ def bundle_cmd(
 
 @deploy_app.command("node")
 def node_cmd(
-    node_file: Annotated[Path, typer.Argument(help="the node's private file (nodes/<i>.toml)")],
-    broker: Annotated[str | None, typer.Option(help="override the broker URL of the file")] = None,
+    node_file: Annotated[
+        Path, typer.Argument(metavar="NODE_FILE", help="the node's private file (nodes/<i>.toml)")
+    ],
+    broker: Annotated[str | None, typer.Option(help="override the broker URL [default: the file's]")] = None,
     dry_run: Annotated[bool, typer.Option(help="print the nlagg node command instead of running it")] = False,
 ) -> None:
     """Start one node from its file: runs `nlagg node` with the file's id, value source and credentials."""

@@ -12,8 +12,33 @@ from typing import Annotated, Any
 
 import typer
 
+from ..config import DEFAULT_BROKER
 from ..errors import ConfigError
-from ._app import app, parse_corrupt
+from ._app import (
+    TRANSCRIPT_HELP,
+    BrokerOpt,
+    ConfigOpt,
+    COpt,
+    CorruptOpt,
+    ForceOpt,
+    GraphFileOpt,
+    GraphOpt,
+    InitOpt,
+    KOpt,
+    MuZOpt,
+    NOpt,
+    OpOpt,
+    QuantileOpt,
+    SeedOpt,
+    SigmaZOpt,
+    ThetaOpt,
+    TMaxOpt,
+    ValuesOpt,
+    VerboseOpt,
+    app,
+    claim_out,
+    parse_corrupt,
+)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -87,7 +112,7 @@ def node(
     config: Annotated[
         Path, typer.Option(help="run config (TOML with [run] and optional [network], or JSON)")
     ],
-    broker: Annotated[str, typer.Option(help="mqtt://host:port")] = "mqtt://127.0.0.1:1883",
+    broker: BrokerOpt = DEFAULT_BROKER,
     value: Annotated[float | None, typer.Option(help="the private value s_i")] = None,
     value_file: Annotated[Path | None, typer.Option(help="file whose first line is s_i")] = None,
     value_cmd: Annotated[
@@ -119,7 +144,7 @@ def node(
         typer.Option(help="keep a checkpoint here (before every publish); a restart resumes from it"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run one node: connect, announce, exchange z^(0), iterate with the neighbour barrier, publish done."""
     import asyncio
@@ -184,45 +209,59 @@ def node(
         )
 
 
+TESTBED_FILES = (
+    "transcript.sqlite*",
+    "summary.json",
+    "manifest.json",
+    "run-config.json",
+    "node-*.log",
+    "report.html",
+    "report.png",
+)
+"""What ``nlagg testbed --out`` (and ``nlagg report`` on it) writes."""
+
+
 @app.command("testbed")
 def run_testbed_command(
-    n: Annotated[int | None, typer.Option(help="number of nodes")] = None,
-    op: Annotated[
-        str | None, typer.Option(help="max, min, topk, median, quantile, trimmed-mean, average")
-    ] = None,
-    graph: Annotated[
-        str | None, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")
-    ] = None,
-    graph_file: Annotated[Path | None, typer.Option(help="edge list; implies --graph file")] = None,
-    corrupt: Annotated[str | None, typer.Option(help="a count (2: nodes 0 and 1) or ids (3,7)")] = None,
-    seed: Annotated[int | None, typer.Option(help="run seed: graph, values and every node's z^(0)")] = None,
-    run_id: Annotated[str | None, typer.Option(help="run id (fresh tb-xxxxxxxx by default)")] = None,
+    n: NOpt = None,
+    op: OpOpt = None,
+    graph: GraphOpt = None,
+    graph_file: GraphFileOpt = None,
+    corrupt: CorruptOpt = None,
+    seed: SeedOpt = None,
+    run_id: Annotated[str | None, typer.Option(help="run id [default: a fresh tb-xxxxxxxx]")] = None,
     prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
-    broker: Annotated[str | None, typer.Option(help="use this broker instead of a private one")] = None,
+    broker: Annotated[
+        str | None,
+        typer.Option(help="use this broker, mqtt://host[:port] [default: a private one on a free port]"),
+    ] = None,
     broker_kind: Annotated[str, typer.Option(help="private broker: auto, mosquitto or amqtt")] = "auto",
     in_process: Annotated[
         bool | None,
         typer.Option(
             "--in-process/--processes",
-            help="host all nodes as tasks on one connection (large n), or one process per node;"
-            " default: processes, except on the embedded broker",
+            help="host all nodes as tasks on one connection (large n), or one process per node"
+            " [default: processes, except on the embedded broker]",
         ),
     ] = None,
-    t_max: Annotated[
-        int | None, typer.Option(help="iterations per phase (operator default if unset)")
-    ] = None,
-    c: Annotated[float | None, typer.Option(help="PDMM step parameter c")] = None,
-    mu_z: Annotated[float | None, typer.Option(help="mean offset of z^(0)")] = None,
-    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
-    quantile: Annotated[float | None, typer.Option(help="quantile level p")] = None,
-    init: Annotated[str | None, typer.Option(help="dual initialization (see nlagg sim)")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML run config; flags override it")] = None,
+    t_max: TMaxOpt = None,
+    c: COpt = None,
+    mu_z: MuZOpt = None,
+    sigma_z: SigmaZOpt = None,
+    theta: ThetaOpt = None,
+    k: KOpt = None,
+    quantile: QuantileOpt = None,
+    init: InitOpt = None,
+    values: ValuesOpt = None,
+    config: ConfigOpt = None,
     neighbour_timeout: Annotated[float, typer.Option(help="seconds a node waits at a barrier")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
     out: Annotated[
-        Path | None, typer.Option(help="keep transcript.sqlite, summary.json, manifest.json here")
+        Path | None,
+        typer.Option(help="keep transcript.sqlite, summary.json, manifest.json in this directory"),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    force: ForceOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run a whole network on this machine: broker, eavesdropper, n nodes; print what happened."""
     import asyncio
@@ -242,14 +281,20 @@ def run_testbed_command(
         t_max=t_max,
         c=c,
         mu_z=mu_z,
+        sigma_z=sigma_z,
+        theta=theta,
         k=k,
         quantile=quantile,
         init=init,
+        values=values,
         seed=seed,
         trials=1,
     )
     if broker_kind not in ("auto", "mosquitto", "amqtt"):
         raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")
+    corrupted = parse_corrupt(corrupt, cfg.n)
+    if out is not None:
+        claim_out(out, TESTBED_FILES, force=force)
     console = Console(stderr=as_json)
     summary = asyncio.run(
         run_testbed(
@@ -259,7 +304,7 @@ def run_testbed_command(
             broker_url=broker,
             broker_kind=broker_kind,
             in_process=in_process,
-            corrupt=parse_corrupt(corrupt, cfg.n),
+            corrupt=corrupted,
             out_dir=out,
             neighbour_timeout=neighbour_timeout,
             on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
@@ -307,11 +352,12 @@ def _print_summary(console: Any, s: dict[str, Any]) -> None:
 
 @app.command()
 def eavesdrop(
-    broker: Annotated[str, typer.Option(help="mqtt://host:port")],
     run_id: Annotated[str, typer.Option(help="the run to capture")],
-    db: Annotated[Path, typer.Option(help="SQLite transcript (created or appended)")] = Path(
-        "transcript.sqlite"
-    ),
+    broker: BrokerOpt = DEFAULT_BROKER,
+    transcript: Annotated[
+        Path,
+        typer.Option(help=TRANSCRIPT_HELP + " to write (created, or continued when it holds this run)"),
+    ] = Path("transcript.sqlite"),
     prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
     username: Annotated[str | None, typer.Option(help="broker user name")] = None,
     password_file: Annotated[Path | None, typer.Option(help="file holding the broker password")] = None,
@@ -321,7 +367,7 @@ def eavesdrop(
     config: Annotated[
         Path | None, typer.Option(help="the run's config file, if the retained P/R/config is not published")
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
     import asyncio
@@ -342,7 +388,7 @@ def eavesdrop(
         run_eavesdropper(
             broker,
             run_id,
-            db,
+            transcript,
             prefix=prefix,
             username=username,
             password=password,

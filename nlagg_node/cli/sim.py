@@ -9,63 +9,82 @@ from typing import Annotated, Any
 
 import typer
 
-from ._app import app, parse_corrupt
+from ._app import (
+    CORRUPT_HELP,
+    ConfigOpt,
+    COpt,
+    ForceOpt,
+    GraphFileOpt,
+    GraphOpt,
+    InitOpt,
+    KOpt,
+    MuZOpt,
+    NOpt,
+    OpOpt,
+    QuantileOpt,
+    SeedOpt,
+    SigmaZOpt,
+    ThetaOpt,
+    TMaxOpt,
+    TrialsOpt,
+    ValuesOpt,
+    app,
+    claim_file,
+    claim_out,
+    parse_corrupt,
+)
+
+RUN_FILES = ("summary.json", "arrays.npz", "manifest.json")
+"""What ``nlagg sim --out`` writes."""
 
 
 @app.command()
 def sim(
-    op: Annotated[
-        str | None, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
+    op: OpOpt = None,
+    n: NOpt = None,
+    graph: GraphOpt = None,
+    graph_file: GraphFileOpt = None,
+    trials: TrialsOpt = None,
+    t_max: TMaxOpt = None,
+    c: COpt = None,
+    init: InitOpt = None,
+    mu_z: MuZOpt = None,
+    sigma_z: SigmaZOpt = None,
+    seed: SeedOpt = None,
+    k: KOpt = None,
+    quantile: QuantileOpt = None,
+    sigma_s: Annotated[
+        float | None, typer.Option(help="std of the DP baselines' value noise [default: 0.1]")
     ] = None,
-    n: Annotated[int | None, typer.Option(help="number of nodes")] = None,
-    graph: Annotated[
-        str | None, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")
+    theta: ThetaOpt = None,
+    epsilon: Annotated[
+        float | None, typer.Option(help="top-K tolerance for identified values [default: 1e-06]")
     ] = None,
-    graph_file: Annotated[
-        Path | None, typer.Option(help="edge list (CSV 'i,j' lines or JSON); implies --graph file")
+    prior_median: Annotated[
+        float | None, typer.Option(help="prior median for --init prior [default: 0.0]")
     ] = None,
-    trials: Annotated[int | None, typer.Option(help="Monte Carlo trials")] = None,
-    t_max: Annotated[
-        int | None, typer.Option(help="iterations per phase (operator default if unset)")
-    ] = None,
-    c: Annotated[
-        float | None, typer.Option(help="PDMM step parameter c > 0 (larger = smaller steps)")
-    ] = None,
-    init: Annotated[
-        str | None,
-        typer.Option(help="none, dp-gauss, dp-laplace, proposed, symmetric, from-above, from-below, prior"),
-    ] = None,
-    mu_z: Annotated[float | None, typer.Option(help="mean offset of z^(0)")] = None,
-    sigma_z: Annotated[float | None, typer.Option(help="std of z^(0)")] = None,
-    seed: Annotated[int | None, typer.Option(help="run seed (recorded in the manifest)")] = None,
-    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
-    quantile: Annotated[
-        float | None, typer.Option(help="quantile level p in (0, 1); 0.75 = 75th percentile")
-    ] = None,
-    sigma_s: Annotated[float | None, typer.Option(help="std of the DP baselines' value noise")] = None,
-    theta: Annotated[float | None, typer.Option(help="averaging constant in (0, 1]; 1/2 = ADMM")] = None,
-    epsilon: Annotated[float | None, typer.Option(help="top-K tolerance for identified values")] = None,
-    prior_median: Annotated[float | None, typer.Option(help="prior median for --init prior")] = None,
-    values: Annotated[str | None, typer.Option(help="private values: normal, uniform or bimodal")] = None,
+    values: ValuesOpt = None,
     record: Annotated[
-        str | None, typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100")
+        str | None,
+        typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
     ] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML run config; flags override it")] = None,
+    config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
     out: Annotated[
-        Path | None, typer.Option(help="write summary.json, arrays.npz and manifest.json here")
+        Path | None, typer.Option(help="write summary.json, arrays.npz and manifest.json into this directory")
     ] = None,
     transcript: Annotated[
         Path | None,
         typer.Option(help="also write trial 0 as an eavesdropper transcript (SQLite), for `nlagg attack`"),
     ] = None,
     corrupt: Annotated[
-        str | None,
-        typer.Option(help="corrupted nodes in the transcript: a count (2: nodes 0 and 1) or ids (3,7)"),
+        str | None, typer.Option(help=CORRUPT_HELP + " in the --transcript (needs --transcript)")
     ] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..config import load_config
+    from ..errors import ConfigError
     from ..sim.output import summarize, write_run
 
     cfg = load_config(
@@ -91,6 +110,12 @@ def sim(
         record=record,
     )
     corrupted = sorted(parse_corrupt(corrupt, cfg.n))
+    if corrupted and transcript is None:
+        raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
+    if out is not None:
+        claim_out(out, RUN_FILES, force=force)
+    if transcript is not None:
+        claim_file(transcript, force=force, field="transcript")
     result = _run_with_progress(cfg)
     summary = summarize(result)
     if out is not None:

@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..config import RunConfig, validate_config
+from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours
-from ..rng import rng_for
 from . import _toml
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
@@ -61,31 +60,6 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TRANSCRIPT_NAME = "transcript.sqlite"
 
 
-def parse_corrupt(spec: str | None, n: int, seed: int) -> list[int]:
-    """``None``/``""``/``0``: nobody. ``"2"``: two nodes drawn from the run seed. ``"3,7"``: those ids."""
-    if spec is None or spec.strip() in ("", "0", "none"):
-        return []
-    text = spec.strip()
-    try:
-        if "," not in text:
-            count = int(text)
-            if not 0 <= count < n:
-                raise ConfigError(
-                    "corrupt", spec, f"a count must lie in 0..{n - 1} (at least one honest node)"
-                )
-            picked = rng_for(seed, "corrupt", 0).choice(n, size=count, replace=False)
-            return sorted(int(i) for i in picked)
-        ids = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise ConfigError("corrupt", spec, "use a count (2) or a comma-separated id list (3,7)") from None
-    bad = [i for i in ids if not 0 <= i < n]
-    if bad:
-        raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")
-    if len(ids) >= n:
-        raise ConfigError("corrupt", spec, "at least one node must stay honest")
-    return ids
-
-
 @dataclass(frozen=True)
 class PlanSpec:
     """What ``nlagg deploy plan`` is asked for.
@@ -110,7 +84,7 @@ class PlanSpec:
     corrupt: str | None = None
     seed: int | None = None
     replay: bool = False
-    broker_url: str = "mqtt://localhost:1883"
+    broker_url: str = DEFAULT_BROKER
     listen_host: str | None = None
     listen_port: int = 1883
     value_source: ValueSource | None = None
@@ -174,7 +148,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
             "graph_file": "graph.json",
         }
     )
-    corrupted = parse_corrupt(spec.corrupt, n, seed)
+    corrupted = parse_corrupt(spec.corrupt, n)
     if spec.value_source is None:
         from ..sim.values import draw_values
 
@@ -249,7 +223,7 @@ def _plan_toml(plan: DeployPlan) -> str:
 
 def eavesdrop_argv(plan_run_id: str, broker: str, db: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw)."""
-    argv = ["nlagg", "eavesdrop", "--broker", broker, "--run-id", plan_run_id, "--db", db]
+    argv = ["nlagg", "eavesdrop", "--broker", broker, "--run-id", plan_run_id, "--transcript", db]
     if prefix != DEFAULT_PREFIX:
         argv += ["--prefix", prefix]
     argv += ["--username", EAVESDROPPER_USER, "--password-file", f"secrets/{EAVESDROPPER_USER}.pw"]

@@ -227,7 +227,7 @@ class FaultBed:
     async def start_eavesdropper(self) -> None:
         """``nlagg eavesdrop`` (same client id every time: the broker keeps its session)."""
         cmd = [sys.executable, "-c", ENTRY, "eavesdrop", "--broker", self.url, "--run-id", self.run_id]
-        cmd += ["--prefix", self.prefix, "--db", str(self.db), "--events", "--no-live", "--verbose"]
+        cmd += ["--prefix", self.prefix, "--transcript", str(self.db), "--events", "--no-live", "--verbose"]
         proc = await _Proc.start(cmd, self.workdir / "eavesdropper.log")
         try:
             async with asyncio.timeout(30.0):

@@ -65,7 +65,7 @@ class _Eavesdropper:
         cls, url: str, run_id: str, prefix: str, db: Path, say: Callable[[str], None], nice: int = 0
     ) -> _Eavesdropper:
         cmd = [sys.executable, "-c", NODE_ENTRY, "eavesdrop", "--broker", url, "--run-id", run_id]
-        cmd += ["--prefix", prefix, "--db", str(db), "--events", "--no-live"]
+        cmd += ["--prefix", prefix, "--transcript", str(db), "--events", "--no-live"]
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
         )

@@ -1,0 +1,132 @@
+"""One command-line vocabulary: the same option names, defaults shown, one --out rule, --version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nlagg_node.cli import _register, app, main
+from nlagg_node.config import DEFAULT_BROKER
+
+runner = CliRunner()
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    monkeypatch.setattr("sys.argv", ["nlagg", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def help_text(*command: str) -> str:
+    _register()
+    result = runner.invoke(app, [*command, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("command", [("sim",), ("testbed",)], ids=["sim", "testbed"])
+def test_run_options_show_their_defaults(command: tuple[str, ...]) -> None:
+    text = help_text(*command)
+    for shown in (
+        "number of nodes [default: 15]",
+        "[default: max]",
+        "[default: rgg]",
+        "[default: 0]",
+        "--sigma-z",
+        "--theta",
+        "--values",
+        "median/quantile: 10",
+    ):
+        assert shown in text, shown
+
+
+def test_sim_shows_trial_default_and_plan_shows_its_defaults() -> None:
+    assert "Monte Carlo trials [default: 1000]" in help_text("sim")
+    plan = help_text("deploy", "plan")
+    assert "[default: 15]" in plan
+    assert "[default: max]" in plan
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("node",), ("eavesdrop",), ("deploy", "plan"), ("deploy", "publish-config")],
+    ids=["node", "eavesdrop", "plan", "publish-config"],
+)
+def test_broker_has_one_default(command: tuple[str, ...]) -> None:
+    assert f"[default: {DEFAULT_BROKER}]" in help_text(*command)
+
+
+@pytest.mark.parametrize("command", ["node", "testbed", "eavesdrop"])
+def test_verbose_is_explained(command: str) -> None:
+    assert "-v, --verbose log the protocol's progress" in help_text(command)
+
+
+def test_help_keeps_bracketed_text() -> None:
+    text = help_text("node")
+    assert "TOML with [run] and optional [network]" in text
+
+
+def test_transcript_is_one_name() -> None:
+    assert "--transcript" in help_text("eavesdrop")
+    assert "--db" not in help_text("eavesdrop")
+    assert "TRANSCRIPT" in help_text("attack")
+
+
+def test_version_and_module_entry_point() -> None:
+    _register()
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("nlagg ")
+    proc = subprocess.run(
+        [sys.executable, "-m", "nlagg_node", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == result.output
+
+
+def test_sim_refuses_corrupt_without_transcript(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = run_cli(["sim", "--trials", "2", "--t-max", "10", "--corrupt", "2"], capsys, monkeypatch)
+    assert code == 2
+    assert "corrupt='2'" in err
+    assert "--transcript" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "existing"),
+    [
+        pytest.param(["sim", "--trials", "2", "--t-max", "10"], "summary.json", id="sim"),
+        pytest.param(["testbed", "--n", "4", "--t-max", "10"], "manifest.json", id="testbed"),
+        pytest.param(["experiment", "min", "--trials", "10"], "min.json", id="experiment"),
+    ],
+)
+def test_out_never_replaces_an_earlier_run_without_force(
+    command: list[str], existing: str, tmp_path: Path, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / existing).write_text("{}")
+    code, _, err = run_cli([*command, "--out", str(out)], capsys, monkeypatch)
+    assert code == 2
+    assert existing in err
+    assert "--force" in err
+    assert (out / existing).read_text() == "{}"
+
+
+def test_force_replaces_a_sim_run(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    db = tmp_path / "t.sqlite"
+    args = ["sim", "--trials", "2", "--t-max", "10", "--out", str(out), "--transcript", str(db), "--json"]
+    assert run_cli(args, capsys, monkeypatch)[0] == 0
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert "--force" in err
+    assert run_cli([*args, "--force"], capsys, monkeypatch)[0] == 0
+    assert (out / "arrays.npz").is_file()
