@@ -13,11 +13,13 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
+from nlagg_node.jit import njit
+
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def insert(best: FloatArray, k: int, d: float) -> float:
     a = k - 1
     while a > 0 and best[a - 1] > d:
@@ -27,7 +29,7 @@ def insert(best: FloatArray, k: int, d: float) -> float:
     return float(best[k - 1])
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def sweep(ps: FloatArray, qs: FloatArray, k: int, m: int, bound: float, best: FloatArray) -> float:
     """k-th smallest max-norm distance from sorted point m to the other points.
 
@@ -64,7 +66,7 @@ def sweep(ps: FloatArray, qs: FloatArray, k: int, m: int, bound: float, best: Fl
     return kth
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def sweep3(ps: FloatArray, qs: FloatArray, m: int, bound: float) -> float:
     """:func:`sweep` for k = 3 with the three smallest distances kept branch-free in registers."""
     n = len(ps)
@@ -96,7 +98,7 @@ def sweep3(ps: FloatArray, qs: FloatArray, m: int, bound: float) -> float:
     return b2
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def typical_spacing(vs: FloatArray, k: int) -> float:
     """Median gap between sorted samples k apart, from 64 evenly spread positions.
 
@@ -113,7 +115,7 @@ def typical_spacing(vs: FloatArray, k: int) -> float:
     return float(np.median(gaps))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def first_above(vs: FloatArray, vi: float, r: float, start: int, strict: bool) -> int:
     """First index j of sorted ``vs`` with ``vs[j] - vi > r`` (``>= r`` if ``strict``).
 
@@ -144,7 +146,7 @@ def first_above(vs: FloatArray, vi: float, r: float, start: int, strict: bool) -
     return a
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: IntArray) -> None:
     """``out[i] = #{j : |v_j - v_i| <= radius[i]}`` (i included), exactly as a tree query.
 
@@ -167,7 +169,7 @@ def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: In
         out[i] = upper - lower
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def sorting_order(v: FloatArray, hint: IntArray) -> IntArray:
     """A sorting permutation of ``v``; ``hint`` (may be empty) is a nearly sorting one to repair.
 
@@ -201,7 +203,7 @@ def sorting_order(v: FloatArray, hint: IntArray) -> IntArray:
     return o
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def ksg_counts_one(
     x: FloatArray, y: FloatArray, k: int, nx: IntArray, ny: IntArray, hint_x: IntArray, hint_y: IntArray
 ) -> IntArray:
@@ -234,7 +236,7 @@ def ksg_counts_one(
     return oy
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(parallel=True)
 def ksg_batch(
     xs: FloatArray, ys: FloatArray, hints: IntArray, k: int, table: FloatArray, out: FloatArray
 ) -> None:
@@ -247,7 +249,7 @@ def ksg_batch(
         out[b] = digamma_mean(nx, ny, table)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(nogil=True)
 def digamma_mean(nx: IntArray, ny: IntArray, table: FloatArray) -> float:
     n = len(nx)
     sx = 0.0
@@ -258,7 +260,7 @@ def digamma_mean(nx: IntArray, ny: IntArray, table: FloatArray) -> float:
     return -sx / n - sy / n
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(parallel=True)
 def ksg_chains(
     xs: FloatArray,
     ys: FloatArray,

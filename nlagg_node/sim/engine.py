@@ -126,7 +126,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     cfg
         The run configuration (operator defaults are resolved here).
     progress
-        Called as ``progress(done, total)`` with iteration counts, a few hundred times per run.
+        Called as ``progress(done, total)`` with iteration counts, about fifty times per phase.
     """
     from .kernel import run_phase  # numba: compiled (or loaded from cache) on first use
 
@@ -147,6 +147,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
 
     N, E = layout.n_nodes, len(layout.src)
     order, starts = _out_edge_slices(layout)
+    pair_start = np.concatenate([[0], np.cumsum([len(g) for g in graphs])]).astype(np.int64)
     matched = np.zeros(N, dtype=bool)
     first_match = np.full(N, -1, dtype=np.int64)
     conv = np.zeros(B, dtype=np.int64)
@@ -155,12 +156,12 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     identified: list[FloatArray] = []
     z0: dict[str, FloatArray] = {}
     u = np.empty(E)
-    x, v = np.zeros(N), np.empty(N)
+    x = np.zeros(N)
     recorded_flat = recorded_x.reshape(len(record), N)
     group = ""
     t0 = 0
     rec_ptr = 0
-    chunk = max(1, t_total // 100)
+    chunk = max(1, t_total // 50)
     loop_seconds = 0.0
     for phase, (tlo, thi) in zip(phases, targets, strict=True):
         c = phase_c(cfg, phase)
@@ -180,6 +181,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
                 u,
                 layout.src,
                 layout.dst,
+                pair_start,
                 s_eff,
                 s_used,
                 cd,
@@ -202,7 +204,6 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
                 recorded_flat,
                 rec_ptr,
                 x,
-                v,
             )
             loop_seconds += time.perf_counter() - tick
             if progress is not None:

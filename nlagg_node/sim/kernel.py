@@ -1,15 +1,22 @@
-"""The simulator's fused per-phase loop, compiled with numba.
+"""The simulator's fused per-phase loop, compiled with numba and run on every core.
 
 The loop calls the elementwise update functions of :mod:`nlagg_node.pdmm`
 (``x_piecewise``, ``x_quadratic``, ``z_update``) compiled for scalars, so the
-equations still live in one place; what this module adds is only the traversal:
-one pass over the directed edges for the dual sums, one over the nodes for x (with
-matching events, convergence tracking and recording fused in), one over the edge
-pairs for the z-update, with no allocation per iteration.
+equations still live in one place; what this module adds is only the traversal.
 
-The dual sum adds each node's out-edges in array order, exactly as
-:func:`nlagg_node.pdmm.dual_sum` (``np.bincount``) does, so results are bit for bit
-those of the networked node.
+Trials are independent, so the kernel runs them in parallel (``numba.prange`` over
+trials) and each trial runs all the iterations of a call before the next trial starts
+(trial-major order): one trial's duals, edges and nodes, a few kilobytes, stay in the
+core's L1/L2 cache for the whole call instead of streaming every trial's state through
+memory once per iteration. Per iteration and trial: one pass over the trial's directed
+edges for the dual sums, one over its nodes for x (matching events, convergence
+tracking and recording fused in), one over its edge pairs for the z-update, with no
+allocation.
+
+A trial's arithmetic does not depend on which thread runs it or on how many threads
+there are, so results are bit for bit those of a serial run. The dual sum adds each
+node's out-edges in array order, exactly as :func:`nlagg_node.pdmm.dual_sum`
+(``np.bincount``) does, so results are also bit for bit those of the networked node.
 """
 
 from __future__ import annotations
@@ -17,19 +24,114 @@ from __future__ import annotations
 from typing import Any
 
 import numba
+import numpy as np
 
 from .. import pdmm
+from ..jit import njit
 
 _x_piecewise = numba.njit(pdmm.x_piecewise)
 _x_quadratic = numba.njit(pdmm.x_quadratic)
 _z_update = numba.njit(pdmm.z_update)
 
 
-@numba.njit(cache=True)
+@njit(nogil=True)
+def run_trial(
+    b: int,
+    u: Any,
+    src: Any,
+    dst: Any,
+    p0: int,
+    p1: int,
+    s_eff: Any,
+    s_used: Any,
+    cd: Any,
+    c: float,
+    theta: float,
+    quadratic: bool,
+    alpha: float,
+    beta: float,
+    n: int,
+    t0: int,
+    local0: int,
+    t_len: int,
+    lo: float,
+    hi: float,
+    matched: Any,
+    first_match: Any,
+    last_bad: Any,
+    record_t: Any,
+    recorded: Any,
+    rec_ptr: int,
+    x: Any,
+) -> None:
+    """``t_len`` iterations of trial ``b``: nodes ``b n .. b n + n - 1``, edge pairs ``p0 .. p1 - 1``.
+
+    The trial's duals, edge ends (as local node ids) and node data are copied into
+    small contiguous buffers first and written back at the end. ``lo``/``hi`` are the
+    trial's target interval widened by the tolerance; see :func:`run_phase` for the rest.
+    """
+    half = u.shape[0] // 2
+    g0 = b * n
+    m = p1 - p0
+    # Local edge e < m is pair p0 + e (the first half), e >= m its reverse: per node,
+    # the out-edges keep their global array order, so the dual sums add in that order.
+    ul = np.empty(2 * m)
+    src_l = np.empty(2 * m, dtype=np.int32)
+    dst_l = np.empty(2 * m, dtype=np.int32)
+    for e in range(m):
+        ul[e] = u[p0 + e]
+        ul[m + e] = u[half + p0 + e]
+        src_l[e] = src[p0 + e] - g0
+        src_l[m + e] = src[half + p0 + e] - g0
+        dst_l[e] = dst[p0 + e] - g0
+        dst_l[m + e] = dst[half + p0 + e] - g0
+    vl = np.empty(n)
+    xl = np.empty(n)
+    s_l = s_eff[g0 : g0 + n].copy()
+    cd_l = cd[g0 : g0 + n].copy()
+    k = rec_ptr
+    n_rec = record_t.shape[0]
+    for t in range(t_len):
+        vl[:] = 0.0
+        for e in range(2 * m):
+            vl[src_l[e]] += ul[e]
+        off = False
+        for i in range(n):
+            if quadratic:
+                xi = _x_quadratic(vl[i], s_l[i], cd_l[i])
+            else:
+                xi = _x_piecewise(vl[i], s_l[i], cd_l[i], alpha, beta)
+                if xi == s_used[g0 + i] and not matched[g0 + i]:
+                    matched[g0 + i] = True
+                    first_match[g0 + i] = t0 + t
+            xl[i] = xi
+            off = off or xi < lo or xi > hi
+        if off:
+            last_bad[b] = local0 + t
+        if k < n_rec and record_t[k] == t0 + t:
+            for i in range(n):
+                recorded[k, g0 + i] = xl[i]
+            k += 1
+        for p in range(m):
+            q = p + m
+            a = ul[p]
+            r = ul[q]
+            ul[p] = _z_update(a, r, xl[dst_l[p]], c, theta)
+            ul[q] = _z_update(r, a, xl[dst_l[q]], c, theta)
+    for e in range(m):
+        u[p0 + e] = ul[e]
+        u[half + p0 + e] = ul[m + e]
+    if t_len > 0:
+        for i in range(n):
+            x[g0 + i] = xl[i]
+
+
+@njit(parallel=True)
 def run_phase(
     u: Any,
     src: Any,
     dst: Any,
+    pair_start: Any,
     s_eff: Any,
     s_used: Any,
     cd: Any,
@@ -52,44 +154,49 @@ def run_phase(
     recorded: Any,
     rec_ptr: int,
     x: Any,
-    v: Any,
 ) -> int:
-    """Run ``t_len`` iterations in place on ``u`` (signed duals) and ``x``; return the new ``rec_ptr``.
+    """Run ``t_len`` iterations of every trial in place on ``u`` (signed duals) and ``x``.
 
-    ``t0`` is the global iteration of the first step and ``local0`` its index within
-    the phase. ``matched``/``first_match`` (per node), ``last_bad`` (per trial: last
-    phase-local iteration with a node farther than ``tolerance`` from ``[target_lo, target_hi]``)
+    Returns the new ``rec_ptr``. Trial ``b`` owns nodes ``b n .. b n + n - 1`` and the
+    edge pairs ``pair_start[b] .. pair_start[b + 1] - 1`` (directed edge ``p`` and its
+    reverse ``p + E / 2``, the :class:`nlagg_node.graphs.EdgeLayout` order). ``t0`` is the
+    global iteration of the first step and ``local0`` its index within the phase.
+    ``matched``/``first_match`` (per node), ``last_bad`` (per trial: last phase-local
+    iteration with a node farther than ``tolerance`` from ``[target_lo, target_hi]``)
     and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place.
     """
-    n_nodes = x.shape[0]
-    n_edges = u.shape[0]
-    half = n_edges // 2
-    for t in range(t_len):
-        v[:] = 0.0
-        for e in range(n_edges):
-            v[src[e]] += u[e]
-        for b in range(n_nodes // n):
-            lo = target_lo[b] - tolerance
-            hi = target_hi[b] + tolerance
-            off = False
-            for g in range(b * n, (b + 1) * n):
-                if quadratic:
-                    x[g] = _x_quadratic(v[g], s_eff[g], cd[g])
-                else:
-                    x[g] = _x_piecewise(v[g], s_eff[g], cd[g], alpha, beta)
-                    if x[g] == s_used[g] and not matched[g]:
-                        matched[g] = True
-                        first_match[g] = t0 + t
-                off = off or x[g] < lo or x[g] > hi
-            if off:
-                last_bad[b] = local0 + t
-        if rec_ptr < record_t.shape[0] and record_t[rec_ptr] == t0 + t:
-            recorded[rec_ptr, :] = x
-            rec_ptr += 1
-        for p in range(half):
-            q = p + half
-            a = u[p]
-            r = u[q]
-            u[p] = _z_update(a, r, x[dst[p]], c, theta)
-            u[q] = _z_update(r, a, x[dst[q]], c, theta)
-    return rec_ptr
+    n_trials = last_bad.shape[0]
+    rec_end = rec_ptr
+    while rec_end < record_t.shape[0] and record_t[rec_end] < t0 + t_len:
+        rec_end += 1
+    for b in numba.prange(n_trials):
+        run_trial(
+            b,
+            u,
+            src,
+            dst,
+            pair_start[b],
+            pair_start[b + 1],
+            s_eff,
+            s_used,
+            cd,
+            c,
+            theta,
+            quadratic,
+            alpha,
+            beta,
+            n,
+            t0,
+            local0,
+            t_len,
+            target_lo[b] - tolerance,
+            target_hi[b] + tolerance,
+            matched,
+            first_match,
+            last_bad,
+            record_t,
+            recorded,
+            rec_ptr,
+            x,
+        )
+    return rec_end
