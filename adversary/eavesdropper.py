@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from nlagg_node.runtime.node import config_from_msg
 from nlagg_node.runtime.transport import Message, Transport
-from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, XMsg, Z0Msg, topics
+from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
 from nlagg_node.schedule import phase_c, plan_phases
 
 from .capture import AckingSubscriber
@@ -95,6 +97,7 @@ class Eavesdropper:
         self._unacked: list[Message] = []
         self._committed = time.monotonic()
         if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
+            transcript.set_config(config)
             self._on_config(config)
 
     def view(self, i: int) -> NodeView:
@@ -162,14 +165,25 @@ class Eavesdropper:
                 self._check_finished()
 
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
-        """Store one message, then update the views and the live replay."""
+        """Store one message, then update the views and the live replay.
+
+        The transcript stores whatever arrives (as invalid, with the reason, when the nodes would
+        not have used it); what follows only sees valid messages of the run, bounded by its
+        validated configuration. Should it fail anyway, the message stays stored and the capture
+        goes on: one message can never stop it.
+        """
         self.captured += 1
         parsed = self.transcript.add(topic, payload, retained=retained)
         if parsed is None:
             self.rejected += 1
-            log.warning("captured a message that is not protocol v1 on %s", topic)
+            log.warning("captured a message the nodes would not use on %s", topic)
             return
-        _, msg = parsed
+        try:
+            self._update(parsed[1])
+        except Exception:  # the live view is best effort; the stored transcript is what counts
+            log.exception("message on %s stored, but updating the live view failed", topic)
+
+    def _update(self, msg: WireMessage) -> None:
         if isinstance(msg, ConfigMsg):
             self._on_config(msg)
         elif isinstance(msg, Z0Msg):
@@ -208,11 +222,9 @@ class Eavesdropper:
         # Catch up on what arrived before the config.
         for group, arr in self.transcript.z0(cfg.n, edges).items():
             self.replay.z0[group] = arr
-        x = self.transcript.x(cfg.n)
-        for i in range(min(cfg.n, x.shape[0])):
-            for t in range(min(x.shape[1], self.replay.t_total)):
-                if x[i, t] == x[i, t]:
-                    self.replay.add_x(i, t, float(x[i, t]))
+        x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
+        for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):
+            self.replay.add_x(int(i), int(t), float(x[i, t]))
         self._advance()
         self._check_finished()
 

@@ -6,7 +6,18 @@ for anything that does not follow wire protocol v1). ``dedup`` is a digest of to
 QoS 1 redelivery or a second capture of the same message is stored once. An x, z^(0) or adversary
 state is valid once per topic and iteration (group for z^(0)): a later message with the same topic
 and iteration but another payload is stored with ``valid = 0`` ("conflicts with ..."), the first
-one is kept, as the nodes do.
+one is kept, as the nodes do. Once the run's configuration is known (the retained ``P/R/config``,
+or one given in advance) every message must also pass the nodes' own rules
+(:class:`adversary.rules.RunRules`: node ids and iterations of the run, the phase of each iteration,
+the barrier window, edges and dual groups); what a node would have dropped is stored with
+``valid = 0`` and the reason, so the attack uses only what the nodes used. Messages that came
+before the configuration are judged again, in arrival order, when it arrives.
+
+Nothing a client sends can stop the capture: every integer on the wire is bounded (see
+:mod:`nlagg_node.limits`), an undecodable payload is stored as a bounded prefix
+(``MAX_INVALID_PAYLOAD`` bytes), and a row SQLite refuses is stored as invalid with the error.
+Without per-node ACLs on the broker (``allow_anonymous true``) anyone can publish as any node: the
+rules then keep what the nodes kept, but nothing protects the run's integrity.
 
 The writer keeps both checks in memory (loaded from the file on the first :meth:`Transcript.add`,
 so a restarted eavesdropper continues where it stopped) and buffers rows until :meth:`commit`:
@@ -48,7 +59,11 @@ from nlagg_node.runtime.wire import (
     decode,
 )
 
-__all__ = ["Captured", "Transcript"]
+from .rules import RunRules, rules_for
+
+__all__ = ["MAX_INVALID_PAYLOAD", "Captured", "Transcript"]
+
+MAX_INVALID_PAYLOAD = 4096  # bytes kept of a payload that is not protocol v1 (the digest covers it all)
 
 FloatArray = NDArray[np.float64]
 
@@ -97,9 +112,18 @@ class Transcript:
     path : the SQLite file; created when missing.
     run_id, prefix : the run it captures. When the file exists they must match what it holds;
         when None they are read from the file.
+    config : the run's public configuration when known in advance (its rules apply from the
+        first message); otherwise the first valid config message captured sets them.
     """
 
-    def __init__(self, path: str | Path, run_id: str | None = None, prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        run_id: str | None = None,
+        prefix: str | None = None,
+        *,
+        config: ConfigMsg | None = None,
+    ) -> None:
         self.path = Path(path)
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -124,6 +148,10 @@ class Transcript:
         # the valid x/z0/adv message that holds that slot.
         self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
+        self.rules: RunRules | None = None
+        self._candidate: RunRules | None = None  # rules of the config being stored
+        if config is not None:
+            self.set_config(config)
 
     # Writing ------------------------------------------------------------------------------
     def add(
@@ -147,19 +175,84 @@ class Transcript:
         except WireError as exc:
             if key not in self._seen:
                 self._seen[key] = False
-                self._rows.append((topic, payload, when, int(retained), 0, str(exc), *_NO_FIELDS, key))
+                kept = payload[:MAX_INVALID_PAYLOAD]
+                self._rows.append((topic, kept, when, int(retained), 0, str(exc), *_NO_FIELDS, key))
             return None
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
-        t, phase, value = _fields(info, msg)
-        clash = self._claim(key, topic, info, t, phase)
-        self._seen[key] = clash is None
-        if clash is not None:
-            self._rows.append((topic, payload, when, int(retained), 0, clash, *_NO_FIELDS, key))
+        why = self._judge(key, topic, info, msg)
+        self._seen[key] = why is None
+        if why is not None:
+            self._rows.append((topic, payload, when, int(retained), 0, why, *_NO_FIELDS, key))
             return None
-        fields = (info.kind, info.node, info.peer, t, phase, value)
+        fields = (info.kind, info.node, info.peer, *_fields(info, msg))
         self._rows.append((topic, payload, when, int(retained), 1, None, *fields, key))
+        if isinstance(msg, ConfigMsg) and self.rules is None:
+            self._set_rules(msg, self._candidate)
         return (info, msg)
+
+    def _judge(self, key: str, topic: str, info: TopicInfo, msg: WireMessage) -> str | None:
+        """Why ``msg`` must not count (None: it is valid and now holds its slot)."""
+        if isinstance(msg, ConfigMsg) and self.rules is None:
+            self._candidate, why = rules_for(msg)
+            if self._candidate is None:
+                return why
+        elif self.rules is not None:
+            why = self.rules.reject(msg)
+            if why is not None:
+                return why
+        t, phase, _ = _fields(info, msg)
+        clash = self._claim(key, topic, info, t, phase)
+        if clash is None and self.rules is not None:
+            self.rules.accepted(msg)
+        return clash
+
+    def set_config(self, config: ConfigMsg) -> None:
+        """Apply the rules of ``config`` (a run configuration known in advance) from now on.
+
+        Does nothing once a configuration is in force (the first one wins, as at the nodes);
+        raises :class:`ConfigError` when ``config`` does not describe a valid run.
+        """
+        if self._seen is None:
+            self._load_writer_state()
+        if self.rules is None:
+            self._set_rules(config)
+
+    def _set_rules(self, config: ConfigMsg, rules: RunRules | None = None) -> None:
+        """Adopt the run's rules and judge again, in arrival order, what came before them."""
+        self._candidate = None
+        if rules is None:
+            rules, why = rules_for(config)
+            if rules is None:
+                raise ConfigError("config", config.run_id, str(why))
+        self.commit()
+        sql = "SELECT id, topic, payload, valid, error, dedup FROM messages ORDER BY id"
+        before = self.db.execute(sql).fetchall()
+        self.rules = rules
+        self._seen, self._slots = {}, {}
+        changed: list[tuple[object, ...]] = []
+        for row_id, topic, payload, valid, error, dedup in before:
+            key = str(dedup)
+            try:
+                info, msg = decode(str(topic), bytes(payload), self.prefix, self.run_id)
+            except WireError:
+                self._seen[key] = False
+                continue
+            if key in self._seen:
+                continue
+            why = self._judge(key, str(topic), info, msg)
+            self._seen[key] = why is None
+            if (why is None) != bool(valid) or (why is not None and why != error):
+                fields = (info.kind, info.node, info.peer, *_fields(info, msg)) if why is None else _NO_FIELDS
+                changed.append((int(why is None), why, *fields, row_id))
+        if changed:
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                "UPDATE messages SET valid = ?, error = ?, kind = ?, node = ?, peer = ?, t = ?, phase = ?,"
+                " value = ? WHERE id = ?",
+                changed,
+            )
+            self.db.execute("COMMIT")
 
     def _claim(self, key: str, topic: str, info: TopicInfo, t: int | None, phase: str | None) -> str | None:
         """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
@@ -173,12 +266,21 @@ class Transcript:
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
 
     def _load_writer_state(self) -> None:
-        rows = self.db.execute("SELECT dedup, valid, kind, topic, t, phase FROM messages ORDER BY id")
+        """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
+        sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload FROM messages ORDER BY id"
         self._seen = {}
-        for key, valid, kind, topic, t, phase in rows:
+        for key, valid, kind, topic, node, t, phase, payload in self.db.execute(sql).fetchall():
             self._seen[str(key)] = bool(valid)
-            if valid and kind in ("x", "z0", "adv"):
+            if not valid:
+                continue
+            if kind in ("x", "z0", "adv"):
                 self._slots.setdefault((str(kind), str(topic), phase if kind == "z0" else t), str(key))
+            if kind == "config" and self.rules is None:
+                msg = self._decode(str(topic), bytes(payload))
+                if isinstance(msg, ConfigMsg):
+                    self.rules, _ = rules_for(msg)
+            elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
+                self.rules.have[int(node), int(t)] = True
 
     def complete(self, n: int, t_total: int, edges: list[list[int]], groups: set[str]) -> tuple[int, int]:
         """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
@@ -207,21 +309,55 @@ class Transcript:
         return {int(r[0]) for r in rows}
 
     def commit(self) -> None:
-        """Write and make durable everything added so far (one transaction)."""
+        """Write and make durable everything added so far (one transaction).
+
+        A row SQLite refuses is stored instead as invalid, with the error and a bounded prefix of
+        its payload, so one message can never block the commits (and the acknowledgements) after it.
+        """
         if not self._rows:
             return
+        try:
+            self._insert(self._rows)
+        except (sqlite3.Error, OverflowError, ValueError):
+            self._insert([self._storable(row) for row in self._rows])
+        self._rows = []
+
+    def _insert(self, rows: list[tuple[object, ...]]) -> None:
         self.db.execute("BEGIN")
         try:
             self.db.executemany(
                 "INSERT INTO messages (topic, payload, received, retained, valid, error, kind, node,"
                 " peer, t, phase, value, dedup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                self._rows,
+                rows,
             )
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")  # the rows stay buffered for the next commit
             raise
-        self._rows = []
+
+    def _storable(self, row: tuple[object, ...]) -> tuple[object, ...]:
+        """``row``, or an invalid row SQLite can hold when it refuses this one."""
+        try:
+            self.db.execute("SAVEPOINT probe")
+            self.db.execute(
+                "INSERT INTO messages (topic, payload, received, retained, valid, error, kind, node,"
+                " peer, t, phase, value, dedup) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            return row
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            topic, payload, when, retained, *_, key = row
+            self._seen_as_invalid(str(key))
+            kept = bytes(payload)[:MAX_INVALID_PAYLOAD] if isinstance(payload, bytes) else b""
+            why = f"cannot be stored ({type(exc).__name__}: {exc})"
+            return (str(topic), kept, when, retained, 0, why, *_NO_FIELDS, key)
+        finally:
+            self.db.execute("ROLLBACK TO probe")
+            self.db.execute("RELEASE probe")
+
+    def _seen_as_invalid(self, key: str) -> None:
+        if self._seen is not None:
+            self._seen[key] = False
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
         """Run a read query; rows still buffered by :meth:`add` are committed first, so they count."""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
+from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
 OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimmed-mean", "average")
@@ -52,26 +53,26 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     op: Operator = "max"
-    n: int = Field(15, ge=2)
+    n: int = Field(15, ge=2, le=MAX_NODES)
     graph: GraphKind = "rgg"
     radius: float | None = Field(None, gt=0)
     edge_probability: float | None = Field(None, gt=0, le=1)
     graph_file: Path | None = None
     trials: int = Field(1000, ge=1)
-    t_max: int | None = Field(None, ge=1)
+    t_max: int | None = Field(None, ge=1, le=MAX_T_MAX)
     c: float | None = Field(None, gt=0)
     theta: float = Field(0.5, gt=0, le=1)
     init: InitName = "proposed"
     mu_z: float | None = None
     sigma_z: float = Field(1.0, ge=0)
     sigma_s: float = Field(0.1, ge=0)
-    k: int = Field(3, ge=1)
+    k: int = Field(3, ge=1, le=MAX_NODES)
     quantile: float = Field(0.5, gt=0, lt=1)
     epsilon: float = Field(1e-6, ge=0)
     prior_median: float = 0.0
     avg_c: float = Field(1.0, gt=0)
     avg_sigma_z: float = Field(100.0, ge=0)
-    avg_t_max: int = Field(400, ge=1)
+    avg_t_max: int = Field(400, ge=1, le=MAX_T_MAX)
     values: ValueDist = "normal"
     seed: int = Field(0, ge=0)
     record: str = "every:10"
@@ -100,6 +101,15 @@ class RunConfig(BaseModel):
             raise ValueError(f"k={self.k}: trims 2k >= n={self.n} values for trimmed-mean")
         if self.graph == "file" and self.graph_file is None:
             raise ValueError("graph_file=None: graph 'file' needs a graph file")
+        total = self.t_total
+        if total > MAX_ITERATIONS:
+            raise ValueError(
+                f"t_max={self.t_max_value}: the run would take {total} iterations (at most {MAX_ITERATIONS})"
+            )
+        if self.n * total > MAX_NODE_ITERATIONS:
+            raise ValueError(
+                f"n={self.n}: n times the {total} iterations of the run exceeds {MAX_NODE_ITERATIONS}"
+            )
         return self
 
     # Resolved parameters --------------------------------------------------------------
@@ -114,6 +124,16 @@ class RunConfig(BaseModel):
     @property
     def t_max_value(self) -> int:
         return int(self.t_max if self.t_max is not None else OPERATOR_DEFAULTS[self.op]["t_max"])
+
+    @property
+    def t_total(self) -> int:
+        """Iterations of the whole run: ``t_max`` per phase (``avg_t_max`` for the average part)."""
+        t = self.t_max_value
+        if self.op == "topk":
+            return self.k * t
+        if self.op == "trimmed-mean":
+            return 2 * self.k * t + self.avg_t_max
+        return t
 
     def resolved(self) -> RunConfig:
         """A copy with the operator defaults written in (what a manifest records)."""

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import ConfigError
+from .limits import MAX_GRAPH_FILE_BYTES, MAX_NODES
 
 GraphKind = Literal["rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file"]
 
@@ -153,39 +154,70 @@ def load_edge_list(path: Path) -> tuple[int, IntArray]:
 
     For CSV (and JSON without ``n``), ``n`` is one more than the largest id.
     A header line ``source,target`` (any non-numeric first line) is skipped.
+    Errors name the file and the line, never the file's contents (it may be private), and
+    sizes are checked against :data:`~nlagg_node.limits.MAX_NODES` before anything is allocated.
     """
     if not path.is_file():
         raise ConfigError("graph_file", str(path), "no such file")
-    text = path.read_text()
+    if path.stat().st_size > MAX_GRAPH_FILE_BYTES:
+        raise ConfigError("graph_file", str(path), f"larger than {MAX_GRAPH_FILE_BYTES} bytes")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("graph_file", str(path), "not UTF-8 text") from None
     n: int | None = None
     raw: list[list[int]] = []
-    try:
-        if path.suffix.lower() == ".json":
-            doc = json.loads(text)
-            if isinstance(doc, dict):
-                n = int(doc["n"]) if "n" in doc else None
-                doc = doc.get("edges")
-            if not isinstance(doc, list):
-                raise ConfigError("graph_file", str(path), "JSON must be a list of [i, j] or {'n', 'edges'}")
-            raw = [[int(a), int(b)] for a, b in doc]
-        else:
-            rows = [r for r in csv.reader(text.splitlines()) if r and not r[0].lstrip().startswith("#")]
-            for k, row in enumerate(rows):
-                if len(row) < 2:
-                    raise ConfigError("graph_file", f"{path}:{k + 1}", f"expected 'i,j', got {row!r}")
-                try:
-                    raw.append([int(row[0]), int(row[1])])
-                except ValueError:
-                    if k == 0:
-                        continue  # header line
-                    raise ConfigError("graph_file", f"{path}:{k + 1}", f"not integer ids: {row!r}") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError("graph_file", str(path), f"malformed edge list ({exc})") from None
+    if path.suffix.lower() == ".json":
+        n, raw = _json_edges(path, text)
+    else:
+        rows = [r for r in csv.reader(text.splitlines()) if r and not r[0].lstrip().startswith("#")]
+        for k, row in enumerate(rows):
+            if len(row) < 2:
+                raise ConfigError("graph_file", f"{path}:{k + 1}", f"expected 'i,j', got {len(row)} field(s)")
+            try:
+                raw.append([int(row[0]), int(row[1])])
+            except ValueError:
+                if k == 0:
+                    continue  # header line
+                raise ConfigError("graph_file", f"{path}:{k + 1}", "not integer ids") from None
+    for k, (a, b) in enumerate(raw):
+        if not (0 <= a < MAX_NODES and 0 <= b < MAX_NODES):
+            raise ConfigError(
+                "graph_file", f"{path} edge {k + 1}", f"node ids must lie in 0..{MAX_NODES - 1}"
+            )
     if n is None:
         n = 1 + max((max(e) for e in raw), default=-1)
     return n, normalize_edges(n, raw, source=f"graph_file {path}")
+
+
+def _json_edges(path: Path, text: str) -> tuple[int | None, list[list[int]]]:
+    """``(n or None, edges)`` of a JSON edge list; errors name the file, not its contents."""
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise ConfigError("graph_file", str(path), "malformed JSON") from None
+    n: int | None = None
+    if isinstance(doc, dict):
+        n_raw = doc.get("n")
+        if n_raw is not None:
+            if isinstance(n_raw, bool) or not isinstance(n_raw, int | float) or n_raw != int(n_raw):
+                raise ConfigError("graph_file", f"{path}: n", "must be an integer")
+            n = int(n_raw)
+            if not 2 <= n <= MAX_NODES:
+                raise ConfigError("graph_file", f"{path}: n={n}", f"must lie in 2..{MAX_NODES}")
+        doc = doc.get("edges")
+    if not isinstance(doc, list):
+        raise ConfigError("graph_file", str(path), "JSON must be a list of [i, j] or {'n', 'edges'}")
+    raw: list[list[int]] = []
+    for k, pair in enumerate(doc):
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+        ):
+            raise ConfigError("graph_file", f"{path} edge {k + 1}", "expected a pair [i, j] of integers")
+        raw.append([int(pair[0]), int(pair[1])])
+    return n, raw
 
 
 @dataclass(frozen=True)

@@ -117,14 +117,21 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(
 
 
 @pytest.mark.parametrize(
-    ("content", "field"),
+    ("name", "content", "field"),
     [
-        pytest.param("0,1\n2,3\n", "not connected", id="disconnected"),
-        pytest.param("0,1\n1\n", "expected 'i,j'", id="malformed"),
+        pytest.param("g.csv", "0,1\n2,3\n", "not connected", id="disconnected"),
+        pytest.param("g.csv", "0,1\n1\n", "expected 'i,j'", id="malformed"),
+        pytest.param("g.csv", "1,30000000\n", "node ids must lie in 0..9999", id="csv-huge-id"),
+        pytest.param("g.json", '{"n": 1e11, "edges": [[0, 1]]}', "must lie in 2..10000", id="json-huge-n"),
+        pytest.param("g.csv", "0,1\nhunter2-secret,xyz\n", "not integer ids", id="no-echo-csv"),
+        pytest.param("g.json", '{"edges": [["hunter2-secret", 1]]}', "pair [i, j]", id="no-echo-json"),
+        pytest.param("g.json", "hunter2-secret", "malformed JSON", id="no-echo-not-json"),
     ],
 )
-def test_bad_graph_file_exits_2(tmp_path: Path, content: str, field: str, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    graph = tmp_path / "g.csv"
+def test_bad_graph_file_exits_2(
+    tmp_path: Path, name: str, content: str, field: str, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    graph = tmp_path / name
     graph.write_text(content)
     code, _, err = run_cli(
         ["sim", "--graph-file", str(graph), "--n", "4", "--trials", "2", "--t-max", "10"], capsys, monkeypatch
@@ -132,6 +139,27 @@ def test_bad_graph_file_exits_2(tmp_path: Path, content: str, field: str, capsys
     assert code == 2
     assert field in err
     assert len(err.strip().splitlines()) == 1
+    assert "hunter2" not in err  # the file's contents are never echoed
+
+
+@pytest.mark.parametrize(
+    ("toml", "field"),
+    [
+        pytest.param("t_max = 1e11", "t_max=", id="t_max-1e11"),
+        pytest.param("n = 20000000", "n=", id="n-2e7"),
+        pytest.param("op = 'topk'\nk = 50\nn = 100\nt_max = 1000000", "t_max=", id="topk-too-long"),
+        pytest.param("n = 5000\nt_max = 100000", "n=", id="node-iterations"),
+    ],
+)
+def test_size_blowups_exit_2_with_one_line(
+    tmp_path: Path, toml: str, field: str, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    conf = tmp_path / "run.toml"
+    conf.write_text(toml + "\n")
+    code, _, err = run_cli(["sim", "--config", str(conf), "--trials", "1"], capsys, monkeypatch)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert field in err
 
 
 def test_graph_file_in_a_config_is_relative_to_the_config(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import NlaggError
+from ..limits import MAX_ITERATIONS, MAX_NODES
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -74,7 +75,8 @@ def _finite(value: float) -> float:
 
 
 Finite = Annotated[float, AfterValidator(_finite)]
-NodeId = Annotated[int, Field(ge=0)]
+NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
+Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
 
 
 class _Msg(BaseModel):
@@ -86,7 +88,7 @@ class ConfigMsg(_Msg):
     """``P/R/config``: what every participant may know. Never a private value, never a seed."""
 
     run_id: str
-    n: Annotated[int, Field(ge=2)]
+    n: Annotated[int, Field(ge=2, le=MAX_NODES)]
     edges: list[Annotated[list[NodeId], Field(min_length=2, max_length=2)]]
     run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
     phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
@@ -105,7 +107,7 @@ class XMsg(_Msg):
     """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases."""
 
     node: NodeId
-    t: Annotated[int, Field(ge=0)]
+    t: Iteration
     phase: str
     x: Finite
 
@@ -117,14 +119,14 @@ class StatusMsg(_Msg):
     state: NodeState
     final: list[Finite] | None = None
     output: list[Finite] | None = None
-    iterations: Annotated[int, Field(ge=0)] | None = None
+    iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
 
 
 class AdvStateMsg(_Msg):
     """``P/R/adv/{i}/state``: a corrupted node's s_i and duals z_{i|j}^(t), z_{j|i}^(t) (keys: str(j))."""
 
     node: NodeId
-    t: Annotated[int, Field(ge=0)]
+    t: Iteration
     s: Finite
     z: dict[str, Finite]
     z_in: dict[str, Finite]

@@ -1,0 +1,122 @@
+"""What the nodes accept, as the transcript applies it: node ids, iteration bounds, phases, the window.
+
+A node takes neighbour j's x_j^(t) only for ``t < t_total``, only with the phase name of iteration
+t, and only inside its barrier window ``t <= t_now + 1``; it drops an x outside it for good. Node
+j's honest x_j^(t) is computed from x_k^(t-1) of every neighbour k, so by the time it is published
+every x_k^(t-1) has gone through the broker before it; Mosquitto forwards the messages of one run
+to every subscriber in the order it received them, so the eavesdropper sees them first too. The
+transcript therefore counts x_j^(t) as valid only when every neighbour's x^(t-1) is already
+stored as valid (t = 0 needs nothing): a forged x_j^(t_now + 1500), which every node rejects, is
+rejected here too, while the real one that comes later is kept. Inside the window the first
+message wins, as at the nodes (see :mod:`adversary.transcript`).
+
+z^(0) must travel along an edge of the graph and belong to a dual group of the schedule; statuses,
+adversary states and every iteration counter are bounded by the run. The rules need the run's
+public configuration; every size they allocate comes from it once validated.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nlagg_node.runtime.public import config_from_msg, config_mismatch
+from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg
+from nlagg_node.schedule import plan_phases
+
+__all__ = ["RunRules"]
+
+
+class RunRules:
+    """The nodes' acceptance rules for one run, with the state the window needs.
+
+    Raises :class:`~nlagg_node.errors.ConfigError` when ``config`` does not describe a valid run
+    (out-of-bounds sizes included): such a config is stored as invalid and sets no rules.
+    """
+
+    def __init__(self, config: ConfigMsg) -> None:
+        cfg, edges = config_from_msg(config)
+        phases = plan_phases(cfg)
+        self.config = config
+        self.n = cfg.n
+        self.t_total = sum(p.t_len for p in phases)
+        self._starts = [sum(p.t_len for p in phases[:k]) for k in range(len(phases))]
+        self._names = [p.name for p in phases]
+        self.groups = {p.group for p in phases}
+        nbrs: list[list[int]] = [[] for _ in range(self.n)]
+        for a, b in edges.tolist():
+            nbrs[a].append(b)
+            nbrs[b].append(a)
+        self.neighbours = [np.array(sorted(v), dtype=np.int64) for v in nbrs]
+        self.directed = {(a, b) for a, b in edges.tolist()} | {(b, a) for a, b in edges.tolist()}
+        # x_i^(t) stored as valid; n * t_total is bounded by the validated config (limits.py).
+        self.have: NDArray[np.bool_] = np.zeros((self.n, self.t_total), dtype=np.bool_)
+
+    def inside(self, node: int, t: int) -> bool:
+        """Whether ``(node, t)`` is a node and an iteration of the run."""
+        return 0 <= node < self.n and 0 <= t < self.t_total
+
+    def phase_at(self, t: int) -> str:
+        return self._names[bisect.bisect_right(self._starts, t) - 1]
+
+    def reject(self, msg: WireMessage) -> str | None:
+        """Why a node would not use ``msg`` (None: it would, when first for its slot)."""
+        if isinstance(msg, XMsg):
+            return self._x(msg)
+        if isinstance(msg, Z0Msg):
+            if (msg.from_, msg.to) not in self.directed:
+                return f"z0 from node {msg.from_} to node {msg.to}: not an edge of the run's graph"
+            if msg.group not in self.groups:
+                return f"z0 for unknown dual group {msg.group!r}"
+            return None
+        if isinstance(msg, StatusMsg):
+            if msg.node >= self.n:
+                return f"status of node {msg.node}: the run has nodes 0..{self.n - 1}"
+            if msg.iterations is not None and msg.iterations > self.t_total:
+                return f"iterations={msg.iterations}: the run has {self.t_total}"
+            return None
+        if isinstance(msg, AdvStateMsg):
+            if msg.node >= self.n:
+                return f"state of node {msg.node}: the run has nodes 0..{self.n - 1}"
+            if msg.t >= self.t_total:
+                return f"t={msg.t}: the run has iterations 0..{self.t_total - 1}"
+            return None
+        if isinstance(msg, ConfigMsg):
+            mismatch = config_mismatch(self.config, msg)
+            if mismatch is not None:
+                return f"a second run configuration ({mismatch}); the first one is kept"
+        return None
+
+    def _x(self, msg: XMsg) -> str | None:
+        i, t = msg.node, msg.t
+        if i >= self.n:
+            return f"x of node {i}: the run has nodes 0..{self.n - 1}"
+        if t >= self.t_total:
+            return f"t={t}: the run has iterations 0..{self.t_total - 1}"
+        expected = self.phase_at(t)
+        if msg.phase != expected:
+            return f"t={t}: phase {msg.phase!r}, expected {expected!r}"
+        if t > 0:
+            nbrs = self.neighbours[i]
+            missing = nbrs[~self.have[nbrs, t - 1]]
+            if len(missing):
+                return (
+                    f"x_{i}^({t}) outside every neighbour's window: no x^({t - 1}) yet from "
+                    f"node(s) {missing.tolist()[:8]}"
+                )
+        return None
+
+    def accepted(self, msg: WireMessage) -> None:
+        """Record a message stored as valid (the window moves on)."""
+        if isinstance(msg, XMsg):
+            self.have[msg.node, msg.t] = True
+
+
+def rules_for(config: ConfigMsg) -> tuple[RunRules | None, str | None]:
+    """``(rules, None)`` for a valid run configuration, ``(None, why)`` for one that is not."""
+    try:
+        return RunRules(config), None
+    except ValueError as exc:  # ConfigError is one; so is anything numpy says about the edges
+        return None, f"not a valid run configuration ({exc})"
