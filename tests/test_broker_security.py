@@ -63,16 +63,21 @@ async def broker(plan: Plan) -> AsyncIterator[BrokerHandle]:
 class Client:
     """A blocking paho client: connect, subscribe, publish QoS 1 and wait for delivery."""
 
-    def __init__(self, broker: BrokerHandle, user: str | None, password: str | None) -> None:
+    def __init__(
+        self, broker: BrokerHandle, user: str | None, password: str | None, client_id: str | None = None
+    ) -> None:
         self.inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self.connack: queue.Queue[int] = queue.Queue()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+        self.disconnects = 0
+        cid = client_id or f"t-{uuid.uuid4().hex[:8]}"
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid)
         if user is not None:
             self.client.username_pw_set(user, password)
         self.client.on_connect = self._on_connect
         self.client.on_message = lambda _c, _u, msg: self.inbox.put((msg.topic, msg.payload))
         self.subacks: queue.Queue[int] = queue.Queue()
         self.client.on_subscribe = lambda _c, _u, mid, _rc, _p: self.subacks.put(mid)
+        self.client.on_disconnect = lambda *_a: setattr(self, "disconnects", self.disconnects + 1)
         self.client.connect(broker.host, broker.port)
         self.client.loop_start()
         self.rc = self.connack.get(timeout=WAIT)
@@ -109,9 +114,9 @@ class Client:
 def connect(broker: BrokerHandle, plan: Plan) -> Iterator[object]:
     clients: list[Client] = []
 
-    def _connect(user: str | None, password: str | None = None) -> Client:
+    def _connect(user: str | None, password: str | None = None, client_id: str | None = None) -> Client:
         pw = plan.password(user) if user is not None and password is None else password
-        client = Client(broker, user, pw)
+        client = Client(broker, user, pw, client_id)
         clients.append(client)
         return client
 
@@ -171,6 +176,29 @@ def test_non_neighbour_topics_are_never_received(connect: object) -> None:
     near.publish(f"{ROOT}/node/1/x", b"near-x")
     got = node0.received_until(b"near-x")
     assert got == [(f"{ROOT}/edge/1/0/z0", b"z0-for-0"), (f"{ROOT}/node/1/x", b"near-x")]
+
+
+def test_another_nodes_client_id_takes_over_nothing(connect: object) -> None:
+    victim = connect("node0", client_id=f"nlagg-{RUN}-node-0")  # type: ignore[operator]
+    assert victim.rc == 0
+    victim.subscribe(f"{ROOT}/node/1/x")
+    # node 1's credentials with node 0's client id: without use_username_as_clientid the broker
+    # would close node 0's connection and hand its persistent session to the intruder.
+    intruder = connect("node1", client_id=f"nlagg-{RUN}-node-0")  # type: ignore[operator]
+    assert intruder.rc == 0  # let in, under its own user name as client id
+    intruder.subscribe(f"{ROOT}/#")
+    intruder.publish(f"{ROOT}/node/1/x", b"after-takeover")
+    assert victim.received_until(b"after-takeover") == [(f"{ROOT}/node/1/x", b"after-takeover")]
+    assert victim.disconnects == 0
+
+
+def test_payloads_over_the_protocols_limit_are_dropped_by_the_broker(connect: object) -> None:
+    spy = _online(connect, "eavesdropper")
+    spy.subscribe(f"{ROOT}/#")
+    node1 = _online(connect, "node1")
+    node1.client.publish(f"{ROOT}/node/1/x", b"A" * (10 << 20), qos=1)
+    node1.publish(f"{ROOT}/node/1/x", b"small")
+    assert spy.received_until(b"small") == [(f"{ROOT}/node/1/x", b"small")]
 
 
 def test_eavesdropper_cannot_publish(connect: object) -> None:

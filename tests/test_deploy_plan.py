@@ -147,6 +147,7 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
     node_lines = [a for a in argvs if a[:2] == ["nlagg", "node"]]
     assert [int(a[a.index("--id") + 1]) for a in node_lines] == list(range(6))
     assert [("--corrupt" in a) for a in node_lines] == [i in (1, 4) for i in range(6)]
+    assert all(a[a.index("--state-dir") + 1] == "state" for a in node_lines)  # a restart resumes
     passwords = [p.read_text().strip() for p in (out / "secrets").iterdir()]
     text = (out / "commands.txt").read_text()
     assert not any(pw in text for pw in passwords)
@@ -161,6 +162,8 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
         "password_file broker/passwd",
         "acl_file broker/acl",
         "listener 1883",
+        "use_username_as_clientid true",
+        "message_size_limit 1048576",
     ):
         assert line in conf
     assert not any(line.startswith(("cafile", "certfile", "keyfile")) for line in conf)

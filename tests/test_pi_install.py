@@ -66,7 +66,10 @@ def test_unit_template_runs_the_instance_node_file() -> None:
     unit.optionxform = str  # type: ignore[assignment,method-assign]
     unit.read(PI / "nlagg-node@.service")
     service = unit["Service"]
-    assert service["ExecStart"] == "/opt/nlagg/venv/bin/nlagg deploy node /etc/nlagg/nodes/%i.toml"
+    assert service["ExecStart"] == (
+        "/opt/nlagg/venv/bin/nlagg deploy node /etc/nlagg/nodes/%i.toml --state-dir %S/nlagg/node-%i"
+    )
+    assert service["StateDirectory"] == "nlagg/node-%i"  # writable under ProtectSystem=strict
     assert service["User"] == "nlagg"
     assert service["Restart"] == "on-failure"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
@@ -75,6 +78,7 @@ def test_unit_template_runs_the_instance_node_file() -> None:
 def test_bundle_holds_only_that_nodes_files(plan: Path, tmp_path: Path) -> None:
     out = tmp_path / "node2.tar.gz"
     members = write_bundle(plan, 2, out)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # it holds a password
     assert members == ["run.toml", "graph.json", "nodes/2.toml", "secrets/node2.pw"]
     with tarfile.open(out) as tar:
         modes = {m.name: stat.S_IMODE(m.mode) for m in tar.getmembers()}

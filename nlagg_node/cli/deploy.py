@@ -184,12 +184,15 @@ def node_cmd(
     ],
     broker: Annotated[str | None, typer.Option(help="override the broker URL [default: the file's]")] = None,
     dry_run: Annotated[bool, typer.Option(help="print the nlagg node command instead of running it")] = False,
+    state_dir: Annotated[
+        str | None, typer.Option(help="override the file's checkpoint directory (systemd: StateDirectory=)")
+    ] = None,
 ) -> None:
     """Start one node from its file: runs `nlagg node` with the file's id, value source and credentials."""
     from ..deploy.nodefile import nlagg_program, node_argv, resolve_node, shell_line
 
     node, base = resolve_node(node_file)
-    argv = node_argv(node, broker=broker)
+    argv = node_argv(node, broker=broker, state_dir=state_dir)
     if dry_run:
         print(f"cd {base} && {shell_line(argv)}")
         return

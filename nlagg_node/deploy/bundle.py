@@ -3,11 +3,13 @@
 A node needs the public ``run.toml`` and ``graph.json``, its own ``nodes/<i>.toml`` and its own
 password file, nothing else: no other node's value source or credentials, no plan.toml.
 Modes are kept (0600 for the private files), owners are reset to root (the installer chowns).
+The tarball itself holds a password and maybe a private value: it is created 0600.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -34,7 +36,10 @@ def bundle_members(plan_root: Path, node_id: int) -> list[str]:
 def write_bundle(plan_root: Path, node_id: int, out: Path) -> list[str]:
     """Write ``out`` (.tar.gz) with node ``node_id``'s files; return the member names."""
     members = bundle_members(plan_root, node_id)
-    with tarfile.open(out, "w:gz") as tar:
+    # Created 0600 before a byte is written (and tightened if the file already existed).
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for rel in members:
             src = plan_root / rel
             data = src.read_bytes()

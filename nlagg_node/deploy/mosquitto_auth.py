@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..runtime.wire import WireError, topics
+from ..runtime.wire import MAX_PAYLOAD_BYTES, WireError, topics
 
 __all__ = [
     "EAVESDROPPER_USER",
@@ -179,8 +179,20 @@ class BrokerPaths:
 
 
 def security_lines(password_file: str, acl_file: str) -> list[str]:
-    """The lines that lock a Mosquitto listener down to the generated users and ACL."""
-    return ["allow_anonymous false", f"password_file {password_file}", f"acl_file {acl_file}"]
+    """The lines that lock a Mosquitto listener down to the generated users and ACL.
+
+    ``use_username_as_clientid true`` binds every session to its user: a credential holder that
+    connects with another node's client id gets its own session (named after its own user), so it
+    can neither take over nor disconnect that node's. ``message_size_limit`` drops any payload the
+    wire protocol could not carry (larger than ``MAX_PAYLOAD_BYTES``) at the broker.
+    """
+    return [
+        "allow_anonymous false",
+        f"password_file {password_file}",
+        f"acl_file {acl_file}",
+        "use_username_as_clientid true",
+        f"message_size_limit {MAX_PAYLOAD_BYTES}",
+    ]
 
 
 def mosquitto_conf(

@@ -66,6 +66,7 @@ class NodeFile(BaseModel):
     password_file: str
     corrupt: bool = False
     seed: int | None = Field(None, ge=0)
+    state_dir: str = "state"  # checkpoints: a restart with the same command resumes the run
     value: ValueSource
 
 
@@ -99,8 +100,13 @@ def load_node_file(path: Path) -> NodeFile:
         raise ConfigError(loc, err.get("input"), f"{msg} (in {path})") from None
 
 
-def node_argv(node: NodeFile, *, broker: str | None = None, program: str = "nlagg") -> list[str]:
-    """The ``nlagg node`` argument vector of a node, paths relative to its ``base_dir``."""
+def node_argv(
+    node: NodeFile, *, broker: str | None = None, program: str = "nlagg", state_dir: str | None = None
+) -> list[str]:
+    """The ``nlagg node`` argument vector of a node, paths relative to its ``base_dir``.
+
+    ``state_dir`` overrides the file's (the systemd unit gives its writable ``StateDirectory=``).
+    """
     argv = [program, "node", "--id", str(node.id), "--config", node.config]
     src = node.value
     if src.source == "constant":
@@ -113,6 +119,7 @@ def node_argv(node: NodeFile, *, broker: str | None = None, program: str = "nlag
     argv += ["--password-file", node.password_file]
     if node.seed is not None:
         argv += ["--seed", str(node.seed)]
+    argv += ["--state-dir", state_dir or node.state_dir]
     if node.corrupt:
         argv.append("--corrupt")
     return argv
