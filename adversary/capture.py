@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from typing import Self
 
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.rng import rng_for
-from nlagg_node.runtime.mqtt import jittered_backoff, parse_broker_url
+from nlagg_node.runtime.mqtt import jittered_backoff
+from nlagg_node.runtime.tls import TlsSettings, broker_endpoint
 from nlagg_node.runtime.transport import Message, valid_filter
 
 from .mqtt_codec import (
@@ -53,7 +55,7 @@ from .mqtt_codec import (
     encode_subscribe,
 )
 
-__all__ = ["AckingSubscriber", "Delivery"]
+__all__ = ["AckingSubscriber", "Delivery", "accepts_anonymous"]
 
 log = logging.getLogger("nlagg.capture")
 
@@ -184,7 +186,9 @@ class AckingSubscriber:
 
     Parameters
     ----------
-    url : ``mqtt://host:port``.
+    url : ``mqtt://host:port``, or ``mqtts://host:port`` for MQTT over TLS (asyncio's ``ssl``).
+    tls : the CA that verifies the broker and an optional client certificate (``mqtts://`` only;
+        without it the system's trust store verifies the broker).
     client_id : stable id: the broker keeps the session (subscriptions, unacknowledged and queued
         QoS 1 messages) under it.
     username, password : broker credentials (the password is sent only with a user name).
@@ -207,8 +211,13 @@ class AckingSubscriber:
         backoff_max: float = 2.0,
         connect_timeout: float = 30.0,
         keepalive: int = 30,
+        tls: TlsSettings | None = None,
     ) -> None:
-        self.host, self.port = parse_broker_url(url)
+        endpoint = broker_endpoint(url)
+        self.host, self.port = endpoint.host, endpoint.port
+        if tls is not None and not endpoint.tls:
+            raise ConfigError("broker", url, "TLS files were given: use mqtts://")
+        self._ssl: ssl.SSLContext | None = (tls or TlsSettings()).context() if endpoint.tls else None
         if not client_id or len(client_id.encode("utf-8")) > 0xFFFF:
             raise ConfigError(
                 "client_id", client_id, "a persistent session needs a non-empty id of <= 65535 bytes"
@@ -277,9 +286,21 @@ class AckingSubscriber:
         session: _Session | None = None
         try:
             async with asyncio.timeout(min(self.connect_timeout, HANDSHAKE_TIMEOUT)):
-                _, session = await loop.create_connection(lambda: _Session(self), self.host, self.port)
+                _, session = await loop.create_connection(
+                    lambda: _Session(self),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
+                )
                 session.write(self._connect_frame)
                 _, code = await session.connack
+        except ssl.SSLCertVerificationError as exc:  # retrying cannot help
+            if session is not None:
+                session.abandon()
+            raise NlaggError(
+                f"broker {self.url}: its certificate does not verify ({exc.verify_message})"
+            ) from None
         except (OSError, TimeoutError) as exc:
             log.info("connect to %s failed: %s", self.url, str(exc) or type(exc).__name__)
             if session is not None:
@@ -500,3 +521,34 @@ class AckingSubscriber:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+async def accepts_anonymous(url: str, *, tls: TlsSettings | None = None, within: float = 5.0) -> bool | None:
+    """Whether the broker lets a client in without a user name (None: it could not be asked).
+
+    One clean-session CONNECT without credentials, then DISCONNECT. A broker that says yes has no
+    per-user ACL for that client: anyone reaching it can publish as any node.
+    """
+    endpoint = broker_endpoint(url)
+    ctx = (tls or TlsSettings()).context() if endpoint.tls else None
+    client_id = f"nlagg-probe-{rng_for(None).integers(1 << 62):x}"
+    try:
+        async with asyncio.timeout(within):
+            reader, writer = await asyncio.open_connection(
+                endpoint.host, endpoint.port, ssl=ctx, server_hostname=endpoint.host if ctx else None
+            )
+            try:
+                writer.write(encode_connect(client_id, keepalive=0, clean_session=True))
+                head = await reader.readexactly(2)
+                body = await reader.readexactly(head[1])
+                if head[0] >> 4 != CONNACK:
+                    return None
+                accepted = decode_connack(body)[1] == 0
+                if accepted:
+                    writer.write(DISCONNECT_FRAME)
+                    await writer.drain()
+                return accepted
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, MqttProtocolError):
+        return None

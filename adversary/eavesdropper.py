@@ -28,17 +28,23 @@ from typing import Any
 import numpy as np
 
 from nlagg_node.runtime.node import config_from_msg
+from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Transport
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
 from nlagg_node.schedule import phase_c, plan_phases
 
-from .capture import AckingSubscriber
+from .capture import AckingSubscriber, accepts_anonymous
 from .live import BRANCH_NAMES, Exposure, LiveReplay
 from .transcript import Transcript
 
 __all__ = ["Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
 
 log = logging.getLogger("nlagg.eavesdropper")
+
+ANONYMOUS_WARNING = (
+    "broker %s admits anonymous clients (allow_anonymous true): anyone can publish as any node, so"
+    " nothing protects the run's integrity; use the per-node ACL of nlagg deploy plan"
+)
 
 
 @dataclass
@@ -319,11 +325,16 @@ async def run_eavesdropper(
     stop_after: float | None = None,
     events: bool = False,
     config: ConfigMsg | None = None,
+    tls: TlsSettings | None = None,
 ) -> Eavesdropper:
     """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary.
 
     With ``events`` the output is JSON lines for a supervising process (the testbed):
     ``subscribed``, one ``exposure`` per exposed node the moment it is found, ``finished``.
+    ``tls`` verifies an ``mqtts://`` broker (and gives a client certificate when it asks for one).
+    At start it asks the broker whether it admits anonymous clients and warns when it does:
+    without per-node ACLs nothing protects the run's integrity (anyone can publish as any node;
+    the transcript keeps what the nodes kept, which may be forged).
     """
     from rich.console import Console
     from rich.live import Live
@@ -332,8 +343,14 @@ async def run_eavesdropper(
     live = live and not events
     transcript = Transcript(db, run_id=run_id, prefix=prefix)
     client_id = f"nlagg-{run_id}-eavesdropper"
+    if await accepts_anonymous(broker, tls=tls):
+        log.warning(ANONYMOUS_WARNING, broker)
+        if events:
+            _event("warning", message=ANONYMOUS_WARNING % broker)
     try:
-        async with AckingSubscriber(broker, client_id=client_id, username=username, password=password) as tr:
+        async with AckingSubscriber(
+            broker, client_id=client_id, username=username, password=password, tls=tls
+        ) as tr:
 
             def report(e: Exposure) -> None:
                 if events:

@@ -309,6 +309,7 @@ async def test_tls_listener_of_the_generated_config(tmp_path: Path) -> None:
         seed=1,
         listen_host="127.0.0.1",
         listen_port=port,
+        broker_url=f"mqtts://127.0.0.1:{port}",
         tls=TlsFiles(str(ca), str(cert), str(key)),
     )
     root = tmp_path / "plan"
@@ -348,3 +349,62 @@ async def test_tls_listener_of_the_generated_config(tmp_path: Path) -> None:
         assert handle.port != port
         assert await asyncio.to_thread(connect, True) == 0
         assert await asyncio.to_thread(connect, False) != 0  # plain MQTT on the TLS port fails
+
+
+@pytest.mark.parametrize("require_certificate", [False, True], ids=["password", "password+certificate"])
+async def test_generated_ca_secures_the_listener(tmp_path: Path, require_certificate: bool) -> None:
+    from nlagg_node.runtime.brokers import free_port
+
+    port = free_port()
+    run = load_config(None, op="max", n=3, graph="ring")
+    spec = PlanSpec(
+        run=run,
+        run_id=RUN,
+        seed=1,
+        listen_host="127.0.0.1",
+        listen_port=port,
+        broker_url=f"mqtts://127.0.0.1:{port}",
+        make_tls=True,
+        require_certificate=require_certificate,
+    )
+    root = tmp_path / "plan"
+    write_plan(build_plan(spec), root)
+    conf = (root / "broker" / "mosquitto.conf").read_text().splitlines()
+    assert ("require_certificate true" in conf) == require_certificate
+    for secret in ("secrets/ca.key", "broker/tls/server.key"):
+        assert stat.S_IMODE((root / secret).stat().st_mode) == 0o600
+    ca = root / "tls" / "ca.pem"
+    password = (root / "secrets" / "node0.pw").read_text().strip()
+    async with start_mosquitto(
+        extra_config=root / "broker" / "mosquitto.conf",
+        workdir=root,
+        extra_lines=["user root"],
+        allow_anonymous=False,
+    ):
+
+        def connect(tls: bool, cert: bool) -> int:
+            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+            client.username_pw_set("node0", password)
+            if tls:
+                files = (
+                    (root / "secrets" / "node0.crt", root / "secrets" / "node0.key") if cert else (None, None)
+                )
+                client.tls_set(ca_certs=str(ca), certfile=files[0], keyfile=files[1])
+            done: queue.Queue[int] = queue.Queue()
+            client.on_connect = lambda _c, _u, _f, rc, _p: done.put(int(rc.value))
+            client.on_disconnect = lambda *_a: done.put(-2)
+            try:
+                client.connect("127.0.0.1", port)
+            except (OSError, mqtt.WebsocketConnectionError):
+                return -1
+            client.loop_start()
+            try:
+                return done.get(timeout=WAIT)
+            finally:
+                client.disconnect()
+                client.loop_stop()
+
+        assert await asyncio.to_thread(connect, True, require_certificate) == 0
+        assert await asyncio.to_thread(connect, False, False) != 0  # plain MQTT on the TLS port
+        if require_certificate:
+            assert await asyncio.to_thread(connect, True, False) != 0  # TLS without a client certificate

@@ -42,11 +42,22 @@ def plan_cmd(
     ] = False,
     prefix: Annotated[str, typer.Option(help="topic prefix P")] = "nlagg",
     broker: Annotated[
-        str, typer.Option(help="broker URL the nodes and the eavesdropper connect to, mqtt://host[:port]")
-    ] = DEFAULT_BROKER,
+        str | None,
+        typer.Option(
+            help=f"broker URL the nodes and the eavesdropper connect to [default: {DEFAULT_BROKER},"
+            " with --tls mqtts://127.0.0.1:8883]"
+        ),
+    ] = None,
     listen: Annotated[
-        str, typer.Option(help="broker listener: PORT or HOST:PORT (PORT = every address)")
-    ] = "1883",
+        str | None,
+        typer.Option(help="broker listener: PORT or HOST:PORT (PORT = every address; 1883, with --tls 8883)"),
+    ] = None,
+    tls: Annotated[
+        bool, typer.Option(help="generate a private CA and the broker's certificate; a TLS-only listener")
+    ] = False,
+    require_certificate: Annotated[
+        bool, typer.Option(help="with --tls: a client certificate per user, required by the broker")
+    ] = False,
     value: Annotated[float | None, typer.Option(help="the same constant value on every node")] = None,
     value_file: Annotated[str | None, typer.Option(help="every node reads its value from this file")] = None,
     value_cmd: Annotated[
@@ -101,6 +112,15 @@ def plan_cmd(
     tls_parts = (tls_cafile, tls_certfile, tls_keyfile)
     if any(tls_parts) and not all(tls_parts):
         raise ConfigError("tls", tls_parts, "give --tls-cafile, --tls-certfile and --tls-keyfile together")
+    if tls and any(tls_parts):
+        raise ConfigError(
+            "tls", True, "--tls generates the broker's files: leave out --tls-cafile and friends"
+        )
+    secure = tls or all(tls_parts)
+    if broker is None:
+        broker = "mqtts://127.0.0.1:8883" if secure else DEFAULT_BROKER
+    if listen is None:
+        listen = "8883" if secure else "1883"
     host, _, port_text = listen.rpartition(":")
     try:
         port = int(port_text)
@@ -118,6 +138,8 @@ def plan_cmd(
         listen_port=port,
         value_source=source,
         tls=TlsFiles(*tls_parts) if all(tls_parts) else None,  # type: ignore[arg-type]
+        make_tls=tls,
+        require_certificate=require_certificate,
     )
     plan = build_plan(spec)
     write_plan(plan, out, force=force)

@@ -92,6 +92,25 @@ def _read_password(password_file: Path | None) -> str | None:
     return lines[0].strip() if lines else ""
 
 
+CaFile = Annotated[
+    Path | None, typer.Option(help="mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)")
+]
+CertFile = Annotated[Path | None, typer.Option(help="mqtts://: client certificate, when the broker asks")]
+KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certificate's private key")]
+
+
+def _tls(broker: str, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> Any:
+    """The :class:`TlsSettings` of ``--ca-file/--cert-file/--key-file`` (None for a plain mqtt:// broker)."""
+    from ..runtime.tls import TlsSettings, broker_endpoint
+
+    if not broker_endpoint(broker).tls:
+        for name, path in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+            if path is not None:
+                raise ConfigError(name, str(path), f"TLS files need an mqtts:// broker, not {broker}")
+        return None
+    return TlsSettings(ca_file, cert_file, key_file)
+
+
 def _network_table(config: Path) -> dict[str, Any]:
     """The ``[network]`` table (prefix, run_id) of a run.toml, if any."""
     import tomllib
@@ -367,6 +386,9 @@ def eavesdrop(
     config: Annotated[
         Path | None, typer.Option(help="the run's config file, if the retained P/R/config is not published")
     ] = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
@@ -396,5 +418,6 @@ def eavesdrop(
             stop_after=timeout,
             events=events,
             config=public,
+            tls=_tls(broker, ca_file, cert_file, key_file),
         )
     )

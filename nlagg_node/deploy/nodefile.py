@@ -67,6 +67,9 @@ class NodeFile(BaseModel):
     corrupt: bool = False
     seed: int | None = Field(None, ge=0)
     state_dir: str = "state"  # checkpoints: a restart with the same command resumes the run
+    ca_file: str | None = None  # mqtts://: the CA that verifies the broker
+    cert_file: str | None = None  # client certificate and key, when the broker requires one
+    key_file: str | None = None
     value: ValueSource
 
 
@@ -120,8 +123,18 @@ def node_argv(
     if node.seed is not None:
         argv += ["--seed", str(node.seed)]
     argv += ["--state-dir", state_dir or node.state_dir]
+    argv += tls_args(node.ca_file, node.cert_file, node.key_file)
     if node.corrupt:
         argv.append("--corrupt")
+    return argv
+
+
+def tls_args(ca_file: str | None, cert_file: str | None, key_file: str | None) -> list[str]:
+    """``--ca-file/--cert-file/--key-file`` of a command, for the files that are given."""
+    argv: list[str] = []
+    for flag, path in (("--ca-file", ca_file), ("--cert-file", cert_file), ("--key-file", key_file)):
+        if path is not None:
+            argv += [flag, path]
     return argv
 
 
@@ -165,7 +178,13 @@ def resolve_node(path: Path) -> tuple[NodeFile, Path]:
     """Load a node file and check that its config and password file exist; return it and its base dir."""
     node = load_node_file(path)
     base = (path.parent / node.base_dir).resolve()
-    for field, rel in (("config", node.config), ("password_file", node.password_file)):
+    files = [("config", node.config), ("password_file", node.password_file)]
+    files += [
+        (f, p)
+        for f, p in (("ca_file", node.ca_file), ("cert_file", node.cert_file), ("key_file", node.key_file))
+        if p
+    ]
+    for field, rel in files:
         if not (base / rel).is_file():
             raise ConfigError(field, str(base / rel), f"no such file (from {path})")
     if node.value.source == "file" and not (base / str(node.value.path)).is_file():

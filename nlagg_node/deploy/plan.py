@@ -8,6 +8,10 @@ Layout of a plan directory ``DIR``::
     nodes/<i>.toml      private, one per node: id, value source, broker, user, password file
     values/<i>.txt      private drawn values (mode 0600), when no value source was given
     secrets/<user>.pw   one clear-text password per broker user, mode 0600 (directory 0700)
+    tls/ca.pem          with TLS: the CA certificate every client verifies the broker with (public)
+    secrets/<user>.crt, .key   with --require-certificate: each user's client certificate and key
+    secrets/ca.key      with --tls: the plan CA's private key (the operator's; never on a node)
+    broker/tls/         with TLS: ca.pem, server.pem, server.key (0600) of the broker's listener
     broker/mosquitto.conf         run from DIR: mosquitto -c broker/mosquitto.conf (persistence in broker/)
     broker/mosquitto-docker.conf  the same for the eclipse-mosquitto container (/mosquitto/...)
     broker/passwd, broker/acl     password file (PBKDF2-SHA512, mosquitto_passwd format) and ACL
@@ -43,7 +47,7 @@ from .mosquitto_auth import (
     node_user,
     password_file_text,
 )
-from .nodefile import NodeFile, ValueSource, node_argv, node_file_text, shell_line
+from .nodefile import NodeFile, ValueSource, node_argv, node_file_text, shell_line, tls_args
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -75,7 +79,9 @@ class PlanSpec:
     listen_host, listen_port : the broker's listener (host None = every address).
     value_source : one source for every node (e.g. a sensor command); None = constants drawn from
         ``run.values`` with the seed (the simulator's trial-0 values).
-    tls : server TLS files, off by default.
+    tls : server TLS files of your own (CA, certificate, key), off by default.
+    make_tls : generate a private CA and the broker's certificate (``--tls``) instead.
+    require_certificate : with TLS, also a client certificate per user, and the broker requires one.
     """
 
     run: RunConfig
@@ -89,6 +95,12 @@ class PlanSpec:
     listen_port: int = 1883
     value_source: ValueSource | None = None
     tls: TlsFiles | None = None
+    make_tls: bool = False
+    require_certificate: bool = False
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls is not None or self.make_tls
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,9 @@ class DeployPlan:
     nodes: list[NodeFile]
     passwords: dict[str, str] = field(repr=False)
     values: dict[int, float] = field(repr=False, default_factory=dict)  # drawn private values
+    pem: dict[str, tuple[bytes, int]] = field(
+        repr=False, default_factory=dict
+    )  # TLS files: path -> (PEM, mode)
 
     @property
     def n(self) -> int:
@@ -114,13 +129,54 @@ class DeployPlan:
         return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(self.n))]
 
 
-def _check_url(url: str) -> str:
+def _check_url(url: str, tls: bool) -> str:
     parts = urlsplit(url)
-    if parts.scheme == "mqtts":
-        raise ConfigError("broker", url, "nlagg node connects with plain mqtt:// (no TLS client support yet)")
-    if parts.scheme not in ("mqtt", "tcp") or not parts.hostname:
-        raise ConfigError("broker", url, "expected mqtt://host:port")
+    if tls and (parts.scheme != "mqtts" or not parts.hostname):
+        raise ConfigError("broker", url, "a TLS plan needs mqtts://host:port")
+    if not tls and (parts.scheme not in ("mqtt", "tcp") or not parts.hostname):
+        raise ConfigError("broker", url, "expected mqtt://host:port (mqtts:// needs --tls)")
     return url
+
+
+def _tls_files(spec: PlanSpec, users: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+    """Every TLS file of a plan (relative path -> (PEM, mode)): generated, or copied from ``spec.tls``."""
+    from .tls import new_ca
+
+    if spec.require_certificate and not spec.make_tls:
+        raise ConfigError(
+            "require_certificate", True, "client certificates come from the plan's CA: add --tls"
+        )
+    if spec.tls is not None:
+        out = {}
+        for name, src, mode in (
+            ("ca.pem", spec.tls.cafile, 0o644),
+            ("server.pem", spec.tls.certfile, 0o644),
+            ("server.key", spec.tls.keyfile, 0o600),
+        ):
+            path = Path(src)
+            if not path.is_file():
+                raise ConfigError(f"tls_{name.replace('.', '')}", src, "no such file")
+            out[f"broker/tls/{name}"] = (path.read_bytes(), mode)
+        out["tls/ca.pem"] = out["broker/tls/ca.pem"]
+        return out
+    if not spec.make_tls:
+        return {}
+    ca = new_ca(spec.run_id)
+    host = urlsplit(spec.broker_url).hostname or ""
+    server = ca.server([host, spec.listen_host or "", "localhost", "127.0.0.1", "broker"])
+    out = {
+        "tls/ca.pem": (ca.pair.cert_pem, 0o644),
+        "secrets/ca.key": (ca.pair.key_pem, 0o600),
+        "broker/tls/ca.pem": (ca.pair.cert_pem, 0o644),
+        "broker/tls/server.pem": (server.cert_pem, 0o644),
+        "broker/tls/server.key": (server.key_pem, 0o600),
+    }
+    if spec.require_certificate:
+        for user in users:
+            pair = ca.client(user)
+            out[f"secrets/{user}.crt"] = (pair.cert_pem, 0o600)
+            out[f"secrets/{user}.key"] = (pair.key_pem, 0o600)
+    return out
 
 
 def build_plan(spec: PlanSpec) -> DeployPlan:
@@ -129,7 +185,8 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         raise ConfigError("run_id", spec.run_id, "use 1-64 characters of [A-Za-z0-9_-]")
     if not _RUN_ID_RE.match(spec.prefix):
         raise ConfigError("prefix", spec.prefix, "use 1-64 characters of [A-Za-z0-9_-]")
-    _check_url(spec.broker_url)
+    _check_url(spec.broker_url, spec.uses_tls)
+    pem = _tls_files(spec, plan_users(spec.run.n))
     if spec.replay and spec.seed is None:
         raise ConfigError("replay", True, "replay mode needs an explicit --seed")
     import secrets
@@ -160,9 +217,13 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         sources = [spec.value_source] * n
     passwords = {user: new_password() for user in [LAUNCHER_USER, EAVESDROPPER_USER]}
     nodes = []
+    ca_file = "tls/ca.pem" if spec.uses_tls else None
     for i in range(n):
         user = node_user(i)
         passwords[user] = new_password()
+        cert = key = None
+        if spec.require_certificate:
+            cert, key = f"secrets/{user}.crt", f"secrets/{user}.key"
         nodes.append(
             NodeFile(
                 id=i,
@@ -173,6 +234,9 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
                 corrupt=i in corrupted,
                 seed=seed if spec.replay else None,
                 value=sources[i],
+                ca_file=ca_file,
+                cert_file=cert,
+                key_file=key,
             )
         )
     return DeployPlan(
@@ -185,6 +249,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         nodes=nodes,
         passwords=passwords,
         values=drawn,
+        pem=pem,
     )
 
 
@@ -210,7 +275,8 @@ def _plan_toml(plan: DeployPlan) -> str:
             "corrupted": plan.corrupted,
             "broker": plan.spec.broker_url,
             "listen_port": plan.spec.listen_port,
-            "tls": plan.spec.tls is not None,
+            "tls": plan.spec.uses_tls,
+            "require_certificate": plan.spec.require_certificate,
             "users": plan.users,
             "transcript": TRANSCRIPT_NAME,
         }
@@ -221,16 +287,27 @@ def _plan_toml(plan: DeployPlan) -> str:
     return head + _toml.dumps(doc)
 
 
-def eavesdrop_argv(plan_run_id: str, broker: str, db: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+def _user_tls(spec: PlanSpec | None, user: str) -> list[str]:
+    """``--ca-file`` (and the user's client certificate and key) for a TLS plan, else nothing."""
+    if spec is None or not spec.uses_tls:
+        return []
+    if spec.require_certificate:
+        return tls_args("tls/ca.pem", f"secrets/{user}.crt", f"secrets/{user}.key")
+    return tls_args("tls/ca.pem", None, None)
+
+
+def eavesdrop_argv(
+    plan_run_id: str, broker: str, db: str, prefix: str = DEFAULT_PREFIX, spec: PlanSpec | None = None
+) -> list[str]:
     """The ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw)."""
     argv = ["nlagg", "eavesdrop", "--broker", broker, "--run-id", plan_run_id, "--transcript", db]
     if prefix != DEFAULT_PREFIX:
         argv += ["--prefix", prefix]
     argv += ["--username", EAVESDROPPER_USER, "--password-file", f"secrets/{EAVESDROPPER_USER}.pw"]
-    return argv
+    return argv + _user_tls(spec, EAVESDROPPER_USER)
 
 
-def launcher_argv(broker: str) -> list[str]:
+def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
     """The ``nlagg deploy publish-config`` argument vector (credentials from secrets/launcher.pw)."""
     return [
         "nlagg",
@@ -244,6 +321,7 @@ def launcher_argv(broker: str) -> list[str]:
         LAUNCHER_USER,
         "--password-file",
         f"secrets/{LAUNCHER_USER}.pw",
+        *_user_tls(spec, LAUNCHER_USER),
     ]
 
 
@@ -258,10 +336,10 @@ def commands_text(plan: DeployPlan) -> str:
         "# broker",
         shell_line(["mosquitto", "-c", "broker/mosquitto.conf"]),
         "# eavesdropper",
-        shell_line(eavesdrop_argv(plan.spec.run_id, url, TRANSCRIPT_NAME, plan.spec.prefix)),
+        shell_line(eavesdrop_argv(plan.spec.run_id, url, TRANSCRIPT_NAME, plan.spec.prefix, plan.spec)),
     ]
     lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
-    lines.append(shell_line(launcher_argv(url)))
+    lines.append(shell_line(launcher_argv(url, plan.spec)))
     for node in plan.nodes:
         lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else ""))
         lines.append(shell_line(node_argv(node)))
@@ -312,46 +390,44 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     hashes = {user: hash_password(pw) for user, pw in plan.passwords.items()}
     put("broker/passwd", password_file_text(hashes), 0o600)
     put("broker/acl", acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted), 0o600)
-    host_tls, docker_tls = _copy_tls(spec.tls, out / "broker" / "tls", written)
+    for rel, (pem, mode) in sorted(plan.pem.items()):
+        if rel.startswith("tls/"):
+            (out / "tls").mkdir(exist_ok=True)
+        put(rel, pem.decode("ascii"), mode)
+    host_tls = docker_tls = None
+    if plan.pem:
+        names = ("ca.pem", "server.pem", "server.key")
+        host_tls = TlsFiles(*(f"broker/tls/{name}" for name in names))
+        docker_tls = TlsFiles(*(f"/mosquitto/config/tls/{name}" for name in names))
+    require = spec.require_certificate
     header = f"Mosquitto for run {spec.run_id}; generated by nlagg deploy plan."
     host = BrokerPaths("broker/passwd", "broker/acl", "broker", "stderr")
     host_header = header + "\nStart from the plan directory: mosquitto -c broker/mosquitto.conf"
     conf = mosquitto_conf(
-        host, listen_host=spec.listen_host, listen_port=spec.listen_port, tls=host_tls, header=host_header
+        host,
+        listen_host=spec.listen_host,
+        listen_port=spec.listen_port,
+        tls=host_tls,
+        require_certificate=require,
+        header=host_header,
     )
     put("broker/mosquitto.conf", conf)
     docker = BrokerPaths("/mosquitto/config/passwd", "/mosquitto/config/acl", "/mosquitto/data", "stdout")
     docker_header = header + "\nInside the eclipse-mosquitto container (see docker-compose.yml)."
-    conf = mosquitto_conf(docker, listen_host=None, listen_port=1883, tls=docker_tls, header=docker_header)
+    port = 8883 if docker_tls is not None else 1883
+    conf = mosquitto_conf(
+        docker,
+        listen_host=None,
+        listen_port=port,
+        tls=docker_tls,
+        require_certificate=require,
+        header=docker_header,
+    )
     put("broker/mosquitto-docker.conf", conf)
     put("broker/.gitignore", "# Mosquitto's persistence file, written at run time\nmosquitto.db*\n")
     put("commands.txt", commands_text(plan))
     _hand_broker_to_mosquitto(out / "broker")
     return written
-
-
-def _copy_tls(
-    tls: TlsFiles | None, dest: Path, written: list[Path]
-) -> tuple[TlsFiles | None, TlsFiles | None]:
-    """Copy the TLS files into broker/tls/ (key 0600); their paths for the host and the container."""
-    if tls is None:
-        return None, None
-    names = []
-    for field_name, src in (
-        ("tls_cafile", tls.cafile),
-        ("tls_certfile", tls.certfile),
-        ("tls_keyfile", tls.keyfile),
-    ):
-        path = Path(src)
-        if not path.is_file():
-            raise ConfigError(field_name, src, "no such file")
-        names.append(path.name)
-        mode = 0o600 if field_name == "tls_keyfile" else 0o644
-        _write(dest / path.name, path.read_text(encoding="utf-8"), mode)
-        written.append(dest / path.name)
-    host = TlsFiles(*(f"broker/tls/{name}" for name in names))
-    container = TlsFiles(*(f"/mosquitto/config/tls/{name}" for name in names))
-    return host, container
 
 
 def _hand_broker_to_mosquitto(broker_dir: Path) -> None:

@@ -1,0 +1,155 @@
+"""TLS with a plan's generated CA on a real Mosquitto: the capture client over mqtts://, refusals, probes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from adversary.capture import AckingSubscriber, accepts_anonymous
+from nlagg_node.config import load_config
+from nlagg_node.deploy import PlanSpec, build_plan, write_plan
+from nlagg_node.errors import ConfigError, NlaggError
+from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.tls import TlsSettings
+
+pytestmark = [
+    pytest.mark.mosquitto,
+    pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed"),
+]
+
+RUN = "tls"
+
+
+@dataclass
+class TlsBroker:
+    root: Path
+    url: str
+    port: int
+
+    def password(self, user: str) -> str:
+        return (self.root / "secrets" / f"{user}.pw").read_text().strip()
+
+    @property
+    def ca(self) -> Path:
+        return self.root / "tls" / "ca.pem"
+
+
+@pytest.fixture
+async def tls_broker(tmp_path: Path) -> AsyncIterator[TlsBroker]:
+    port = free_port()
+    spec = PlanSpec(
+        run=load_config(None, op="max", n=3, graph="ring"),
+        run_id=RUN,
+        seed=1,
+        listen_host="127.0.0.1",
+        listen_port=port,
+        broker_url=f"mqtts://localhost:{port}",
+        make_tls=True,
+    )
+    root = tmp_path / "plan"
+    write_plan(build_plan(spec), root)
+    async with start_mosquitto(
+        extra_config=root / "broker" / "mosquitto.conf",
+        workdir=root,
+        extra_lines=["user root"],
+        allow_anonymous=False,
+    ):
+        yield TlsBroker(root, f"mqtts://localhost:{port}", port)
+
+
+def _publish_tls(broker: TlsBroker, topic: str, payload: bytes) -> None:
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+    client.username_pw_set("node0", broker.password("node0"))
+    client.tls_set(ca_certs=str(broker.ca))
+    client.connect("localhost", broker.port)
+    client.loop_start()
+    try:
+        client.publish(topic, payload, qos=1).wait_for_publish(timeout=5.0)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+async def test_capture_client_receives_over_tls(tls_broker: TlsBroker) -> None:
+    topic = f"nlagg/{RUN}/node/0/x"
+    async with AckingSubscriber(
+        tls_broker.url,
+        client_id="eaves",
+        username="eavesdropper",
+        password=tls_broker.password("eavesdropper"),
+        tls=TlsSettings(ca_file=tls_broker.ca),
+    ) as sub:
+        await sub.subscribe(f"nlagg/{RUN}/#")
+        await asyncio.to_thread(_publish_tls, tls_broker, topic, b"over-tls")
+        async with asyncio.timeout(10.0):
+            async for msg in sub.messages():
+                assert (msg.topic, msg.payload) == (topic, b"over-tls")
+                sub.ack([msg])
+                break
+
+
+async def test_a_broker_the_ca_does_not_vouch_for_is_refused_at_once(
+    tls_broker: TlsBroker, tmp_path: Path
+) -> None:
+    from nlagg_node.deploy.tls import new_ca
+
+    other = tmp_path / "other-ca.pem"
+    other.write_bytes(new_ca("someone-else").pair.cert_pem)
+    sub = AckingSubscriber(
+        tls_broker.url,
+        client_id="eaves",
+        username="eavesdropper",
+        password=tls_broker.password("eavesdropper"),
+        tls=TlsSettings(ca_file=other),
+        connect_timeout=10.0,
+    )
+    with pytest.raises(NlaggError, match="certificate does not verify"):
+        await sub.connect()
+
+
+async def test_plaintext_mqtt_gets_no_connack_from_the_tls_listener(tls_broker: TlsBroker) -> None:
+    assert await accepts_anonymous(f"mqtt://127.0.0.1:{tls_broker.port}", within=3.0) is None
+    assert await accepts_anonymous(tls_broker.url, tls=TlsSettings(ca_file=tls_broker.ca)) is False
+
+
+async def test_the_anonymous_probe_sees_an_open_broker(mosquitto_url: str) -> None:
+    assert await accepts_anonymous(mosquitto_url) is True
+
+
+def test_tls_files_need_an_mqtts_url(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    with pytest.raises(ConfigError, match="use mqtts://"):
+        AckingSubscriber("mqtt://localhost:1883", client_id="x", tls=TlsSettings(ca_file=ca))
+    with pytest.raises(ConfigError, match="ca_file"):
+        TlsSettings(ca_file=tmp_path / "missing.pem")
+
+
+def test_plan_with_tls_hands_every_client_the_ca(tmp_path: Path) -> None:
+    spec = PlanSpec(
+        run=load_config(None, op="max", n=3, graph="ring"),
+        run_id=RUN,
+        seed=1,
+        broker_url="mqtts://broker.lan:8883",
+        make_tls=True,
+        require_certificate=True,
+    )
+    root = tmp_path / "plan"
+    write_plan(build_plan(spec), root)
+    lines = [ln for ln in (root / "commands.txt").read_text().splitlines() if ln.startswith("nlagg ")]
+    for line in lines:
+        assert "--ca-file tls/ca.pem" in line
+        assert "--cert-file secrets/" in line
+    from cryptography import x509
+
+    server = x509.load_pem_x509_certificate((root / "broker" / "tls" / "server.pem").read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "broker.lan" in names.get_values_for_type(x509.DNSName)
+    assert socket.gethostbyname("localhost") in {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
