@@ -44,8 +44,8 @@ def plan_cmd(
     broker: Annotated[
         str | None,
         typer.Option(
-            help=f"broker URL the nodes and the eavesdropper connect to [default: {DEFAULT_BROKER},"
-            " with --tls mqtts://127.0.0.1:8883]"
+            help="broker URL the nodes and the eavesdropper connect to (with --tls: mqtts://127.0.0.1:8883)"
+            f" [default: {DEFAULT_BROKER}]"
         ),
     ] = None,
     listen: Annotated[
