@@ -33,7 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import IntArray
 from nlagg_node.schedule import Phase
 
-from .live import HIGH, LOW, SOLVED, VALUE, replay_exposures
+from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
 
 FloatArray = NDArray[np.float64]
 Status = Literal["exposed", "interval", "corrupted"]
@@ -130,6 +130,7 @@ def attack_arrays(
     op: str = "",
     epsilon: float = 1e-3,
     corrupted: Mapping[int, float] | None = None,
+    replayed: Exposures | None = None,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
 
@@ -150,6 +151,11 @@ def attack_arrays(
         Top-K tolerance (public; decides which nodes may bypass).
     corrupted
         Node id -> private value forwarded by that corrupted node.
+    replayed
+        The replay of these very arrays when the caller already ran it (a
+        :class:`~adversary.live.LiveReplay` that kept up with a live capture): its
+        ``(n, T')`` branch codes, ``T' >= T``, are cut to T instead of replaying again
+        (the replay is causal: iteration t depends on nothing later).
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != n:
@@ -158,7 +164,16 @@ def attack_arrays(
     bad = [i for i in corrupt if not 0 <= i < n]
     if bad:
         raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
-    rep = replay_exposures(n, edges, phases, cs, theta, z0, x)
+    if replayed is None:
+        rep = replay_exposures(n, edges, phases, cs, theta, z0, x)
+    else:
+        T = x.shape[1]
+        if replayed.branch.shape[0] != n or replayed.branch.shape[1] < T:
+            raise ConfigError("replayed", f"shape {replayed.branch.shape}", f"expected (n={n}, >= {T})")
+        seen = (replayed.first >= 0) & (replayed.first < T)
+        rep = Exposures(
+            replayed.branch[:, :T], np.where(seen, replayed.first, -1), np.where(seen, replayed.value, np.nan)
+        )
     T = rep.branch.shape[1]
     lower = np.full(n, -np.inf)
     upper = np.full(n, np.inf)

@@ -102,6 +102,24 @@ class LiveReplay:
             self.x[i, t] = x
             self._seen[t] += 1
 
+    def add_xs(self, nodes: IntArray, ts: IntArray, xs: FloatArray) -> None:
+        """:meth:`add_x` for many messages at once (a reader catching up on a large transcript).
+
+        The first value of each ``(i, t)`` wins, in the given order, as with repeated :meth:`add_x`.
+        """
+        i = np.asarray(nodes, dtype=np.int64)
+        t = np.asarray(ts, dtype=np.int64)
+        x = np.asarray(xs, dtype=np.float64)
+        keep = (i >= 0) & (i < self.n) & (t >= 0) & (t < self.t_total)
+        i, t, x = i[keep], t[keep], x[keep]
+        flat = i * self.t_total + t
+        _, first = np.unique(flat, return_index=True)
+        i, t, x = i[first], t[first], x[first]
+        fresh = np.isnan(self.x[i, t])
+        i, t, x = i[fresh], t[fresh], x[fresh]
+        self.x[i, t] = x
+        np.add.at(self._seen, t, 1)
+
     def ready(self, t: int) -> bool:
         if self._seen[t] < self.n:
             return False

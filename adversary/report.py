@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from nlagg_node.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nlagg_node.config import RunConfig
+
+    from .attack import NodeFinding
+    from .bounds import IdealBound
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
@@ -99,13 +107,88 @@ def write_index(out: Path, docs: list[dict[str, Any]], *, wall_seconds: float, s
     return path
 
 
-def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
+MC_TRIALS = 1000
+"""Value draws of the Monte Carlo ideal-world bound behind :func:`leakage_verdicts`."""
+
+
+def leakage_verdicts(
+    cfg: RunConfig,
+    findings: Sequence[NodeFinding],
+    values: NDArray[np.float64],
+    corrupted: Sequence[int],
+    edges: NDArray[np.int64],
+    *,
+    base_values: Any = None,
+    trials: int = MC_TRIALS,
+) -> tuple[list[dict[str, Any]], IdealBound]:
+    """Each node's finding beside the ideal-world bound of its rank (the report's table, any front end).
+
+    Parameters
+    ----------
+    cfg : the run (operator, n, K, quantile).
+    findings : :attr:`AttackReport.findings` of the run.
+    values : the private values (ground truth: the testbed's ``summary.json``); they give each node's rank.
+    corrupted : corrupted node ids.
+    edges : the run's graph.
+    base_values : the ``values`` distribution of the run's config (the manifest's) for the Monte Carlo
+        draws; the config's own when None.
+    trials : Monte Carlo value draws for :func:`adversary.bounds.ideal_leakage`.
+
+    Returns
+    -------
+    rows, bound
+        One dict per node (node, rank, value, status, t, lower, upper, side, bound = ideal NMI of its
+        rank, verdict: ``unavoidable`` (exposed, and the ideal world exposes it too), ``avoidable leak``,
+        ``protected`` or ``corrupted``), and the :class:`~adversary.bounds.IdealBound` itself.
+    """
     from nlagg_node.config import validate_config
     from nlagg_node.sim import draw_values
 
-    from .attack import attack_transcript, load_transcript_arrays
     from .bounds import ideal_leakage
+
+    n = cfg.n
+    rank = np.argsort(np.argsort(-values, kind="stable"), kind="stable")
+    mc_cfg = validate_config(
+        {
+            **cfg.model_dump(mode="json"),
+            "trials": trials,
+            "record": "none",
+            **({"values": base_values} if base_values is not None else {}),
+        }
+    )
+    mc_values = draw_values(mc_cfg.values, 12345, trials, n)
+    bound = ideal_leakage(mc_cfg, mc_values, corrupted=list(corrupted), graphs=[edges] * trials)
+    rows: list[dict[str, Any]] = []
+    for f in findings:
+        r = int(rank[f.node])
+        exposed = f.status == "exposed"
+        verdict = (
+            "unavoidable"
+            if bool(bound.full[r]) and exposed
+            else ("avoidable leak" if exposed else "protected")
+        )
+        if f.status == "corrupted":
+            verdict = "corrupted"
+        rows.append(
+            {
+                "node": f.node,
+                "rank": r,
+                "value": float(values[f.node]),
+                "status": f.status,
+                "t": f.t,
+                "lower": f.lower,
+                "upper": f.upper,
+                "side": f.side,
+                "bound": float(bound.nmi[r]),
+                "verdict": verdict,
+            }
+        )
+    return rows, bound
+
+
+def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
+    from .attack import attack_transcript, load_transcript_arrays
     from .plots import _colors, _pyplot
 
     run_dir = Path(run_dir)
@@ -125,19 +208,11 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     x = data["x"]
     n = cfg.n
     values = np.array([float(summary["private_values"][str(i)]) for i in range(n)])
-    rank = np.argsort(np.argsort(-values, kind="stable"), kind="stable")
     base = manifest.get("config", {})
-    mc_cfg = validate_config(
-        {
-            **cfg.model_dump(mode="json"),
-            "trials": 1000,
-            "record": "none",
-            **({"values": base["values"]} if "values" in base else {}),
-        }
+    verdicts, bound = leakage_verdicts(
+        cfg, report.findings, values, sorted(data["corrupted"]), data["edges"], base_values=base.get("values")
     )
-    mc_values = draw_values(mc_cfg.values, 12345, 1000, n)
-    corrupt = sorted(data["corrupted"])
-    bound = ideal_leakage(mc_cfg, mc_values, corrupted=corrupt, graphs=[data["edges"]] * 1000)
+    rank = np.array([v["rank"] for v in verdicts])
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.2))
@@ -162,19 +237,13 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     fig.savefig(out / "report.pdf")
     plt.close(fig)
 
-    rows = []
-    for f in report.findings:
-        r = int(rank[f.node])
-        must = bool(bound.full[r])
-        exposed = f.status == "exposed"
-        verdict = "unavoidable" if must and exposed else ("avoidable leak" if exposed else "protected")
-        if f.status == "corrupted":
-            verdict = "corrupted"
-        rows.append(
-            f"<tr><td>{f.node}</td><td>{r}</td><td>{values[f.node]:.6g}</td><td class='l'>{f.status}</td>"
-            f"<td>{f.t if f.t >= 0 else '-'}</td><td>{_fmt(f.lower)}</td><td>{_fmt(f.upper)}</td>"
-            f"<td class='l'>{f.side}</td><td>{_fmt(bound.nmi[r])}</td><td class='l'>{verdict}</td></tr>"
-        )
+    rows = [
+        f"<tr><td>{v['node']}</td><td>{v['rank']}</td><td>{v['value']:.6g}</td>"
+        f"<td class='l'>{v['status']}</td>"
+        f"<td>{v['t'] if v['t'] >= 0 else '-'}</td><td>{_fmt(v['lower'])}</td><td>{_fmt(v['upper'])}</td>"
+        f"<td class='l'>{v['side']}</td><td>{_fmt(v['bound'])}</td><td class='l'>{v['verdict']}</td></tr>"
+        for v in verdicts
+    ]
     avoidable = sum("avoidable" in row for row in rows)
     body = (
         f"<p>Run <code>{html.escape(str(summary.get('run_id')))}</code>: {html.escape(cfg.op)}, n = {n}, "
@@ -189,7 +258,8 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         "<table><tr><th>node</th><th>rank</th><th>s_i</th><th class='l'>adversary learned</th><th>at t</th>"
         "<th>lower</th><th>upper</th><th class='l'>side</th><th>ideal NMI bound (rank)</th>"
         f"<th class='l'>verdict</th></tr>{''.join(rows)}</table>"
-        f"<p>Ideal bound: {html.escape(bound.method)} (Monte Carlo over 1000 simulated value draws).</p>"
+        f"<p>Ideal bound: {html.escape(bound.method)} "
+        f"(Monte Carlo over {MC_TRIALS} simulated value draws).</p>"
     )
     page = out / "report.html"
     page.write_text(_page(f"nlagg testbed run {summary.get('run_id', '')}", body))

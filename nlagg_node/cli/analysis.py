@@ -125,3 +125,25 @@ def report(
         claim_out(target, [f"report.{ext}" for ext in ("html", "png", "pdf", "json")], force=force)
     page = render_testbed_report(run_dir, out)
     print(f"wrote {page}")
+
+
+@app.command()
+def dashboard(
+    transcript: Annotated[
+        Path, typer.Argument(help="transcript.sqlite: a growing one is shown live, a finished one replayed")
+    ],
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one)")] = 8080,
+    host: Annotated[
+        str, typer.Option(help="address to listen on; any but loopback requires the token printed at start")
+    ] = "127.0.0.1",
+) -> None:
+    """Serve a read-only web page of what the eavesdropper learns from a transcript (Ctrl-C stops it)."""
+    import asyncio
+
+    from adversary.dashboard import serve_dashboard
+
+    if not 0 <= port <= 65535:
+        from ..errors import ConfigError
+
+        raise ConfigError("port", port, "must lie in 0..65535")
+    asyncio.run(serve_dashboard(transcript, host, port, say=lambda line: print(line, flush=True)))

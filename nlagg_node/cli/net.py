@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -280,6 +282,13 @@ def run_testbed_command(
         typer.Option(help="keep transcript.sqlite, summary.json, manifest.json in this directory"),
     ] = None,
     force: ForceOpt = False,
+    dashboard: Annotated[
+        str | None,
+        typer.Option(
+            help="serve the live dashboard at :PORT or HOST:PORT (loopback unless a host is given);"
+            " it keeps serving the finished run until Ctrl-C"
+        ),
+    ] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run a whole network on this machine: broker, eavesdropper, n nodes; print what happened."""
@@ -315,8 +324,16 @@ def run_testbed_command(
     if out is not None:
         claim_out(out, TESTBED_FILES, force=force)
     console = Console(stderr=as_json)
-    summary = asyncio.run(
-        run_testbed(
+
+    def report(summary: dict[str, Any]) -> dict[str, Any]:
+        if as_json:
+            print(json.dumps(summary), flush=True)
+        else:
+            _print_summary(console, summary)
+        return summary
+
+    async def run(out_dir: Path | None) -> dict[str, Any]:
+        summary = await run_testbed(
             cfg,
             run_id=run_id,
             prefix=prefix,
@@ -324,15 +341,30 @@ def run_testbed_command(
             broker_kind=broker_kind,
             in_process=in_process,
             corrupt=corrupted,
-            out_dir=out,
+            out_dir=out_dir,
             neighbour_timeout=neighbour_timeout,
             on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
         )
-    )
-    if as_json:
-        print(json.dumps(summary))
-    else:
-        _print_summary(console, summary)
+        return report(summary)
+
+    if dashboard is None:
+        asyncio.run(run(out))
+        return
+    from adversary.dashboard import parse_listen, serve_beside
+
+    parse_listen(dashboard)  # a bad address fails before anything starts
+    with contextlib.ExitStack() as stack:
+        # The dashboard reads the transcript while the run writes it, so it needs its path now.
+        where = out if out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        asyncio.run(
+            serve_beside(
+                where / "transcript.sqlite",
+                dashboard,
+                run(where),
+                lambda line: console.print(line),
+                truth=lambda summary: summary,
+            )
+        )
 
 
 def _print_summary(console: Any, s: dict[str, Any]) -> None:
@@ -389,6 +421,13 @@ def eavesdrop(
     ca_file: CaFile = None,
     cert_file: CertFile = None,
     key_file: KeyFile = None,
+    dashboard: Annotated[
+        str | None,
+        typer.Option(
+            help="serve the live dashboard at :PORT or HOST:PORT (loopback unless a host is given);"
+            " it keeps serving the finished capture until Ctrl-C"
+        ),
+    ] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
@@ -406,18 +445,29 @@ def eavesdrop(
 
         cfg = load_config(config)
         public = build_config_msg(cfg, run_id, run_edges(cfg))
+    capture = run_eavesdropper(
+        broker,
+        run_id,
+        transcript,
+        prefix=prefix,
+        username=username,
+        password=password,
+        live=show,
+        stop_after=timeout,
+        events=events,
+        config=public,
+        tls=_tls(broker, ca_file, cert_file, key_file),
+    )
+    if dashboard is None:
+        asyncio.run(capture)
+        return
+    from adversary.dashboard import parse_listen, serve_beside
+
+    try:
+        parse_listen(dashboard)  # a bad address fails before anything starts
+    except BaseException:
+        capture.close()
+        raise
     asyncio.run(
-        run_eavesdropper(
-            broker,
-            run_id,
-            transcript,
-            prefix=prefix,
-            username=username,
-            password=password,
-            live=show,
-            stop_after=timeout,
-            events=events,
-            config=public,
-            tls=_tls(broker, ca_file, cert_file, key_file),
-        )
+        serve_beside(transcript, dashboard, capture, lambda line: print(line, file=sys.stderr, flush=True))
     )
