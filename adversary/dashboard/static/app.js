@@ -127,11 +127,18 @@ function nodeColor(i) {
   return { exposed: "#e5484d", corrupted: "#f59e0b", interval: "#3b82f6" }[v.state] || "#9aa5b1";
 }
 
+// A round number near v (1, 2 or 5 times a power of ten) for axis ticks.
+function niceTick(v) {
+  if (v <= 0) return 0;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 2.5, 5, 10].map((m) => m * p).reduce((a, b) => (Math.abs(b - v) < Math.abs(a - v) ? b : a));
+}
+
 function drawTraj() {
   const svg = $("traj");
   svg.replaceChildren();
   if (!S.cfg || !S.columns.length) return;
-  const W = 800, H = 360, L = 48, B = 22, T = 8, R = 8;
+  const W = 800, H = 420, L = 52, B = 22, T = 8, R = 8;
   const ts = S.cfg.sample_t.slice(0, S.columns.length);
   const tmax = Math.max(1, S.cfg.t_total - 1);
   const vals = [];
@@ -147,8 +154,9 @@ function drawTraj() {
     const v = lo + ((hi - lo) * k) / 4;
     el("line", { class: "grid", x1: L, x2: W - R, y1: Y(v), y2: Y(v) }, svg);
     el("text", { x: 2, y: Y(v) + 4 }, svg).textContent = fmt(v).slice(0, 7);
-    const t = Math.round((tmax * k) / 4);
-    el("text", { x: X(t) - (k === 4 ? 30 : 0), y: H - 6 }, svg).textContent = `t=${t}`;
+    const t = k === 4 ? tmax : niceTick((tmax * k) / 4);
+    const label = el("text", { x: X(t), y: H - 6, "text-anchor": k === 0 ? "start" : k === 4 ? "end" : "middle" }, svg);
+    label.textContent = `t=${t}`;
   }
   el("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }, svg);
   el("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }, svg);
