@@ -144,7 +144,8 @@ class DashboardState:
 
     def _truth_beside(self) -> dict[str, Any] | None:
         """A testbed's ``summary.json`` or a simulation's ``<name>.truth.json`` of this very run."""
-        for cand in (self.path.with_name("summary.json"), self.path.with_name(self.path.name + ".truth.json")):
+        beside = (self.path.with_name("summary.json"), self.path.with_name(self.path.name + ".truth.json"))
+        for cand in beside:
             if cand.is_file():
                 doc: dict[str, Any] = json.loads(cand.read_text())
                 if doc.get("run_id") == self.run_id and "private_values" in doc:

@@ -130,7 +130,12 @@ def report(
 @app.command()
 def dashboard(
     transcript: Annotated[
-        Path, typer.Argument(help="transcript.sqlite: a growing one is shown live, a finished one replayed")
+        Path,
+        typer.Argument(
+            metavar="TRANSCRIPT",
+            help=TRANSCRIPT_HELP + " (opened read-only): a growing one is shown live, a finished one"
+            " replayed",
+        ),
     ],
     port: Annotated[int, typer.Option(help="TCP port (0: any free one)")] = 8080,
     host: Annotated[
