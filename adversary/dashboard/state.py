@@ -137,7 +137,7 @@ class DashboardState:
         self._early_x: list[tuple[int, int, float]] = []
         self._early_z0: list[tuple[str, int, int, float]] = []
         self._all_done_since: float | None = None
-        self._at_cache: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
+        self._at_cache: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
 
     def close(self) -> None:
         self.db.close()
@@ -347,12 +347,13 @@ class DashboardState:
             t = max(-1, min(int(t), self.t))
             if t == self.t and self.finished:
                 return {"t": t, "nodes": self._node_views(self.findings, t), "output": _num(self.output)}
-            if t not in self._at_cache:
+            key = (t, len(self.corrupted))  # a corrupted node's state may arrive late
+            if key not in self._at_cache:
                 findings, _ = self._attack(t + 1) if t >= 0 else (None, None)
-                self._at_cache[t] = self._node_views(findings, t)
+                self._at_cache[key] = self._node_views(findings, t)
                 while len(self._at_cache) > 64:
                     self._at_cache.popitem(last=False)
-            return {"t": t, "nodes": self._at_cache[t]}
+            return {"t": t, "nodes": self._at_cache[key]}
 
     def snapshot(
         self, columns_from: int = 0, exposures_from: int = 0, *, graph: bool = True
