@@ -1,82 +1,179 @@
-"""What a node waits for and what it ends with: the keyed barrier slots, the timeout error, the result."""
+"""The inbox/barrier state machine: what a node waits for from its neighbours, one key at a time.
+
+A :class:`Barrier` collects one value per *slot* (a neighbour, in ascending order) for each
+*key*, and hands the complete set to the loop once every slot has delivered. Keys are taken in
+order (0, 1, 2, ...); the node uses one barrier per kind of exchange:
+
+* ``x``: key t, the iteration; the window is the key being waited for and the next one (a
+  neighbour may be one iteration ahead, never more), and the last two keys taken are kept so
+  that a resent x is told apart from a forged or corrupted one.
+* ``z0``: key k, the k-th z^(0) exchange of the run (one per dual group, in schedule order);
+  every later exchange is in the window.
+
+Every arriving value gets one verdict (:data:`Outcome`): ``new`` (stored), ``dup`` (the same
+value again), ``conflict`` (a different value for a slot already filled: the first one is
+kept), ``stale`` (a key already taken whose record is gone) or ``ahead`` (beyond the window).
+The caller decides what each verdict costs (count a duplicate, reject and log). New kinds of
+exchange (departures, keys) are new barriers, not new code paths.
+
+The wait has a deadline, ``timeout`` seconds without completing, reported as
+:class:`NeighbourTimeoutError` naming the missing neighbours. One timer per barrier is re-armed
+lazily instead of an ``asyncio.timeout`` per key: that would cost a timer-heap push and cancel
+every iteration, on the hot path.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import NlaggError
 
-__all__ = ["KeyedSlots", "NeighbourTimeoutError", "NodeResult", "first_error"]
+__all__ = ["Barrier", "NeighbourTimeoutError", "Outcome"]
+
+Outcome = Literal["new", "dup", "conflict", "stale", "ahead"]
 
 
 class NeighbourTimeoutError(NlaggError):
     """A neighbour did not deliver what the barrier waits for within the configured timeout."""
 
 
-@dataclass
-class NodeResult:
-    """What one node ended with (``value`` is private; it never leaves the node)."""
+class _Round:
+    """The values of one key received so far."""
 
-    node: int
-    value: float
-    finals: list[float]  # final x of every phase
-    output: list[float]  # combine(): the k values of top-K, else one value
-    iterations: int
-    seconds: float
-    z0_sent: dict[str, list[float]] = field(default_factory=dict)  # group -> z_{i|j}^(0), j ascending
-    x: list[float] = field(default_factory=list)  # x_i^(t), t = 0..iterations-1
-    rejected: int = 0
-    duplicates: int = 0
+    __slots__ = ("count", "values")
 
-    @property
-    def rounds_per_second(self) -> float:
-        return self.iterations / self.seconds if self.seconds > 0 else 0.0
+    def __init__(self, size: int) -> None:
+        self.values: list[float | None] = [None] * size
+        self.count = 0
 
 
-class KeyedSlots:
-    """Values that neighbours send for one key (an iteration or a dual group), and one waiter."""
+class Barrier:
+    """Values that ``senders`` deliver per key, taken in key order by one waiter.
 
-    def __init__(self, expected: list[int]) -> None:
-        self.expected = expected
-        self.slots: dict[tuple[str, int | str], dict[int, float]] = {}
-        self._key: tuple[str, int | str] | None = None
-        self._future: asyncio.Future[None] | None = None
+    Parameters
+    ----------
+    owner : the receiving node's id (named in the timeout error).
+    senders : the sending node of each slot (neighbours ascending).
+    what : the exchange's name in messages, formatted with the key's label (``x^({})``).
+    timeout : seconds a :meth:`take` may wait before :class:`NeighbourTimeoutError`.
+    end : keys are ``0 .. end-1``.
+    window : how many keys from the next one to take accept values (2: that key and the next).
+    keep : how many taken keys keep their values for telling duplicates from conflicts;
+        None keeps all.
+    """
 
-    def put(self, key: tuple[str, int | str], sender: int, value: float) -> Literal["new", "dup", "conflict"]:
-        slot = self.slots.setdefault(key, {})
-        if sender in slot:
-            return "dup" if slot[sender] == value else "conflict"
-        slot[sender] = value
-        fut = self._future
-        if key == self._key and len(slot) == len(self.expected) and fut is not None and not fut.done():
-            fut.set_result(None)
+    def __init__(
+        self,
+        owner: int,
+        senders: list[int],
+        what: str,
+        *,
+        timeout: float,
+        end: int,
+        window: int,
+        keep: int | None,
+    ) -> None:
+        self.owner = owner
+        self.senders = senders
+        self.size = len(senders)
+        self.what = what
+        self.timeout = timeout
+        self.end = end
+        self.window = window
+        self.keep = keep
+        self.next = 0  # the next key to take
+        self.labels: list[str] | None = None  # key -> label in messages (default: the key)
+        self._pending: dict[int, _Round] = {}
+        self._taken: dict[int, list[float]] = {}
+        self._waiter: asyncio.Future[None] | None = None
+        self._wait_since = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    def label(self, key: int) -> str:
+        return self.what.format(key if self.labels is None else self.labels[key])
+
+    def resume(self, next_key: int, previous: list[float] | None = None) -> None:
+        """Start at ``next_key`` (a restarted node), with the values taken for the key before."""
+        self.next = next_key
+        if previous:
+            self._taken[next_key - 1] = previous
+
+    def put(self, key: int, slot: int, value: float) -> Outcome:
+        """The value of ``slot`` for ``key``: the barrier's hot path."""
+        if key < self.next:
+            seen = self._taken.get(key)
+            if seen is None:
+                return "stale"
+            return "dup" if seen[slot] == value else "conflict"
+        if key >= self.next + self.window or key >= self.end:
+            return "ahead"
+        rnd = self._pending.get(key)
+        if rnd is None:
+            rnd = self._pending[key] = _Round(self.size)
+        old = rnd.values[slot]
+        if old is not None:
+            return "dup" if old == value else "conflict"
+        rnd.values[slot] = value
+        rnd.count += 1
+        waiter = self._waiter
+        if rnd.count == self.size and key == self.next and waiter is not None and not waiter.done():
+            waiter.set_result(None)
         return "new"
 
-    async def take(self, key: tuple[str, int | str], within: float, what: str, node: int) -> dict[int, float]:
-        slot = self.slots.setdefault(key, {})
-        if len(slot) < len(self.expected):
-            self._key = key
-            self._future = asyncio.get_running_loop().create_future()
+    def taken(self, key: int, slot: int) -> float | None:
+        """The value ``slot`` delivered for an already taken ``key``, if it is still kept."""
+        seen = self._taken.get(key)
+        return None if seen is None else seen[slot]
+
+    async def take(self, key: int) -> list[float]:
+        """Wait until every slot has delivered ``key`` (the next key), then return the values."""
+        if key != self.next:
+            raise NlaggError(f"node {self.owner}: {self.label(key)} taken out of order (next {self.next})")
+        rnd = self._pending.get(key)
+        if rnd is None or rnd.count < self.size:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            self._wait_since = loop.time()
+            if self._watchdog is None:
+                self._watchdog = loop.call_later(self.timeout, self._check_deadline)
             try:
-                async with asyncio.timeout(within):
-                    await self._future
-            except TimeoutError:
-                missing = [j for j in self.expected if j not in slot]
-                raise NeighbourTimeoutError(
-                    f"node {node}: no {what} from neighbour(s) {missing} within {within:g} s"
-                ) from None
+                await waiter
             finally:
-                self._key = None
-                self._future = None
-        return self.slots.pop(key)
+                self._waiter = None
+            rnd = self._pending[key]
+        del self._pending[key]
+        values: list[float] = rnd.values  # type: ignore[assignment]  # complete: no None left
+        self._taken[key] = values
+        if self.keep is not None:
+            self._taken.pop(key - self.keep, None)
+        self.next = key + 1
+        return values
 
+    def missing(self, key: int) -> list[int]:
+        rnd = self._pending.get(key)
+        return [j for k, j in enumerate(self.senders) if rnd is None or rnd.values[k] is None]
 
-def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first leaf of a (possibly nested) exception group: what a task group's caller re-raises,
-    so a node failure surfaces as itself (e.g. :class:`NeighbourTimeoutError`), not as a group."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
+    def _check_deadline(self) -> None:
+        """Fail the wait that has lasted ``timeout``, naming the missing neighbours."""
+        self._watchdog = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # not waiting: the next wait arms the timer again
+        loop = asyncio.get_running_loop()
+        waited = loop.time() - self._wait_since
+        if waited < self.timeout:
+            self._watchdog = loop.call_later(self.timeout - waited, self._check_deadline)
+            return
+        waiter.set_exception(
+            NeighbourTimeoutError(
+                f"node {self.owner}: no {self.label(self.next)} from neighbour(s) "
+                f"{self.missing(self.next)} within {self.timeout:g} s"
+            )
+        )
+
+    def close(self) -> None:
+        """Cancel the deadline timer (the run is over)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None

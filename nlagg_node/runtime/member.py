@@ -1,0 +1,288 @@
+"""One participant of a run as the protocol loop sees it: identity, inbox, neighbours, outbox, status.
+
+A :class:`Member` holds everything that belongs to one node and nothing about connections or
+iterations: its configuration and schedule, its two barriers (x and z^(0), see
+:mod:`~nlagg_node.runtime.barrier`), its neighbours' statuses and its outbox (see
+:mod:`~nlagg_node.runtime.peers`), its counters, and its checkpoint store. The message router
+(:mod:`~nlagg_node.runtime.routing`) feeds it; the loop (:mod:`~nlagg_node.runtime.loop`) drives
+it, for one node alone (:class:`~nlagg_node.runtime.node.Node`) or for several in one process
+(:func:`~nlagg_node.runtime.hosted.host_nodes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..config import RunConfig
+from ..errors import NlaggError
+from ..graphs import IntArray, neighbours
+from ..schedule import Phase, combine, plan_phases
+from .barrier import Barrier, NeighbourTimeoutError, Outcome
+from .checkpoint import Checkpoint, CheckpointStore, fingerprint
+from .peers import Neighbours, Outbox
+from .public import build_config_msg, config_mismatch, run_edges
+from .transport import Transport
+from .wire import AdvStateMsg, ConfigMsg, StatusMsg, Z0Msg, encode, topics
+
+__all__ = ["Member", "NodeResult"]
+
+log = logging.getLogger("nlagg.node")
+FloatArray = NDArray[np.float64]
+
+
+@dataclass
+class NodeResult:
+    """What one node ended with (``value`` is private; it never leaves the node)."""
+
+    node: int
+    value: float
+    finals: list[float]  # final x of every phase
+    output: list[float]  # combine(): the k values of top-K, else one value
+    iterations: int
+    seconds: float
+    z0_sent: dict[str, list[float]] = field(default_factory=dict)  # group -> z_{i|j}^(0), j ascending
+    x: list[float] = field(default_factory=list)  # x_i^(t), t = 0..iterations-1
+    rejected: int = 0
+    duplicates: int = 0
+
+    @property
+    def rounds_per_second(self) -> float:
+        return self.iterations / self.seconds if self.seconds > 0 else 0.0
+
+
+class Member:
+    """One node of a run; see :class:`~nlagg_node.runtime.node.Node` for the parameters."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        node_id: int,
+        value: float,
+        transport: Transport,
+        *,
+        run_id: str,
+        prefix: str = "nlagg",
+        edges: IntArray | None = None,
+        corrupt: bool = False,
+        seed: int | Literal["config"] | None = "config",
+        neighbour_timeout: float = 30.0,
+        startup_timeout: float = 60.0,
+        checkpoint: CheckpointStore | None = None,
+    ) -> None:
+        self.cfg = cfg.resolved()
+        if not 0 <= node_id < self.cfg.n:
+            raise NlaggError(f"node_id={node_id!r}: must lie in 0..{self.cfg.n - 1}")
+        self.id = node_id
+        self.value = float(value)
+        self.transport = transport
+        self.run_id = run_id
+        self.prefix = prefix
+        self.topics = topics(prefix, run_id)
+        self.edges = run_edges(self.cfg) if edges is None else edges
+        self.neighbours: list[int] = neighbours(self.cfg.n, self.edges)[node_id]
+        if not self.neighbours:
+            raise NlaggError(f"node {node_id} has no neighbours in the graph")
+        self.slot = {j: k for k, j in enumerate(self.neighbours)}
+        self.corrupt = corrupt
+        self.seed = self.cfg.seed if seed == "config" else seed
+        self.neighbour_timeout = neighbour_timeout
+        self.startup_timeout = startup_timeout
+        self.phases: list[Phase] = plan_phases(self.cfg)
+        self.t_total = sum(p.t_len for p in self.phases)
+        self.phase_at: list[str] = [p.name for p in self.phases for _ in range(p.t_len)]
+        # The z^(0) exchanges, in order: one whenever the dual group changes.
+        groups = [p.group for p in self.phases]
+        self.exchanges = [g for k, g in enumerate(groups) if not k or g != groups[k - 1]]
+        self.exchange_of = {g: k for k, g in enumerate(self.exchanges)}
+        self.public = build_config_msg(self.cfg, run_id, self.edges)
+        self.peers = Neighbours(self.neighbours)
+        self.outbox = Outbox(transport, self.topics, node_id)
+        self.x_in = Barrier(
+            node_id, self.neighbours, "x^({})", timeout=neighbour_timeout, end=self.t_total, window=2, keep=2
+        )
+        self.z0_in = Barrier(
+            node_id, self.neighbours, "z0 ({})", timeout=startup_timeout,
+            end=len(self.exchanges), window=len(self.exchanges), keep=None,
+        )  # fmt: skip
+        self.z0_in.labels = self.exchanges
+        self.rejected = 0
+        self.duplicates = 0
+        self.store = checkpoint
+        self.resumed: Checkpoint | None = None
+        self.fingerprint = ""
+        if checkpoint is not None:
+            self.fingerprint = fingerprint(
+                run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
+            )
+            self.resumed = checkpoint.load(self.fingerprint)
+            if self.resumed is not None:
+                self._restore(self.resumed)
+
+    def _restore(self, ck: Checkpoint) -> None:
+        """Before any message flows: the barriers' positions and the z^(0) sent, from the checkpoint."""
+        prev = [ck.prev_got[str(j)] for j in self.neighbours] if ck.prev_got else None
+        self.x_in.resume(ck.t, prev)
+        group = self.phases[ck.phase].group
+        self.z0_in.resume(self.exchange_of[group] + (0 if ck.stage == "z0" else 1))
+        for g, zs in ck.z0_sent.items():
+            self.outbox.keep_z0(g, self.z0_payloads(g, zs))
+
+    def subscriptions(self) -> list[str]:
+        """Topic filters this node needs: the retained config, its neighbours' x and status, z^(0) to it."""
+        t = self.topics
+        subs = [t.config, t.z0("+", self.id)]
+        for j in self.neighbours:
+            subs += [t.x(j), t.status(j)]
+        return subs
+
+    # What the router hands over -------------------------------------------------------------
+    def reject(self, why: str) -> None:
+        self.rejected += 1
+        log.warning("node %d: rejected message (%s)", self.id, why)
+
+    def accept_x(self, j: int, t: int, x: float) -> None:
+        """x_j^(t) of neighbour j (the schedule's phase already checked): the hot path."""
+        slot = self.slot.get(j)
+        if slot is None:
+            self.reject(f"x from node {j}, not a neighbour of {self.id}")
+            return
+        outcome = self.x_in.put(t, slot, x)
+        if outcome != "new":
+            self._count_x(outcome, j, t, x)
+
+    def _count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:
+        nxt = self.x_in.next
+        if outcome == "dup":
+            self.duplicates += 1
+        elif outcome == "conflict":
+            if t < nxt:
+                used = self.x_in.taken(t, self.slot[j])
+                self.reject(f"x_{j}^({t}) = {x!r} differs from the {used!r} already used")
+            else:
+                self.reject(f"second, different x_{j}^({t}); the first one is kept")
+        elif outcome == "stale":
+            self.reject(f"stale x from node {j} for t={t}; the node is at t={nxt}")
+        else:
+            self.reject(f"x from node {j} for t={t}, outside the window {nxt}..{nxt + 1}")
+
+    def on_z0(self, msg: Z0Msg) -> None:
+        j = msg.from_
+        slot = self.slot.get(j)
+        if msg.to != self.id or slot is None:
+            self.reject(f"z0 from node {j} to node {msg.to}: not an edge of node {self.id}")
+            return
+        key = self.exchange_of.get(msg.group)
+        if key is None:
+            self.reject(f"z0 from node {j} for unknown dual group {msg.group!r}")
+            return
+        outcome = self.z0_in.put(key, slot, msg.z)
+        if outcome in ("dup", "stale"):  # stale: an exchange already done (a resent copy)
+            self.duplicates += 1
+        elif outcome == "conflict":
+            self.reject(f"second, different z0 {j}->{self.id} ({msg.group}); the first one is kept")
+
+    def on_status(self, msg: StatusMsg) -> None:
+        j = msg.node
+        slot = self.slot.get(j)
+        if slot is None:
+            self.reject(f"status of node {j}, not a neighbour of {self.id}")
+            return
+        self.peers.update(j, msg.state)
+        if msg.state == "online":
+            self.outbox.resend_to(j)  # j (re)started: it may have lost what we sent; it drops duplicates
+        elif msg.state == "done" and msg.final:
+            # j has finished and left: its last x is its last final (we may have crashed before it came)
+            outcome = self.x_in.put(self.t_total - 1, slot, msg.final[-1])
+            if outcome in ("dup", "conflict"):
+                self._count_x(outcome, j, self.t_total - 1, msg.final[-1])
+
+    def on_config(self, msg: ConfigMsg) -> None:
+        """Raise :class:`~nlagg_node.runtime.public.ConfigMismatchError` if the run's config differs."""
+        mismatch = config_mismatch(self.public, msg)
+        if mismatch is not None:
+            raise mismatch
+
+    # What the loop calls ---------------------------------------------------------------------
+    async def status(self, state: Literal["online", "running", "done"], **extra: object) -> None:
+        msg = StatusMsg.model_validate({"node": self.id, "state": state, **extra})
+        await self.outbox.send_status(encode(msg))
+
+    def z0_payloads(self, group: str, z_out: list[float]) -> dict[int, bytes]:
+        return {
+            j: encode(Z0Msg.model_validate({"from": self.id, "to": j, "group": group, "z": z}))
+            for j, z in zip(self.neighbours, z_out, strict=True)
+        }
+
+    async def exchange_z0(self, group: str, z_out: list[float]) -> list[float]:
+        """Publish z_{i|j}^(0) (awaiting the broker) and wait for every z_{j|i}^(0) of ``group``."""
+        await self.outbox.send_z0(group, self.z0_payloads(group, z_out))
+        return await self.z0_in.take(self.exchange_of[group])
+
+    def publish_state(self, t: int, s: float, signs: FloatArray, u_out: FloatArray, u_in: FloatArray) -> str:
+        """A corrupted node's ``adv`` state of iteration t; returns the payload (kept for a resume)."""
+        z = (signs * u_out).tolist()
+        z_in = (-signs * u_in).tolist()
+        msg = AdvStateMsg(
+            node=self.id,
+            t=t,
+            s=s,
+            z={str(j): v for j, v in zip(self.neighbours, z, strict=True)},
+            z_in={str(j): v for j, v in zip(self.neighbours, z_in, strict=True)},
+        )
+        payload = encode(msg)
+        self.outbox.send_adv(payload)
+        return payload.decode()
+
+    def save(self, ck: Checkpoint) -> None:
+        if self.store is not None:
+            self.store.save(ck)
+            self.resumed = ck
+
+    async def finish(
+        self, finals: list[float], xs: list[float], z0_sent: dict[str, list[float]], seconds: float
+    ) -> NodeResult:
+        """Combine the phases' finals into the output, checkpoint and publish ``done``, return the result."""
+        output = combine(self.cfg, self.phases, [np.array([f]) for f in finals])
+        out_list = [float(v) for v in np.ravel(output)]
+        if self.store is not None:
+            last = self.resumed
+            assert last is not None  # the loop saved at least one checkpoint
+            last.stage, last.finals, last.xs, last.output = "done", finals, xs, out_list
+            self.store.save(last)
+        await self.status("done", final=finals, output=out_list, iterations=self.t_total)
+        return self.result(finals, out_list, xs, z0_sent, seconds)
+
+    def result(
+        self,
+        finals: list[float],
+        output: list[float],
+        xs: list[float],
+        z0: dict[str, list[float]],
+        sec: float,
+    ) -> NodeResult:
+        return NodeResult(
+            node=self.id, value=self.value, finals=finals, output=output, iterations=self.t_total,
+            seconds=sec, z0_sent=z0, x=xs, rejected=self.rejected, duplicates=self.duplicates,
+        )  # fmt: skip
+
+    async def announce(self) -> None:
+        """Publish ``online`` and wait until every neighbour is live (or ``startup_timeout``)."""
+        await self.status("online")
+        try:
+            async with asyncio.timeout(self.startup_timeout):
+                await self.peers.all_live.wait()
+        except TimeoutError:
+            missing, within = self.peers.not_live(), self.startup_timeout
+            raise NeighbourTimeoutError(
+                f"node {self.id}: neighbour(s) {missing} not online within {within:g} s"
+            ) from None
+
+    def close(self) -> None:
+        self.x_in.close()
+        self.z0_in.close()

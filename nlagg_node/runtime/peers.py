@@ -1,0 +1,111 @@
+"""A node's view of its neighbours (who is online) and its outbox (what a neighbour may have missed).
+
+Every message a node publishes is idempotent for its receivers: they drop an identical copy as a
+duplicate. So whenever a neighbour may have lost something, the node simply publishes it again:
+
+* a neighbour announces ``online`` (it restarted, perhaps from a checkpoint): our z^(0) to it,
+  of every dual group so far, and our last two x's (:meth:`Outbox.resend_to`);
+* our own connection came back without its session (a broker that crashed without persistence
+  lost its queues, subscriptions and retained messages): our last two x's, the z^(0) of the
+  exchange in progress, our last adversary state and our status (:meth:`Outbox.republish`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .transport import Transport
+from .wire import encode_x, topics
+
+__all__ = ["LIVE", "Neighbours", "Outbox"]
+
+LIVE = ("online", "running", "done")
+
+
+class Neighbours:
+    """The last status of every neighbour, and an event set once all of them are live."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.state: dict[int, str] = {}
+        self.all_live = asyncio.Event()
+
+    def update(self, j: int, state: str) -> None:
+        self.state[j] = state
+        if all(self.state.get(k) in LIVE for k in self.ids):
+            self.all_live.set()
+
+    def not_live(self) -> list[int]:
+        return [j for j in self.ids if self.state.get(j) not in LIVE]
+
+
+class Outbox:
+    """Publishes a node's messages and keeps what it may have to publish again.
+
+    Parameters
+    ----------
+    transport : the connection (shared by the nodes of a host).
+    names : the run's topic names.
+    node : this node's id.
+    """
+
+    def __init__(self, transport: Transport, names: topics, node: int) -> None:
+        self.transport = transport
+        self.node = node
+        self.x_topic = names.x(node)
+        self.adv_topic = names.adv(node)
+        self.status_topic = names.status(node)
+        self._z0_topic = names.z0
+        self.z0: dict[str, dict[int, bytes]] = {}  # group -> neighbour -> payload
+        self.z0_open: str | None = None  # the group whose exchange is in progress
+        self.x: dict[int, bytes] = {}  # the last two x payloads by iteration
+        self.adv: bytes | None = None
+        self.status: bytes | None = None
+
+    def send_x(self, t: int, phase: str, x: float) -> None:
+        """Publish x_i^(t) without waiting (the loop's hot path)."""
+        payload = encode_x(self.node, t, phase, x)
+        self.x[t] = payload
+        self.x.pop(t - 2, None)
+        self.transport.publish_nowait(self.x_topic, payload, qos=1)
+
+    def send_adv(self, payload: bytes) -> None:
+        self.adv = payload
+        self.transport.publish_nowait(self.adv_topic, payload, qos=1)
+
+    def keep_z0(self, group: str, payloads: dict[int, bytes]) -> None:
+        self.z0[group] = payloads
+
+    async def send_z0(self, group: str, payloads: dict[int, bytes]) -> None:
+        """Publish z_{i|j}^(0) to every neighbour j, awaiting the broker."""
+        self.z0[group] = payloads
+        self.z0_open = group
+        for j, payload in payloads.items():
+            await self.transport.publish(self._z0_topic(self.node, j), payload, qos=1)
+
+    def z0_done(self) -> None:
+        self.z0_open = None
+
+    async def send_status(self, payload: bytes) -> None:
+        self.status = payload
+        await self.transport.publish(self.status_topic, payload, qos=1, retain=True)
+
+    def resend_to(self, j: int) -> None:
+        """Neighbour j (re)started: our z^(0) to it and our last two x's (idempotent for all)."""
+        for payloads in self.z0.values():
+            if j in payloads:
+                self.transport.publish_nowait(self._z0_topic(self.node, j), payloads[j], qos=1)
+        for t in sorted(self.x):
+            self.transport.publish_nowait(self.x_topic, self.x[t], qos=1)
+
+    def republish(self) -> None:
+        """Our connection lost its session: everything a neighbour (or the eavesdropper) may miss."""
+        if self.status is not None:
+            self.transport.publish_nowait(self.status_topic, self.status, qos=1, retain=True)
+        if self.z0_open is not None:
+            for j, payload in self.z0[self.z0_open].items():
+                self.transport.publish_nowait(self._z0_topic(self.node, j), payload, qos=1)
+        for t in sorted(self.x):
+            self.transport.publish_nowait(self.x_topic, self.x[t], qos=1)
+        if self.adv is not None:
+            self.transport.publish_nowait(self.adv_topic, self.adv, qos=1)

@@ -1,0 +1,113 @@
+"""Message routing: one reader decodes every message once and hands it to the members it concerns.
+
+The same router serves a lone node (one member, its own connection, subscribed to exactly its
+topics) and an in-process host (every member of the process, one shared connection, subscribed
+with wildcards). Dispatch is by sender: an x or a status of node j goes to the members that
+have j as a neighbour, a z^(0) to its addressee, the retained run config to every member.
+The schedule check of an x (its iteration and phase) is made once per message, then each
+listening member's barrier decides (window, duplicate, conflict).
+
+What does not decode, or does not fit the run's schedule, goes to ``on_reject``; what no
+member listens to goes to ``on_unrouted`` (a lone node counts both as rejected; a host with
+wildcard subscriptions sees other nodes' statuses as a matter of course and drops them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import NlaggError
+from .member import Member
+from .transport import Message, Transport
+from .wire import ConfigMsg, StatusMsg, WireError, XMsg, Z0Msg, decode, topics
+
+__all__ = ["Router"]
+
+
+class Router:
+    """Dispatches a connection's messages to ``members`` (all of one run, one configuration).
+
+    Parameters
+    ----------
+    members : the nodes this connection serves.
+    on_reject : ``(topic, error)`` for a message that does not decode or fit the schedule.
+    on_unrouted : ``(reason)`` for a decoded message that no member listens to; None drops it.
+    """
+
+    def __init__(
+        self,
+        members: list[Member],
+        on_reject: Callable[[str, WireError], None],
+        on_unrouted: Callable[[str], None] | None = None,
+    ) -> None:
+        if not members:
+            raise NlaggError("a router needs at least one member")
+        first = members[0]
+        if any((m.public, m.run_id, m.prefix) != (first.public, first.run_id, first.prefix) for m in members):
+            raise NlaggError("the nodes of one connection must share one run configuration and run id")
+        self.members = members
+        self.prefix, self.run_id = first.prefix, first.run_id
+        self.on_reject = on_reject
+        self.on_unrouted = on_unrouted
+        self.phase_at = first.phase_at
+        self.by_id = {m.id: m for m in members}
+        self.listeners: dict[int, list[Member]] = {}
+        for m in members:
+            for j in m.neighbours:
+                self.listeners.setdefault(j, []).append(m)
+
+    def subscriptions(self) -> list[str]:
+        """A lone member's own topics; several members share wildcard filters."""
+        if len(self.members) == 1:
+            return self.members[0].subscriptions()
+        t = topics(self.prefix, self.run_id)
+        return [t.x("+"), t.status("+"), t.z0("+", "+")]
+
+    def _unrouted(self, why: str) -> None:
+        if self.on_unrouted is not None:
+            self.on_unrouted(why)
+
+    def feed(self, raw: Message) -> None:
+        """Decode one raw message and dispatch it (raises only for a contradicting run config)."""
+        try:
+            info, msg = decode(raw.topic, raw.payload, self.prefix, self.run_id)
+        except WireError as exc:
+            self.on_reject(raw.topic, exc)
+            return
+        if isinstance(msg, XMsg):
+            t = msg.t
+            if t >= len(self.phase_at) or msg.phase != self.phase_at[t]:
+                bad = WireError("t/phase", (t, msg.phase), "does not fit the run's schedule")
+                self.on_reject(raw.topic, bad)
+                return
+            listeners = self.listeners.get(msg.node)
+            if listeners is None:
+                self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
+                return
+            for m in listeners:
+                m.accept_x(msg.node, t, msg.x)
+        elif isinstance(msg, Z0Msg):
+            target = self.by_id.get(msg.to)
+            if target is None:
+                self._unrouted(f"z0 from node {msg.from_} to node {msg.to}, not hosted here")
+            else:
+                target.on_z0(msg)
+        elif isinstance(msg, StatusMsg):
+            listeners = self.listeners.get(msg.node)
+            if listeners is None:
+                self._unrouted(f"status of node {msg.node}, not a neighbour of {sorted(self.by_id)}")
+                return
+            for m in listeners:
+                m.on_status(msg)
+        elif isinstance(msg, ConfigMsg):
+            for m in self.members:
+                m.on_config(msg)
+        else:
+            self._unrouted(f"{info.kind} message from node {info.node} is not for nodes")
+
+    async def read(self, transport: Transport) -> None:
+        """Feed every message of ``transport`` until it closes (an error: the run was not over)."""
+        feed = self.feed
+        async for raw in transport.messages():
+            feed(raw)
+        raise NlaggError("connection to the broker closed during the run")
