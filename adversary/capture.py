@@ -1,5 +1,11 @@
 """A subscriber that acknowledges a message to the broker only once the transcript has committed it.
 
+Scope: subscribe-only (it has no publish at all: it is a
+:class:`~nlagg_node.runtime.transport.Subscriber`, not a ``Transport``), MQTT 3.1.1, QoS <= 1,
+TCP or TLS (``mqtts://``). Everything a node needs from MQTT goes through the adapter
+(:mod:`nlagg_node.runtime.mqtt`); this client exists because the capture sees every message of a
+run, and its own codec was measured to be worth it (see below).
+
 A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.mqtt_codec`):
 deliveries reach the reader as :class:`Delivery` objects carrying their packet id, and
 :meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.Transcript.commit`.
@@ -182,7 +188,7 @@ class _Session(asyncio.Protocol):
 
 
 class AckingSubscriber:
-    """Subscribe-only MQTT client with manual acknowledgements, persistent session and jittered reconnection.
+    """Subscribe-only MQTT 3.1.1 client (QoS <= 1): manual acks, persistent session, jittered reconnects.
 
     Parameters
     ----------
@@ -473,12 +479,6 @@ class AckingSubscriber:
                 await self._waiter
             finally:
                 self._waiter = None
-
-    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        raise NlaggError(f"{self.client_id}: the capture client only subscribes (not {topic})")
-
-    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        raise NlaggError(f"{self.client_id}: the capture client only subscribes (not {topic})")
 
     async def close(self) -> None:
         """Disconnect cleanly after the acks already written (the session stays on the broker)."""

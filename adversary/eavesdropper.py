@@ -29,7 +29,7 @@ import numpy as np
 
 from nlagg_node.runtime.node import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
-from nlagg_node.runtime.transport import Message, Transport
+from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
 from nlagg_node.schedule import phase_c, plan_phases
 
@@ -74,7 +74,7 @@ class Eavesdropper:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: Subscriber,
         transcript: Transcript,
         *,
         on_exposure: Callable[[Exposure], None] | None = None,

@@ -4,7 +4,7 @@
                                        [--eavesdropper-nice 10]
 
 Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
-run's RGG), the same process layout and the same transport (MqttTransport: aiomqtt, QoS 1,
+run's RGG), the same process layout and the same transport (MqttTransport: paho, QoS 1,
 TCP_NODELAY):
 
 * baseline: synchronous rounds with a trivial payload; a node publishes round t and waits for

@@ -70,6 +70,13 @@ async def run_members(members: list[Member], router: Router, transport: Transpor
         loops = [PdmmLoop([m]) for m in members]  # resume is per node
     else:
         loops = [PdmmLoop(members)]
+
+    def session(present: bool) -> None:
+        if not present:  # the broker lost what it had queued: publish again what may be missing
+            for m in members:
+                m.outbox.republish()
+
+    transport.on_reconnect(session)
     try:
         async with asyncio.TaskGroup() as tg:
             reader = tg.create_task(router.read(transport))

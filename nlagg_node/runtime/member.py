@@ -194,8 +194,10 @@ class Member:
             self.reject(f"status of node {j}, not a neighbour of {self.id}")
             return
         self.peers.update(j, msg.state)
-        if msg.state == "online":
-            self.outbox.resend_to(j)  # j (re)started: it may have lost what we sent; it drops duplicates
+        if msg.state in ("online", "running"):
+            # j (re)started, or republished its status after the broker lost its session: it may
+            # have lost what we sent (it drops duplicates). At the start the outbox is empty.
+            self.outbox.resend_to(j)
         elif msg.state == "done" and msg.final:
             # j has finished and left: its last x is its last final (we may have crashed before it came)
             outcome = self.x_in.put(self.t_total - 1, slot, msg.final[-1])

@@ -8,7 +8,7 @@ even with overlapping subscriptions (Mosquitto's behaviour).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Self
 
@@ -78,6 +78,9 @@ class MemoryTransport:
         if not topic or "+" in topic or "#" in topic:
             raise ConfigError("topic", topic, "a publish topic must be non-empty without wildcards")
         self.broker.route(topic, payload, retain)
+
+    def on_reconnect(self, listener: Callable[[bool], None]) -> None:
+        """The in-memory broker never drops a connection: no listener is ever called."""
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None:
         self._require()

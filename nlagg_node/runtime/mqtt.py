@@ -1,11 +1,24 @@
-"""The MQTT transport: aiomqtt with TCP_NODELAY, persistent sessions, QoS 1 and jittered reconnection.
+"""The MQTT adapter: everything the runtime knows about paho lives here, behind :class:`MqttTransport`.
 
-Measured on this machine (``/work/shared/MQTT-NOTES.md``): without TCP_NODELAY a QoS 1 round trip
-costs 40-90 ms instead of 0.7 ms, so the client sets it on its socket (and the private Mosquitto
-sets ``set_tcp_nodelay true``). paho allows 20 in-flight QoS 1 messages by default; a node
-publishing every iteration needs more. The session is persistent (``clean_session=False`` with a
-stable client id), so after a reconnection the broker still holds the subscriptions and the
-QoS 1 messages that arrived meanwhile.
+paho's client is driven by the asyncio loop directly (paho's documented external-loop mode: its
+socket callbacks register the socket with the loop, no thread, no task per message). What this
+module owns:
+
+* **Connection.** ``mqtt://host[:port]`` (1883) or ``mqtts://host[:port]`` (8883, TLS with
+  :class:`TlsSettings`: a CA file and optionally a client certificate and key). TCP_NODELAY on
+  the socket: without it a QoS 1 round trip costs 40-90 ms instead of 0.7 ms on this machine
+  (``/work/shared/MQTT-NOTES.md``). The blocking TCP/TLS connect runs in a worker thread.
+* **Refusals** are read from the CONNACK return code: bad credentials, not authorized, an
+  invalid client id or an unsupported protocol fail at once with :class:`BrokerRefusedError`
+  (retrying cannot help); a broker that is down or unavailable is retried.
+* **Reconnection** with jittered exponential backoff, ``uniform(0, min(max, base 2^k))``, which
+  spreads many clients' reconnections after a broker restart. The session is persistent
+  (``clean_session=False``, stable client id): the broker keeps subscriptions and queued QoS 1
+  messages, and paho resends the QoS 1 messages not yet acknowledged. When the broker has lost
+  the session (it crashed without persistence), the adapter subscribes again and tells its
+  listeners (:meth:`MqttTransport.on_reconnect`), so the node can republish what its neighbours
+  may have missed.
+* paho allows 20 in-flight QoS 1 messages by default; a node publishing every iteration needs more.
 """
 
 from __future__ import annotations
@@ -13,86 +26,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Self, cast
-from urllib.parse import urlsplit
+from typing import Any, Self
 
-import aiomqtt
-import numpy as np
-import paho.mqtt.client as paho_mqtt
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
 
 from ..errors import ConfigError, NlaggError
 from ..rng import rng_for
+from .mqtt_settings import FATAL_CONNACK, BrokerRefusedError, jittered_backoff, parse_broker_url
+from .tls import TlsSettings, broker_endpoint
 from .transport import Message, Will, valid_filter
 
-__all__ = ["MqttTransport", "jittered_backoff", "parse_broker_url"]
+__all__ = ["BrokerRefusedError", "MqttTransport", "TlsSettings", "jittered_backoff", "parse_broker_url"]
 
 log = logging.getLogger("nlagg.mqtt")
-NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-
-
-def jittered_backoff(attempt: int, base: float, maximum: float, rng: np.random.Generator) -> float:
-    """Seconds to wait before reconnection attempt ``attempt`` (0, 1, ...).
-
-    Full jitter, ``uniform(0, min(maximum, base 2^attempt))``, spreads the reconnections of
-    many clients after a broker restart.
-    """
-    return float(rng.uniform(0.0, min(maximum, base * 2 ** min(attempt, 30))))
-
-
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """``mqtt://host[:port]`` (or ``tcp://``) to ``(host, port)``; port 1883 by default."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "tcp") or not parts.hostname:
-        raise ConfigError("broker", url, "expected mqtt://host[:port]")
-    try:
-        port = parts.port or 1883
-    except ValueError:
-        raise ConfigError("broker", url, "port must be an integer in 1..65535") from None
-    return parts.hostname, port
-
-
-class _Inbox:
-    """aiomqtt's message queue, replaced: a deque and one waiter.
-
-    aiomqtt's own iterator starts a task and an ``asyncio.wait`` per message; at a few
-    thousand messages per second per process that is a large share of a node's CPU. paho's
-    on_message callback (through aiomqtt) appends here, and :meth:`MqttTransport.messages`
-    drains it, sleeping on a single future only when it is empty.
-    """
-
-    def __init__(self) -> None:
-        self.items: deque[aiomqtt.Message] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-
-    def put_nowait(self, item: aiomqtt.Message) -> None:
-        self.items.append(item)
-        self.wake()
-
-    def qsize(self) -> int:
-        return len(self.items)
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
 
 class MqttTransport:
-    """A :class:`~nlagg_node.runtime.transport.Transport` over aiomqtt.
+    """A :class:`~nlagg_node.runtime.transport.Transport` over paho, MQTT 3.1.1, QoS 1.
 
     Parameters
     ----------
-    url : ``mqtt://host:port``.
+    url : ``mqtt://host:port`` or ``mqtts://host:port``.
     client_id : stable identifier (the persistent session is keyed by it).
     will : last will, set at every (re)connection.
     username, password : broker credentials.
     clean_session : False (default) keeps subscriptions and queued QoS 1 messages across reconnects.
     max_inflight : paho's in-flight window for QoS > 0.
-    reconnect_tries : attempts per loss of connection before giving up with :class:`NlaggError`.
+    reconnect_tries : consecutive failed attempts before giving up with :class:`NlaggError`.
     backoff_base, backoff_max : the jittered exponential backoff, ``uniform(0, min(max, base 2^k))``.
+    keepalive : seconds of silence before a ping; no answer within as long again drops the connection.
+    tls : CA file and client certificate for ``mqtts://`` (None: the system's CAs).
+    connect_timeout : seconds for one attempt's TCP/TLS connect and CONNACK.
     """
 
     def __init__(
@@ -109,206 +79,366 @@ class MqttTransport:
         backoff_base: float = 0.05,
         backoff_max: float = 5.0,
         keepalive: int = 30,
+        tls: TlsSettings | None = None,
+        connect_timeout: float = 10.0,
     ) -> None:
-        self.host, self.port = parse_broker_url(url)
+        where = broker_endpoint(url)
+        if tls is not None and not where.tls:
+            raise ConfigError("broker", url, "TLS settings (a CA file) need an mqtts:// broker URL")
         self.url = url
+        self.host, self.port = where.host, where.port
         self.client_id = client_id
-        self.will = will
-        self.username = username
-        self.password = password
-        self.clean_session = clean_session
-        self.max_inflight = max_inflight
         self.reconnect_tries = reconnect_tries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self.keepalive = keepalive
-        self._client: aiomqtt.Client | None = None
-        self._filters: list[tuple[str, int]] = []
-        self._lock = asyncio.Lock()
-        self._generation = 0
-        self._closing = False
+        self.connect_timeout = connect_timeout
         self.reconnects = 0
-        self._inbox = _Inbox()
-        self._background: set[asyncio.Task[None]] = set()
-        # Publishes handed over while a reconnection is in progress: sent, in order, once it is up.
-        self._held: deque[tuple[str, bytes, int, bool]] = deque()
+        self.session_losses = 0
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=clean_session,
+            protocol=paho.MQTTv311,
+        )
+        client.max_inflight_messages_set(max_inflight)
+        client.max_queued_messages_set(0)
+        if username is not None:
+            client.username_pw_set(username, password)
+        if will is not None:
+            client.will_set(will.topic, will.payload, will.qos, will.retain)
+        if where.tls:
+            client.tls_set_context((tls or TlsSettings()).context())
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
+        client.on_socket_open = self._on_socket_open
+        client.on_socket_close = self._on_socket_close
+        client.on_socket_register_write = self._on_socket_register_write
+        client.on_socket_unregister_write = self._on_socket_unregister_write
+        self._paho = client
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._inbox: deque[Message] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._filters: list[tuple[str, int]] = []
+        self._acks: dict[int, asyncio.Future[None]] = {}  # mid -> PUBACK/SUBACK waiter
+        self._connack: asyncio.Future[tuple[int, bool]] | None = None
         self._up = asyncio.Event()
+        self._lost = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+        self._misc: asyncio.Task[None] | None = None
+        self._fatal: NlaggError | None = None
+        self._closing = False
+        self._listeners: list[Callable[[bool], None]] = []
         self._jitter = rng_for(None)  # OS entropy: backoff jitter is not part of any run's numbers
 
-    def _new_client(self) -> aiomqtt.Client:
-        will = None
-        if self.will is not None:
-            will = aiomqtt.Will(self.will.topic, self.will.payload, self.will.qos, self.will.retain)
-        client = aiomqtt.Client(
-            self.host,
-            self.port,
-            identifier=self.client_id,
-            username=self.username,
-            password=self.password,
-            will=will,
-            clean_session=self.clean_session,
-            protocol=aiomqtt.ProtocolVersion.V311,
-            keepalive=self.keepalive,
-            max_inflight_messages=self.max_inflight,
-            max_queued_outgoing_messages=0,
-            socket_options=NODELAY,
-            timeout=10.0,
-            queue_type=cast("type[asyncio.Queue[aiomqtt.Message]]", lambda maxsize=0: self._inbox),
+    # paho's callbacks (the loop thread, except the socket opening: the connect thread) ---------------
+    def _in_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _on_socket_open(self, client: paho.Client, _ud: object, sock: Any) -> None:
+        self._in_loop(self._add_reader, sock)
+
+    def _add_reader(self, sock: Any) -> None:
+        assert self._loop is not None
+        if sock.fileno() >= 0:
+            self._loop.add_reader(sock, self._readable, sock)
+
+    def _readable(self, sock: Any) -> None:
+        client = self._paho
+        client.loop_read()
+        # An SSL socket may hold decrypted bytes the file descriptor no longer signals.
+        pending = getattr(sock, "pending", None)
+        while pending is not None and client.socket() is sock and pending() > 0:
+            client.loop_read()
+
+    def _on_socket_close(self, client: paho.Client, _ud: object, sock: Any) -> None:
+        loop = self._loop
+        if loop is not None and sock.fileno() >= 0:
+            self._in_loop(loop.remove_reader, sock)
+            self._in_loop(loop.remove_writer, sock)
+
+    def _on_socket_register_write(self, client: paho.Client, _ud: object, sock: Any) -> None:
+        loop = self._loop
+        if loop is not None:
+            self._in_loop(loop.add_writer, sock, client.loop_write)
+
+    def _on_socket_unregister_write(self, client: paho.Client, _ud: object, sock: Any) -> None:
+        loop = self._loop
+        if loop is not None:
+            self._in_loop(loop.remove_writer, sock)
+
+    def _on_connect(
+        self, client: paho.Client, _ud: object, flags: Any, code: ReasonCode, _props: object
+    ) -> None:
+        fut = self._connack
+        if fut is not None and not fut.done():
+            fut.set_result((code.value, bool(flags.session_present)))
+
+    def _on_disconnect(
+        self, client: paho.Client, _ud: object, _flags: object, code: ReasonCode, _props: object
+    ) -> None:
+        self._up.clear()
+        self._lost.set()
+        fut = self._connack
+        if fut is not None and not fut.done():
+            fut.set_result((-1, False))  # closed before the CONNACK
+        self._wake()
+
+    def _on_message(self, client: paho.Client, _ud: object, msg: paho.MQTTMessage) -> None:
+        payload = msg.payload
+        self._inbox.append(
+            Message(msg.topic, payload if type(payload) is bytes else bytes(payload), msg.retain)
         )
-        client.pending_calls_threshold = 1_000_000  # many concurrent QoS 1 publishes are the normal case
-        return client
+        self._wake()
 
-    async def connect(self) -> None:
-        """Connect, retrying with backoff; :class:`NlaggError` names the broker if it stays unreachable."""
-        async with self._lock:
-            await self._connect_locked()
+    def _on_publish(self, client: paho.Client, _ud: object, mid: int, _code: object, _props: object) -> None:
+        fut = self._acks.pop(mid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
-    async def _connect_locked(self, reuse: aiomqtt.Client | None = None) -> None:
-        """Connect a new client, or reconnect ``reuse``: the same paho client keeps its unacknowledged
-        QoS 1 messages and resends them once the broker confirms the persistent session."""
+    def _on_subscribe(
+        self, client: paho.Client, _ud: object, mid: int, codes: list[ReasonCode], _props: object
+    ) -> None:
+        fut = self._acks.pop(mid, None)
+        if fut is None or fut.done():
+            return
+        refused = [c for c in codes if c.is_failure]
+        if refused:
+            fut.set_exception(NlaggError(f"broker {self.url} refused a subscription of {self.client_id!r}"))
+        else:
+            fut.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # connection management ----------------------------------------------------------------------------
+    async def _attempt(self, first: bool) -> tuple[int, bool] | str:
+        """One connect: the CONNACK's (code, session present), or why it did not get that far."""
+        loop = asyncio.get_running_loop()
+        self._connack = loop.create_future()
+        try:
+            if first:
+                await asyncio.to_thread(self._paho.connect, self.host, self.port, self.keepalive)
+            else:
+                await asyncio.to_thread(self._paho.reconnect)
+        except (OSError, ValueError) as exc:  # refused, unreachable, TLS handshake (ssl.SSLError)
+            return str(exc) or type(exc).__name__
+        sock = self._paho.socket()
+        if isinstance(sock, socket.socket):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                return await self._connack
+        except TimeoutError:
+            return f"no CONNACK within {self.connect_timeout:g} s"
+
+    async def _connect(self, first: bool) -> bool:
+        """Connect, retrying with backoff; the session-present flag. Raises after ``reconnect_tries``."""
         last = ""
         for attempt in range(self.reconnect_tries):
-            client = reuse if reuse is not None else self._new_client()
-            try:
-                await client.__aenter__()
-            except aiomqtt.MqttError as exc:
-                last = str(exc)
-                if "authori" in last.lower() or "bad user" in last.lower():
-                    raise NlaggError(f"broker {self.url} refused client {self.client_id!r}: {last}") from None
-                delay = jittered_backoff(attempt, self.backoff_base, self.backoff_max, self._jitter)
-                log.info("connect to %s failed (%s); retrying in %.2f s", self.url, last, delay)
-                await asyncio.sleep(delay)
-                continue
-            self._client = client
-            self._generation += 1
-            # Wake the reader when the connection drops (aiomqtt's only signal is this future).
-            client._disconnected.add_done_callback(self._on_lost)
-            for pattern, qos in self._filters:
-                await client.subscribe(pattern, qos=qos)
-            while self._held:
-                topic, payload, qos, retain = self._held.popleft()
-                client._client.publish(topic, payload, qos, retain)
-            self._up.set()
-            return
-        raise NlaggError(f"cannot connect to broker {self.url} after {self.reconnect_tries} tries: {last}")
-
-    def _on_lost(self, fut: asyncio.Future[None]) -> None:
-        """The connection dropped: wake the reader (it reconnects). The loss is expected and
-        handled, so its exception is retrieved here instead of being logged as never retrieved."""
-        if not fut.cancelled():
-            fut.exception()
-        self._inbox.wake()
-
-    async def _reconnect(self, seen_generation: int) -> None:
-        async with self._lock:
+            if attempt:
+                await asyncio.sleep(
+                    jittered_backoff(attempt, self.backoff_base, self.backoff_max, self._jitter)
+                )
             if self._closing:
                 raise NlaggError(f"transport {self.client_id!r} is closed")
-            if self._generation != seen_generation:
-                return  # someone else already reconnected
-            old = self._client
-            self._client = None
-            self._up.clear()
-            if old is not None:
-                try:
-                    await old.__aexit__(None, None, None)
-                except aiomqtt.MqttError as exc:
-                    log.debug("closing the lost connection: %s", exc)
-            self.reconnects += 1
-            log.warning("connection to %s lost; reconnecting (%d)", self.url, self.reconnects)
-            await self._connect_locked(reuse=old)
+            outcome = await self._attempt(first and attempt == 0)
+            if isinstance(outcome, str):
+                last = outcome
+            else:
+                code, session_present = outcome
+                if code == 0:
+                    self._up.set()
+                    return session_present
+                if code in FATAL_CONNACK:
+                    raise BrokerRefusedError(self.url, self.client_id, code, FATAL_CONNACK[code])
+                last = f"CONNACK code {code}" if code >= 0 else "connection closed before the CONNACK"
+            self._paho.disconnect()  # drop the half-open attempt before the next one
+            log.info("connect to %s failed (%s); retrying", self.url, last)
+        raise NlaggError(f"cannot connect to broker {self.url} after {self.reconnect_tries} tries: {last}")
 
-    def _require(self) -> tuple[aiomqtt.Client, int]:
-        if self._client is None:
+    async def _supervise(self) -> None:
+        """Keep the connection up: reconnect after every loss, resubscribe if the session is gone."""
+        try:
+            while True:
+                await self._lost.wait()
+                self._lost.clear()
+                if self._closing:
+                    return
+                if self._up.is_set():
+                    continue  # the loss signalled by an earlier failed attempt
+                self.reconnects += 1
+                log.warning("connection to %s lost; reconnecting (%d)", self.url, self.reconnects)
+                session_present = await self._connect(first=False)
+                if not session_present:
+                    self.session_losses += 1
+                    log.warning("broker %s had lost the session of %r", self.url, self.client_id)
+                await self._subscribe_all(self._filters)  # also those a lost connection never sent
+                for listener in self._listeners:
+                    listener(session_present)
+        except NlaggError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: NlaggError) -> None:
+        self._fatal = exc
+        for fut in self._acks.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._acks.clear()
+        self._wake()
+
+    async def _tick(self) -> None:
+        """paho's keepalive: pings, and a dropped connection when they go unanswered."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._paho.loop_misc()
+
+    async def connect(self) -> None:
+        """Connect (retrying with backoff); :class:`NlaggError` names the broker if it stays unreachable."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._closing = False
+        try:
+            await self._connect(first=True)
+        except NlaggError:
+            self._closing = True
+            self._paho.disconnect()
+            raise
+        self._supervisor = self._loop.create_task(self._supervise(), name=f"mqtt-{self.client_id}")
+        self._misc = self._loop.create_task(self._tick())
+
+    def on_reconnect(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(session_present)`` after every reconnection (subscriptions restored)."""
+        self._listeners.append(listener)
+
+    def _check(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._loop is None or self._closing:
             raise NlaggError(f"transport {self.client_id!r} is not connected")
-        return self._client, self._generation
+
+    def _ack_future(self, mid: int) -> asyncio.Future[None]:
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._acks[mid] = fut
+        return fut
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        """Publish and wait for the broker's acknowledgement (QoS 1); reconnect and resend once if lost."""
-        for _attempt in range(2):
-            if self._client is None and not self._closing:
-                await self._up.wait()  # a reconnection is in progress
-            client, gen = self._require()
-            try:
-                await client.publish(topic, payload, qos=qos, retain=retain)
-                return
-            except aiomqtt.MqttError as exc:
-                log.warning("publish on %s failed: %s", topic, exc)
-                await self._reconnect(gen)
-        raise NlaggError(f"publish on {topic} failed twice on {self.url}")
+        """Publish and wait until the broker has it (PUBACK at QoS 1; paho resends across reconnects)."""
+        self._check()
+        info = self._paho.publish(topic, payload, qos, retain)
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+            raise NlaggError(f"publish on {topic} to {self.url} failed: {paho.error_string(info.rc)}")
+        if info.is_published():
+            return
+        fut = self._ack_future(info.mid)
+        if info.is_published():  # acknowledged in between (only possible from another thread)
+            self._acks.pop(info.mid, None)
+            return
+        await fut
 
     def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         """Hand a message to paho without waiting for the acknowledgement.
 
-        QoS 1 delivery is paho's job (it retransmits until PUBACK); per-connection ordering is
-        kept. If the connection is down, the message is resent by :meth:`publish` after the
-        reconnection, in the background.
+        QoS 1 delivery is paho's job: it retransmits until PUBACK, after reconnections too, and
+        keeps this connection's order.
         """
-        if self._client is None and not self._closing and self._generation > 0:
-            self._held.append((topic, payload, qos, retain))  # reconnecting: sent once connected
+        self._check()
+        info = self._paho.publish(topic, payload, qos, retain)
+        if info.rc != paho.MQTT_ERR_SUCCESS and not (qos > 0 and info.rc == paho.MQTT_ERR_NO_CONN):
+            raise NlaggError(f"publish on {topic} to {self.url} failed: {paho.error_string(info.rc)}")
+
+    async def _subscribe_all(self, filters: list[tuple[str, int]]) -> None:
+        if not filters:
             return
-        client, _gen = self._require()
-        info = client._client.publish(topic, payload, qos, retain)  # paho client: no task, no wait
-        if info.rc == 0 or (qos > 0 and info.rc == paho_mqtt.MQTT_ERR_NO_CONN):
-            return  # sent, or kept by paho and resent after the reconnection (persistent session)
-        task = asyncio.get_running_loop().create_task(self.publish(topic, payload, qos=qos, retain=retain))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        rc, mid = self._paho.subscribe(filters)
+        if rc == paho.MQTT_ERR_NO_CONN or mid is None:
+            return  # down: the reconnection subscribes them all again
+        if rc != paho.MQTT_ERR_SUCCESS:
+            raise NlaggError(f"subscribe to {self.url} failed: {paho.error_string(rc)}")
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await self._ack_future(mid)
+        except TimeoutError:
+            self._acks.pop(mid, None)
+            if self._up.is_set():
+                raise NlaggError(f"broker {self.url} did not acknowledge a subscription") from None
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None:
         for pattern in filters:
             if not valid_filter(pattern):
                 raise ConfigError("topic_filter", pattern, "not a valid MQTT topic filter")
-        client, _ = self._require()
-        for pattern in filters:
-            self._filters.append((pattern, qos))
-            await client.subscribe(pattern, qos=qos)
+        self._check()
+        added = [(pattern, qos) for pattern in filters]
+        self._filters += added
+        await self._subscribe_all(added)
 
     async def messages(self) -> AsyncIterator[Message]:
         """Every received message; survives reconnections; ends when the transport is closed."""
         inbox = self._inbox
         loop = asyncio.get_running_loop()
-        while not self._closing:
-            client, gen = self._require()
-            while inbox.items:
-                msg = inbox.items.popleft()
-                payload = msg.payload if isinstance(msg.payload, bytes) else str(msg.payload).encode()
-                yield Message(msg.topic.value, payload, bool(msg.retain))
+        while True:
+            while inbox:
+                yield inbox.popleft()
+            if self._fatal is not None:
+                raise self._fatal
             if self._closing:
                 return
-            lost = client._disconnected
-            if lost.done():
-                log.warning("connection to %s lost while receiving", self.url)
-                await self._reconnect(gen)
-                continue
-            inbox.waiter = loop.create_future()
+            self._waiter = loop.create_future()
             try:
-                await inbox.waiter
+                await self._waiter
             finally:
-                inbox.waiter = None
+                self._waiter = None
+
+    async def _stop_tasks(self) -> None:
+        tasks = [t for t in (self._supervisor, self._misc) if t is not None]
+        self._supervisor = self._misc = None
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def close(self) -> None:
-        """Clean disconnect (the broker discards the will)."""
+        """Clean disconnect (the broker discards the will), after paho has written what is queued."""
+        if self._loop is None or self._closing:
+            return
         self._closing = True
-        self._inbox.wake()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-        async with self._lock:
-            client, self._client = self._client, None
-            if client is not None:
-                try:
-                    await client.__aexit__(None, None, None)
-                except aiomqtt.MqttError as exc:
-                    log.debug("disconnect from %s: %s", self.url, exc)
+        await self._stop_tasks()
+        if self._up.is_set():
+            self._lost.clear()
+            self._paho.disconnect()  # queued after what is not written yet; paho closes once it is
+            try:
+                async with asyncio.timeout(5.0):
+                    await self._lost.wait()
+            except TimeoutError:
+                log.debug("disconnect from %s: no clean close within 5 s", self.url)
+        self._up.clear()
+        self._wake()
 
     async def abort(self) -> None:
         """Drop the TCP connection without DISCONNECT, as a crash would (the broker publishes the will)."""
+        if self._loop is None or self._closing:
+            return
         self._closing = True
-        client = self._client
-        if client is not None:
-            sock = client._client.socket()  # paho's socket: no public way to drop it
-            if sock is not None:
-                sock.close()
-            await asyncio.sleep(0)
+        await self._stop_tasks()
+        sock = self._paho.socket()
+        if sock is not None:
+            self._loop.remove_reader(sock)
+            self._loop.remove_writer(sock)
+            sock.close()
+        self._wake()
 
     async def __aenter__(self) -> Self:
         await self.connect()

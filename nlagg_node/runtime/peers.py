@@ -3,8 +3,9 @@
 Every message a node publishes is idempotent for its receivers: they drop an identical copy as a
 duplicate. So whenever a neighbour may have lost something, the node simply publishes it again:
 
-* a neighbour announces ``online`` (it restarted, perhaps from a checkpoint): our z^(0) to it,
-  of every dual group so far, and our last two x's (:meth:`Outbox.resend_to`);
+* a neighbour announces ``online`` (it restarted, perhaps from a checkpoint) or ``running``
+  again (it republished after a session loss, see below): our z^(0) to it, of every dual group
+  so far, and our last two x's (:meth:`Outbox.resend_to`);
 * our own connection came back without its session (a broker that crashed without persistence
   lost its queues, subscriptions and retained messages): our last two x's, the z^(0) of the
   exchange in progress, our last adversary state and our status (:meth:`Outbox.republish`).

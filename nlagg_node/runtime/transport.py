@@ -1,17 +1,25 @@
-"""The small interface a node talks through, and MQTT topic-filter matching.
+"""The small interfaces a node and a capture talk through, and MQTT topic-filter rules.
 
-Two implementations: :class:`~nlagg_node.runtime.mqtt.MqttTransport` (aiomqtt, any MQTT 3.1.1/5
-broker) and :class:`~nlagg_node.runtime.memory.MemoryTransport` (an in-process broker for tests).
+:class:`Subscriber` receives (the eavesdropper's capture needs no more); :class:`Transport` also
+publishes. Two transports: :class:`~nlagg_node.runtime.mqtt.MqttTransport` (the MQTT adapter, paho,
+any MQTT 3.1.1 broker) and :class:`~nlagg_node.runtime.memory.MemoryTransport` (an in-process
+broker for tests). Topic matching is paho's :func:`~paho.mqtt.client.topic_matches_sub`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-__all__ = ["Message", "Transport", "Will", "topic_matches", "valid_filter"]
+from paho.mqtt.client import topic_matches_sub
+
+__all__ = ["Message", "Subscriber", "Transport", "Will", "topic_matches", "valid_filter"]
+
+#: ``topic_matches(filter, topic)``: MQTT 3.1.1 sec. 4.7 (``a/#`` matches ``a``; wildcards at the
+#: first level do not match ``$`` topics).
+topic_matches = topic_matches_sub
 
 
 @dataclass(frozen=True)
@@ -34,21 +42,15 @@ class Will:
 
 
 @runtime_checkable
-class Transport(Protocol):
-    """Publish/subscribe over one broker connection.
+class Subscriber(Protocol):
+    """Receive over one broker connection.
 
-    Used as ``async with transport: ...`` (connect on enter, clean close on exit).
+    Used as ``async with subscriber: ...`` (connect on enter, clean close on exit).
     ``messages()`` yields every message of the subscriptions, in arrival order; there is one
     consumer (a single reader task dispatches).
     """
 
     async def connect(self) -> None: ...
-
-    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        """Send a message and wait until the broker has it (PUBACK at QoS 1)."""
-
-    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        """Queue a message for sending without waiting for the broker (order is kept)."""
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None: ...
 
@@ -66,6 +68,21 @@ class Transport(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class Transport(Subscriber, Protocol):
+    """Publish and subscribe over one broker connection (see :class:`Subscriber`)."""
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Send a message and wait until the broker has it (PUBACK at QoS 1)."""
+
+    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        """Queue a message for sending without waiting for the broker (order is kept)."""
+
+    def on_reconnect(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(session_present)`` after every reconnection, once subscribed again
+        (False: the broker had lost the session, and with it what it had queued for us)."""
+
+
 def valid_filter(pattern: str) -> bool:
     """MQTT topic-filter rules: ``#`` only as the whole last level, ``+`` only as a whole level."""
     if not pattern:
@@ -77,23 +94,3 @@ def valid_filter(pattern: str) -> bool:
         if "+" in level and level != "+":
             return False
     return True
-
-
-def topic_matches(pattern: str, topic: str) -> bool:
-    """Does the topic filter ``pattern`` (with ``+`` and ``#``) match ``topic``?
-
-    ``#`` also matches the parent level (``a/#`` matches ``a``), as in MQTT 3.1.1 sec. 4.7.1.2;
-    wildcards at the first level do not match topics starting with ``$``.
-    """
-    if topic.startswith("$") and pattern[:1] in ("+", "#"):
-        return False
-    p_levels = pattern.split("/")
-    t_levels = topic.split("/")
-    for k, p in enumerate(p_levels):
-        if p == "#":
-            return True
-        if k >= len(t_levels):
-            return False
-        if p != "+" and p != t_levels[k]:
-            return False
-    return len(p_levels) == len(t_levels)
