@@ -193,10 +193,11 @@ class Member:
         if slot is None:
             self.reject(f"status of node {j}, not a neighbour of {self.id}")
             return
+        again = self.peers.state.get(j) == msg.state
         self.peers.update(j, msg.state)
-        if msg.state in ("online", "running"):
+        if msg.state == "online" or (msg.state == "running" and again):
             # j (re)started, or republished its status after the broker lost its session: it may
-            # have lost what we sent (it drops duplicates). At the start the outbox is empty.
+            # have lost what we sent (it drops duplicates).
             self.outbox.resend_to(j)
         elif msg.state == "done" and msg.final:
             # j has finished and left: its last x is its last final (we may have crashed before it came)
