@@ -288,7 +288,7 @@ def report_json(report: AttackReport) -> str:
 
 def load_transcript_arrays(path: str | Path) -> dict[str, Any]:
     """Read what the attack needs from a transcript file (``adversary.transcript`` format)."""
-    from nlagg_node.runtime.node import config_from_msg
+    from nlagg_node.runtime.public import config_from_msg
     from nlagg_node.schedule import phase_c, plan_phases
 
     from .transcript import Transcript

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from nlagg_node.runtime.node import config_from_msg
+from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics

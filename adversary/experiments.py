@@ -18,42 +18,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
+from nlagg_node.arrays import FloatArray
 from nlagg_node.config import RunConfig, validate_config
 from nlagg_node.errors import ConfigError
 from nlagg_node.schedule import plan_phases
 
-FloatArray = NDArray[np.float64]
+from .panels import Experiment, Panel, PanelResult
+
 Log = Callable[[str], None]
 
 RECORDED_POINTS = 300
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One subplot: a label and the run-config fields that differ from the paper's setup."""
-
-    label: str
-    params: dict[str, Any]
-    series: str = ""  # for MSE panels: the curve's name within the panel
-
-
-@dataclass(frozen=True)
-class Experiment:
-    """One figure of the paper."""
-
-    name: str
-    title: str
-    caption: str
-    kind: str  # "nmi", "mse" or "trajectory+nmi"
-    panels: tuple[Panel, ...]
-    expect: str  # what the reader should see (docs/experiments.md)
 
 
 def _approaches(op: str) -> tuple[Panel, ...]:
@@ -189,42 +168,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
     )
 }
-
-
-@dataclass
-class PanelResult:
-    """Measurements of one simulated configuration."""
-
-    config: dict[str, Any]
-    recorded_t: list[int]
-    nmi: FloatArray  # (R, n)
-    leak: FloatArray  # (n,)
-    mse: FloatArray  # (R,)
-    final_mse: float
-    bound: FloatArray  # (n,)
-    trajectory: FloatArray  # (R, n) trial 0, by rank
-    phase_ends: list[int]
-    seconds: dict[str, float] = field(default_factory=dict)
-    nmi_lower: FloatArray | None = None  # bootstrap band, (R, n)
-    nmi_upper: FloatArray | None = None
-
-    def summary(self) -> dict[str, Any]:
-        final = self.nmi[-1]
-        peak = self.nmi.max(axis=0)
-        return {
-            "config": self.config,
-            "leakage_probability": _round(self.leak),
-            "nmi_final": _round(final),
-            "nmi_peak": _round(peak),
-            "ideal_bound": _round(self.bound),
-            "gap_peak": _round(peak - self.bound),
-            "final_mse": self.final_mse,
-            "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
-        }
-
-
-def _round(a: FloatArray) -> list[float | None]:
-    return [None if not np.isfinite(v) else round(float(v), 4) for v in a]
 
 
 def panel_config(params: dict[str, Any], trials: int, seed: int) -> RunConfig:

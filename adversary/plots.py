@@ -5,29 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .experiments import Experiment, PanelResult
+from .figure import pyplot, rank_colors
+from .panels import Experiment, PanelResult
 
 MSE_FLOOR = 1e-20
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _colors(n: int) -> list[Any]:
-    plt = _pyplot()
-    cmap = plt.get_cmap("viridis")
-    return [cmap(r / max(1, n - 1)) for r in range(n)]
 
 
 def draw_nmi(ax: Any, res: PanelResult, title: str, *, legend: bool = True) -> None:
@@ -38,7 +23,7 @@ def draw_nmi(ax: Any, res: PanelResult, title: str, *, legend: bool = True) -> N
     """
     t = np.asarray(res.recorded_t)
     n = res.nmi.shape[1]
-    colors = _colors(n)
+    colors = rank_colors(n)
     for r in range(n):
         ax.plot(t, res.nmi[:, r], color=colors[r], lw=1.0, label=f"{r} ({res.leak[r]:.3f})")
         if res.nmi_lower is not None and res.nmi_upper is not None:
@@ -73,7 +58,7 @@ def draw_nmi(ax: Any, res: PanelResult, title: str, *, legend: bool = True) -> N
 def draw_trajectory(ax: Any, res: PanelResult, title: str) -> None:
     """x_i^(t) of the first trial, by rank, with the phase boundaries dashed."""
     t = np.asarray(res.recorded_t)
-    colors = _colors(res.trajectory.shape[1])
+    colors = rank_colors(res.trajectory.shape[1])
     for r in range(res.trajectory.shape[1]):
         ax.plot(t, res.trajectory[:, r], color=colors[r], lw=0.9)
     for end in res.phase_ends[:-1]:
@@ -107,7 +92,7 @@ def draw_mse(ax: Any, results: Sequence[PanelResult], names: Sequence[str], titl
 
 def draw_experiment(exp: Experiment, results: Sequence[PanelResult], out: Path) -> list[Path]:
     """Draw one experiment's figure; return the PNG and PDF paths."""
-    plt = _pyplot()
+    plt = pyplot()
     panels = exp.panels
     if exp.kind == "mse":
         labels = list(dict.fromkeys(p.label for p in panels))

@@ -189,7 +189,7 @@ def leakage_verdicts(
 def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
     from .attack import attack_transcript, load_transcript_arrays
-    from .plots import _colors, _pyplot
+    from .figure import pyplot, rank_colors
 
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"
@@ -214,9 +214,9 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     )
     rank = np.array([v["rank"] for v in verdicts])
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.2))
-    colors = _colors(n)
+    colors = rank_colors(n)
     t = np.arange(x.shape[1])
     for i in range(n):
         ax.plot(t, x[i], color=colors[int(rank[i])], lw=0.9, label=f"node {i} (rank {int(rank[i])})")

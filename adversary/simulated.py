@@ -107,7 +107,7 @@ def write_sim_transcript(
     The ground truth (values the dynamics used, first matching events) goes to a
     separate ``<path>.truth.json`` for scoring. Returns the transcript's path.
     """
-    from nlagg_node.runtime.node import build_config_msg
+    from nlagg_node.runtime.public import build_config_msg
     from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, XMsg, Z0Msg, encode, topics
 
     from .transcript import Transcript

@@ -33,9 +33,11 @@ was captured, the corrupted nodes' forwarded states, and the final statuses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -61,7 +63,7 @@ from nlagg_node.runtime.wire import (
 
 from .rules import RunRules, rules_for
 
-__all__ = ["MAX_INVALID_PAYLOAD", "Captured", "Transcript"]
+__all__ = ["MAX_INVALID_PAYLOAD", "Captured", "Transcript", "captured_count"]
 
 MAX_INVALID_PAYLOAD = 4096  # bytes kept of a payload that is not protocol v1 (the digest covers it all)
 
@@ -389,6 +391,20 @@ class Transcript:
         sql = "SELECT COUNT(*) FROM messages" + (" WHERE valid = 1" if valid_only else "")
         return int(self._query(sql).fetchone()[0])
 
+    def valid_counts(self, z0_groups: Iterable[str]) -> dict[str, int]:
+        """Valid rows per kind: every x and forwarded state, and the z^(0) of ``z0_groups`` only.
+
+        A well-formed z^(0) of a group the run does not have is injected junk, not the run's.
+        """
+        groups = sorted(set(z0_groups))
+        marks = ",".join("?" * len(groups))
+        rows = self._query(
+            "SELECT kind, COUNT(*) FROM messages WHERE valid = 1 AND (kind IN ('x', 'adv')"
+            f" OR (kind = 'z0' AND phase IN ({marks}))) GROUP BY kind",
+            tuple(groups),
+        )
+        return {str(kind): int(count) for kind, count in rows}
+
     def rejected(self) -> list[tuple[str, str]]:
         """``(topic, error)`` of every stored message that is not valid protocol v1."""
         return [(str(a), str(b)) for a, b in self._query("SELECT topic, error FROM messages WHERE valid = 0")]
@@ -453,3 +469,19 @@ class Transcript:
             if isinstance(msg, StatusMsg):
                 out[msg.node] = msg
         return out
+
+
+def captured_count(path: str | Path, kind: str) -> int:
+    """Valid rows of ``kind`` in a transcript that another process may be writing.
+
+    Opens the file read-only (it never creates it or its schema) and answers 0 while the file is
+    missing, still empty or locked: a progress probe, not a reader.
+    """
+    if not Path(path).exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as db:
+            row = db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = ?", (kind,)).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0])

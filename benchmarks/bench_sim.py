@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from nlagg_node import EdgeLayout, load_config, simulate
-from nlagg_node.sim import sample_graphs
+from nlagg_node.graphs import sample_graphs
 
 
 def naive_loop(layout: EdgeLayout, s: np.ndarray, c: float, mu_z: float, t_max: int) -> np.ndarray:
@@ -54,7 +54,7 @@ def main() -> None:
     ns = wall / (edges * args.t_max) * 1e9
     loop_ns = result.extra["loop_seconds"] / (edges * args.t_max) * 1e9
 
-    layout = EdgeLayout.from_graphs(cfg.n, sample_graphs(cfg))
+    layout = EdgeLayout.from_graphs(cfg.n, sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials))
     s = result.values.ravel()
     t_base = args.baseline_iterations
     start = time.perf_counter()

@@ -29,10 +29,10 @@ import time
 
 from nlagg_node.config import RunConfig
 from nlagg_node.graphs import neighbours
+from nlagg_node.lab.testbed import new_run_id, run_testbed
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.node import run_edges
-from nlagg_node.runtime.testbed import new_run_id, run_testbed
+from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.transport import Transport
 
 SELF = __file__

@@ -32,8 +32,11 @@ import numpy as np
 from nlagg_node.config import RunConfig
 from nlagg_node.rng import rng_for
 from nlagg_node.runtime.brokers import mosquitto_binary
-from nlagg_node.runtime.faults import FaultBed, Verdict, hostile_messages
 from nlagg_node.sim import simulate
+
+# The fault harness is a test fixture (tests/faults.py), not part of the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.faults import FaultBed, Verdict, hostile_messages
 
 FAULTS = ("node", "broker", "eavesdropper", "garbage")
 

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 
 from .errors import ConfigError
 from .limits import MAX_GRAPH_FILE_BYTES, MAX_NODES
+from .rng import rng_for
 
 GraphKind = Literal["rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file"]
 
@@ -275,3 +276,14 @@ def neighbours(n: int, edges: IntArray) -> list[list[int]]:
         nb[a].append(b)
         nb[b].append(a)
     return [sorted(x) for x in nb]
+
+
+def sample_graphs(spec: GraphSpec, seed: int, trials: int) -> list[IntArray]:
+    """One graph per trial from the stream ``(seed, "graph", trial)`` (fixed kinds are shared).
+
+    Trial 0 is the graph of a networked run with the same seed: the simulator, the testbed's nodes
+    and ``nlagg deploy plan`` all draw it here.
+    """
+    if spec.kind in ("rgg", "erdos-renyi"):
+        return [spec.build(rng_for(seed, "graph", b)) for b in range(trials)]
+    return [spec.build(rng_for(seed, "graph", 0))] * trials

@@ -131,7 +131,7 @@ def test_record_all_is_required_and_truth_shape_checked() -> None:
 @pytest.mark.mosquitto
 @pytest.mark.parametrize("op", ["max", "min", "median"], ids=["max", "min", "median"])
 async def test_testbed_transcript_precision_and_recall(op: str, mosquitto_url: str, tmp_path: Path) -> None:
-    from nlagg_node.runtime.testbed import run_testbed
+    from nlagg_node.lab.testbed import run_testbed
 
     cfg = RunConfig(op=op, n=6, c=10.0, mu_z=60.0, t_max=700, seed=4)  # type: ignore[arg-type]
     summary = await run_testbed(cfg, broker_url=mosquitto_url, in_process=True, corrupt={0}, out_dir=tmp_path)

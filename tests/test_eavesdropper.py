@@ -14,7 +14,8 @@ from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
-from nlagg_node.runtime.node import Node, build_config_msg, run_edges
+from nlagg_node.runtime.node import Node
+from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import XMsg, encode, topics
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate

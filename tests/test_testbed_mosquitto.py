@@ -17,10 +17,10 @@ import pytest
 
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
-from nlagg_node.runtime.node import run_edges
-from nlagg_node.runtime.testbed import run_testbed
+from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.wire import decode, encode, parse_topic, topics
 from nlagg_node.sim import simulate
 
@@ -189,7 +189,8 @@ class CuttableProxy:
 async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path) -> None:
     from adversary.eavesdropper import Eavesdropper
     from nlagg_node.runtime.hosted import host_nodes
-    from nlagg_node.runtime.node import Node, build_config_msg
+    from nlagg_node.runtime.node import Node
+    from nlagg_node.runtime.public import build_config_msg
     from nlagg_node.sim import draw_values
 
     cfg = RunConfig(op="median", n=6, trials=1, t_max=1500, seed=12)

@@ -103,7 +103,8 @@ KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certifi
 
 def _tls(broker: str, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> Any:
     """The :class:`TlsSettings` of ``--ca-file/--cert-file/--key-file`` (None for a plain mqtt:// broker)."""
-    from ..runtime.tls import TlsSettings, broker_endpoint
+    from ..runtime.endpoint import broker_endpoint
+    from ..runtime.tls import TlsSettings
 
     if not broker_endpoint(broker).tls:
         for name, path in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
@@ -297,7 +298,7 @@ def run_testbed_command(
     from rich.console import Console
 
     from ..config import load_config
-    from ..runtime.testbed import run_testbed
+    from ..lab.testbed import run_testbed
 
     _setup_logging(verbose)
     cfg = load_config(
@@ -441,7 +442,7 @@ def eavesdrop(
     public = None
     if config is not None:
         from ..config import load_config
-        from ..runtime.node import build_config_msg, run_edges
+        from ..runtime.public import build_config_msg, run_edges
 
         cfg = load_config(config)
         public = build_config_msg(cfg, run_id, run_edges(cfg))

@@ -42,7 +42,7 @@ async def publish_config(
     import asyncio
 
     from ..runtime.mqtt import MqttTransport
-    from ..runtime.node import build_config_msg, run_edges
+    from ..runtime.public import build_config_msg, run_edges
     from ..runtime.wire import encode, topics
 
     prefix, run_id = run_network(config)

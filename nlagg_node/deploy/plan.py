@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import shutil
 import tomllib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
-from ..graphs import neighbours
+from ..graphs import neighbours, sample_graphs
+from ..runtime.endpoint import broker_endpoint
+from ..runtime.wire import RUN_ID_RE
 from . import _toml
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
@@ -60,7 +59,6 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "nlagg"
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TRANSCRIPT_NAME = "transcript.sqlite"
 
 
@@ -126,19 +124,15 @@ class DeployPlan:
 
     @property
     def users(self) -> list[str]:
-        return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(self.n))]
+        return plan_users(self.n)
 
 
-def _check_url(url: str, tls: bool) -> str:
-    parts = urlsplit(url)
-    if tls and (parts.scheme != "mqtts" or not parts.hostname):
-        raise ConfigError("broker", url, "a TLS plan needs mqtts://host:port")
-    if not tls and (parts.scheme not in ("mqtt", "tcp") or not parts.hostname):
-        raise ConfigError("broker", url, "expected mqtt://host:port (mqtts:// needs --tls)")
-    return url
+def plan_users(n: int) -> list[str]:
+    """Every broker user of an n-node plan."""
+    return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(n))]
 
 
-def _tls_files(spec: PlanSpec, users: Sequence[str]) -> dict[str, tuple[bytes, int]]:
+def _tls_files(spec: PlanSpec, users: list[str]) -> dict[str, tuple[bytes, int]]:
     """Every TLS file of a plan (relative path -> (PEM, mode)): generated, or copied from ``spec.tls``."""
     from .tls import new_ca
 
@@ -162,7 +156,7 @@ def _tls_files(spec: PlanSpec, users: Sequence[str]) -> dict[str, tuple[bytes, i
     if not spec.make_tls:
         return {}
     ca = new_ca(spec.run_id)
-    host = urlsplit(spec.broker_url).hostname or ""
+    host = broker_endpoint(spec.broker_url).host
     server = ca.server([host, spec.listen_host or "", "localhost", "127.0.0.1", "broker"])
     out = {
         "tls/ca.pem": (ca.pair.cert_pem, 0o644),
@@ -181,11 +175,12 @@ def _tls_files(spec: PlanSpec, users: Sequence[str]) -> dict[str, tuple[bytes, i
 
 def build_plan(spec: PlanSpec) -> DeployPlan:
     """Draw the graph, the corrupted set, the values and the passwords of a deployment."""
-    if not _RUN_ID_RE.match(spec.run_id):
-        raise ConfigError("run_id", spec.run_id, "use 1-64 characters of [A-Za-z0-9_-]")
-    if not _RUN_ID_RE.match(spec.prefix):
-        raise ConfigError("prefix", spec.prefix, "use 1-64 characters of [A-Za-z0-9_-]")
-    _check_url(spec.broker_url, spec.uses_tls)
+    for name, value in (("run_id", spec.run_id), ("prefix", spec.prefix)):
+        if not RUN_ID_RE.match(value):  # the prefix too is one topic level: the ACLs are per level
+            raise ConfigError(name, value, "use 1-64 characters of [A-Za-z0-9_-]")
+    if broker_endpoint(spec.broker_url).tls != spec.uses_tls:
+        why = "a TLS plan needs mqtts://host:port" if spec.uses_tls else "mqtts:// needs --tls"
+        raise ConfigError("broker", spec.broker_url, why)
     pem = _tls_files(spec, plan_users(spec.run.n))
     if spec.replay and spec.seed is None:
         raise ConfigError("replay", True, "replay mode needs an explicit --seed")
@@ -193,9 +188,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
 
     seed = spec.seed if spec.seed is not None else secrets.randbits(63)
     run = spec.run.model_copy(update={"seed": seed, "trials": 1})
-    from ..sim.engine import sample_graphs
-
-    edges_arr = sample_graphs(run)[0]  # the simulator's trial-0 graph of this seed
+    edges_arr = sample_graphs(run.graph_spec(), seed, 1)[0]  # the simulator's trial-0 graph of this seed
     edges = [[int(a), int(b)] for a, b in edges_arr.tolist()]
     n = run.n
     public = validate_config(
@@ -475,8 +468,3 @@ def load_plan(root: Path) -> LoadedPlan:
         raise ConfigError("plan", str(plan_file), f"malformed plan file ({exc!r})") from None
     nodes = [load_node_file(root / "nodes" / f"{i}.toml") for i in range(n)]
     return LoadedPlan(root, info[0], info[1], n, info[2], info[3], nodes)
-
-
-def plan_users(n: int) -> Sequence[str]:
-    """Every broker user of an n-node plan."""
-    return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(n))]

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..graphs import IntArray, normalize_edges
+from ..graphs import IntArray, normalize_edges, sample_graphs
 from ..schedule import phase_c, plan_phases
 from .wire import ConfigMsg
 
@@ -48,9 +48,7 @@ def config_mismatch(mine: ConfigMsg, retained: ConfigMsg) -> ConfigMismatchError
 
 def run_edges(cfg: RunConfig) -> IntArray:
     """The graph of trial 0 of ``cfg``: the one the simulator and every testbed node build."""
-    from ..sim.engine import sample_graphs
-
-    return sample_graphs(cfg.model_copy(update={"trials": 1}))[0]
+    return sample_graphs(cfg.graph_spec(), cfg.seed, 1)[0]
 
 
 _PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file"}

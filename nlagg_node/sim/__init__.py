@@ -1,6 +1,6 @@
 """The batched Monte Carlo simulator."""
 
-from .engine import SimResult, node_generators, sample_graphs, simulate
+from .engine import SimResult, node_generators, simulate
 from .values import draw_values
 
-__all__ = ["SimResult", "draw_values", "node_generators", "sample_graphs", "simulate"]
+__all__ = ["SimResult", "draw_values", "node_generators", "simulate"]

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..config import RunConfig, parse_record_spec
-from ..graphs import EdgeLayout, IntArray
+from ..graphs import EdgeLayout, IntArray, sample_graphs
 from ..init import draw_z0, perturb_value
 from ..rng import rng_for
 from ..schedule import (
@@ -87,15 +87,6 @@ class SimResult:
         return np.take_along_axis(self.recorded_x, order[None], axis=2)
 
 
-def sample_graphs(cfg: RunConfig) -> list[IntArray]:
-    """One graph per trial from the stream ``(seed, "graph", trial)`` (fixed kinds are shared)."""
-    spec = cfg.graph_spec()
-    if spec.kind in ("rgg", "erdos-renyi"):
-        return [spec.build(rng_for(cfg.seed, "graph", b)) for b in range(cfg.trials)]
-    g = spec.build(rng_for(cfg.seed, "graph", 0))
-    return [g] * cfg.trials
-
-
 def node_generators(seed: int, trials: int, n: int) -> list[np.random.Generator]:
     """The private generator of every (trial, node): DP noise first, then z^(0) per dual group."""
     return [rng_for(seed, "node", b, i) for b in range(trials) for i in range(n)]
@@ -133,7 +124,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     started = time.perf_counter()
     cfg = cfg.resolved()
     B, n = cfg.trials, cfg.n
-    graphs = sample_graphs(cfg)
+    graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
     s = draw_values(cfg.values, cfg.seed, B, n)
     gens = node_generators(cfg.seed, B, n)
     noise = value_noise(cfg)

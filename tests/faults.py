@@ -31,12 +31,15 @@ from typing import Any, BinaryIO, Self
 
 import numpy as np
 
-from ..config import RunConfig
-from ..errors import NlaggError
-from .brokers import BrokerHandle, start_mosquitto
-from .mqtt import MqttTransport
-from .node import build_config_msg, run_edges
-from .wire import encode, topics
+from adversary.transcript import Transcript, captured_count
+from nlagg_node.config import RunConfig
+from nlagg_node.errors import NlaggError
+from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
+from nlagg_node.runtime.mqtt import MqttTransport
+from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.wire import encode, topics
+from nlagg_node.sim import simulate
+from nlagg_node.sim.values import draw_values
 
 __all__ = ["FaultBed", "Verdict", "hostile_messages"]
 
@@ -146,8 +149,6 @@ class FaultBed:
         corrupt: set[int] | None = None,
         neighbour_timeout: float = 30.0,
     ) -> None:
-        from ..sim.values import draw_values
-
         self.cfg = cfg.resolved().model_copy(update={"trials": 1})
         self.workdir = workdir
         self.run_id = run_id
@@ -276,16 +277,7 @@ class FaultBed:
 
     async def progress(self) -> float:
         """Fraction of the run's x messages already in the transcript (0..1)."""
-        import sqlite3
-
-        if not self.db.exists():
-            return 0.0
-        try:
-            with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=1.0)) as db:
-                row = db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = 'x'").fetchone()
-        except sqlite3.Error:
-            return 0.0
-        return float(row[0]) / (self.cfg.n * self.t_total)
+        return captured_count(self.db, "x") / (self.cfg.n * self.t_total)
 
     async def wait_progress(self, fraction: float, within: float = 120.0) -> None:
         """Wait until ``fraction`` of the run's x's are captured (fails after ``within`` s)."""
@@ -318,10 +310,6 @@ class FaultBed:
         return self.verdict(results, detail)
 
     def verdict(self, results: dict[int, dict[str, Any]], detail: list[str]) -> Verdict:
-        from adversary.transcript import Transcript
-
-        from ..sim import simulate
-
         sim = simulate(self.cfg.model_copy(update={"record": "all"}))
         completed = len(results) == self.cfg.n and not detail
         identical = completed
@@ -339,15 +327,7 @@ class FaultBed:
             x = tr.x(self.cfg.n, self.t_total)
             z0 = tr.z0(self.cfg.n, self.edges)
             adv = {(s.node, s.t) for s in tr.adv_states()}
-            # Rows per kind; z^(0) of groups the run does not have (junk) are not the run's messages.
-            marks = ",".join("?" * len(sim.z0))
-            counts = dict(
-                tr.db.execute(
-                    "SELECT kind, COUNT(*) FROM messages WHERE valid = 1 AND (kind IN ('x', 'adv')"
-                    f" OR (kind = 'z0' AND phase IN ({marks}))) GROUP BY kind",
-                    list(sim.z0),
-                ).fetchall()
-            )
+            counts = tr.valid_counts(sim.z0)
         want_x = sim.recorded_x[:, 0, :].T
         have = ~np.isnan(x)
         lost = int((~have).sum())

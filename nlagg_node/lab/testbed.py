@@ -24,14 +24,17 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from adversary.transcript import Transcript
+
 from ..config import RunConfig
 from ..errors import ConfigError, NlaggError
+from ..runtime.brokers import start_broker
+from ..runtime.hosted import host_nodes
+from ..runtime.mqtt import MqttTransport
+from ..runtime.node import Node
+from ..runtime.public import build_config_msg, run_edges
+from ..runtime.wire import check_run_id, encode, topics
 from ..schedule import distance_to, true_aggregate
-from .brokers import start_broker
-from .hosted import host_nodes
-from .mqtt import MqttTransport
-from .node import Node, build_config_msg, run_edges
-from .wire import check_run_id, encode, topics
 
 __all__ = ["TestbedError", "new_run_id", "run_testbed"]
 
@@ -253,8 +256,6 @@ async def run_testbed(
     the launcher). It still stores every message (the run fails otherwise); it only yields the
     CPU to the nodes while they compute and catches up in their idle time.
     """
-    from adversary.transcript import Transcript
-
     from ..sim.values import draw_values
 
     cfg = cfg.resolved().model_copy(update={"trials": 1})
