@@ -1,81 +1,37 @@
 """The passive adversary: eavesdropper capture, transcript attack and leakage measurement.
 
-The analysis API is re-exported lazily (importing :mod:`adversary` loads neither numba nor
-matplotlib; the first use of a name imports its module).
+The analysis API is re-exported lazily: importing :mod:`adversary` loads neither numba nor
+matplotlib; the first use of a name imports its module. The names are listed once, in the
+``TYPE_CHECKING`` block below (see :mod:`nlagg_node.lazy`).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nlagg_node.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .attack import AttackReport, NodeFinding, attack_arrays, attack_transcript, score
-    from .bounds import IdealBound, ideal_leakage
-    from .experiments import EXPERIMENTS, run_all, run_experiment
-    from .mi import (
-        leakage_probability,
-        mse_curve,
-        mutual_information,
-        mutual_information_batch,
-        nmi_curves,
-        nmi_with_bootstrap,
-        self_information,
-    )
-    from .report import render_testbed_report
-    from .simulated import attack_simulation, simulate_transcript, write_sim_transcript
+    from .attack import AttackReport as AttackReport
+    from .attack import NodeFinding as NodeFinding
+    from .attack import attack_arrays as attack_arrays
+    from .attack import attack_transcript as attack_transcript
+    from .attack import score as score
+    from .bounds import IdealBound as IdealBound
+    from .bounds import ideal_leakage as ideal_leakage
+    from .experiments import EXPERIMENTS as EXPERIMENTS
+    from .experiments import run_all as run_all
+    from .experiments import run_experiment as run_experiment
+    from .mi import leakage_probability as leakage_probability
+    from .mi import mse_curve as mse_curve
+    from .mi import mutual_information as mutual_information
+    from .mi import mutual_information_batch as mutual_information_batch
+    from .mi import nmi_curves as nmi_curves
+    from .mi import nmi_with_bootstrap as nmi_with_bootstrap
+    from .mi import self_information as self_information
+    from .report import render_testbed_report as render_testbed_report
+    from .simulated import attack_simulation as attack_simulation
+    from .simulated import simulate_transcript as simulate_transcript
+    from .simulated import write_sim_transcript as write_sim_transcript
 
-_EXPORTS = {
-    "EXPERIMENTS": "experiments",
-    "AttackReport": "attack",
-    "IdealBound": "bounds",
-    "NodeFinding": "attack",
-    "attack_arrays": "attack",
-    "attack_simulation": "simulated",
-    "attack_transcript": "attack",
-    "ideal_leakage": "bounds",
-    "leakage_probability": "mi",
-    "mse_curve": "mi",
-    "mutual_information": "mi",
-    "mutual_information_batch": "mi",
-    "nmi_curves": "mi",
-    "nmi_with_bootstrap": "mi",
-    "render_testbed_report": "report",
-    "run_all": "experiments",
-    "run_experiment": "experiments",
-    "score": "attack",
-    "simulate_transcript": "simulated",
-    "self_information": "mi",
-    "write_sim_transcript": "simulated",
-}
-
-__all__ = [
-    "EXPERIMENTS",
-    "AttackReport",
-    "IdealBound",
-    "NodeFinding",
-    "attack_arrays",
-    "attack_simulation",
-    "attack_transcript",
-    "ideal_leakage",
-    "leakage_probability",
-    "mse_curve",
-    "mutual_information",
-    "mutual_information_batch",
-    "nmi_curves",
-    "nmi_with_bootstrap",
-    "render_testbed_report",
-    "run_all",
-    "run_experiment",
-    "score",
-    "self_information",
-    "simulate_transcript",
-    "write_sim_transcript",
-]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'adversary' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__all__, __getattr__ = lazy_exports(__name__, __file__)

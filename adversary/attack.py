@@ -24,18 +24,20 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import numpy as np
-from numpy.typing import NDArray
 
+from nlagg_node.arrays import FloatArray, IntArray
+from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
-from nlagg_node.graphs import IntArray
 from nlagg_node.schedule import Phase
 
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
 
-FloatArray = NDArray[np.float64]
+if TYPE_CHECKING:
+    from nlagg_node.runtime.wire import StatusMsg
+
 Status = Literal["exposed", "interval", "corrupted"]
 
 SOLVED_TOLERANCE = 1e-9
@@ -64,6 +66,61 @@ class NodeFinding:
     distance: float
 
 
+class AttackExtra(TypedDict, total=False):
+    """What an attack adds beyond the findings: the replay's and the transcript's facts."""
+
+    solved_phase: bool  # an average-consensus phase let the replay solve values
+    run_id: str
+    captured_x: int  # x messages in the transcript
+    expected_x: int  # n x T
+
+
+class FindingJson(TypedDict):
+    """One :class:`NodeFinding` in JSON (infinite bounds as ``"inf"`` / ``"-inf"``)."""
+
+    node: int
+    status: Status
+    value: float | None
+    t: int
+    how: str
+    lower: float | str | None
+    upper: float | str | None
+    side: str
+    distance: float | str | None
+
+
+class AttackJson(AttackExtra):
+    """``nlagg attack --json`` and ``report.json``."""
+
+    op: str
+    n: int
+    iterations: int
+    output: float | str | None
+    exposed: list[int]
+    precision: float | None
+    recall: float | None
+    iteration_agreement: float | None
+    interval_soundness: float | None
+    truth: str
+    nodes: list[FindingJson]
+
+
+class TranscriptData(TypedDict):
+    """What the attack reads from a transcript file (:func:`load_transcript_arrays`)."""
+
+    cfg: RunConfig
+    run_id: str
+    n: int
+    edges: IntArray
+    phases: list[Phase]
+    cs: list[float]  # c of every phase
+    theta: float
+    z0: dict[str, FloatArray]  # per dual group, EdgeLayout order
+    x: FloatArray  # (n, T), NaN where not captured
+    corrupted: dict[int, float]  # corrupted node -> its forwarded s_i
+    statuses: dict[int, StatusMsg]
+
+
 @dataclass
 class AttackReport:
     """Findings for every node, and scores when the truth is known."""
@@ -78,19 +135,19 @@ class AttackReport:
     iteration_agreement: float | None = None
     interval_soundness: float | None = None
     truth_note: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: AttackExtra = field(default_factory=lambda: AttackExtra())
 
     @property
     def exposed(self) -> dict[int, NodeFinding]:
         return {f.node: f for f in self.findings if f.status == "exposed"}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AttackJson:
         def clean(v: Any) -> Any:
             if isinstance(v, float) and not math.isfinite(v):
                 return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
             return v
 
-        nodes = [{k: clean(v) for k, v in asdict(f).items()} for f in self.findings]
+        nodes = [cast(FindingJson, {k: clean(v) for k, v in asdict(f).items()}) for f in self.findings]
         return {
             "op": self.op,
             "n": self.n,
@@ -286,7 +343,7 @@ def report_json(report: AttackReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
 
-def load_transcript_arrays(path: str | Path) -> dict[str, Any]:
+def load_transcript_arrays(path: str | Path) -> TranscriptData:
     """Read what the attack needs from a transcript file (``adversary.transcript`` format)."""
     from nlagg_node.runtime.public import config_from_msg
     from nlagg_node.schedule import phase_c, plan_phases

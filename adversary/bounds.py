@@ -33,17 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 
+from nlagg_node.arrays import BoolArray, FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.schedule import true_aggregate
 
 from .mi import mutual_information, mutual_information_batch
-
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)

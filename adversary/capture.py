@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from nlagg_node.errors import ConfigError, NlaggError
+from nlagg_node.errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, NlaggError
 from nlagg_node.rng import rng_for
 from nlagg_node.runtime.endpoint import broker_endpoint, jittered_backoff
 from nlagg_node.runtime.tls import TlsSettings
@@ -267,7 +267,7 @@ class AckingSubscriber:
                 if session is None:
                     failures += 1
                     if failures >= self.reconnect_tries:
-                        raise NlaggError(f"cannot connect to broker {self.url} after {failures} tries")
+                        raise BrokerUnreachableError(self.url, failures)
                     await asyncio.sleep(
                         jittered_backoff(failures, self.backoff_base, self.backoff_max, self._jitter)
                     )
@@ -321,7 +321,7 @@ class AckingSubscriber:
         session.abandon()
         reason = CONNACK_REFUSALS.get(code, f"return code {code}")
         if code in FATAL_REFUSALS:
-            raise NlaggError(f"broker {self.url} refused client {self.client_id!r}: {reason}")
+            raise BrokerRefusedError(self.url, self.client_id, code, reason)
         log.warning("broker %s refused client %r: %s; retrying", self.url, self.client_id, reason)
         return None
 
@@ -367,10 +367,8 @@ class AckingSubscriber:
                     waiter.set_result(None)
             return
         self._filters = [f for f in self._filters if f[0] not in refused]
-        error = NlaggError(
-            f"broker {self.url} refused client {self.client_id!r} the subscription to "
-            + ", ".join(repr(p) for p in refused)
-        )
+        what = "the subscription to " + ", ".join(repr(p) for p in refused)
+        error = BrokerRefusedError(self.url, self.client_id, SUBACK_FAILURE, what)
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(error)

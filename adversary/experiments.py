@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from nlagg_node.config import RunConfig, validate_config
 from nlagg_node.errors import ConfigError
 from nlagg_node.schedule import plan_phases
 
-from .panels import Experiment, Panel, PanelResult
+from .panels import Experiment, ExperimentDoc, Panel, PanelDoc, PanelResult
 
 Log = Callable[[str], None]
 
@@ -252,7 +252,7 @@ def run_experiment(
     cache: PanelCache | None = None,
     log: Log | None = None,
     bootstrap: int = 0,
-) -> dict[str, Any]:
+) -> ExperimentDoc:
     """Run one experiment; write ``<name>.png``, ``<name>.pdf`` and ``<name>.json`` into ``out``."""
     from .plots import draw_experiment
 
@@ -270,28 +270,30 @@ def run_experiment(
     results = [cache.get(panel_config(p.params, trials, seed)) for p in exp.panels]
     out.mkdir(parents=True, exist_ok=True)
     files = draw_experiment(exp, results, out)
-    doc = {
-        "experiment": name,
-        "title": exp.title,
-        "caption": exp.caption,
-        "expect": exp.expect,
-        "trials": trials,
-        "seed": seed,
-        "panels": [
+    panels: list[PanelDoc] = []
+    for p, r in zip(exp.panels, results, strict=True):
+        # cast: mypy wants the optional bands named in a literal that unpacks another TypedDict
+        panel = cast(
+            PanelDoc,
             {
                 "label": p.label,
                 "series": p.series,
                 **r.summary(),
                 "recorded_t": r.recorded_t,
                 "nmi": _nested(r.nmi),
-                **(
-                    {"nmi_lower": _nested(r.nmi_lower), "nmi_upper": _nested(r.nmi_upper)}
-                    if r.nmi_lower is not None and r.nmi_upper is not None
-                    else {}
-                ),
-            }
-            for p, r in zip(exp.panels, results, strict=True)
-        ],
+            },
+        )
+        if r.nmi_lower is not None and r.nmi_upper is not None:
+            panel["nmi_lower"], panel["nmi_upper"] = _nested(r.nmi_lower), _nested(r.nmi_upper)
+        panels.append(panel)
+    doc: ExperimentDoc = {
+        "experiment": name,
+        "title": exp.title,
+        "caption": exp.caption,
+        "expect": exp.expect,
+        "trials": trials,
+        "seed": seed,
+        "panels": panels,
         "files": [f.name for f in files],
         "wall_seconds": round(time.perf_counter() - started, 2),
     }

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numpy.typing import NDArray
 
+from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.jit import njit
-
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
 
 
 @njit(nogil=True, inline="always")

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from nlagg_node.graphs import EdgeLayout, IntArray
+from nlagg_node.arrays import FloatArray, IntArray
+from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import dual_sum, linear_branch, z_update
 from nlagg_node.schedule import Phase
 
 __all__ = ["BRANCH_NAMES", "Exposure", "Exposures", "LiveReplay", "replay_exposures"]
 
-FloatArray = NDArray[np.float64]
 
 UNKNOWN, LOW, HIGH, VALUE, SOLVED = -1, 0, 1, 2, 3
 BRANCH_NAMES = {UNKNOWN: "unknown", LOW: "lo", HIGH: "hi", VALUE: "=s", SOLVED: "solved"}

@@ -30,16 +30,15 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 from scipy.special import digamma
 
+from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.errors import ConfigError
 from nlagg_node.rng import rng_for
 
 from .ksg_kernels import ksg_batch, ksg_chains, ksg_counts_one
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
 RandomSource = np.random.Generator | np.random.RandomState
 
 JITTER = 1e-10

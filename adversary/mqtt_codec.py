@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from nlagg_node.errors import NlaggError
+from nlagg_node.errors import MqttProtocolError
 
 __all__ = [
     "CONNACK",
@@ -72,10 +72,6 @@ CONNACK_REFUSALS = {
     4: "bad user name or password",
     5: "not authorized",
 }
-
-
-class MqttProtocolError(NlaggError):
-    """A malformed or unexpected MQTT frame: the connection that carried it must be dropped."""
 
 
 class Publish(NamedTuple):

@@ -7,13 +7,13 @@ pages (:mod:`adversary.report`), so none of them imports another for its types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
 from nlagg_node.arrays import FloatArray
 
-__all__ = ["Experiment", "Panel", "PanelResult"]
+__all__ = ["Experiment", "ExperimentDoc", "Panel", "PanelDoc", "PanelResult", "PanelSummary"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,44 @@ class Experiment:
     expect: str  # what the reader should see (docs/experiments.md)
 
 
+class PanelSummary(TypedDict):
+    """The numbers of one panel in ``<experiment>.json``: per rank, rounded to 4 digits (None: not finite)."""
+
+    config: dict[str, Any]  # the RunConfig fields of the panel
+    leakage_probability: list[float | None]
+    nmi_final: list[float | None]
+    nmi_peak: list[float | None]
+    ideal_bound: list[float | None]
+    gap_peak: list[float | None]  # peak NMI minus the ideal-world bound
+    final_mse: float
+    seconds: dict[str, float]  # wall time per stage
+
+
+class PanelDoc(PanelSummary):
+    """One panel in ``<experiment>.json``: its summary and its NMI curves."""
+
+    label: str
+    series: str
+    recorded_t: list[int]
+    nmi: list[list[float]]  # (R, n)
+    nmi_lower: NotRequired[list[list[float]]]  # bootstrap band, with --bootstrap
+    nmi_upper: NotRequired[list[list[float]]]
+
+
+class ExperimentDoc(TypedDict):
+    """``<experiment>.json``: what ``run_experiment`` wrote and returns."""
+
+    experiment: str
+    title: str
+    caption: str
+    expect: str
+    trials: int
+    seed: int
+    panels: list[PanelDoc]
+    files: list[str]
+    wall_seconds: float
+
+
 @dataclass
 class PanelResult:
     """Measurements of one simulated configuration."""
@@ -54,7 +92,7 @@ class PanelResult:
     nmi_lower: FloatArray | None = None  # bootstrap band, (R, n)
     nmi_upper: FloatArray | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> PanelSummary:
         final = self.nmi[-1]
         peak = self.nmi.max(axis=0)
         return {

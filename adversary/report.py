@@ -20,6 +20,8 @@ from numpy.typing import NDArray
 
 from nlagg_node.errors import ConfigError
 
+from .panels import ExperimentDoc, PanelDoc
+
 if TYPE_CHECKING:
     from nlagg_node.config import RunConfig
 
@@ -52,25 +54,25 @@ def _fmt(v: Any) -> str:
     return html.escape(str(v))
 
 
-def _rank_table(panels: list[dict[str, Any]]) -> str:
+def _rank_table(panels: list[PanelDoc]) -> str:
     n = len(panels[0]["leakage_probability"])
     head = "".join(f"<th>{r}</th>" for r in range(n))
     rows = []
     for p in panels:
         name = html.escape(p["label"] + (f" / {p['series']}" if p.get("series") else ""))
-        for key, what in (
-            ("leakage_probability", "leak prob."),
-            ("nmi_final", "NMI final"),
-            ("ideal_bound", "ideal bound"),
-            ("nmi_peak", "NMI peak"),
-            ("gap_peak", "gap (peak - bound)"),
+        for numbers, what in (
+            (p["leakage_probability"], "leak prob."),
+            (p["nmi_final"], "NMI final"),
+            (p["ideal_bound"], "ideal bound"),
+            (p["nmi_peak"], "NMI peak"),
+            (p["gap_peak"], "gap (peak - bound)"),
         ):
-            cells = "".join(f"<td>{_fmt(v)}</td>" for v in p[key])
+            cells = "".join(f"<td>{_fmt(v)}</td>" for v in numbers)
             rows.append(f"<tr><td class='l'>{name}</td><td class='l'>{what}</td>{cells}</tr>")
     return f"<table><tr><th class='l'>panel</th><th class='l'>rank</th>{head}</tr>{''.join(rows)}</table>"
 
 
-def _param_table(panels: list[dict[str, Any]]) -> str:
+def _param_table(panels: list[PanelDoc]) -> str:
     keys = ["op", "graph", "init", "c", "mu_z", "sigma_z", "sigma_s", "t_max", "k", "quantile", "values"]
     head = "".join(f"<th>{k}</th>" for k in keys)
     rows = []
@@ -84,7 +86,7 @@ def _param_table(panels: list[dict[str, Any]]) -> str:
     return f"<table>{header}{''.join(rows)}</table>"
 
 
-def write_index(out: Path, docs: list[dict[str, Any]], *, wall_seconds: float, simulations: int) -> Path:
+def write_index(out: Path, docs: list[ExperimentDoc], *, wall_seconds: float, simulations: int) -> Path:
     """``index.html`` with every experiment of ``nlagg experiment all``."""
     parts = [
         f"<p>{len(docs)} experiments, {simulations} distinct simulations of {docs[0]['trials']} trials each "

@@ -15,17 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from numpy.typing import NDArray
 
+from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
-from nlagg_node.graphs import EdgeLayout, IntArray
+from nlagg_node.graphs import EdgeLayout
 from nlagg_node.schedule import phase_c
 from nlagg_node.sim import SimResult
 
 from .attack import AttackReport, attack_arrays, score
-
-FloatArray = NDArray[np.float64]
 
 
 def _check_trial(result: SimResult, trial: int) -> None:

@@ -45,6 +45,7 @@ from typing import Self
 import numpy as np
 from numpy.typing import NDArray
 
+from nlagg_node.arrays import FloatArray
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.runtime.wire import (
@@ -67,7 +68,6 @@ __all__ = ["MAX_INVALID_PAYLOAD", "Captured", "Transcript", "captured_count"]
 
 MAX_INVALID_PAYLOAD = 4096  # bytes kept of a payload that is not protocol v1 (the digest covers it all)
 
-FloatArray = NDArray[np.float64]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -19,16 +19,15 @@ from typing import Literal
 
 import networkx as nx
 import numpy as np
-from numpy.typing import NDArray
 
+from .arrays import FloatArray
+from .arrays import IntArray as IntArray  # still imported from here by runtime/node.py
 from .errors import ConfigError
 from .limits import MAX_GRAPH_FILE_BYTES, MAX_NODES
 from .rng import rng_for
 
 GraphKind = Literal["rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file"]
 
-IntArray = NDArray[np.int64]
-FloatArray = NDArray[np.float64]
 
 _MAX_RESAMPLES = 10_000
 

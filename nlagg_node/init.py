@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
+from .arrays import FloatArray
 
 DualInit = Literal["zero", "from-above", "from-below", "symmetric", "prior"]
 

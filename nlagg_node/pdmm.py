@@ -38,10 +38,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
+from .arrays import FloatArray, IntArray
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from .arrays import FloatArray
 from .config import RunConfig
 from .init import DualInit, DualInitSpec, ValueNoise
 from .pdmm import Objective, paper_q
-
-FloatArray = NDArray[np.float64]
 
 Bypass = Literal["none", "max", "min"]
 

@@ -18,22 +18,20 @@ Examples
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import sys
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Self
+from typing import Any, Self
 
 import numpy as np
 
 from adversary.transcript import Transcript, captured_count
+from nlagg_node.argv import node_argv, this_python
 from nlagg_node.config import RunConfig
-from nlagg_node.errors import NlaggError
+from nlagg_node.lab.children import Child, start_eavesdropper
 from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
@@ -42,8 +40,6 @@ from nlagg_node.sim import simulate
 from nlagg_node.sim.values import draw_values
 
 __all__ = ["FaultBed", "Verdict", "hostile_messages"]
-
-ENTRY = "from nlagg_node.cli import main; main()"
 
 
 @dataclass
@@ -86,48 +82,6 @@ def hostile_messages(prefix: str, run_id: str, node: int, peer: int) -> list[tup
     ]
 
 
-def _append(path: Path) -> BinaryIO:
-    return open(path, "ab")  # closed by the caller's with-block
-
-
-class _Proc:
-    """A child process whose stdout lines are collected (JSON events / the node's result)."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self.subscribed = asyncio.Event()
-        self.reader = asyncio.create_task(self._read())
-
-    @classmethod
-    async def start(cls, cmd: list[str], log_path: Path) -> _Proc:
-        with _append(log_path) as err:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL
-            )
-        return cls(proc)
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            line = raw.decode(errors="replace").strip()
-            self.lines.append(line)
-            if '"subscribed"' in line:
-                self.subscribed.set()
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGKILL)
-            await self.proc.wait()
-        await asyncio.gather(self.reader, return_exceptions=True)
-
-    async def wait(self) -> int:
-        rc = await self.proc.wait()
-        await asyncio.gather(self.reader, return_exceptions=True)
-        return rc
-
-
 class FaultBed:
     """One run of ``cfg`` (trial 0 of its seed) over a restartable private Mosquitto, with faults on demand.
 
@@ -159,8 +113,8 @@ class FaultBed:
         self.edges = run_edges(self.cfg)
         self.t_total = sum(int(p["t_len"]) for p in build_config_msg(self.cfg, run_id, self.edges).phases)
         self.db = workdir / "transcript.sqlite"
-        self.nodes: dict[int, _Proc] = {}
-        self.eavesdropper: _Proc | None = None
+        self.nodes: dict[int, Child] = {}
+        self.eavesdropper: Child | None = None
         self.broker: BrokerHandle | None = None
         self._broker_cm: AbstractAsyncContextManager[BrokerHandle] | None = None
         self.restarts: dict[str, int] = {"node": 0, "broker": 0, "eavesdropper": 0}
@@ -227,16 +181,10 @@ class FaultBed:
     # Eavesdropper -----------------------------------------------------------------------------
     async def start_eavesdropper(self) -> None:
         """``nlagg eavesdrop`` (same client id every time: the broker keeps its session)."""
-        cmd = [sys.executable, "-c", ENTRY, "eavesdrop", "--broker", self.url, "--run-id", self.run_id]
-        cmd += ["--prefix", self.prefix, "--transcript", str(self.db), "--events", "--no-live", "--verbose"]
-        proc = await _Proc.start(cmd, self.workdir / "eavesdropper.log")
-        try:
-            async with asyncio.timeout(30.0):
-                await proc.subscribed.wait()
-        except TimeoutError:
-            await proc.kill()
-            raise NlaggError("the eavesdropper did not subscribe within 30 s") from None
-        self.eavesdropper = proc
+        log = self.workdir / "eavesdropper.log"
+        self.eavesdropper = await start_eavesdropper(
+            self.url, self.run_id, self.prefix, self.db, log=log, verbose=True
+        )
 
     async def kill_eavesdropper(self) -> None:
         assert self.eavesdropper is not None
@@ -249,17 +197,24 @@ class FaultBed:
 
     # Nodes ------------------------------------------------------------------------------------
     def node_command(self, i: int) -> list[str]:
-        cmd = [sys.executable, "-c", ENTRY, "node", "--id", str(i), "--config", str(self.cfg_path)]
-        cmd += ["--value", repr(float(self.values[i])), "--broker", self.url, "--run-id", self.run_id]
-        cmd += ["--prefix", self.prefix, "--neighbour-timeout", repr(self.neighbour_timeout)]
-        cmd += ["--seed", str(self.cfg.seed), "--state-dir", str(self.workdir / "state"), "--json"]
-        if i in self.corrupt:
-            cmd.append("--corrupt")
-        return cmd
+        return node_argv(
+            i,
+            str(self.cfg_path),
+            self.url,
+            value=float(self.values[i]),
+            run_id=self.run_id,
+            prefix=self.prefix,
+            neighbour_timeout=self.neighbour_timeout,
+            seed=self.cfg.seed,
+            state_dir=str(self.workdir / "state"),
+            as_json=True,
+            corrupt=i in self.corrupt,
+            program=this_python(),
+        )
 
     async def start_nodes(self) -> None:
         for i in range(self.cfg.n):
-            self.nodes[i] = await _Proc.start(self.node_command(i), self.workdir / f"node-{i}.log")
+            self.nodes[i] = await Child.start(self.node_command(i), log=self.workdir / f"node-{i}.log")
 
     async def kill_node(self, i: int) -> None:
         """SIGKILL: no clean disconnect, no last words (the broker publishes the will)."""
@@ -267,7 +222,7 @@ class FaultBed:
 
     async def restart_node(self, i: int) -> None:
         """The same command again: it resumes from its checkpoint."""
-        self.nodes[i] = await _Proc.start(self.node_command(i), self.workdir / f"node-{i}.log")
+        self.nodes[i] = await Child.start(self.node_command(i), log=self.workdir / f"node-{i}.log")
         self.restarts["node"] += 1
 
     async def inject(self, messages: list[tuple[str, bytes]]) -> None:
@@ -283,7 +238,7 @@ class FaultBed:
         """Wait until ``fraction`` of the run's x's are captured (fails after ``within`` s)."""
         async with asyncio.timeout(within):
             while await self.progress() < fraction:
-                if any(p.proc.returncode not in (None, 0) for p in self.nodes.values()):
+                if any(p.returncode not in (None, 0) for p in self.nodes.values()):
                     return  # a node died on its own: finish() reports it
                 await asyncio.sleep(0.02)
 
@@ -298,8 +253,8 @@ class FaultBed:
                     rc = await proc.wait()
                     if rc != 0:
                         detail.append(f"node {i} exited with {rc}")
-                    elif proc.lines:
-                        results[i] = json.loads(proc.lines[-1])
+                    elif proc.events:
+                        results[i] = proc.events[-1]
                 if self.eavesdropper is not None:
                     if detail:  # a node failed: the capture cannot complete, stop it
                         await self.eavesdropper.kill()
@@ -318,11 +273,7 @@ class FaultBed:
             if not np.array_equal(out.reshape(sim.output[0].shape), sim.output[0]):
                 identical = False
                 detail.append("node outputs differ from the simulator's")
-        finished: dict[str, Any] = {}
-        if self.eavesdropper is not None:
-            for line in self.eavesdropper.lines:
-                if '"finished"' in line:
-                    finished = json.loads(line)
+        finished = (self.eavesdropper.last_event("finished") if self.eavesdropper else None) or {}
         with Transcript(self.db) as tr:
             x = tr.x(self.cfg.n, self.t_total)
             z0 = tr.z0(self.cfg.n, self.edges)

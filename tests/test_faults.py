@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
-from nlagg_node.errors import ConfigError
+from nlagg_node.errors import ConfigError, WireError
 from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.checkpoint import Checkpoint, CheckpointStore
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -27,7 +27,7 @@ from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
+from nlagg_node.runtime.wire import XMsg, decode, encode, encode_x, topics
 from tests.faults import FaultBed, Verdict, hostile_messages
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")

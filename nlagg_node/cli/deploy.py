@@ -211,10 +211,10 @@ def node_cmd(
     ] = None,
 ) -> None:
     """Start one node from its file: runs `nlagg node` with the file's id, value source and credentials."""
-    from ..deploy.nodefile import nlagg_program, node_argv, resolve_node, shell_line
+    from ..deploy.nodefile import nlagg_program, node_file_argv, resolve_node, shell_line
 
     node, base = resolve_node(node_file)
-    argv = node_argv(node, broker=broker, state_dir=state_dir)
+    argv = node_file_argv(node, broker=broker, state_dir=state_dir)
     if dry_run:
         print(f"cd {base} && {shell_line(argv)}")
         return

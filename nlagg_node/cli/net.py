@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -41,6 +41,9 @@ from ._app import (
     claim_out,
     parse_corrupt,
 )
+
+if TYPE_CHECKING:
+    from ..lab.summary import NodeReport, TestbedSummary
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -187,7 +190,7 @@ def node(
     s = _read_value(value, value_file, value_cmd)
     password = _read_password(password_file)
 
-    async def main() -> dict[str, Any]:
+    async def main() -> NodeReport:
         transport = MqttTransport(
             broker,
             client_id=f"nlagg-{rid}-node-{id}",
@@ -326,14 +329,14 @@ def run_testbed_command(
         claim_out(out, TESTBED_FILES, force=force)
     console = Console(stderr=as_json)
 
-    def report(summary: dict[str, Any]) -> dict[str, Any]:
+    def report(summary: TestbedSummary) -> TestbedSummary:
         if as_json:
             print(json.dumps(summary), flush=True)
         else:
             _print_summary(console, summary)
         return summary
 
-    async def run(out_dir: Path | None) -> dict[str, Any]:
+    async def run(out_dir: Path | None) -> TestbedSummary:
         summary = await run_testbed(
             cfg,
             run_id=run_id,
@@ -363,12 +366,12 @@ def run_testbed_command(
                 dashboard,
                 run(where),
                 lambda line: console.print(line),
-                truth=lambda summary: summary,
+                truth=lambda summary: cast(dict[str, Any], summary),  # read as its JSON document
             )
         )
 
 
-def _print_summary(console: Any, s: dict[str, Any]) -> None:
+def _print_summary(console: Any, s: TestbedSummary) -> None:
     from rich.table import Table
 
     table = Table(title=f"run {s['run_id']}: {s['op']} on {s['n']} nodes ({s['graph']}, {s['edges']} edges)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -36,6 +36,9 @@ from ._app import (
 
 RUN_FILES = ("summary.json", "arrays.npz", "manifest.json")
 """What ``nlagg sim --out`` writes."""
+
+if TYPE_CHECKING:
+    from ..sim.output import SimSummary
 
 
 @app.command()
@@ -148,7 +151,7 @@ def _run_with_progress(cfg: Any) -> Any:
         return simulate(cfg, progress=report)
 
 
-def _print_table(summary: dict[str, Any]) -> None:
+def _print_table(summary: SimSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 

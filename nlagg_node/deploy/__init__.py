@@ -15,7 +15,7 @@ from .mosquitto_auth import (
     security_lines,
     verify_password,
 )
-from .nodefile import NodeFile, ValueSource, load_node_file, node_argv
+from .nodefile import NodeFile, ValueSource, load_node_file, node_file_argv
 from .plan import (
     DeployPlan,
     LoadedPlan,
@@ -45,7 +45,7 @@ __all__ = [
     "load_node_file",
     "load_plan",
     "mosquitto_conf",
-    "node_argv",
+    "node_file_argv",
     "node_user",
     "parse_corrupt",
     "password_file_text",

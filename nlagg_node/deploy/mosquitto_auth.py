@@ -17,8 +17,8 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..errors import ConfigError
-from ..runtime.wire import MAX_PAYLOAD_BYTES, WireError, topics
+from ..errors import ConfigError, WireError
+from ..runtime.wire import MAX_PAYLOAD_BYTES, topics
 
 __all__ = [
     "EAVESDROPPER_USER",

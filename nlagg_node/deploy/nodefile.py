@@ -10,15 +10,17 @@ from __future__ import annotations
 import math
 import shlex
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..argv import NLAGG, node_argv
 from ..errors import ConfigError
-from . import _toml
 
-__all__ = ["NodeFile", "ValueSource", "load_node_file", "node_argv", "node_file_text"]
+__all__ = ["NodeFile", "ValueSource", "load_node_file", "node_file_argv", "node_file_text"]
 
 ValueKind = Literal["constant", "file", "command"]
 
@@ -83,7 +85,7 @@ def node_file_text(node: NodeFile) -> str:
     )
     if node.seed is not None:
         head += "# seed: lab replay mode (z^(0) derived from the run seed, as in the simulator).\n"
-    return head + _toml.dumps(doc)
+    return head + tomli_w.dumps(doc)
 
 
 def load_node_file(path: Path) -> NodeFile:
@@ -103,39 +105,31 @@ def load_node_file(path: Path) -> NodeFile:
         raise ConfigError(loc, err.get("input"), f"{msg} (in {path})") from None
 
 
-def node_argv(
-    node: NodeFile, *, broker: str | None = None, program: str = "nlagg", state_dir: str | None = None
+def node_file_argv(
+    node: NodeFile, *, broker: str | None = None, program: Sequence[str] = NLAGG, state_dir: str | None = None
 ) -> list[str]:
-    """The ``nlagg node`` argument vector of a node, paths relative to its ``base_dir``.
+    """The ``nlagg node`` argument vector of a node file, paths relative to its ``base_dir``.
 
     ``state_dir`` overrides the file's (the systemd unit gives its writable ``StateDirectory=``).
     """
-    argv = [program, "node", "--id", str(node.id), "--config", node.config]
     src = node.value
-    if src.source == "constant":
-        argv += ["--value", repr(src.value)]
-    elif src.source == "file":
-        argv += ["--value-file", str(src.path)]
-    else:
-        argv += ["--value-cmd", str(src.command)]
-    argv += ["--broker", broker or node.broker, "--username", node.username]
-    argv += ["--password-file", node.password_file]
-    if node.seed is not None:
-        argv += ["--seed", str(node.seed)]
-    argv += ["--state-dir", state_dir or node.state_dir]
-    argv += tls_args(node.ca_file, node.cert_file, node.key_file)
-    if node.corrupt:
-        argv.append("--corrupt")
-    return argv
-
-
-def tls_args(ca_file: str | None, cert_file: str | None, key_file: str | None) -> list[str]:
-    """``--ca-file/--cert-file/--key-file`` of a command, for the files that are given."""
-    argv: list[str] = []
-    for flag, path in (("--ca-file", ca_file), ("--cert-file", cert_file), ("--key-file", key_file)):
-        if path is not None:
-            argv += [flag, path]
-    return argv
+    return node_argv(
+        node.id,
+        node.config,
+        broker or node.broker,
+        value=src.value if src.source == "constant" else None,
+        value_file=src.path if src.source == "file" else None,
+        value_cmd=src.command if src.source == "command" else None,
+        username=node.username,
+        password_file=node.password_file,
+        seed=node.seed,
+        state_dir=state_dir or node.state_dir,
+        ca_file=node.ca_file,
+        cert_file=node.cert_file,
+        key_file=node.key_file,
+        corrupt=node.corrupt,
+        program=program,
+    )
 
 
 def shell_line(argv: list[str]) -> str:

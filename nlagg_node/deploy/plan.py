@@ -26,14 +26,17 @@ import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+import tomli_w
+
+from ..argv import eavesdrop_argv as build_eavesdrop_argv
+from ..argv import tls_args
 from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
 from ..runtime.endpoint import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
-from . import _toml
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
     LAUNCHER_USER,
@@ -46,7 +49,7 @@ from .mosquitto_auth import (
     node_user,
     password_file_text,
 )
-from .nodefile import NodeFile, ValueSource, node_argv, node_file_text, shell_line, tls_args
+from .nodefile import NodeFile, ValueSource, node_file_argv, node_file_text, shell_line
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -253,7 +256,7 @@ def _public_toml(plan: DeployPlan) -> str:
         f"# Public configuration of run {plan.spec.run_id}: safe to publish (no private value, no seed).\n"
         "# graph_file is relative to this file's directory; start nodes from here.\n"
     )
-    return head + _toml.dumps(doc)
+    return head + tomli_w.dumps(doc)
 
 
 def _plan_toml(plan: DeployPlan) -> str:
@@ -277,27 +280,41 @@ def _plan_toml(plan: DeployPlan) -> str:
     if plan.spec.listen_host:
         doc["plan"]["listen_host"] = plan.spec.listen_host
     head = "# Operator's record of this plan (seed, corrupted nodes): keep it off the nodes.\n"
-    return head + _toml.dumps(doc)
+    return head + tomli_w.dumps(doc)
 
 
-def _user_tls(spec: PlanSpec | None, user: str) -> list[str]:
-    """``--ca-file`` (and the user's client certificate and key) for a TLS plan, else nothing."""
+class _TlsFiles(TypedDict, total=False):
+    ca_file: str
+    cert_file: str
+    key_file: str
+
+
+def _user_tls(spec: PlanSpec | None, user: str) -> _TlsFiles:
+    """The CA (and the user's client certificate and key) a client of a TLS plan needs, else nothing."""
     if spec is None or not spec.uses_tls:
-        return []
+        return {}
     if spec.require_certificate:
-        return tls_args("tls/ca.pem", f"secrets/{user}.crt", f"secrets/{user}.key")
-    return tls_args("tls/ca.pem", None, None)
+        return {
+            "ca_file": "tls/ca.pem",
+            "cert_file": f"secrets/{user}.crt",
+            "key_file": f"secrets/{user}.key",
+        }
+    return {"ca_file": "tls/ca.pem"}
 
 
 def eavesdrop_argv(
     plan_run_id: str, broker: str, db: str, prefix: str = DEFAULT_PREFIX, spec: PlanSpec | None = None
 ) -> list[str]:
-    """The ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw)."""
-    argv = ["nlagg", "eavesdrop", "--broker", broker, "--run-id", plan_run_id, "--transcript", db]
-    if prefix != DEFAULT_PREFIX:
-        argv += ["--prefix", prefix]
-    argv += ["--username", EAVESDROPPER_USER, "--password-file", f"secrets/{EAVESDROPPER_USER}.pw"]
-    return argv + _user_tls(spec, EAVESDROPPER_USER)
+    """The plan's ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw)."""
+    return build_eavesdrop_argv(
+        broker,
+        plan_run_id,
+        db,
+        prefix=None if prefix == DEFAULT_PREFIX else prefix,
+        username=EAVESDROPPER_USER,
+        password_file=f"secrets/{EAVESDROPPER_USER}.pw",
+        **_user_tls(spec, EAVESDROPPER_USER),
+    )
 
 
 def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
@@ -314,7 +331,7 @@ def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
         LAUNCHER_USER,
         "--password-file",
         f"secrets/{LAUNCHER_USER}.pw",
-        *_user_tls(spec, LAUNCHER_USER),
+        *tls_args(**_user_tls(spec, LAUNCHER_USER)),
     ]
 
 
@@ -335,7 +352,7 @@ def commands_text(plan: DeployPlan) -> str:
     lines.append(shell_line(launcher_argv(url, plan.spec)))
     for node in plan.nodes:
         lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else ""))
-        lines.append(shell_line(node_argv(node)))
+        lines.append(shell_line(node_file_argv(node)))
     return "\n".join(lines) + "\n"
 
 

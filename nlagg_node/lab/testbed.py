@@ -12,39 +12,34 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import Any, cast
 
 from adversary.transcript import Transcript
 
+from ..argv import node_argv, this_python
+from ..arrays import FloatArray
 from ..config import RunConfig
-from ..errors import ConfigError, NlaggError
+from ..errors import ConfigError, NlaggError, TestbedError
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
 from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.wire import check_run_id, encode, topics
-from ..schedule import distance_to, true_aggregate
+from ..schedule import true_aggregate
+from .children import Child, start_eavesdropper
+from .summary import NodeReport, TestbedSummary, capture_outcome, run_outcome, write_outputs
 
-__all__ = ["TestbedError", "new_run_id", "run_testbed"]
+__all__ = ["new_run_id", "run_testbed"]
 
 log = logging.getLogger("nlagg.testbed")
-FloatArray = np.ndarray[Any, np.dtype[np.float64]]
-NODE_ENTRY = "from nlagg_node.cli import main; main()"
-
-
-class TestbedError(NlaggError):
-    """A node process failed or the run did not complete."""
 
 
 def new_run_id() -> str:
@@ -55,176 +50,108 @@ def new_run_id() -> str:
 class _Eavesdropper:
     """``nlagg eavesdrop --events`` as a child process (its own core; the nodes keep theirs)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, say: Callable[[str], None]) -> None:
-        self.proc = proc
+    def __init__(self, say: Callable[[str], None]) -> None:
         self.say = say
         self.exposures: list[dict[str, Any]] = []
-        self.finished: dict[str, Any] | None = None
-        self.subscribed = asyncio.Event()
-        self.reader = asyncio.create_task(self._read())
+        self.child: Child | None = None
 
-    @classmethod
-    async def start(
-        cls, url: str, run_id: str, prefix: str, db: Path, say: Callable[[str], None], nice: int = 0
-    ) -> _Eavesdropper:
-        cmd = [sys.executable, "-c", NODE_ENTRY, "eavesdrop", "--broker", url, "--run-id", run_id]
-        cmd += ["--prefix", prefix, "--transcript", str(db), "--events", "--no-live"]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
-        )
-        if nice > 0 and hasattr(os, "setpriority"):
-            # A passive observer must not slow the run it watches (on a real network it is another
-            # machine): on a shared CPU it yields to the nodes and catches up in their idle time.
-            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        eaves = cls(proc, say)
-        try:
-            async with asyncio.timeout(30.0):
-                await eaves.subscribed.wait()
-        except TimeoutError:
-            await eaves.stop()
-            raise TestbedError("the eavesdropper did not subscribe within 30 s") from None
-        return eaves
+    async def start(self, url: str, run_id: str, prefix: str, db: Path, nice: int) -> None:
+        # A passive observer must not slow the run it watches (on a real network it is another
+        # machine): on a shared CPU it yields to the nodes (``nice``) and catches up in their idle time.
+        self.child = await start_eavesdropper(url, run_id, prefix, db, nice=nice, on_event=self._event)
 
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            kind = event.get("event")
-            if kind == "subscribed":
-                self.subscribed.set()
-            elif kind == "exposure":
-                self.exposures.append(event)
-                self.say(
-                    f"eavesdropper: node {event['node']} exposed at t={event['t']} ({event['how']}): "
-                    f"s = {event['value']!r}"
-                )
-            elif kind == "finished":
-                self.finished = event
+    def _event(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "exposure":
+            self.exposures.append(event)
+            self.say(
+                f"eavesdropper: node {event['node']} exposed at t={event['t']} ({event['how']}): "
+                f"s = {event['value']!r}"
+            )
 
     async def wait_finished(self, within: float) -> dict[str, Any]:
+        assert self.child is not None
         try:
             async with asyncio.timeout(within):
-                await self.proc.wait()
-                await self.reader
+                rc = await self.child.wait()
         except TimeoutError:
             return {"complete": False, "reason": f"still running after {within:g} s"}
-        return self.finished or {"complete": False, "reason": f"exited with {self.proc.returncode}"}
+        return self.child.last_event("finished") or {"complete": False, "reason": f"exited with {rc}"}
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                async with asyncio.timeout(5.0):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        self.reader.cancel()
-        await asyncio.gather(self.reader, return_exceptions=True)
+        if self.child is not None:
+            await self.child.stop()
 
 
-def _open_log(path: Path) -> BinaryIO:
-    return open(path, "wb")  # closed by the caller's with-block
+@dataclass(frozen=True)
+class _Nodes:
+    """The n nodes of a run: what each one is started with."""
+
+    cfg: RunConfig
+    values: FloatArray  # private, one per node
+    url: str
+    run_id: str
+    prefix: str
+    corrupt: set[int]
+    timeout: float  # seconds a node waits at a barrier
 
 
-def _node_command(
-    i: int,
-    cfg_path: Path,
-    value: float,
-    url: str,
-    run_id: str,
-    prefix: str,
-    corrupt: bool,
-    timeout: float,
-    seed: int,
-) -> list[str]:
-    """The ``nlagg node`` command of node i; ``--seed`` makes its z^(0) those of the simulator."""
-    cmd = [sys.executable, "-c", NODE_ENTRY, "node", "--id", str(i), "--config", str(cfg_path)]
-    cmd += ["--value", repr(float(value)), "--broker", url, "--run-id", run_id, "--prefix", prefix]
-    cmd += ["--neighbour-timeout", repr(timeout), "--seed", str(seed), "--json"]
-    if corrupt:
-        cmd.append("--corrupt")
-    return cmd
-
-
-async def _run_processes(
-    cfg: RunConfig,
-    values: FloatArray,
-    url: str,
-    run_id: str,
-    prefix: str,
-    corrupt: set[int],
-    workdir: Path,
-    node_timeout: float,
-) -> list[dict[str, Any]]:
+async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
+    cfg = run.cfg
     cfg_path = workdir / "run-config.json"
     cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
-    procs: list[asyncio.subprocess.Process] = []
-    logs = []
+    procs: list[Child] = []
     try:
         for i in range(cfg.n):
-            log_path = workdir / f"node-{i}.log"
-            logs.append(log_path)
-            with _open_log(log_path) as err:
-                procs.append(
-                    await asyncio.create_subprocess_exec(
-                        *_node_command(
-                            i, cfg_path, values[i], url, run_id, prefix, i in corrupt, node_timeout, cfg.seed
-                        ),
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=err,
-                        stdin=asyncio.subprocess.DEVNULL,
-                    )
-                )
-        outs = await asyncio.gather(*(p.communicate() for p in procs))
+            argv = node_argv(
+                i,
+                str(cfg_path),
+                run.url,
+                value=float(run.values[i]),
+                run_id=run.run_id,
+                prefix=run.prefix,
+                neighbour_timeout=run.timeout,
+                seed=cfg.seed,  # its z^(0) are those of the simulator
+                as_json=True,
+                corrupt=i in run.corrupt,
+                program=this_python(),
+            )
+            procs.append(await Child.start(argv, log=workdir / f"node-{i}.log"))
+        codes = await asyncio.gather(*(p.wait() for p in procs))
     finally:
         for p in procs:
-            if p.returncode is None:
-                p.kill()
-                await p.wait()
+            await p.kill()
     results = []
-    for i, (p, (stdout, _)) in enumerate(zip(procs, outs, strict=True)):
-        if p.returncode != 0:
-            tail = logs[i].read_text(errors="replace").strip().splitlines()[-3:]
-            raise TestbedError(f"node {i} exited with {p.returncode}: {' | '.join(tail)}")
-        results.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+    for i, (p, rc) in enumerate(zip(procs, codes, strict=True)):
+        if rc != 0 or not p.events:
+            tail = (workdir / f"node-{i}.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise TestbedError(f"node {i} exited with {rc}: {' | '.join(tail)}")
+        results.append(cast(NodeReport, p.events[-1]))  # the JSON line of nlagg node --json
     return results
 
 
-async def _run_in_process(
-    cfg: RunConfig,
-    values: FloatArray,
-    url: str,
-    run_id: str,
-    prefix: str,
-    corrupt: set[int],
-    node_timeout: float,
-) -> list[dict[str, Any]]:
-    edges = run_edges(cfg)
-    async with MqttTransport(url, client_id=f"nlagg-{run_id}-host") as transport:
+async def _run_in_process(run: _Nodes) -> list[NodeReport]:
+    edges = run_edges(run.cfg)
+    async with MqttTransport(run.url, client_id=f"nlagg-{run.run_id}-host") as transport:
         nodes = [
             Node(
-                cfg,
+                run.cfg,
                 i,
-                float(values[i]),
+                float(run.values[i]),
                 transport,
-                run_id=run_id,
-                prefix=prefix,
+                run_id=run.run_id,
+                prefix=run.prefix,
                 edges=edges,
-                corrupt=i in corrupt,
-                neighbour_timeout=node_timeout,
+                corrupt=i in run.corrupt,
+                neighbour_timeout=run.timeout,
                 own_transport=False,
             )
-            for i in range(cfg.n)
+            for i in range(run.cfg.n)
         ]
         undecodable: list[str] = []
         results = await host_nodes(
-            nodes, transport, prefix, run_id, on_reject=lambda topic, _exc: undecodable.append(topic)
+            nodes, transport, run.prefix, run.run_id, on_reject=lambda topic, _exc: undecodable.append(topic)
         )
-    out: list[dict[str, Any]] = [
+    out: list[NodeReport] = [
         {"node": r.node, "output": r.output, "seconds": r.seconds, "rejected": r.rejected} for r in results
     ]
     out[0]["rejected"] += len(undecodable)  # the shared reader's count, reported once
@@ -244,7 +171,7 @@ async def run_testbed(
     neighbour_timeout: float = 60.0,
     eavesdropper_nice: int = 10,
     on_event: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> TestbedSummary:
     """Run one testbed and return its summary (see the issue's ``--json`` fields).
 
     ``in_process=None`` picks the layout: one process per node, except on the embedded
@@ -293,16 +220,13 @@ async def run_testbed(
                 say("embedded broker: hosting the nodes in one process (--processes to override)")
         launcher = await stack.enter_async_context(MqttTransport(url, client_id=f"nlagg-{run_id}-launcher"))
         await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
-        eaves = await _Eavesdropper.start(url, run_id, prefix, db_path, say, eavesdropper_nice)
+        eaves = _Eavesdropper(say)
         stack.push_async_callback(eaves.stop)
+        await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        if in_process:
-            results = await _run_in_process(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout)
-        else:
-            results = await _run_processes(
-                cfg, values, url, run_id, prefix, corrupt, workdir, neighbour_timeout
-            )
+        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout)
+        results = await (_run_in_process(nodes) if in_process else _run_processes(nodes, workdir))
         node_wall = time.perf_counter() - t_nodes
         finished = await eaves.wait_finished(30.0)
         if not finished.get("complete"):
@@ -312,101 +236,16 @@ async def run_testbed(
         with Transcript(db_path) as transcript:
             captured = {i: st.output for i, st in transcript.statuses().items() if st.state == "done"}
             stored = transcript.count()
-        summary = _summary(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall)
-        summary.update(_capture_summary(cfg, values, corrupt, eaves.exposures, captured, stored, finished))
-        summary.update(
-            broker=kind,
-            broker_url=url,
-            in_process=in_process,
-            eavesdropper_nice=eavesdropper_nice,
-            wall_seconds=time.perf_counter() - started,
-            transcript=str(db_path) if out_dir is not None else None,
-        )
+        summary: TestbedSummary = {
+            **run_outcome(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall),
+            **capture_outcome(cfg, values, corrupt, eaves.exposures, captured, stored, finished),
+            "broker": kind,
+            "broker_url": url,
+            "in_process": in_process,
+            "eavesdropper_nice": eavesdropper_nice,
+            "wall_seconds": time.perf_counter() - started,
+            "transcript": str(db_path) if out_dir is not None else None,
+        }
         if out_dir is not None:
-            _write_outputs(out_dir, cfg, summary)
+            write_outputs(out_dir, cfg, summary)
     return summary
-
-
-def _summary(
-    cfg: RunConfig,
-    run_id: str,
-    values: FloatArray,
-    truth_lo: FloatArray,
-    truth_hi: FloatArray,
-    results: list[dict[str, Any]],
-    corrupt: set[int],
-    node_wall: float,
-) -> dict[str, Any]:
-    from ..schedule import plan_phases
-
-    t_total = sum(p.t_len for p in plan_phases(cfg))
-    lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
-    outputs = {int(r["node"]): [float(v) for v in r["output"]] for r in results}
-    err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)])
-    slowest = max(float(r["seconds"]) for r in results)
-    single = cfg.op != "topk"
-    return {
-        "run_id": run_id,
-        "op": cfg.op,
-        "n": cfg.n,
-        "graph": cfg.graph,
-        "edges": len(run_edges(cfg)),
-        "seed": cfg.seed,
-        "true_value": float(lo[0]) if single and lo[0] == hi[0] else [float(v) for v in lo],
-        "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
-        "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in range(cfg.n)},
-        "exact": bool((err <= 1e-9).all()),
-        "mse": float((err**2).sum(axis=1).mean()),
-        "private_values": {str(i): float(values[i]) for i in range(cfg.n)},
-        "corrupted": sorted(corrupt),
-        "iterations": t_total,
-        "rounds_per_second": t_total / slowest if slowest > 0 else 0.0,
-        "node_wall_seconds": node_wall,
-        "messages_rejected_by_nodes": sum(int(r.get("rejected", 0)) for r in results),
-    }
-
-
-def _capture_summary(
-    cfg: RunConfig,
-    values: FloatArray,
-    corrupt: set[int],
-    exposures: list[dict[str, Any]],
-    captured: dict[int, list[float] | None],
-    stored: int,
-    finished: dict[str, Any],
-) -> dict[str, Any]:
-    """What the eavesdropper got, checked against the ground truth."""
-    honest = [e for e in exposures if int(e["node"]) not in corrupt]
-    return {
-        "messages_captured": stored,
-        "messages_rejected": int(finished.get("rejected", 0)),
-        "final_x_captured": {str(i): captured.get(i) for i in range(cfg.n)},
-        "exposed_nodes": sorted({int(e["node"]) for e in honest}),
-        "exposures": {
-            str(e["node"]): {
-                "t": int(e["t"]),
-                "value": float(e["value"]),
-                "how": str(e["how"]),
-                "correct": bool(abs(float(e["value"]) - float(values[int(e["node"])])) <= 1e-9),
-            }
-            for e in honest
-        },
-    }
-
-
-def _write_outputs(out: Path, cfg: RunConfig, summary: dict[str, Any]) -> None:
-    from ..sim.output import package_versions
-
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    manifest = {
-        "kind": "nlagg-testbed",
-        "config": cfg.model_dump(mode="json"),
-        "seed": cfg.seed,
-        "run_id": summary["run_id"],
-        "corrupted": summary["corrupted"],
-        "in_process": summary["in_process"],
-        "broker": summary["broker"],
-        "versions": package_versions(),
-        "replay": "nlagg sim --config manifest.json --trials 1 --record all  (same numbers, bit for bit)",
-    }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))

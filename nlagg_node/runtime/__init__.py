@@ -1,7 +1,7 @@
 """The node runtime: wire protocol, transports, the async node, private brokers, the testbed."""
 
+from ..errors import BrokerError, WireError
 from .brokers import (
-    BrokerError,
     BrokerHandle,
     free_port,
     mosquitto_binary,
@@ -13,7 +13,7 @@ from .hosted import host_nodes
 from .memory import MemoryBroker, MemoryTransport
 from .node import NeighbourTimeoutError, Node, NodeResult, run_edges
 from .transport import Message, Transport, Will
-from .wire import WireError, decode, encode, topics
+from .wire import decode, encode, topics
 
 __all__ = [
     "BrokerError",

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from ..errors import ConfigError, NlaggError
+from ..errors import BrokerError, ConfigError
 
 __all__ = [
-    "BrokerError",
     "BrokerHandle",
     "BrokerKind",
     "free_port",
@@ -42,10 +41,6 @@ log = logging.getLogger(__name__)
 
 BrokerKind = Literal["mosquitto", "amqtt"]
 LOOPBACK = "127.0.0.1"
-
-
-class BrokerError(NlaggError):
-    """A private broker could not be started (binary failed, port never opened)."""
 
 
 @dataclass(frozen=True)

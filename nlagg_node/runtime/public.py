@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import IntArray
 from ..config import RunConfig
-from ..errors import ConfigError
-from ..graphs import IntArray, normalize_edges, sample_graphs
+from ..errors import ConfigMismatchError
+from ..graphs import normalize_edges, sample_graphs
 from ..schedule import phase_c, plan_phases
 from .wire import ConfigMsg
 
 __all__ = ["ConfigMismatchError", "build_config_msg", "config_from_msg", "config_mismatch", "run_edges"]
-
-
-class ConfigMismatchError(ConfigError):
-    """This node's configuration contradicts the run's retained ``P/R/config`` on the broker."""
 
 
 # RunConfig fields the node's numbers depend on: a retained config that differs in one is refused.

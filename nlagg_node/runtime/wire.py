@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import NlaggError
+from ..errors import WireError
 from ..limits import MAX_ITERATIONS, MAX_NODES
 
 __all__ = [
@@ -53,19 +53,6 @@ PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 
 Kind = Literal["config", "z0", "x", "status", "adv"]
 NodeState = Literal["online", "running", "done", "offline"]
-
-
-class WireError(NlaggError):
-    """A message that does not follow wire protocol v1; names the field and the value received."""
-
-    def __init__(self, field: str, value: Any, reason: str) -> None:
-        self.field = field
-        self.value = value
-        self.reason = reason
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"{field}={shown}: {reason}")
 
 
 def _finite(value: float) -> float:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
-from ..graphs import EdgeLayout, IntArray, sample_graphs
+from ..graphs import EdgeLayout, sample_graphs
 from ..init import draw_z0, perturb_value
 from ..rng import rng_for
 from ..schedule import (
@@ -35,8 +36,6 @@ from ..schedule import (
 )
 from .values import draw_values
 
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
 Progress = Callable[[int, int], None]
 
 

@@ -7,7 +7,7 @@ import platform
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -27,7 +27,31 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def summarize(result: SimResult) -> dict[str, Any]:
+class SimSummary(TypedDict):
+    """``nlagg sim --json`` and ``summary.json`` of a simulator run."""
+
+    op: str
+    n: int
+    graph: str
+    trials: int
+    t_max: int  # iterations per phase
+    t_total: int  # iterations over all phases
+    c: float
+    mu_z: float
+    sigma_z: float
+    theta: float
+    init: str
+    seed: int
+    mse: float  # mean over trials, at the final iterate
+    mse_max: float
+    leakage_probability: list[float]  # by rank, rank 0 = largest value
+    converged_fraction: float
+    iterations_to_converge: float | None  # median over converged trials
+    wall_seconds: float
+    transcript: NotRequired[str]  # with --transcript: the simulated transcript's path
+
+
+def summarize(result: SimResult) -> SimSummary:
     """The JSON summary of a run (``nlagg sim --json``)."""
     cfg = result.config
     conv = result.converged_iterations
@@ -54,7 +78,22 @@ def summarize(result: SimResult) -> dict[str, Any]:
     }
 
 
-def manifest(result: SimResult) -> dict[str, Any]:
+class Manifest(TypedDict):
+    """``manifest.json`` of a run: the config and seed that replay it, and the package versions."""
+
+    kind: str  # nlagg-sim or nlagg-testbed
+    config: dict[str, Any]  # RunConfig fields
+    seed: int
+    versions: dict[str, str]
+    replay: str  # the command that replays it
+    phases: NotRequired[list[dict[str, Any]]]  # simulator: name, t_len and group of each phase
+    run_id: NotRequired[str]  # testbed
+    corrupted: NotRequired[list[int]]
+    in_process: NotRequired[bool]
+    broker: NotRequired[str]
+
+
+def manifest(result: SimResult) -> Manifest:
     """Everything needed to replay the run exactly: ``nlagg sim --config manifest.json``."""
     return {
         "kind": "nlagg-sim",
@@ -66,7 +105,7 @@ def manifest(result: SimResult) -> dict[str, Any]:
     }
 
 
-def write_run(result: SimResult, out: Path, summary: dict[str, Any] | None = None) -> None:
+def write_run(result: SimResult, out: Path, summary: SimSummary | None = None) -> None:
     """Write ``summary.json``, ``arrays.npz`` and ``manifest.json`` into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary or summarize(result), indent=2))

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import NDArray
 
+from ..arrays import FloatArray
 from ..rng import rng_for
-
-FloatArray = NDArray[np.float64]
 
 
 def draw_values(dist: str, seed: int, trials: int, n: int) -> FloatArray:

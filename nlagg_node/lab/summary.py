@@ -1,0 +1,179 @@
+"""What a testbed run reports: the JSON shapes (TypedDicts) and the code that fills them.
+
+The summary (``nlagg testbed --json``, ``summary.json``) joins three parts: what the nodes computed
+(:class:`RunOutcome`, checked against the ground truth that only the testbed holds), what the
+eavesdropper captured (:class:`CaptureOutcome`) and how the run was set up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict
+
+import numpy as np
+
+from ..arrays import FloatArray
+from ..config import RunConfig
+from ..runtime.public import run_edges
+from ..schedule import distance_to, plan_phases
+from ..sim.output import Manifest, package_versions
+
+__all__ = [
+    "CaptureOutcome",
+    "ExposureCheck",
+    "NodeReport",
+    "RunOutcome",
+    "TestbedSummary",
+    "capture_outcome",
+    "run_outcome",
+    "write_outputs",
+]
+
+
+class NodeReport(TypedDict):
+    """One node's result: the JSON line ``nlagg node --json`` prints, or a hosted node's result."""
+
+    node: int
+    output: list[float]  # the k values of top-K, else one value
+    seconds: float
+    rejected: int  # messages the node refused
+    finals: NotRequired[list[float]]  # final x of every phase
+    iterations: NotRequired[int]
+    rounds_per_second: NotRequired[float]
+    duplicates: NotRequired[int]
+
+
+class RunOutcome(TypedDict):
+    """What the nodes computed, against the ground truth (values and target held by the testbed)."""
+
+    run_id: str
+    op: str
+    n: int
+    graph: str
+    edges: int
+    seed: int
+    true_value: float | list[float]  # a list for top-K, or when the target is an interval
+    true_interval: list[list[float]]
+    final_x: dict[str, float | list[float]]  # node id -> output
+    exact: bool
+    mse: float
+    private_values: dict[str, float]
+    corrupted: list[int]
+    iterations: int
+    rounds_per_second: float
+    node_wall_seconds: float
+    messages_rejected_by_nodes: int
+
+
+class ExposureCheck(TypedDict):
+    """An honest node's value as the eavesdropper exposed it live, checked against the truth."""
+
+    t: int
+    value: float
+    how: str
+    correct: bool
+
+
+class CaptureOutcome(TypedDict):
+    """What the eavesdropper captured."""
+
+    messages_captured: int
+    messages_rejected: int
+    final_x_captured: dict[str, list[float] | None]
+    exposed_nodes: list[int]
+    exposures: dict[str, ExposureCheck]
+
+
+class TestbedSummary(RunOutcome, CaptureOutcome):
+    """``nlagg testbed --json`` and ``summary.json``."""
+
+    broker: str  # mosquitto, amqtt or external
+    broker_url: str
+    in_process: bool
+    eavesdropper_nice: int
+    wall_seconds: float
+    transcript: str | None  # kept only with --out
+
+
+def run_outcome(
+    cfg: RunConfig,
+    run_id: str,
+    values: FloatArray,
+    truth_lo: FloatArray,
+    truth_hi: FloatArray,
+    results: list[NodeReport],
+    corrupt: set[int],
+    node_wall: float,
+) -> RunOutcome:
+    """What the nodes computed, checked against the ground truth."""
+    t_total = sum(p.t_len for p in plan_phases(cfg))
+    lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
+    outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
+    err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)])
+    slowest = max(float(r["seconds"]) for r in results)
+    single = cfg.op != "topk"
+    return {
+        "run_id": run_id,
+        "op": cfg.op,
+        "n": cfg.n,
+        "graph": cfg.graph,
+        "edges": len(run_edges(cfg)),
+        "seed": cfg.seed,
+        "true_value": float(lo[0]) if single and lo[0] == hi[0] else [float(v) for v in lo],
+        "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
+        "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in range(cfg.n)},
+        "exact": bool((err <= 1e-9).all()),
+        "mse": float((err**2).sum(axis=1).mean()),
+        "private_values": {str(i): float(values[i]) for i in range(cfg.n)},
+        "corrupted": sorted(corrupt),
+        "iterations": t_total,
+        "rounds_per_second": t_total / slowest if slowest > 0 else 0.0,
+        "node_wall_seconds": node_wall,
+        "messages_rejected_by_nodes": sum(r["rejected"] for r in results),
+    }
+
+
+def capture_outcome(
+    cfg: RunConfig,
+    values: FloatArray,
+    corrupt: set[int],
+    exposures: list[dict[str, Any]],
+    captured: dict[int, list[float] | None],
+    stored: int,
+    finished: dict[str, Any],
+) -> CaptureOutcome:
+    """What the eavesdropper got, checked against the ground truth."""
+    honest = [e for e in exposures if int(e["node"]) not in corrupt]
+    return {
+        "messages_captured": stored,
+        "messages_rejected": int(finished.get("rejected", 0)),
+        "final_x_captured": {str(i): captured.get(i) for i in range(cfg.n)},
+        "exposed_nodes": sorted({int(e["node"]) for e in honest}),
+        "exposures": {
+            str(e["node"]): {
+                "t": int(e["t"]),
+                "value": float(e["value"]),
+                "how": str(e["how"]),
+                "correct": bool(abs(float(e["value"]) - float(values[int(e["node"])])) <= 1e-9),
+            }
+            for e in honest
+        },
+    }
+
+
+def write_outputs(out: Path, cfg: RunConfig, summary: TestbedSummary) -> None:
+    """``summary.json`` and ``manifest.json`` (the config and seed that replay the run) into ``out``."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    manifest: Manifest = {
+        "kind": "nlagg-testbed",
+        "config": cfg.model_dump(mode="json"),
+        "seed": cfg.seed,
+        "run_id": summary["run_id"],
+        "corrupted": summary["corrupted"],
+        "in_process": summary["in_process"],
+        "broker": summary["broker"],
+        "versions": package_versions(),
+        "replay": "nlagg sim --config manifest.json --trials 1 --record all  (same numbers, bit for bit)",
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
