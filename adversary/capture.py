@@ -7,7 +7,7 @@ TCP or TLS (``mqtts://``). Everything a node needs from MQTT goes through the ad
 run, and its own codec was measured to be worth it (see below).
 
 A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.mqtt_codec`):
-deliveries reach the reader as :class:`Delivery` objects carrying their packet id, and
+deliveries reach the reader as :class:`~adversary.mqtt_session.Delivery` objects carrying their packet id, and
 :meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.Transcript.commit`.
 With a persistent session (``clean_session=False``, stable client id) the broker keeps every QoS 1
 message that was not acknowledged, and everything that arrives while the eavesdropper is down, and
@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
@@ -45,146 +43,21 @@ from .mqtt_codec import (
     CONNACK,
     CONNACK_REFUSALS,
     DISCONNECT_FRAME,
-    PACKET_NAMES,
-    PINGREQ_FRAME,
-    PINGRESP,
-    PUBLISH,
-    SUBACK,
     SUBACK_FAILURE,
-    FrameReader,
     MqttProtocolError,
     decode_connack,
-    decode_publish,
-    decode_suback,
     encode_connect,
     encode_pubacks,
     encode_subscribe,
 )
+from .mqtt_session import Delivery, Session
 
-__all__ = ["AckingSubscriber", "Delivery", "accepts_anonymous"]
+__all__ = ["AckingSubscriber", "accepts_anonymous"]
 
 log = logging.getLogger("nlagg.capture")
 
 HANDSHAKE_TIMEOUT = 10.0  # seconds for one attempt's TCP connect and CONNACK
 FATAL_REFUSALS = (4, 5)  # bad user name or password, not authorized: retrying cannot help
-
-
-@dataclass(frozen=True)
-class Delivery(Message):
-    """A received message and what acknowledging it needs (packet id, QoS, connection number)."""
-
-    mid: int = 0
-    qos: int = 0
-    connection: int = 0
-
-
-class _Session(asyncio.Protocol):
-    """One TCP connection: parses what arrives into the owner's inbox, keeps the connection alive."""
-
-    def __init__(self, owner: AckingSubscriber) -> None:
-        self.owner = owner
-        self.inbox = owner._inbox
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader()
-        self.connack: asyncio.Future[tuple[bool, int]] = self.loop.create_future()
-        self.closed = asyncio.Event()
-        self.reason = "closed by the broker"
-        self.number = 0  # the connection number, from the moment the broker accepted it
-        self.wrote = False  # anything written since the last keepalive tick
-        self.ping_ticks = 0  # keepalive ticks since an unanswered PINGREQ (0: none outstanding)
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        inbox = self.inbox
-        number = self.number
-        try:
-            for first, body in self.reader.feed(data):
-                if first >> 4 == PUBLISH and number:
-                    topic, payload, qos, retain, _dup, mid = decode_publish(first, body)
-                    if qos > 1:
-                        raise MqttProtocolError(f"QoS {qos} PUBLISH on {topic}; subscribed at QoS <= 1")
-                    inbox.append(Delivery(topic, payload, retain, mid, qos, number))
-                else:
-                    self._control(first, body)
-                    number = self.number  # a CONNACK accepts the session in the middle of a read
-        except MqttProtocolError as exc:
-            self.drop(str(exc))
-        if inbox:
-            self.owner._wake()
-
-    def _control(self, first: int, body: bytes) -> None:
-        kind = first >> 4
-        if kind == CONNACK and not self.connack.done():
-            present, code = decode_connack(body)
-            if code == 0:
-                self.owner._accept(self, present)
-            self.connack.set_result((present, code))
-        elif not self.number:
-            raise MqttProtocolError(f"{PACKET_NAMES[kind]} from the broker before an accepting CONNACK")
-        elif kind == SUBACK:
-            self.owner._on_suback(*decode_suback(body))
-        elif kind == PINGRESP and not body:
-            self.ping_ticks = 0
-        else:
-            raise MqttProtocolError(
-                f"unexpected {PACKET_NAMES[kind]} ({len(body)}-byte body) from the broker"
-            )
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if exc is not None and self.reason == "closed by the broker":
-            self.reason = str(exc) or type(exc).__name__
-        self.owner._lost(self)
-        if not self.connack.done():
-            self.connack.set_exception(ConnectionError(f"connection closed before CONNACK: {self.reason}"))
-        self.closed.set()
-
-    def write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.wrote = True
-        self.transport.write(data)
-
-    def drop(self, reason: str) -> None:
-        """Abort the connection (the owner reconnects)."""
-        self.reason = reason
-        log.warning("dropping the connection to %s: %s", self.owner.url, reason)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def abandon(self) -> None:
-        """Abort a connection that never became a session."""
-        if not self.connack.done():
-            self.connack.cancel()
-        elif not self.connack.cancelled():
-            self.connack.exception()  # retrieved: no "never retrieved" warning
-        if self.transport is not None:
-            self.transport.abort()
-
-    def start_keepalive(self, keepalive: int) -> None:
-        """PINGREQ after ``keepalive / 2`` s without a write; drop if no PINGRESP within ``keepalive``."""
-        if keepalive > 0:
-            self.timer = self.loop.call_later(keepalive / 2, self._tick, keepalive)
-
-    def _tick(self, keepalive: int) -> None:
-        if self.ping_ticks >= 2:
-            self.drop(f"no PINGRESP within the {keepalive} s keepalive")
-            return
-        if self.ping_ticks:
-            self.ping_ticks += 1
-        elif not self.wrote:
-            self.write(PINGREQ_FRAME)
-            self.ping_ticks = 1
-        self.wrote = False
-        self.timer = self.loop.call_later(keepalive / 2, self._tick, keepalive)
 
 
 class AckingSubscriber:
@@ -245,7 +118,7 @@ class AckingSubscriber:
         self._filters: list[tuple[str, int]] = []
         self._inbox: deque[Delivery] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._session: _Session | None = None  # the accepted connection, None while down
+        self._session: Session | None = None  # the accepted connection, None while down
         self._connection = 0
         self._packet_id = 0
         # SUBSCRIBE packet id -> (its filters, subscribe() calls waiting, is it a resubscription)
@@ -286,14 +159,14 @@ class AckingSubscriber:
             log.exception("capture client for %s failed", self.url)
             self._fail(NlaggError(f"capture client for {self.url} failed: {exc!r}"))
 
-    async def _open(self) -> _Session | None:
+    async def _open(self) -> Session | None:
         """One attempt: TCP connect, CONNECT, CONNACK. None on a failure worth retrying."""
         loop = asyncio.get_running_loop()
-        session: _Session | None = None
+        session: Session | None = None
         try:
             async with asyncio.timeout(min(self.connect_timeout, HANDSHAKE_TIMEOUT)):
                 _, session = await loop.create_connection(
-                    lambda: _Session(self),
+                    lambda: Session(self, self._inbox),
                     self.host,
                     self.port,
                     ssl=self._ssl,
@@ -325,7 +198,7 @@ class AckingSubscriber:
         log.warning("broker %s refused client %r: %s; retrying", self.url, self.client_id, reason)
         return None
 
-    def _accept(self, session: _Session, session_present: bool) -> None:
+    def session_accepted(self, session: Session, session_present: bool) -> None:
         """The broker accepted ``session``: number it, resubscribe, start the keepalive."""
         self._connection += 1
         session.number = self._connection
@@ -344,14 +217,14 @@ class AckingSubscriber:
             )
         log.info("connected to %s (session present: %s)", self.url, session_present)
 
-    def _lost(self, session: _Session) -> None:
+    def session_lost(self, session: Session) -> None:
         if self._session is session:
             self._session = None
         for _, waiters, _ in self._subacks.values():  # the resubscription will answer them
             self._orphans.extend(waiters)
         self._subacks.clear()
 
-    def _on_suback(self, packet_id: int, codes: list[int]) -> None:
+    def suback(self, packet_id: int, codes: list[int]) -> None:
         entry = self._subacks.pop(packet_id, None)
         if entry is None:
             raise MqttProtocolError(f"SUBACK for packet id {packet_id}, which no SUBSCRIBE used")
@@ -390,9 +263,9 @@ class AckingSubscriber:
                 waiter.set_exception(error)
         self._subacks.clear()
         self._orphans = []
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -506,7 +379,7 @@ class AckingSubscriber:
             waiter.cancel()
         self._subacks.clear()
         self._orphans = []
-        self._wake()
+        self.wake()
 
     async def __aenter__(self) -> Self:
         await self.connect()

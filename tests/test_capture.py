@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adversary.capture import AckingSubscriber, Delivery
+from adversary.capture import AckingSubscriber
 from adversary.mqtt_codec import (
     FrameReader,
     Publish,
@@ -29,6 +29,7 @@ from adversary.mqtt_codec import (
     encode_remaining_length,
     encode_subscribe,
 )
+from adversary.mqtt_session import Delivery
 from nlagg_node.errors import ConfigError, MqttProtocolError, NlaggError
 from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
