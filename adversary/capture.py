@@ -35,8 +35,8 @@ from typing import Self
 
 from nlagg_node.errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, NlaggError
 from nlagg_node.rng import rng_for
-from nlagg_node.runtime.endpoint import broker_endpoint, jittered_backoff
-from nlagg_node.runtime.tls import TlsSettings
+from nlagg_node.runtime.mqtt_settings import jittered_backoff
+from nlagg_node.runtime.tls import TlsSettings, broker_endpoint
 from nlagg_node.runtime.transport import Message, valid_filter
 
 from .mqtt_codec import (

@@ -94,7 +94,7 @@ class BrokerRefusedError(BrokerError):
         self.client_id = client_id
         self.code = code
         self.reason = reason
-        super().__init__(f"broker {url} refused client {client_id!r}: {reason}")
+        super().__init__(f"broker {url} refused client {client_id!r}: {reason} (return code {code})")
 
 
 class BrokerUnreachableError(BrokerError):

@@ -106,8 +106,7 @@ KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certifi
 
 def _tls(broker: str, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> Any:
     """The :class:`TlsSettings` of ``--ca-file/--cert-file/--key-file`` (None for a plain mqtt:// broker)."""
-    from ..runtime.endpoint import broker_endpoint
-    from ..runtime.tls import TlsSettings
+    from ..runtime.tls import TlsSettings, broker_endpoint
 
     if not broker_endpoint(broker).tls:
         for name, path in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):

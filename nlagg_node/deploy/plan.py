@@ -35,7 +35,7 @@ from ..argv import tls_args
 from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
-from ..runtime.endpoint import broker_endpoint
+from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from .mosquitto_auth import (
     EAVESDROPPER_USER,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError, NlaggError
+from ..errors import BrokerRefusedError, ConfigError
 from .tls import broker_endpoint
 
 __all__ = ["FATAL_CONNACK", "BrokerRefusedError", "jittered_backoff", "parse_broker_url"]
@@ -21,14 +21,6 @@ FATAL_CONNACK = {
     134: "bad user name or password",
     135: "not authorized",
 }
-
-
-class BrokerRefusedError(NlaggError):
-    """The broker answered CONNACK with a refusal that retrying cannot fix (credentials, ACL)."""
-
-    def __init__(self, url: str, client_id: str, code: int, reason: str) -> None:
-        self.code = code
-        super().__init__(f"broker {url} refused client {client_id!r}: {reason} (CONNACK code {code})")
 
 
 def jittered_backoff(attempt: int, base: float, maximum: float, rng: np.random.Generator) -> float:

@@ -1,9 +1,9 @@
-"""Client-side TLS for broker connections: a CA file, an optional client certificate.
+"""Client-side TLS for broker connections: ``mqtts://`` URLs, a CA file, an optional client certificate.
 
-``mqtts://host[:port]`` URLs (:func:`nlagg_node.runtime.endpoint.broker_endpoint`) are MQTT over
-TLS. The server certificate is always verified, against ``ca_file`` when given (a plan's private CA,
-``nlagg deploy plan --tls``) or the system's trust store otherwise, and its host name must match the
-URL's host.
+``mqtt://host[:port]`` is plain MQTT (port 1883 by default), ``mqtts://host[:port]`` MQTT over TLS
+(port 8883 by default). The server certificate is always verified, against ``ca_file`` when given
+(a plan's private CA, ``nlagg deploy plan --tls``) or the system's trust store otherwise, and its
+host name must match the URL's host.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 
-__all__ = ["TlsSettings"]
+__all__ = ["BrokerEndpoint", "TlsSettings", "broker_endpoint"]
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,23 @@ class TlsSettings:
                     "certfile", str(self.certfile), f"not a usable certificate/key ({exc})"
                 ) from None
         return ctx
+
+
+@dataclass(frozen=True)
+class BrokerEndpoint:
+    host: str
+    port: int
+    tls: bool
+
+
+def broker_endpoint(url: str) -> BrokerEndpoint:
+    """``mqtt://host[:port]`` (or ``tcp://``) and ``mqtts://host[:port]`` to host, port and TLS flag."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "tcp", "mqtts") or not parts.hostname:
+        raise ConfigError("broker", url, "expected mqtt://host[:port] or mqtts://host[:port]")
+    tls = parts.scheme == "mqtts"
+    try:
+        port = parts.port or (8883 if tls else 1883)
+    except ValueError:
+        raise ConfigError("broker", url, "port must be an integer in 1..65535") from None
+    return BrokerEndpoint(parts.hostname, port, tls)
