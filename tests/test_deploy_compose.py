@@ -17,6 +17,7 @@ import yaml
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, compose_yaml, load_plan, service_names, write_plan
+from nlagg_node.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 # The committed docker-compose.yml is what this writes (deploy/README.md, "Run the compose testbed").
@@ -163,3 +164,11 @@ def test_deploy_truth_writes_the_plans_values_privately(
         "private_values": {str(n.id): read_node_value(n, tmp_path / "plan") for n in plan.nodes},
     }
     assert out.stat().st_mode & 0o777 == 0o600
+
+
+def test_tls_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
+    run = load_config(None, op="max", n=3, graph="ring")
+    spec = PlanSpec(run=run, run_id="r1", seed=7, broker_url="mqtts://broker:8883", make_tls=True)
+    write_plan(build_plan(spec), tmp_path / "plan")
+    with pytest.raises(ConfigError, match="plain-MQTT"):
+        compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path)

@@ -254,12 +254,6 @@ def test_cli_plan_compose_and_dry_run(
     code, text = run_cli(["deploy", "node", str(out / "nodes" / "0.toml"), "--dry-run"], capsys, monkeypatch)
     assert code == 0, text
     assert "--value-file values/0.txt --broker mqtt://10.0.0.1:18830 --username node0" in text
-    assert "--state-dir" not in text
-    state = tmp_path / "state"
-    args = ["deploy", "node", str(out / "nodes" / "0.toml"), "--state-dir", str(state), "--dry-run"]
-    code, text = run_cli(args, capsys, monkeypatch)
-    assert code == 0, text
-    assert text.rstrip().endswith(f"--state-dir {state}")
 
 
 @pytest.mark.parametrize(

@@ -125,7 +125,16 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         f"exec mosquitto -c {conf}/mosquitto.conf"
     )
     db = f"{_TRANSCRIPT_MOUNT}/{TRANSCRIPT_NAME}"
-    eaves = eavesdrop_argv(plan.run_id, COMPOSE_BROKER_URL, db, plan.prefix)
+    tls = [node.id for node in plan.nodes if node.ca_file is not None]
+    if tls:
+        raise ConfigError(
+            "plan", str(plan.root), "a TLS plan: nlagg deploy compose writes plain-MQTT testbeds"
+        )
+    url = COMPOSE_BROKER_URL
+    eaves_files = [f"secrets/{EAVESDROPPER_USER}.pw"]
+    eaves = eavesdrop_argv(plan.run_id, url, db, plan.prefix)
+    launcher_files = [f"secrets/{LAUNCHER_USER}.pw"]
+    launcher = launcher_argv(url)
     corrupted = ", ".join(str(i) for i in plan.corrupted) or "none"
     first = service_names(plan)[3] if plan.nodes else "node-0"
     lines = [
@@ -165,7 +174,7 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         "  eavesdropper:",
         "    <<: *nlagg",
         f"    command: {_flow(eaves)}",
-        *_volumes(src, [eaves[-1]], f"transcript:{_TRANSCRIPT_MOUNT}"),
+        *_volumes(src, eaves_files, f"transcript:{_TRANSCRIPT_MOUNT}"),
         "    depends_on:",
         "      - broker",
         "    healthcheck:  # ready once the retained config is in the transcript: it has subscribed",
@@ -176,14 +185,14 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         "",
         "  launcher:  # one-shot: publishes the retained public run configuration",
         "    <<: *nlagg",
-        f"    command: {_flow(launcher_argv(COMPOSE_BROKER_URL))}",
-        *_volumes(src, ["run.toml", "graph.json", launcher_argv(COMPOSE_BROKER_URL)[-1]]),
+        f"    command: {_flow(launcher)}",
+        *_volumes(src, ["run.toml", "graph.json", *launcher_files]),
         "    depends_on:",
         "      - broker",
         '    restart: "on-failure"',
     ]
     for node in plan.nodes:
-        argv = ["nlagg", "deploy", "node", f"nodes/{node.id}.toml", "--broker", COMPOSE_BROKER_URL]
+        argv = ["nlagg", "deploy", "node", f"nodes/{node.id}.toml", "--broker", url]
         argv += ["--state-dir", _STATE_MOUNT]
         note = "  # corrupted: forwards its state to the adversary" if node.corrupt else ""
         lines += ["", f"  node-{node.id}:{note}", "    <<: *node", f"    command: {_flow(argv)}"]
