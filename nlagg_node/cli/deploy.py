@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..config import DEFAULT_BROKER
 from ._app import CorruptOpt, ForceOpt, app
+
+if TYPE_CHECKING:
+    from ..deploy import PlanSpec
 
 deploy_app = typer.Typer(
     name="deploy",
@@ -20,65 +23,62 @@ deploy_app = typer.Typer(
 app.add_typer(deploy_app, name="deploy")
 
 
-@deploy_app.command("plan")
-def plan_cmd(
-    out: Annotated[Path, typer.Option(help="directory to write the plan into")],
-    run_id: Annotated[str, typer.Option(help="run id R (topics P/R/...): 1-64 of [A-Za-z0-9_-]")],
-    n: Annotated[int, typer.Option(help="number of nodes")] = 15,
-    graph: Annotated[str, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")] = "rgg",
-    graph_file: Annotated[Path | None, typer.Option(help="edge list for --graph file")] = None,
-    radius: Annotated[
-        float | None, typer.Option(help="rgg connection radius (default: connectivity)")
-    ] = None,
-    op: Annotated[
-        str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
-    ] = "max",
-    corrupt: CorruptOpt = None,
-    seed: Annotated[
-        int | None, typer.Option(help="run seed for graph and values [default: drawn from OS entropy]")
-    ] = None,
-    replay: Annotated[
-        bool, typer.Option(help="give nodes the run seed so z^(0) replays the simulator (lab only)")
-    ] = False,
-    prefix: Annotated[str, typer.Option(help="topic prefix P")] = "nlagg",
-    broker: Annotated[
-        str | None,
-        typer.Option(
-            help="broker URL the nodes and the eavesdropper connect to (with --tls: mqtts://127.0.0.1:8883)"
-            f" [default: {DEFAULT_BROKER}]"
-        ),
-    ] = None,
-    listen: Annotated[
-        str | None,
-        typer.Option(help="broker listener: PORT or HOST:PORT (PORT = every address; 1883, with --tls 8883)"),
-    ] = None,
-    tls: Annotated[
-        bool, typer.Option(help="generate a private CA and the broker's certificate; a TLS-only listener")
-    ] = False,
-    require_certificate: Annotated[
-        bool, typer.Option(help="with --tls: a client certificate per user, required by the broker")
-    ] = False,
-    value: Annotated[float | None, typer.Option(help="the same constant value on every node")] = None,
-    value_file: Annotated[str | None, typer.Option(help="every node reads its value from this file")] = None,
-    value_cmd: Annotated[
-        str | None, typer.Option(help="every node runs this shell command for its value")
-    ] = None,
-    t_max: Annotated[
-        int | None, typer.Option(help="iterations per phase (operator default if unset)")
-    ] = None,
-    c: Annotated[float | None, typer.Option(help="PDMM step parameter c")] = None,
-    mu_z: Annotated[float | None, typer.Option(help="mean offset of z^(0)")] = None,
-    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
-    quantile: Annotated[float | None, typer.Option(help="quantile level p in (0, 1)")] = None,
-    values: Annotated[str | None, typer.Option(help="drawn values: normal, uniform or bimodal")] = None,
-    tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
-    tls_certfile: Annotated[str | None, typer.Option(help="broker TLS: server certificate (PEM)")] = None,
-    tls_keyfile: Annotated[str | None, typer.Option(help="broker TLS: server key (PEM)")] = None,
-    force: ForceOpt = False,
-) -> None:
-    """Write run.toml, graph.json, nodes/<i>.toml, secrets/, broker/ (conf, passwd, ACL) and commands.txt."""
+# The run's options, shared by `plan` and `compose` (which writes a plan too).
+RunIdOpt = Annotated[str, typer.Option(help="run id R (topics P/R/...): 1-64 of [A-Za-z0-9_-]")]
+NOpt = Annotated[int, typer.Option(help="number of nodes")]
+GraphOpt = Annotated[str, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")]
+GraphFileOpt = Annotated[Path | None, typer.Option(help="edge list for --graph file")]
+RadiusOpt = Annotated[float | None, typer.Option(help="rgg connection radius (default: connectivity)")]
+OpOpt = Annotated[str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")]
+SeedOpt = Annotated[
+    int | None, typer.Option(help="run seed for graph and values [default: drawn from OS entropy]")
+]
+ReplayOpt = Annotated[
+    bool, typer.Option(help="give nodes the run seed so z^(0) replays the simulator (lab only)")
+]
+PrefixOpt = Annotated[str, typer.Option(help="topic prefix P")]
+ValueOpt = Annotated[float | None, typer.Option(help="the same constant value on every node")]
+ValueFileOpt = Annotated[str | None, typer.Option(help="every node reads its value from this file")]
+ValueCmdOpt = Annotated[str | None, typer.Option(help="every node runs this shell command for its value")]
+TMaxOpt = Annotated[int | None, typer.Option(help="iterations per phase (operator default if unset)")]
+COpt = Annotated[float | None, typer.Option(help="PDMM step parameter c")]
+MuZOpt = Annotated[float | None, typer.Option(help="mean offset of z^(0)")]
+KOpt = Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")]
+QuantileOpt = Annotated[float | None, typer.Option(help="quantile level p in (0, 1)")]
+ValuesOpt = Annotated[str | None, typer.Option(help="drawn values: normal, uniform or bimodal")]
+
+
+def _plan_spec(
+    *,
+    run_id: str,
+    n: int,
+    graph: str,
+    graph_file: Path | None,
+    radius: float | None,
+    op: str,
+    corrupt: str | None,
+    seed: int | None,
+    replay: bool,
+    prefix: str,
+    value: float | None,
+    value_file: str | None,
+    value_cmd: str | None,
+    t_max: int | None,
+    c: float | None,
+    mu_z: float | None,
+    k: int | None,
+    quantile: float | None,
+    values: str | None,
+    broker: str,
+    listen_host: str | None = None,
+    listen_port: int = 1883,
+    tls: tuple[str | None, str | None, str | None] = (None, None, None),
+    make_tls: bool = False,
+    require_certificate: bool = False,
+) -> PlanSpec:
+    """The plan's spec from the shared command-line options (errors name the option)."""
     from ..config import load_config
-    from ..deploy import PlanSpec, TlsFiles, ValueSource, build_plan, write_plan
+    from ..deploy import PlanSpec, TlsFiles, ValueSource
     from ..errors import ConfigError
 
     cfg = load_config(
@@ -109,9 +109,74 @@ def plan_cmd(
         source = ValueSource(source="file", path=value_file)
     elif value_cmd is not None:
         source = ValueSource(source="command", command=value_cmd)
+    if any(tls) and not all(tls):
+        raise ConfigError("tls", tls, "give --tls-cafile, --tls-certfile and --tls-keyfile together")
+    return PlanSpec(
+        run=cfg,
+        run_id=run_id,
+        prefix=prefix,
+        corrupt=corrupt,
+        seed=seed,
+        replay=replay,
+        broker_url=broker,
+        listen_host=listen_host,
+        listen_port=listen_port,
+        value_source=source,
+        tls=TlsFiles(*tls) if all(tls) else None,  # type: ignore[arg-type]
+        make_tls=make_tls,
+        require_certificate=require_certificate,
+    )
+
+
+@deploy_app.command("plan")
+def plan_cmd(
+    out: Annotated[Path, typer.Option(help="directory to write the plan into")],
+    run_id: RunIdOpt,
+    n: NOpt = 15,
+    graph: GraphOpt = "rgg",
+    graph_file: GraphFileOpt = None,
+    radius: RadiusOpt = None,
+    op: OpOpt = "max",
+    corrupt: CorruptOpt = None,
+    seed: SeedOpt = None,
+    replay: ReplayOpt = False,
+    prefix: PrefixOpt = "nlagg",
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            help="broker URL the nodes and the eavesdropper connect to (with --tls: mqtts://127.0.0.1:8883)"
+            f" [default: {DEFAULT_BROKER}]"
+        ),
+    ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(help="broker listener: PORT or HOST:PORT (PORT = every address; 1883, with --tls 8883)"),
+    ] = None,
+    tls: Annotated[
+        bool, typer.Option(help="generate a private CA and the broker's certificate; a TLS-only listener")
+    ] = False,
+    require_certificate: Annotated[
+        bool, typer.Option(help="with --tls: a client certificate per user, required by the broker")
+    ] = False,
+    value: ValueOpt = None,
+    value_file: ValueFileOpt = None,
+    value_cmd: ValueCmdOpt = None,
+    t_max: TMaxOpt = None,
+    c: COpt = None,
+    mu_z: MuZOpt = None,
+    k: KOpt = None,
+    quantile: QuantileOpt = None,
+    values: ValuesOpt = None,
+    tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
+    tls_certfile: Annotated[str | None, typer.Option(help="broker TLS: server certificate (PEM)")] = None,
+    tls_keyfile: Annotated[str | None, typer.Option(help="broker TLS: server key (PEM)")] = None,
+    force: ForceOpt = False,
+) -> None:
+    """Write run.toml, graph.json, nodes/<i>.toml, secrets/, broker/ (conf, passwd, ACL) and commands.txt."""
+    from ..deploy import build_plan, write_plan
+    from ..errors import ConfigError
+
     tls_parts = (tls_cafile, tls_certfile, tls_keyfile)
-    if any(tls_parts) and not all(tls_parts):
-        raise ConfigError("tls", tls_parts, "give --tls-cafile, --tls-certfile and --tls-keyfile together")
     if tls and any(tls_parts):
         raise ConfigError(
             "tls", True, "--tls generates the broker's files: leave out --tls-cafile and friends"
@@ -126,18 +191,30 @@ def plan_cmd(
         port = int(port_text)
     except ValueError:
         raise ConfigError("listen", listen, "expected PORT or HOST:PORT") from None
-    spec = PlanSpec(
-        run=cfg,
+    spec = _plan_spec(
         run_id=run_id,
-        prefix=prefix,
+        n=n,
+        graph=graph,
+        graph_file=graph_file,
+        radius=radius,
+        op=op,
         corrupt=corrupt,
         seed=seed,
         replay=replay,
-        broker_url=broker,
+        prefix=prefix,
+        value=value,
+        value_file=value_file,
+        value_cmd=value_cmd,
+        t_max=t_max,
+        c=c,
+        mu_z=mu_z,
+        k=k,
+        quantile=quantile,
+        values=values,
+        broker=broker,
         listen_host=host or None,
         listen_port=port,
-        value_source=source,
-        tls=TlsFiles(*tls_parts) if all(tls_parts) else None,  # type: ignore[arg-type]
+        tls=tls_parts,
         make_tls=tls,
         require_certificate=require_certificate,
     )
@@ -152,15 +229,109 @@ def plan_cmd(
 
 @deploy_app.command("compose")
 def compose_cmd(
-    plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan")],
-    compose_dir: Annotated[
-        Path | None, typer.Option(help="where docker-compose.yml will live (default: here)")
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="write docker-compose.yml, .env and a fresh plan here (default: . ; with --plan: stdout)"
+        ),
     ] = None,
+    plan: Annotated[
+        Path | None, typer.Option(help="use this existing plan (nlagg deploy plan) instead of a fresh one")
+    ] = None,
+    plan_dir: Annotated[
+        Path, typer.Option(help="where the fresh plan goes, relative to --out (gitignored by a .gitignore)")
+    ] = Path("plan"),
+    compose_dir: Annotated[
+        Path | None, typer.Option(help="with --plan and no --out: where the printed file will live")
+    ] = None,
+    run_id: RunIdOpt = "testbed",
+    n: NOpt = 6,
+    graph: GraphOpt = "rgg",
+    graph_file: GraphFileOpt = None,
+    radius: RadiusOpt = None,
+    op: OpOpt = "max",
+    corrupt: CorruptOpt = None,
+    seed: SeedOpt = None,
+    replay: ReplayOpt = False,
+    prefix: PrefixOpt = "nlagg",
+    value: ValueOpt = None,
+    value_file: ValueFileOpt = None,
+    value_cmd: ValueCmdOpt = None,
+    t_max: TMaxOpt = None,
+    c: COpt = None,
+    mu_z: MuZOpt = None,
+    k: KOpt = None,
+    quantile: QuantileOpt = None,
+    values: ValuesOpt = None,
+    force: ForceOpt = False,
 ) -> None:
-    """Print a docker-compose file (broker, eavesdropper, every node) for the plan: > docker-compose.yml."""
-    from ..deploy import compose_yaml, load_plan
+    """A docker-compose testbed: Mosquitto with the plan's ACL and passwords, the eavesdropper (transcript
+    in the volume 'transcript'), one service per node (checkpoint in its volume 'state-<i>').
 
-    sys.stdout.write(compose_yaml(load_plan(plan), compose_dir=compose_dir))
+    Without --plan, writes a fresh plan (new passwords; broker mqtt://broker:1883) under --out, then
+    the compose file and its .env beside it; run it from --out with docker-compose (deploy/README.md).
+    """
+    from ..deploy import build_plan, load_plan, write_plan
+    from ..deploy.compose import COMPOSE_BROKER_URL, compose_yaml, write_compose_project
+
+    if plan is not None and out is None:
+        sys.stdout.write(compose_yaml(load_plan(plan), compose_dir=compose_dir))
+        return
+    out = out if out is not None else Path(".")
+    if plan is None:
+        spec = _plan_spec(
+            run_id=run_id,
+            n=n,
+            graph=graph,
+            graph_file=graph_file,
+            radius=radius,
+            op=op,
+            corrupt=corrupt,
+            seed=seed,
+            replay=replay,
+            prefix=prefix,
+            value=value,
+            value_file=value_file,
+            value_cmd=value_cmd,
+            t_max=t_max,
+            c=c,
+            mu_z=mu_z,
+            k=k,
+            quantile=quantile,
+            values=values,
+            broker=COMPOSE_BROKER_URL,
+        )
+        plan = out / plan_dir
+        write_plan(build_plan(spec), plan, force=force)
+    loaded = load_plan(plan)
+    project = write_compose_project(loaded, out, force=force)
+    corrupted = ",".join(str(i) for i in loaded.corrupted) or "none"
+    print(
+        f"compose testbed for run {loaded.run_id}: {loaded.n} nodes (corrupted {corrupted}); "
+        f"{project.compose_file}, {project.env_file} (services run as uid {project.uid}), plan in {plan}"
+    )
+    print(f"start it from {out}: docker-compose up -d && docker wait $(docker-compose ps -q eavesdropper)")
+
+
+@deploy_app.command("truth")
+def truth_cmd(
+    plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan or compose")],
+    out: Annotated[Path, typer.Option(help="file to write (0600)")] = Path("summary.json"),
+) -> None:
+    """Write a plan's ground truth (run id, every node's private value) as the summary.json that
+    nlagg attack and nlagg report score a transcript against. Private: keep it with the operator."""
+    import json
+
+    from ..deploy import load_plan
+    from ..deploy.nodefile import read_node_value
+
+    loaded = load_plan(plan)
+    values = {str(node.id): read_node_value(node, plan) for node in loaded.nodes}
+    doc = {"run_id": loaded.run_id, "corrupted": loaded.corrupted, "private_values": values}
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(doc, indent=2) + "\n")
+    print(f"{out}: the private values of run {loaded.run_id}'s {loaded.n} nodes")
 
 
 @deploy_app.command("publish-config")

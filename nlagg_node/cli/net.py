@@ -210,6 +210,12 @@ def node(
             startup_timeout=startup_timeout,
             checkpoint=None if state_dir is None else CheckpointStore(state_dir, rid, id),
         ) as nd:
+            if nd.resumed is not None:
+                print(
+                    f"node {id}: resuming from the checkpoint in {state_dir} "
+                    f"(stage {nd.resumed.stage}, t = {nd.resumed.t})",
+                    flush=True,
+                )
             r = await nd.run()
         return {
             "node": r.node,
