@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .mi import mse_curve as mse_curve
     from .mi import mutual_information as mutual_information
     from .mi import mutual_information_batch as mutual_information_batch
+    from .mi import mutual_information_many as mutual_information_many
     from .mi import nmi_curves as nmi_curves
     from .mi import nmi_with_bootstrap as nmi_with_bootstrap
     from .mi import self_information as self_information

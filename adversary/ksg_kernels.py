@@ -2,7 +2,7 @@
 
 See :mod:`adversary.mi` for the estimator these kernels serve and the conventions they
 reproduce bit for bit (NPEET's ``mi``). Everything here works on plain float64/int64
-arrays; the entry points are :func:`ksg_counts_one` (one pair), :func:`ksg_batch`
+arrays; the entry points are :func:`ksg_one` (one pair), :func:`ksg_batch`
 (independent pairs in parallel) and :func:`ksg_chains` (chains of pairs sharing
 their x, run in parallel across chains).
 """
@@ -112,31 +112,52 @@ def typical_spacing(vs: FloatArray, k: int) -> float:
     return float(np.median(gaps))
 
 
-@njit(nogil=True)
-def first_above(vs: FloatArray, vi: float, r: float, start: int, strict: bool) -> int:
-    """First index j of sorted ``vs`` with ``vs[j] - vi > r`` (``>= r`` if ``strict``).
+_SCAN = 48
+"""Marginal counts walk this many steps outwards before they switch to bisection."""
 
-    ``fl(vs[j] - vi)`` is non-decreasing in j, so the predicate switches once. The
-    search walks a few steps from ``start`` (the answer for the previous sorted point,
-    usually next to this one) and falls back to bisection.
+
+@njit(nogil=True)
+def first_above(vs: FloatArray, vi: float, r: float, start: int) -> int:
+    """First index j >= ``start`` of sorted ``vs`` with ``vs[j] - vi > r``.
+
+    ``fl(vs[j] - vi)`` is non-decreasing in j, so the predicate switches once, and the
+    caller knows it does not hold before ``start``. The search walks up to ``_SCAN``
+    steps from ``start`` (a count is usually that small, and a walk mispredicts one
+    branch where a bisection mispredicts half of them) and falls back to bisection.
     """
     n = len(vs)
     j = start
-    for _ in range(8):
-        below = j > 0 and ((vs[j - 1] - vi < r) if strict else (vs[j - 1] - vi <= r))
-        above = j == n or ((vs[j] - vi >= r) if strict else (vs[j] - vi > r))
-        if below and above:
-            return j
-        if j > 0 and not below:
-            j -= 1
-        elif j < n and not above:
-            j += 1
-        else:
-            return j
-    a, b = 0, n
+    stop = min(n, start + _SCAN)
+    while j < stop and vs[j] - vi <= r:
+        j += 1
+    if j < stop or j == n:
+        return j
+    a, b = j, n
     while a < b:
         mid = (a + b) >> 1
-        if (vs[mid] - vi < r) if strict else (vs[mid] - vi <= r):
+        if vs[mid] - vi <= r:
+            a = mid + 1
+        else:
+            b = mid
+    return a
+
+
+@njit(nogil=True)
+def first_within(vs: FloatArray, vi: float, r: float, start: int) -> int:
+    """First index j <= ``start`` of sorted ``vs`` with ``vs[j] - vi >= -r``, given it holds at ``start``.
+
+    The mirror of :func:`first_above`: walks down from ``start``, then bisects.
+    """
+    j = start
+    stop = max(0, start - _SCAN)
+    while j > stop and vs[j - 1] - vi >= -r:
+        j -= 1
+    if j > stop or j == 0:
+        return j
+    a, b = 0, j
+    while a < b:
+        mid = (a + b) >> 1
+        if vs[mid] - vi < -r:
             a = mid + 1
         else:
             b = mid
@@ -148,12 +169,10 @@ def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: In
     """``out[i] = #{j : |v_j - v_i| <= radius[i]}`` (i included), exactly as a tree query.
 
     ``vs = v[order]`` is sorted. ``|fl(a - b)| = |fl(b - a)|``, so the predicate holds
-    on one contiguous run of the sorted values, whose ends are found with the same
-    floating-point comparisons a tree evaluates.
+    on one contiguous run of the sorted values around i, whose ends are found with the
+    same floating-point comparisons a tree evaluates.
     """
     n = len(vs)
-    upper = 0
-    lower = 0
     for m in range(n):
         i = order[m]
         r = radius[i]
@@ -161,9 +180,7 @@ def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: In
             out[i] = 0
             continue
         vi = vs[m]
-        upper = first_above(vs, vi, r, max(upper, m + 1), False)
-        lower = first_above(vs, vi, -r, min(lower, m), True)
-        out[i] = upper - lower
+        out[i] = first_above(vs, vi, r, m + 1) - first_within(vs, vi, r, m)
 
 
 @njit(nogil=True)
@@ -231,6 +248,73 @@ def ksg_counts_one(
     marginal_counts(xs, ox, radius, nx)
     marginal_counts(ys, oy, radius, ny)
     return oy
+
+
+@njit(nogil=True)
+def block_sum(a: FloatArray, lo: int, n: int) -> float:
+    """NumPy's sum of at most 128 elements: sequential below 8, else 8 interleaved accumulators."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r = a[lo : lo + 8].copy()
+    i = 8
+    while i < n - (n % 8):
+        for j in range(8):
+            r[j] += a[lo + i + j]
+        i += 8
+    res = float(((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(nogil=True)
+def pairwise_sum(a: FloatArray) -> float:
+    """``a.sum()`` in NumPy's own order, so a mean formed here has the bits of ``np.mean``.
+
+    NumPy splits a run longer than 128 in two (the first part a multiple of 8 long)
+    and adds the two sums; :func:`block_sum` does the rest. The recursion is unrolled
+    with a small stack (numba cannot load recursive functions from its cache).
+    """
+    seg_lo = np.empty(128, dtype=np.int64)
+    seg_n = np.empty(128, dtype=np.int64)
+    combine = np.empty(128, dtype=np.bool_)
+    vals = np.empty(128)
+    seg_lo[0], seg_n[0], combine[0] = 0, len(a), False
+    top = 1
+    nv = 0
+    while top > 0:
+        top -= 1
+        lo, n = seg_lo[top], seg_n[top]
+        if combine[top]:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        elif n <= 128:
+            vals[nv] = block_sum(a, lo, n)
+            nv += 1
+        else:
+            n2 = n // 2
+            n2 -= n2 % 8
+            # Popped in order: the first part, the second part, then their sum.
+            seg_lo[top], seg_n[top], combine[top] = lo, n, True
+            seg_lo[top + 1], seg_n[top + 1], combine[top + 1] = lo + n2, n - n2, False
+            seg_lo[top + 2], seg_n[top + 2], combine[top + 2] = lo, n2, False
+            top += 3
+    return float(vals[0])
+
+
+@njit(nogil=True)
+def ksg_one(x: FloatArray, y: FloatArray, k: int, table: FloatArray) -> tuple[float, float]:
+    """``(<psi(n_x)>, <psi(n_y)>)`` of one 1-D x 1-D pair in one call (means as ``np.mean`` forms them)."""
+    n = len(x)
+    nx = np.empty(n, dtype=np.int64)
+    ny = np.empty(n, dtype=np.int64)
+    empty = np.empty(0, dtype=np.int64)
+    ksg_counts_one(x, y, k, nx, ny, empty, empty)
+    return pairwise_sum(table[nx]) / n, pairwise_sum(table[ny]) / n
 
 
 @njit(parallel=True)

@@ -11,8 +11,10 @@ in every step that decides a count:
    likewise ``n_y(i)``,
 4. ``I = (psi(k) + psi(N) - <psi(n_x)> - <psi(n_y)>) / ln 2`` bits.
 
-With the same jitter values the result equals ``npeet_plus.mi`` to rounding of the
-final mean (about 1e-15 bits). The 1-D x 1-D case, the only one the NMI curves need,
+With the same jitter values, :func:`mutual_information` equals ``npeet_plus.mi`` to the
+bit (one compiled call per pair forms the digamma means in NumPy's summation order), and
+the batched paths (:func:`mutual_information_many`, the NMI curves) to rounding of their
+sequential means (about 1e-14 bits). The 1-D x 1-D case, the only one the NMI curves need,
 runs in compiled kernels (:mod:`adversary.ksg_kernels`): an exact k-nearest-neighbour
 search for the 2-D max-norm by a sweep along one sorted coordinate (pruned as soon as
 the coordinate gap alone exceeds the current k-th distance, and started from a bound
@@ -26,6 +28,7 @@ Multi-dimensional variables (the ideal-world side information of
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,7 +40,7 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.errors import ConfigError
 from nlagg_node.rng import rng_for
 
-from .ksg_kernels import ksg_batch, ksg_chains, ksg_counts_one
+from .ksg_kernels import ksg_batch, ksg_chains, ksg_one
 
 RandomSource = np.random.Generator | np.random.RandomState
 
@@ -49,10 +52,31 @@ _PAIRS_PER_CHUNK = 2048
 
 
 # Public API ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=16)
 def _digamma_table(n: int) -> FloatArray:
+    """``psi(0..n)`` (``psi(0) = -inf``), computed once per N and shared read-only."""
     table = np.asarray(digamma(np.arange(n + 1, dtype=np.float64)), dtype=np.float64)
     table[0] = -np.inf
+    table.flags.writeable = False
     return table
+
+
+@functools.lru_cache(maxsize=16)
+def _constant(k: int, n: int) -> float:
+    """``(psi(k) + psi(N)) / ln 2``, the part of the estimate that does not depend on the samples."""
+    return float((digamma(k) + digamma(n)) / math.log(2.0))
+
+
+@functools.lru_cache(maxsize=16)
+def _digammas(k: int, n: int) -> tuple[float, float]:
+    """``(psi(k), psi(N))``, added one by one in NPEET's order after ``-<psi(n_x)> - <psi(n_y)>``."""
+    return float(digamma(k)), float(digamma(n))
+
+
+@functools.cache
+def _process_rng() -> np.random.Generator:
+    """The jitter source of calls without ``rng``: OS entropy, drawn once per process."""
+    return np.random.default_rng()
 
 
 def _check_k(k: int, n: int) -> None:
@@ -74,7 +98,7 @@ def _as_samples(name: str, a: ArrayLike) -> FloatArray:
 
 def _jittered(a: FloatArray, jitter: float, rng: RandomSource) -> FloatArray:
     if jitter == 0.0:
-        return a
+        return np.ascontiguousarray(a)
     return (
         a + jitter * rng.random_sample(a.shape)
         if isinstance(rng, np.random.RandomState)
@@ -142,16 +166,14 @@ def mutual_information(
     _check_k(k, n)
     if jitter < 0 or not math.isfinite(jitter):
         raise ConfigError("jitter", jitter, "must be a finite number >= 0")
-    source: RandomSource = rng if rng is not None else np.random.default_rng()
+    source: RandomSource = rng if rng is not None else _process_rng()
     xa = _jittered(xa, jitter, source)
     ya = _jittered(ya, jitter, source)
     if xa.shape[1] == 1 and ya.shape[1] == 1:
-        nx = np.empty((1, n), dtype=np.int64)
-        ny = np.empty((1, n), dtype=np.int64)
-        x1, y1 = np.ascontiguousarray(xa[:, 0]), np.ascontiguousarray(ya[:, 0])
-        empty = np.empty(0, dtype=np.int64)
-        ksg_counts_one(x1, y1, k, nx[0], ny[0], empty, empty)
-        return float(_ksg_from_counts(nx, ny, k)[0])
+        # One compiled call: counts and digamma means; jittered columns are contiguous already.
+        a, b = ksg_one(xa.reshape(n), ya.reshape(n), k, _digamma_table(n))
+        dk, dn = _digammas(k, n)
+        return (-a - b + dk + dn) / math.log(2.0)
     from scipy.spatial import cKDTree
 
     joint = np.hstack([xa, ya])
@@ -160,7 +182,7 @@ def mutual_information(
     return float(_ksg_from_counts(_tree_counts(xa, radius)[None], _tree_counts(ya, radius)[None], k)[0])
 
 
-def mutual_information_batch(
+def mutual_information_many(
     x: ArrayLike,
     y: ArrayLike,
     k: int = 3,
@@ -168,29 +190,54 @@ def mutual_information_batch(
     jitter: float = JITTER,
     rng: RandomSource | None = None,
 ) -> FloatArray:
-    """:func:`mutual_information` of many 1-D pairs at once: rows of ``x`` and ``y`` (shape ``(P, N)``).
+    """:func:`mutual_information` of many 1-D pairs at once: ``I(x_p; y_p)`` for every row p of ``y``.
 
-    Each pair gets its own jitter (``x`` row then ``y`` row, as separate NPEET calls
-    would draw it); the pairs run in parallel on all cores.
+    Parameters
+    ----------
+    x
+        Shape ``(P, N)``, one row per pair, or ``(N,)``: the same x for every pair (for
+        example ``S_r`` against ``X_r^(t)`` for many t), sorted once for all of them.
+    y
+        Shape ``(P, N)``.
+    k, jitter, rng
+        As in :func:`mutual_information`. Each pair gets its own jitter (its x row, then
+        its y row, as P separate calls would draw it), so with the same ``rng`` the
+        result equals P calls of :func:`mutual_information` (and NPEET's ``mi``).
+
+    Returns
+    -------
+    ndarray
+        Shape ``(P,)``, in bits. The pairs run in parallel on all cores.
     """
-    xa = np.asarray(x, dtype=np.float64)
     ya = np.asarray(y, dtype=np.float64)
-    if xa.ndim != 2 or xa.shape != ya.shape:
-        raise ConfigError("y", f"shape {ya.shape}", f"expected x's shape {xa.shape}, two axes (P, N)")
+    xa = np.asarray(x, dtype=np.float64)
+    if ya.ndim != 2 or xa.shape not in (ya.shape, ya.shape[1:]):
+        raise ConfigError(
+            "y", f"shape {ya.shape}", f"expected (P, N) with x of shape (P, N) or (N,); x has {xa.shape}"
+        )
     if not (np.isfinite(xa).all() and np.isfinite(ya).all()):
         raise ConfigError("x", "non-finite entries", "samples must be finite numbers")
-    _check_k(k, xa.shape[1])
-    source: RandomSource = rng if rng is not None else np.random.default_rng()
+    _check_k(k, ya.shape[1])
+    if jitter < 0 or not math.isfinite(jitter):
+        raise ConfigError("jitter", jitter, "must be a finite number >= 0")
+    source: RandomSource = rng if rng is not None else _process_rng()
+    if xa.ndim == 1:
+        hint = np.broadcast_to(np.argsort(xa), ya.shape)
+        return _batch(np.broadcast_to(xa, ya.shape), ya, k, jitter, source, hint)
     return _batch(xa, ya, k, jitter, source, None)
+
+
+mutual_information_batch = mutual_information_many
+"""The earlier name of :func:`mutual_information_many`."""
 
 
 def _batch(
     xa: FloatArray, ya: FloatArray, k: int, jitter: float, source: RandomSource, x_hint: IntArray | None
 ) -> FloatArray:
     """The batch estimate; ``x_hint`` (P, N) are nearly sorting orders of the x rows, or None."""
-    n_pairs, n = xa.shape
+    n_pairs, n = ya.shape
     table = _digamma_table(n)
-    const = (digamma(k) + digamma(n)) / math.log(2.0)
+    const = _constant(k, n)
     out = np.empty(n_pairs)
     for start in range(0, n_pairs, _PAIRS_PER_CHUNK):
         stop = min(n_pairs, start + _PAIRS_PER_CHUNK)
@@ -216,7 +263,7 @@ def _chained(
     R, _, n_ranks = x.shape
     n = st.shape[1]
     table = _digamma_table(n)
-    const = (digamma(k) + digamma(n)) / math.log(2.0)
+    const = _constant(k, n)
     y_order = np.full((n_ranks, n), -1, dtype=np.int64)
     raw = np.empty((R, n_ranks))
     step = max(1, _PAIRS_PER_CHUNK // n_ranks)

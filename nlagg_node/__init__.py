@@ -1,37 +1,39 @@
-"""nlagg: private distributed nonlinear aggregation (PDMM max/min/top-K/median/quantile/trimmed mean)."""
+"""nlagg: private distributed nonlinear aggregation (PDMM max/min/top-K/median/quantile/trimmed mean).
 
-from .config import OPERATORS, RunConfig, load_config
-from .errors import ConfigError, NlaggError
-from .graphs import EdgeLayout, GraphSpec, load_edge_list, normalize_edges
-from .init import DualInitSpec, draw_z0, perturb_value
-from .pdmm import Objective, dual_sum, linear_branch, paper_q, x_update, z_update
-from .rng import rng_for
-from .schedule import Phase, plan_phases, true_aggregate
-from .sim import SimResult, simulate
+The public names are re-exported lazily (:mod:`nlagg_node.lazy`): ``import nlagg_node``, and so
+``nlagg --help``, loads neither pydantic, networkx nor numba; the first use of a name imports its module.
+"""
 
-__all__ = [
-    "OPERATORS",
-    "ConfigError",
-    "DualInitSpec",
-    "EdgeLayout",
-    "GraphSpec",
-    "NlaggError",
-    "Objective",
-    "Phase",
-    "RunConfig",
-    "SimResult",
-    "draw_z0",
-    "dual_sum",
-    "linear_branch",
-    "load_config",
-    "load_edge_list",
-    "normalize_edges",
-    "paper_q",
-    "perturb_value",
-    "plan_phases",
-    "rng_for",
-    "simulate",
-    "true_aggregate",
-    "x_update",
-    "z_update",
-]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .config import OPERATORS as OPERATORS
+    from .config import RunConfig as RunConfig
+    from .config import load_config as load_config
+    from .errors import ConfigError as ConfigError
+    from .errors import NlaggError as NlaggError
+    from .graphs import EdgeLayout as EdgeLayout
+    from .graphs import GraphSpec as GraphSpec
+    from .graphs import load_edge_list as load_edge_list
+    from .graphs import normalize_edges as normalize_edges
+    from .init import DualInitSpec as DualInitSpec
+    from .init import draw_z0 as draw_z0
+    from .init import perturb_value as perturb_value
+    from .pdmm import Objective as Objective
+    from .pdmm import dual_sum as dual_sum
+    from .pdmm import linear_branch as linear_branch
+    from .pdmm import paper_q as paper_q
+    from .pdmm import x_update as x_update
+    from .pdmm import z_update as z_update
+    from .rng import rng_for as rng_for
+    from .schedule import Phase as Phase
+    from .schedule import plan_phases as plan_phases
+    from .schedule import true_aggregate as true_aggregate
+    from .sim import SimResult as SimResult
+    from .sim import simulate as simulate
+
+__all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -15,9 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import networkx as nx
 import numpy as np
 
 from .arrays import FloatArray
@@ -25,6 +24,9 @@ from .arrays import IntArray as IntArray  # still imported from here by runtime/
 from .errors import ConfigError
 from .limits import MAX_GRAPH_FILE_BYTES, MAX_NODES
 from .rng import rng_for
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 GraphKind = Literal["rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file"]
 
@@ -60,6 +62,8 @@ def normalize_edges(n: int, edges: Sequence[Sequence[int]] | IntArray, *, source
             raise ConfigError(source, [a, b], "duplicate edge")
         seen.add(key)
     canon = np.array(sorted(seen), dtype=np.int64).reshape(-1, 2)
+    import networkx as nx  # imported on use: it costs 0.2 s at start-up
+
     g = nx.Graph()
     g.add_nodes_from(range(n))
     g.add_edges_from(canon.tolist())
@@ -112,6 +116,8 @@ class GraphSpec:
             return normalize_edges(n, [(0, j) for j in range(1, n)])
         if self.kind == "grid":
             rows, cols = _grid_shape(n)
+            import networkx as nx
+
             g = nx.convert_node_labels_to_integers(nx.grid_2d_graph(rows, cols), ordering="sorted")
             return normalize_edges(n, _edges_of(g))
         for _ in range(_MAX_RESAMPLES):

@@ -12,7 +12,7 @@ from adversary.mi import (
     leakage_probability,
     mse_curve,
     mutual_information,
-    mutual_information_batch,
+    mutual_information_many,
     nmi_curves,
     nmi_with_bootstrap,
     self_information,
@@ -46,14 +46,26 @@ def test_equals_npeet_with_the_same_jitter(case: str, k: int) -> None:
     assert got == pytest.approx(expected, abs=1e-9)
 
 
-def test_batch_equals_npeet_called_pair_by_pair() -> None:
+@pytest.mark.parametrize("shared_x", [False, True], ids=["one-x-per-pair", "one-x-for-all"])
+def test_many_equals_npeet_called_pair_by_pair(shared_x: bool) -> None:
     rng = np.random.default_rng(5)
     xs = rng.standard_normal((6, 400))
+    if shared_x:
+        xs[:] = xs[0]
     ys = xs * np.linspace(0, 2, 6)[:, None] + rng.standard_normal((6, 400))
     np.random.seed(9)
     expected = [npeet_plus.mi(a.reshape(-1, 1), b.reshape(-1, 1)) for a, b in zip(xs, ys, strict=True)]
-    got = mutual_information_batch(xs, ys, rng=np.random.RandomState(9))
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+    got = mutual_information_many(xs[0] if shared_x else xs, ys, rng=np.random.RandomState(9))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+
+
+def test_one_pair_equals_npeet_to_the_bit() -> None:
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(1000)
+    y = np.maximum(x, 0.2) + 0.1 * rng.standard_normal(1000)
+    np.random.seed(11)
+    expected = npeet_plus.mi(x.reshape(-1, 1), y.reshape(-1, 1))
+    assert mutual_information(x, y, rng=np.random.RandomState(11)) == expected
 
 
 def test_multidimensional_side_information_equals_npeet() -> None:
