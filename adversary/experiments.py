@@ -217,23 +217,60 @@ def measure(cfg: RunConfig, log: Log | None = None, bootstrap: int = 0) -> Panel
         nmi_upper=band.upper if band is not None else None,
     )
     if log is not None:
-        log(
-            f"  {cfg.op:<12} init={cfg.init:<10} graph={cfg.graph:<8} c={cfg.c} mu_z={cfg.mu_z}: "
-            f"simulate {sim_s:.1f} s, NMI {nmi_s:.1f} s, leak(rank 0..2) {np.round(out.leak[:3], 3).tolist()}"
-        )
+        log(_describe(cfg, out))
     return out
 
 
-class PanelCache:
-    """Simulations shared between figures within one ``experiment all`` run."""
+def _describe(cfg: RunConfig, r: PanelResult) -> str:
+    sim_s, nmi_s = r.seconds["simulate"], r.seconds["nmi"]
+    return (
+        f"  {cfg.op:<12} init={cfg.init:<10} graph={cfg.graph:<8} c={cfg.c} mu_z={cfg.mu_z}: "
+        f"simulate {sim_s:.1f} s, NMI {nmi_s:.1f} s, leak(rank 0..2) {np.round(r.leak[:3], 3).tolist()}"
+    )
 
-    def __init__(self, log: Log | None = None, bootstrap: int = 0) -> None:
+
+def _measure_job(job: tuple[RunConfig, int]) -> PanelResult:
+    """One panel in a worker process of :func:`nlagg_node.sweep.run_sweep`."""
+    return measure(job[0], None, job[1])
+
+
+class PanelCache:
+    """Simulations shared between figures within one ``experiment all`` run.
+
+    :meth:`prefetch` measures many panels at once on all cores (each panel's numbers
+    depend only on its configuration and seed, not on where or in which order it runs).
+    """
+
+    def __init__(self, log: Log | None = None, bootstrap: int = 0, workers: int | None = None) -> None:
         self.results: dict[str, PanelResult] = {}
         self.log = log
         self.bootstrap = bootstrap
+        self.workers = workers
+
+    @staticmethod
+    def _key(cfg: RunConfig) -> str:
+        return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+
+    def prefetch(self, cfgs: list[RunConfig]) -> None:
+        """Measure every configuration not measured yet, spread over worker processes."""
+        from nlagg_node.sweep import run_sweep
+
+        todo: dict[str, RunConfig] = {}
+        for cfg in cfgs:
+            key = self._key(cfg)
+            if key not in self.results:
+                todo.setdefault(key, cfg)
+        jobs = [(cfg, self.bootstrap) for cfg in todo.values()]
+
+        def done(i: int, r: PanelResult) -> None:
+            if self.log is not None:
+                self.log(_describe(jobs[i][0], r))
+
+        results = run_sweep(_measure_job, jobs, workers=self.workers, description="panels", on_result=done)
+        self.results.update(zip(todo, results, strict=True))
 
     def get(self, cfg: RunConfig) -> PanelResult:
-        key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+        key = self._key(cfg)
         if key not in self.results:
             self.results[key] = measure(cfg, self.log, self.bootstrap)
         return self.results[key]
@@ -252,8 +289,12 @@ def run_experiment(
     cache: PanelCache | None = None,
     log: Log | None = None,
     bootstrap: int = 0,
+    workers: int | None = None,
 ) -> ExperimentDoc:
-    """Run one experiment; write ``<name>.png``, ``<name>.pdf`` and ``<name>.json`` into ``out``."""
+    """Run one experiment; write ``<name>.png``, ``<name>.pdf`` and ``<name>.json`` into ``out``.
+
+    The panels run on ``workers`` processes (default: one per core; 1: in this process).
+    """
     from .plots import draw_experiment
 
     if name not in EXPERIMENTS:
@@ -263,11 +304,13 @@ def run_experiment(
     exp = EXPERIMENTS[name]
     if bootstrap == 1 or bootstrap < 0:
         raise ConfigError("bootstrap", bootstrap, "use 0 (no bands) or at least 2 resamples")
-    cache = cache if cache is not None else PanelCache(log, bootstrap)
+    cache = cache if cache is not None else PanelCache(log, bootstrap, workers)
     started = time.perf_counter()
     if log is not None:
         log(f"{name}: {exp.title} ({len(exp.panels)} panels, {trials} trials)")
-    results = [cache.get(panel_config(p.params, trials, seed)) for p in exp.panels]
+    cfgs = [panel_config(p.params, trials, seed) for p in exp.panels]
+    cache.prefetch(cfgs)
+    results = [cache.get(cfg) for cfg in cfgs]
     out.mkdir(parents=True, exist_ok=True)
     files = draw_experiment(exp, results, out)
     panels: list[PanelDoc] = []
@@ -313,8 +356,13 @@ def run_all(
     log: Log | None = None,
     names: list[str] | None = None,
     bootstrap: int = 0,
+    workers: int | None = None,
 ) -> Path:
-    """Every experiment (or ``names``), sharing identical simulations; writes ``index.html``."""
+    """Every experiment (or ``names``), sharing identical simulations; writes ``index.html``.
+
+    All distinct panels are measured first, spread over ``workers`` processes (default:
+    one per core); the figures are drawn afterwards. The numbers do not depend on ``workers``.
+    """
     from .report import write_index
 
     chosen = list(EXPERIMENTS) if names is None else names
@@ -324,7 +372,12 @@ def run_all(
     started = time.perf_counter()
     if bootstrap == 1 or bootstrap < 0:
         raise ConfigError("bootstrap", bootstrap, "use 0 (no bands) or at least 2 resamples")
-    cache = PanelCache(log, bootstrap)
+    if trials < 10:
+        raise ConfigError("trials", trials, "the KSG estimate needs at least 10 trials")
+    cache = PanelCache(log, bootstrap, workers)
+    cache.prefetch(
+        [panel_config(p.params, trials, seed) for name in chosen for p in EXPERIMENTS[name].panels]
+    )
     docs = [run_experiment(name, trials, out, seed=seed, cache=cache, log=log) for name in chosen]
     wall = time.perf_counter() - started
     return write_index(out, docs, wall_seconds=wall, simulations=len(cache.results))

@@ -1,0 +1,115 @@
+"""Spread independent jobs (parameter settings, figure panels) over the machine's cores.
+
+:func:`run_sweep` evaluates a picklable function on every item in worker processes
+(:class:`concurrent.futures.ProcessPoolExecutor`, started with ``spawn``: the parent may
+already run numba's thread pool, which does not survive ``fork``), with a rich progress
+bar on a terminal, and returns the results in item order. Every job derives its
+randomness from its own item (seeded streams), so the results do not depend on the
+number of workers or on the order in which jobs finish.
+
+Each worker runs the numba kernels with ``cores // workers`` threads, so processes
+times threads never exceeds the cores.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _init_worker(threads: int) -> None:
+    import numba
+
+    numba.set_num_threads(max(1, min(threads, numba.get_num_threads())))
+
+
+def run_sweep(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    workers: int | None = None,
+    description: str = "sweep",
+    on_result: Callable[[int, R], None] | None = None,
+) -> list[R]:
+    """``[fn(item) for item in items]``, computed on up to ``workers`` processes.
+
+    Parameters
+    ----------
+    fn
+        A module-level (picklable) function of one item.
+    items
+        The jobs; each must be picklable.
+    workers
+        Worker processes; ``None`` uses one per core (at most one per item), ``1`` runs
+        the jobs in this process, one after the other.
+    description
+        Label of the progress bar (shown only when stderr is a terminal).
+    on_result
+        Called in this process as ``on_result(index, result)`` when a job finishes.
+    """
+    n_jobs = len(items)
+    cores = available_cores()
+    count = min(n_jobs, cores if workers is None else max(1, workers))
+    results: dict[int, R] = {}
+    with _progress(description, n_jobs) as advance:
+        if count <= 1:
+            for i, item in enumerate(items):
+                results[i] = fn(item)
+                if on_result is not None:
+                    on_result(i, results[i])
+                advance()
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(
+                max_workers=count,
+                mp_context=context,
+                initializer=_init_worker,
+                initargs=(max(1, cores // count),),
+            ) as pool:
+                pending: dict[Future[R], int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        i = pending.pop(future)
+                        results[i] = future.result()
+                        if on_result is not None:
+                            on_result(i, results[i])
+                        advance()
+    return [results[i] for i in range(n_jobs)]
+
+
+@contextmanager
+def _progress(description: str, total: int) -> Iterator[Callable[[], None]]:
+    """A rich progress bar on stderr (when it is a terminal); the context value advances it by one."""
+    if not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda: bar.advance(task)
