@@ -23,7 +23,7 @@ from .arrays import FloatArray
 from .arrays import IntArray as IntArray  # still imported from here by runtime/node.py
 from .errors import ConfigError
 from .limits import MAX_GRAPH_FILE_BYTES, MAX_NODES
-from .rng import rng_for
+from .rng import rng_for, rng_for_each
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -138,21 +138,17 @@ class GraphSpec:
 
 
 def _is_connected(n: int, edges: IntArray) -> bool:
-    parent = list(range(n))
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    parts = n
-    for a, b in edges.tolist():
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
-            parts -= 1
-    return parts == 1
+    """Whether node 0 reaches every node: a breadth-first search, one frontier per matrix product."""
+    adj = np.zeros((n, n), dtype=np.int64)
+    adj[edges[:, 0], edges[:, 1]] = 1
+    adj[edges[:, 1], edges[:, 0]] = 1
+    reached = np.zeros(n, dtype=bool)
+    reached[0] = True
+    frontier = reached.copy()
+    while frontier.any():
+        frontier = (frontier.astype(np.int64) @ adj > 0) & ~reached
+        reached |= frontier
+    return bool(reached.all())
 
 
 def load_edge_list(path: Path) -> tuple[int, IntArray]:
@@ -290,5 +286,5 @@ def sample_graphs(spec: GraphSpec, seed: int, trials: int) -> list[IntArray]:
     and ``nlagg deploy plan`` all draw it here.
     """
     if spec.kind in ("rgg", "erdos-renyi"):
-        return [spec.build(rng_for(seed, "graph", b)) for b in range(trials)]
+        return [spec.build(gen) for gen in rng_for_each(seed, ("graph",), np.arange(trials)[:, None])]
     return [spec.build(rng_for(seed, "graph", 0))] * trials

@@ -21,7 +21,7 @@ from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
 from ..graphs import EdgeLayout, sample_graphs
 from ..init import draw_z0, perturb_value
-from ..rng import rng_for
+from ..rng import rng_for_each
 from ..schedule import (
     Phase,
     bypassed,
@@ -87,8 +87,12 @@ class SimResult:
 
 
 def node_generators(seed: int, trials: int, n: int) -> list[np.random.Generator]:
-    """The private generator of every (trial, node): DP noise first, then z^(0) per dual group."""
-    return [rng_for(seed, "node", b, i) for b in range(trials) for i in range(n)]
+    """The private generator ``rng_for(seed, "node", b, i)`` of every (trial, node), trial-major.
+
+    Each node draws its DP noise first, then z^(0) per dual group.
+    """
+    index = np.stack(np.meshgrid(np.arange(trials), np.arange(n), indexing="ij"), axis=-1).reshape(-1, 2)
+    return rng_for_each(seed, ("node",), index)
 
 
 def _out_edge_slices(layout: EdgeLayout) -> tuple[IntArray, IntArray]:

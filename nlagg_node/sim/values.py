@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import FloatArray
-from ..rng import rng_for
+from ..rng import rng_for_each
 
 
 def draw_values(dist: str, seed: int, trials: int, n: int) -> FloatArray:
@@ -19,8 +19,7 @@ def draw_values(dist: str, seed: int, trials: int, n: int) -> FloatArray:
     out = np.empty((trials, n))
     half = n // 2
     centers = np.concatenate([np.full(half, -5.0), np.full(half, 5.0), np.zeros(n - 2 * half)])
-    for b in range(trials):
-        rng = rng_for(seed, "values", b)
+    for b, rng in enumerate(rng_for_each(seed, ("values",), np.arange(trials)[:, None])):
         if dist == "normal":
             out[b] = rng.standard_normal(n)
         elif dist == "uniform":
