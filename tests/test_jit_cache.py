@@ -50,7 +50,7 @@ _SIM_STATS = """
 import json
 from nlagg_node import load_config, simulate
 from nlagg_node.sim.kernel import run_phase
-simulate(load_config(op="max", trials=3, t_max=50))
+simulate(load_config(op="max", trials=20, t_max=50))  # enough trials for the parallel kernel
 print(json.dumps({"hits": sum(run_phase.stats.cache_hits.values()),
                   "misses": sum(run_phase.stats.cache_misses.values())}))
 """
@@ -58,7 +58,7 @@ print(json.dumps({"hits": sum(run_phase.stats.cache_hits.values()),
 
 def test_kernels_cache_in_numba_cache_dir_and_load_without_recompiling(tmp_path: Path) -> None:
     before = _package_cache_files()
-    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path))
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path), NUMBA_NUM_THREADS="2")
     _python(_SIM_STATS, env, tmp_path)
     assert list((tmp_path / "cache").rglob("kernel.run_phase-*.nbi")), "no index written to NUMBA_CACHE_DIR"
     stats = json.loads(_python(_SIM_STATS, env, tmp_path))
@@ -68,7 +68,7 @@ def test_kernels_cache_in_numba_cache_dir_and_load_without_recompiling(tmp_path:
 
 def test_user_cache_folder_when_numba_cache_dir_is_unset(tmp_path: Path) -> None:
     before = _package_cache_files()
-    env = _env(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env = _env(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"), NUMBA_NUM_THREADS="2")
     _python(_SIM_STATS, env, tmp_path)
     assert list((tmp_path / "xdg" / "nlagg" / "numba").rglob("*.nbi"))
     assert _package_cache_files() == before

@@ -37,6 +37,7 @@ from ..schedule import (
 from .values import draw_values
 
 Progress = Callable[[int, int], None]
+_PARALLEL_TRIALS = 8
 
 
 @dataclass
@@ -120,9 +121,11 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     cfg
         The run configuration (operator defaults are resolved here).
     progress
-        Called as ``progress(done, total)`` with iteration counts, about fifty times per phase.
+        Called as ``progress(done, total)`` with iteration counts, about fifty times per run.
     """
-    from .kernel import run_phase  # numba: compiled (or loaded from cache) on first use
+    import numba
+
+    from .kernel import run_phase, run_phase_serial  # numba: compiled (or loaded from cache) on first use
 
     started = time.perf_counter()
     cfg = cfg.resolved()
@@ -155,7 +158,10 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     group = ""
     t0 = 0
     rec_ptr = 0
-    chunk = max(1, t_total // 50)
+    # One kernel call per phase, or about fifty when someone watches the progress; a parallel
+    # region only for enough trials to share out.
+    chunk = max(1, t_total // 50) if progress is not None else max(1, t_total)
+    kernel = run_phase if cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1 else run_phase_serial
     loop_seconds = 0.0
     for phase, (tlo, thi) in zip(phases, targets, strict=True):
         c = phase_c(cfg, phase)
@@ -171,7 +177,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         for start in range(0, phase.t_len, chunk):
             steps = min(chunk, phase.t_len - start)
             tick = time.perf_counter()
-            rec_ptr = run_phase(
+            rec_ptr = kernel(
                 u,
                 layout.src,
                 layout.dst,

@@ -200,3 +200,73 @@ def run_phase(
             x,
         )
     return rec_end
+
+
+def run_phase_serial(
+    u: Any,
+    src: Any,
+    dst: Any,
+    pair_start: Any,
+    s_eff: Any,
+    s_used: Any,
+    cd: Any,
+    c: float,
+    theta: float,
+    quadratic: bool,
+    alpha: float,
+    beta: float,
+    n: int,
+    t0: int,
+    local0: int,
+    t_len: int,
+    target_lo: Any,
+    target_hi: Any,
+    tolerance: float,
+    matched: Any,
+    first_match: Any,
+    last_bad: Any,
+    record_t: Any,
+    recorded: Any,
+    rec_ptr: int,
+    x: Any,
+) -> int:
+    """:func:`run_phase` without a parallel region: the trials one after the other, from Python.
+
+    For a handful of trials, waking numba's thread pool costs more than it saves (and
+    much more on a busy machine); the arithmetic, and so every bit, is the same.
+    """
+    n_trials = last_bad.shape[0]
+    rec_end = rec_ptr
+    while rec_end < record_t.shape[0] and record_t[rec_end] < t0 + t_len:
+        rec_end += 1
+    for b in range(n_trials):
+        run_trial(
+            b,
+            u,
+            src,
+            dst,
+            pair_start[b],
+            pair_start[b + 1],
+            s_eff,
+            s_used,
+            cd,
+            c,
+            theta,
+            quadratic,
+            alpha,
+            beta,
+            n,
+            t0,
+            local0,
+            t_len,
+            target_lo[b] - tolerance,
+            target_hi[b] + tolerance,
+            matched,
+            first_match,
+            last_bad,
+            record_t,
+            recorded,
+            rec_ptr,
+            x,
+        )
+    return rec_end
