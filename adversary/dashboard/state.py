@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from nlagg_node.errors import ConfigError
+from nlagg_node.errors import ConfigError, WireError
 from nlagg_node.runtime.public import config_from_msg
-from nlagg_node.runtime.wire import ConfigMsg, WireError, decode
+from nlagg_node.runtime.wire import ConfigMsg, decode
 from nlagg_node.schedule import phase_c, plan_phases
 
 from ..attack import NodeFinding, attack_arrays
@@ -41,7 +41,6 @@ from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay
 
 __all__ = ["DashboardState", "graph_positions"]
 
-FloatArray = NDArray[np.float64]
 CHUNK = 100_000
 """Rows read per query while catching up on a large transcript (the lock is released in between)."""
 
