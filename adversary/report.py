@@ -188,6 +188,18 @@ def leakage_verdicts(
     return rows, bound
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    from nlagg_node.config import read_input_text
+
+    try:
+        doc = json.loads(read_input_text(path, path.stem))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(path.stem, str(path), f"invalid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(path.stem, str(path), "expected a JSON object")
+    return doc
+
+
 def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
     from .attack import attack_transcript, load_transcript_arrays
@@ -199,9 +211,12 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     for p in (transcript, summary_path):
         if not p.is_file():
             raise ConfigError("run_dir", str(run_dir), f"missing {p.name} (expected nlagg testbed --out)")
-    summary = json.loads(summary_path.read_text())
+    summary = _read_json(summary_path)
     manifest_path = run_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = _read_json(manifest_path) if manifest_path.is_file() else {}
+    if not isinstance(summary.get("private_values"), dict):
+        why = "holds no private_values (expected nlagg testbed --out)"
+        raise ConfigError("summary", str(summary_path), why)
     out = run_dir if out is None else Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = attack_transcript(transcript, truth=summary_path)

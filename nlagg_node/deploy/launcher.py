@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from ..config import load_config
+from ..config import load_config, read_input_text
 from ..errors import ConfigError
 
 __all__ = ["publish_config", "run_network"]
@@ -17,10 +17,9 @@ __all__ = ["publish_config", "run_network"]
 
 def run_network(config: Path) -> tuple[str, str]:
     """``(prefix, run_id)`` from the ``[network]`` table of a plan's run.toml."""
-    if not config.is_file():
-        raise ConfigError("config", str(config), "no such file")
+    text = read_input_text(config, "config")
     try:
-        net = tomllib.loads(config.read_text(encoding="utf-8")).get("network", {})
+        net = tomllib.loads(text).get("network", {})
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(config), f"invalid TOML ({exc})") from None
     run_id = net.get("run_id")

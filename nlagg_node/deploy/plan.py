@@ -32,7 +32,7 @@ import tomli_w
 
 from ..argv import eavesdrop_argv as build_eavesdrop_argv
 from ..argv import tls_args
-from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
+from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, read_input_text, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
 from ..runtime.tls import broker_endpoint
@@ -472,8 +472,9 @@ def load_plan(root: Path) -> LoadedPlan:
     plan_file = root / "plan.toml"
     if not plan_file.is_file():
         raise ConfigError("plan", str(root), "no plan.toml here; create one with nlagg deploy plan")
+    text = read_input_text(plan_file, "plan")
     try:
-        doc = tomllib.loads(plan_file.read_text(encoding="utf-8"))["plan"]
+        doc = tomllib.loads(text)["plan"]
         n = int(doc["n"])
         info = (
             str(doc["run_id"]),
