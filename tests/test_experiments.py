@@ -109,8 +109,12 @@ def test_cli_experiment_and_attack(tmp_path: Path) -> None:
     path = write_sim_transcript(res, tmp_path / "t.sqlite")
     result = runner.invoke(app, ["attack", str(path), "--json"])
     assert result.exit_code == 0, result.output
+    assert '"-inf"' not in result.output  # numbers and null only
     doc = json.loads(result.output)
     assert doc["exposed"] == [int(np.argmax(res.values[0]))]
+    for node in doc["nodes"]:
+        assert node["t"] is None or node["t"] >= 0
+        assert node["lower"] is None or isinstance(node["lower"], float)
     assert doc["precision"] == 1.0
     assert doc["recall"] == 1.0
     bad = runner.invoke(app, ["attack", str(tmp_path / "missing.sqlite")])

@@ -338,7 +338,7 @@ def run_testbed_command(
         if as_json:
             print(json.dumps(summary), flush=True)
         else:
-            _print_summary(console, summary)
+            print_summary(console, summary)
         return summary
 
     async def run(out_dir: Path | None) -> TestbedSummary:
@@ -376,7 +376,7 @@ def run_testbed_command(
         )
 
 
-def _print_summary(console: Any, s: TestbedSummary) -> None:
+def print_summary(console: Any, s: TestbedSummary) -> None:
     from rich.table import Table
 
     table = Table(title=f"run {s['run_id']}: {s['op']} on {s['n']} nodes ({s['graph']}, {s['edges']} edges)")
