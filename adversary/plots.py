@@ -159,7 +159,7 @@ def draw_nmi(ax: Any, res: PanelResult, title: str, *, legend: bool = True) -> N
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if legend and groups is not None:
-        ax.legend(loc="center right", framealpha=0.9)
+        ax.legend(loc="best", framealpha=0.9)
 
 
 def _ylim_with_start(ax: Any, x: NDArray[np.float64]) -> None:
