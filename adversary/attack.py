@@ -438,7 +438,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
 
 def _read_truth(path: Path) -> dict[str, Any]:
     """A ground-truth JSON object (a testbed summary.json), or a one-line error naming the file."""
-    from nlagg_node.config import read_input_text
+    from nlagg_node.inputs import read_input_text
 
     try:
         doc = json.loads(read_input_text(path, "truth"))

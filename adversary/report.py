@@ -189,7 +189,7 @@ def leakage_verdicts(
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    from nlagg_node.config import read_input_text
+    from nlagg_node.inputs import read_input_text
 
     try:
         doc = json.loads(read_input_text(path, path.stem))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
+from .inputs import read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
@@ -193,29 +194,6 @@ def parse_record_spec(spec: str, t_total: int) -> list[int]:
     except ValueError:
         pass
     raise ValueError(f"record spec {spec!r}: use none, all, every:K, log:N or a list like 0,10,100")
-
-
-def read_input_text(path: Path, field: str) -> str:
-    """The text of an input file, or a :class:`ConfigError` naming the field, the file and why not.
-
-    Missing, a directory, unreadable, or not UTF-8 text: each gets its own one-line reason.
-    """
-    if path.is_dir():
-        raise ConfigError(field, str(path), "is a directory, not a file")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(field, str(path), "no such file") from None
-    except PermissionError:
-        raise ConfigError(field, str(path), "permission denied (cannot read it)") from None
-    except OSError as exc:
-        raise ConfigError(field, str(path), f"cannot read it ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            field, str(path), f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
 
 
 CONFIG_SUFFIXES = (".toml", ".json")

@@ -160,7 +160,7 @@ def load_edge_list(path: Path, expected_n: int | None = None) -> tuple[int, IntA
     sizes are checked against :data:`~nlagg_node.limits.MAX_NODES` before anything is allocated.
     ``expected_n``: the run's n; an id outside 0..n-1 is reported as such.
     """
-    from .config import read_input_text
+    from .inputs import read_input_text
 
     if path.is_file() and path.stat().st_size > MAX_GRAPH_FILE_BYTES:
         raise ConfigError("graph_file", str(path), f"larger than {MAX_GRAPH_FILE_BYTES} bytes")

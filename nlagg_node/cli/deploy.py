@@ -348,8 +348,8 @@ def publish_config_cmd(
     """Publish the run's public configuration as the retained P/R/config message (run from the plan dir)."""
     import asyncio
 
-    from ..config import read_input_text
     from ..deploy.launcher import publish_config
+    from ..inputs import read_input_text
 
     lines = read_input_text(password_file, "password_file").splitlines()
     password = lines[0].strip() if lines else ""

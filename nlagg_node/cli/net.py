@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from ..config import DEFAULT_BROKER, read_input_text
+from ..config import DEFAULT_BROKER
 from ..errors import ConfigError
+from ..inputs import read_input_text
 from ._app import (
     TRANSCRIPT_HELP,
     BrokerOpt,

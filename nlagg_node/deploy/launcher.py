@@ -9,8 +9,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from ..config import load_config, read_input_text
+from ..config import load_config
 from ..errors import ConfigError
+from ..inputs import read_input_text
 
 __all__ = ["publish_config", "run_network"]
 

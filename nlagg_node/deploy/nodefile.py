@@ -90,7 +90,7 @@ def node_file_text(node: NodeFile) -> str:
 
 def load_node_file(path: Path) -> NodeFile:
     """Read and validate a node file; errors name the field and the value."""
-    from ..config import read_input_text
+    from ..inputs import read_input_text
 
     text = read_input_text(path, "node_file")
     try:

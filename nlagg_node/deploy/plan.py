@@ -32,9 +32,10 @@ import tomli_w
 
 from ..argv import eavesdrop_argv as build_eavesdrop_argv
 from ..argv import tls_args
-from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, read_input_text, validate_config
+from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
+from ..inputs import read_input_text
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from .mosquitto_auth import (
