@@ -76,17 +76,17 @@ class AttackExtra(TypedDict, total=False):
 
 
 class FindingJson(TypedDict):
-    """One :class:`NodeFinding` in JSON (infinite bounds as ``"inf"`` / ``"-inf"``)."""
+    """One :class:`NodeFinding` in JSON (``null`` for an unbounded side, or no iteration)."""
 
     node: int
     status: Status
     value: float | None
-    t: int
+    t: int | None
     how: str
-    lower: float | str | None
-    upper: float | str | None
+    lower: float | None
+    upper: float | None
     side: str
-    distance: float | str | None
+    distance: float | None
 
 
 class AttackJson(AttackExtra):
@@ -95,7 +95,7 @@ class AttackJson(AttackExtra):
     op: str
     n: int
     iterations: int
-    output: float | str | None
+    output: float | None
     exposed: list[int]
     precision: float | None
     recall: float | None
@@ -142,17 +142,22 @@ class AttackReport:
         return {f.node: f for f in self.findings if f.status == "exposed"}
 
     def to_json(self) -> AttackJson:
-        def clean(v: Any) -> Any:
+        """Plain JSON: numbers, and ``null`` where there is none (an unbounded side of an interval,
+        no iteration for a node never exposed, no distance without an output)."""
+
+        def clean(key: str, v: Any) -> Any:
             if isinstance(v, float) and not math.isfinite(v):
-                return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+                return None
+            if key == "t" and v == -1:
+                return None
             return v
 
-        nodes = [cast(FindingJson, {k: clean(v) for k, v in asdict(f).items()}) for f in self.findings]
+        nodes = [cast(FindingJson, {k: clean(k, v) for k, v in asdict(f).items()}) for f in self.findings]
         return {
             "op": self.op,
             "n": self.n,
             "iterations": self.iterations,
-            "output": clean(self.output) if self.output is not None else None,
+            "output": clean("output", self.output) if self.output is not None else None,
             "exposed": sorted(self.exposed),
             "precision": self.precision,
             "recall": self.recall,
@@ -351,9 +356,7 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
     from .transcript import Transcript
 
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("transcript", str(p), "no such file")
-    with Transcript(p) as tr:
+    with Transcript.open_read_only(p) as tr:
         msg = tr.config()
         if msg is None:
             raise ConfigError("transcript", str(p), "holds no run configuration (no config message)")
@@ -408,14 +411,21 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         ]
     )
     for cand in candidates:
-        if cand is None or not cand.is_file():
+        if cand is None or (truth is None and not cand.is_file()):
             continue
-        doc = json.loads(cand.read_text())
+        doc = _read_truth(cand)
         if doc.get("run_id") not in (None, data["run_id"]) or "private_values" not in doc:
+            if truth is not None:
+                raise ConfigError("truth", str(cand), f"holds no private_values of run {data['run_id']}")
             continue
-        vals = np.array([float(doc["private_values"][str(i)]) for i in range(cfg.n)])
-        if "first_match" in doc:
-            first = np.array([int(doc["first_match"][str(i)]) for i in range(cfg.n)], dtype=np.int64)
+        try:
+            vals = np.array([float(doc["private_values"][str(i)]) for i in range(cfg.n)])
+            first_doc = doc.get("first_match")
+            known = None if first_doc is None else [int(first_doc[str(i)]) for i in range(cfg.n)]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("truth", str(cand), f"malformed ground truth ({exc!r})") from None
+        if known is not None:
+            first = np.array(known, dtype=np.int64)
         elif cfg.init in ("dp-gauss", "dp-laplace"):
             report.truth_note = f"{cand}: DP baseline (exposures are perturbed inputs), not scored"
             break
@@ -424,6 +434,19 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         score(report, vals, first, note=f"ground truth from {cand}")
         break
     return report
+
+
+def _read_truth(path: Path) -> dict[str, Any]:
+    """A ground-truth JSON object (a testbed summary.json), or a one-line error naming the file."""
+    from nlagg_node.inputs import read_input_text
+
+    try:
+        doc = json.loads(read_input_text(path, "truth"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError("truth", str(path), f"invalid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("truth", str(path), "expected a JSON object (a testbed summary.json)")
+    return doc
 
 
 def _first_matches(x: FloatArray, s: FloatArray) -> IntArray:

@@ -111,6 +111,7 @@ class AckingSubscriber:
         self.connect_timeout = connect_timeout
         self.keepalive = keepalive
         self.reconnects = 0
+        self.last_failure = ""  # why the latest connection attempt failed, for the error message
         self.acked = 0
         self._connect_frame = encode_connect(
             client_id, keepalive=keepalive, username=username, password=password
@@ -140,7 +141,7 @@ class AckingSubscriber:
                 if session is None:
                     failures += 1
                     if failures >= self.reconnect_tries:
-                        raise BrokerUnreachableError(self.url, failures)
+                        raise BrokerUnreachableError(self.url, failures, self.last_failure)
                     await asyncio.sleep(
                         jittered_backoff(failures, self.backoff_base, self.backoff_max, self._jitter)
                     )
@@ -181,7 +182,8 @@ class AckingSubscriber:
                 f"broker {self.url}: its certificate does not verify ({exc.verify_message})"
             ) from None
         except (OSError, TimeoutError) as exc:
-            log.info("connect to %s failed: %s", self.url, str(exc) or type(exc).__name__)
+            self.last_failure = str(exc) or type(exc).__name__
+            log.info("connect to %s failed: %s", self.url, self.last_failure)
             if session is not None:
                 session.abandon()
             return None
@@ -284,8 +286,9 @@ class AckingSubscriber:
                 await self._first
         except TimeoutError:
             await self._stop()
+            cause = f" (last attempt: {self.last_failure})" if self.last_failure else ""
             raise NlaggError(
-                f"no connection to broker {self.url} within {self.connect_timeout:g} s"
+                f"no connection to broker {self.url} within {self.connect_timeout:g} s{cause}"
             ) from None
         except NlaggError:
             await self._stop()

@@ -348,8 +348,15 @@ async def run_eavesdropper(
         if events:
             _event("warning", message=ANONYMOUS_WARNING % broker)
     try:
+        # --timeout bounds the whole capture, the first connection included.
+        connect_within = 30.0 if stop_after is None else max(0.1, min(30.0, stop_after))
         async with AckingSubscriber(
-            broker, client_id=client_id, username=username, password=password, tls=tls
+            broker,
+            client_id=client_id,
+            username=username,
+            password=password,
+            tls=tls,
+            connect_timeout=connect_within,
         ) as tr:
 
             def report(e: Exposure) -> None:

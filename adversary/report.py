@@ -188,10 +188,22 @@ def leakage_verdicts(
     return rows, bound
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    from nlagg_node.inputs import read_input_text
+
+    try:
+        doc = json.loads(read_input_text(path, path.stem))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(path.stem, str(path), f"invalid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(path.stem, str(path), "expected a JSON object")
+    return doc
+
+
 def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
     from .attack import attack_transcript, load_transcript_arrays
-    from .figure import pyplot, rank_colors
+    from .plots import draw_testbed, params_line
 
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"
@@ -199,9 +211,12 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     for p in (transcript, summary_path):
         if not p.is_file():
             raise ConfigError("run_dir", str(run_dir), f"missing {p.name} (expected nlagg testbed --out)")
-    summary = json.loads(summary_path.read_text())
+    summary = _read_json(summary_path)
     manifest_path = run_dir / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = _read_json(manifest_path) if manifest_path.is_file() else {}
+    if not isinstance(summary.get("private_values"), dict):
+        why = "holds no private_values (expected nlagg testbed --out)"
+        raise ConfigError("summary", str(summary_path), why)
     out = run_dir if out is None else Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = attack_transcript(transcript, truth=summary_path)
@@ -216,28 +231,13 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     )
     rank = np.array([v["rank"] for v in verdicts])
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 4.2))
-    colors = rank_colors(n)
-    t = np.arange(x.shape[1])
-    for i in range(n):
-        ax.plot(t, x[i], color=colors[int(rank[i])], lw=0.9, label=f"node {i} (rank {int(rank[i])})")
-    for f in report.findings:
-        if f.status == "exposed" and f.t >= 0:
-            ax.plot([f.t], [x[f.node, f.t]], "rx", ms=7)
-    finite = x[np.isfinite(x)]
-    if finite.size:
-        lo, hi = np.percentile(finite, [1, 99])
-        ax.set_ylim(lo - 0.2 * max(hi - lo, 1e-3), hi + 0.2 * max(hi - lo, 1e-3))
-    ax.set_xlabel("iteration t")
-    ax.set_ylabel("x_i^(t) as captured")
-    ax.set_title(f"{cfg.op} on {n} nodes: trajectories, red x = value exposed", fontsize=10)
-    ax.legend(fontsize=5.5, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "report.png", dpi=110)
-    fig.savefig(out / "report.pdf")
-    plt.close(fig)
+    marks = [(f.node, f.t) for f in report.findings if f.status == "exposed" and f.t >= 0]
+    title = (
+        f"{cfg.op} on {n} nodes {params_line({'c': cfg.c_value, 'mu_z': cfg.mu_z_value})}:"
+        " trajectories coloured by the rank of each node's value"
+    )
+    revealed = np.where(np.asarray(bound.full, dtype=bool), 1.0, np.asarray(bound.nmi, dtype=np.float64))
+    draw_testbed(out / "report.png", x, rank, revealed, marks, title)
 
     rows = [
         f"<tr><td>{v['node']}</td><td>{v['rank']}</td><td>{v['value']:.6g}</td>"

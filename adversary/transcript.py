@@ -106,6 +106,58 @@ def _fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | None, 
     return None, None, None
 
 
+_COLUMNS = {"meta": {"key", "value"}, "messages": {"topic", "payload", "valid", "kind", "node", "peer", "t",
+                                                  "phase", "value", "dedup"}}  # fmt: skip
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that cannot write ``path`` nor leave files beside it.
+
+    With no ``-wal`` file next to it no writer is attached (the eavesdropper keeps one while it
+    captures), so the file is read as immutable: SQLite then creates no ``-shm``/``-wal`` either.
+    A live transcript is read through ``mode=ro``, which sees the writer's WAL.
+    """
+    from urllib.parse import quote
+
+    base = "file:" + quote(str(path.resolve())) + "?mode=ro"
+    live = Path(str(path) + "-wal").exists()
+    tries = (base, base + "&immutable=1") if live else (base + "&immutable=1",)
+    last: sqlite3.Error | None = None
+    for uri in tries:
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise ConfigError("transcript", str(path), f"not an SQLite file ({exc})") from None
+            last = exc
+    raise ConfigError("transcript", str(path), f"cannot open it read-only ({last})")
+
+
+def _check_tables(db: sqlite3.Connection, path: Path, *, allow_empty: bool) -> None:
+    """Refuse a file that is not a transcript, naming what is missing (an empty database is fine
+    for the writer, which creates the tables)."""
+    try:
+        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError("transcript", str(path), f"not an SQLite file ({exc})") from None
+    if allow_empty and not tables:
+        return
+    for table, wanted in _COLUMNS.items():
+        if table not in tables:
+            raise ConfigError("transcript", str(path), f"not an nlagg transcript: no table '{table}'")
+        have = {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
+        lacking = sorted(wanted - have)
+        if lacking:
+            raise ConfigError(
+                "transcript",
+                str(path),
+                f"not an nlagg transcript: table '{table}' has no column '{lacking[0]}'",
+            )
+
+
 class Transcript:
     """A transcript file, opened for writing (the eavesdropper) or reading (the analysis).
 
@@ -127,10 +179,23 @@ class Transcript:
         config: ConfigMsg | None = None,
     ) -> None:
         self.path = Path(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+        if self.path.is_dir():
+            raise ConfigError("transcript", str(self.path), "is a directory; give a file name")
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ConfigError("transcript", str(self.path), f"cannot open it ({exc})") from None
+        try:
+            _check_tables(self.db, self.path, allow_empty=True)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            self.db.close()
+            raise ConfigError("transcript", str(self.path), f"cannot write it ({exc})") from None
+        except BaseException:
+            self.db.close()
+            raise
         meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
         for key, given in (("run_id", run_id), ("prefix", prefix)):
             stored = meta.get(key)
@@ -154,6 +219,39 @@ class Transcript:
         self._candidate: RunRules | None = None  # rules of the config being stored
         if config is not None:
             self.set_config(config)
+
+    @classmethod
+    def open_read_only(cls, path: str | Path) -> Transcript:
+        """Open an existing transcript for reading only: never creates, migrates or writes the file.
+
+        The file is opened through SQLite's ``mode=ro`` URI (no table created, no switch to WAL);
+        when SQLite cannot even create its shared-memory file beside it (a folder the user may
+        not write), it is read as immutable. A file that is not an nlagg transcript is refused
+        with a :class:`ConfigError` naming what is missing.
+        """
+        p = Path(path)
+        if p.is_dir():
+            raise ConfigError("transcript", str(p), "is a directory, not a transcript file")
+        if not p.is_file():
+            raise ConfigError("transcript", str(p), "no such file")
+        self = cls.__new__(cls)
+        self.path = p
+        self.db = _connect_read_only(p)
+        try:
+            _check_tables(self.db, p, allow_empty=False)
+            meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+            missing = [key for key in ("run_id", "prefix") if key not in meta]
+            if missing:
+                raise ConfigError("transcript", str(p), f"not an nlagg transcript: meta has no {missing[0]}")
+            self.run_id = check_run_id(str(meta["run_id"]))
+            self.prefix = check_prefix(str(meta["prefix"]))
+        except BaseException:
+            self.db.close()
+            raise
+        self._rows = []
+        self._seen = None
+        self._slots = {}
+        return self
 
     # Writing ------------------------------------------------------------------------------
     def add(

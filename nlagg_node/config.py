@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
+from .inputs import read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
@@ -100,7 +101,7 @@ class RunConfig(BaseModel):
         if self.op == "trimmed-mean" and 2 * self.k >= self.n:
             raise ValueError(f"k={self.k}: trims 2k >= n={self.n} values for trimmed-mean")
         if self.graph == "file" and self.graph_file is None:
-            raise ValueError("graph_file=None: graph 'file' needs a graph file")
+            raise ValueError("graph=file: give the edge list with --graph-file (or graph_file in the config)")
         total = self.t_total
         if total > MAX_ITERATIONS:
             raise ValueError(
@@ -195,6 +196,9 @@ def parse_record_spec(spec: str, t_total: int) -> list[int]:
     raise ValueError(f"record spec {spec!r}: use none, all, every:K, log:N or a list like 0,10,100")
 
 
+CONFIG_SUFFIXES = (".toml", ".json")
+
+
 def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
     """Build a :class:`RunConfig` from a TOML or manifest JSON file (optional) and overrides (flags win).
 
@@ -203,22 +207,34 @@ def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
     """
     data: dict[str, Any] = {}
     if path is not None:
-        if not path.is_file():
-            raise ConfigError("config", str(path), "no such file")
+        suffix = path.suffix.lower()
+        if suffix in (".yaml", ".yml", ".ini", ".cfg"):
+            raise ConfigError("config", str(path), "use a TOML (.toml) or JSON (.json) file")
+        text = read_input_text(path, "config")
+        if not text.strip():
+            raise ConfigError("config", str(path), "is empty (it sets nothing; leave --config out)")
+        kind = "JSON" if suffix == ".json" else "TOML"
         try:
-            if path.suffix.lower() == ".json":
-                doc = json.loads(path.read_text())
-            else:
-                doc = tomllib.loads(path.read_text())
+            doc = json.loads(text) if kind == "JSON" else tomllib.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError("config", str(path), f"invalid {path.suffix[1:].upper()} ({exc})") from None
+            raise ConfigError("config", str(path), f"invalid {kind} ({exc})") from None
         # A run.toml may hold a [run] table; a manifest.json holds {"config": {...}}.
-        data.update(doc.get("run", doc.get("config", doc)))
+        table = doc.get("run", doc.get("config", doc)) if isinstance(doc, dict) else None
+        if not isinstance(table, dict):
+            raise ConfigError("config", str(path), "expected a table of run settings (keys as the flags)")
+        data.update(table)
         if isinstance(data.get("graph_file"), str) and not Path(data["graph_file"]).is_absolute():
             # A graph file named in a config file is relative to that file, not to the cwd.
             data["graph_file"] = str(path.parent / data["graph_file"])
-    data.update({k.replace("-", "_"): v for k, v in overrides.items() if v is not None})
-    return validate_config(data)
+    from_file = set(data)
+    flags = {k.replace("-", "_"): v for k, v in overrides.items() if v is not None}
+    data.update(flags)
+    try:
+        return validate_config(data)
+    except ConfigError as exc:
+        if path is None or exc.field.split(".")[0] not in from_file - set(flags):
+            raise
+        raise ConfigError(exc.field, exc.value, f"{exc.reason} (in {path})") from None
 
 
 def validate_config(data: dict[str, Any]) -> RunConfig:

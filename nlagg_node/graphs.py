@@ -104,7 +104,7 @@ class GraphSpec:
         if self.kind == "file":
             if self.path is None:
                 raise ConfigError("graph_file", None, "graph kind 'file' needs a graph file")
-            file_n, edges = load_edge_list(self.path)
+            file_n, edges = load_edge_list(self.path, n)
             if file_n != n:
                 raise ConfigError("n", n, f"graph file {self.path} has {file_n} nodes")
             return edges
@@ -151,22 +151,20 @@ def _is_connected(n: int, edges: IntArray) -> bool:
     return bool(reached.all())
 
 
-def load_edge_list(path: Path) -> tuple[int, IntArray]:
+def load_edge_list(path: Path, expected_n: int | None = None) -> tuple[int, IntArray]:
     """Read a user edge list: CSV lines ``i,j`` or JSON ``{"n": N, "edges": [[i, j], ...]}``.
 
     For CSV (and JSON without ``n``), ``n`` is one more than the largest id.
     A header line ``source,target`` (any non-numeric first line) is skipped.
     Errors name the file and the line, never the file's contents (it may be private), and
     sizes are checked against :data:`~nlagg_node.limits.MAX_NODES` before anything is allocated.
+    ``expected_n``: the run's n; an id outside 0..n-1 is reported as such.
     """
-    if not path.is_file():
-        raise ConfigError("graph_file", str(path), "no such file")
-    if path.stat().st_size > MAX_GRAPH_FILE_BYTES:
+    from .inputs import read_input_text
+
+    if path.is_file() and path.stat().st_size > MAX_GRAPH_FILE_BYTES:
         raise ConfigError("graph_file", str(path), f"larger than {MAX_GRAPH_FILE_BYTES} bytes")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError("graph_file", str(path), "not UTF-8 text") from None
+    text = read_input_text(path, "graph_file")
     n: int | None = None
     raw: list[list[int]] = []
     if path.suffix.lower() == ".json":
@@ -187,8 +185,15 @@ def load_edge_list(path: Path) -> tuple[int, IntArray]:
             raise ConfigError(
                 "graph_file", f"{path} edge {k + 1}", f"node ids must lie in 0..{MAX_NODES - 1}"
             )
+    if not raw:
+        raise ConfigError("graph_file", str(path), "holds no edges (CSV 'i,j' lines or JSON [[i, j], ...])")
+    ids = [i for e in raw for i in e]
+    limit = n if n is not None else expected_n
+    if limit is not None and max(ids) >= limit:
+        why = f"id {max(ids)} out of range for n={limit} (ids are 0..{limit - 1})"
+        raise ConfigError("graph_file", str(path), why)
     if n is None:
-        n = 1 + max((max(e) for e in raw), default=-1)
+        n = 1 + max(ids)
     return n, normalize_edges(n, raw, source=f"graph_file {path}")
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,3 +175,57 @@ def test_graph_file_in_a_config_is_relative_to_the_config(tmp_path: Path, capsys
     code, out, _ = run_cli(["sim", "--config", str(plan / "run.toml"), "--json"], capsys, monkeypatch)
     assert code == 0
     assert json.loads(out)["graph"] == "file"
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "expected"),
+    [
+        pytest.param(
+            lambda d: (d / "run.yaml").write_text("op: max\n"),
+            ["--config", "{d}/run.yaml"],
+            "use a TOML (.toml) or JSON (.json) file",
+            id="yaml-config",
+        ),
+        pytest.param(
+            lambda d: (d / "cfg").mkdir(), ["--config", "{d}/cfg"], "is a directory", id="dir-config"
+        ),
+        pytest.param(
+            lambda d: None, ["--graph", "file"], "graph='file': give the edge list", id="graph-file-unset"
+        ),
+        pytest.param(
+            lambda d: (d / "g.csv").write_text("0,1\n1,2\n2,7\n"),
+            ["--graph-file", "{d}/g.csv", "--n", "3"],
+            "id 7 out of range for n=3",
+            id="graph-id-out-of-range",
+        ),
+        pytest.param(
+            lambda d: (d / "run.json").write_text('{"op": "max", "tirals": 5}'),
+            ["--config", "{d}/run.json"],
+            "(in ",
+            id="config-key-names-the-file",
+        ),
+    ],
+)
+def test_input_messages_say_what_is_wrong(
+    make: Any, args: list[str], expected: str, tmp_path: Path, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    make(tmp_path)
+    argv = ["sim", "--trials", "2", "--t-max", "10", *(a.format(d=tmp_path) for a in args)]
+    code, _, err = run_cli(argv, capsys, monkeypatch)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert expected in err
+
+
+def test_eavesdrop_timeout_bounds_the_connection_and_names_the_cause(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    args = ["eavesdrop", "--broker", f"mqtt://127.0.0.1:{port}", "--run-id", "r", "--timeout", "1"]
+    code, _, err = run_cli([*args, "--transcript", str(tmp_path / "t.sqlite")], capsys, monkeypatch)
+    assert code == 1
+    (line,) = err.strip().splitlines()
+    assert f"no connection to broker mqtt://127.0.0.1:{port} within 1 s" in line
+    assert "last attempt:" in line

@@ -130,3 +130,50 @@ def test_force_replaces_a_sim_run(tmp_path: Path, capsys, monkeypatch) -> None: 
     assert "--force" in err
     assert run_cli([*args, "--force"], capsys, monkeypatch)[0] == 0
     assert (out / "arrays.npz").is_file()
+
+
+def test_testbed_table_explains_what_was_learned() -> None:
+    """The maximizer's exposure is unavoidable, any other avoidable; a legend; a hint when not exact."""
+    from rich.console import Console
+
+    from nlagg_node.cli.net import print_summary
+
+    summary = {
+        "run_id": "r",
+        "op": "max",
+        "n": 3,
+        "graph": "ring",
+        "edges": 3,
+        "private_values": {"0": 2.0, "1": 1.0, "2": 0.5},
+        "final_x": {"0": 2.0, "1": 2.0, "2": 1.9},
+        "corrupted": [],
+        "exposures": {
+            "0": {"t": 5, "value": 2.0, "how": "=s", "correct": True},
+            "1": {"t": 9, "value": 1.0, "how": "=s", "correct": True},
+        },
+        "exposed_nodes": [0, 1],
+        "true_value": 2.0,
+        "true_interval": [[2.0, 2.0]],
+        "exact": False,
+        "mse": 0.003,
+        "iterations": 10,
+        "rounds_per_second": 100.0,
+        "wall_seconds": 1.0,
+        "broker": "mosquitto",
+        "messages_captured": 60,
+        "messages_rejected": 0,
+        "transcript": None,
+    }
+    console = Console(record=True, width=240)
+    print_summary(console, summary)
+    lines = console.export_text().splitlines()
+    row = {ln.split("│")[1].strip(): ln for ln in lines if ln.count("│") >= 4 and ln.split("│")[1].strip()}
+    assert "unavoidable" in row["0"]
+    assert "avoidable leak" in row["1"]
+    assert "unavoidable" not in row["1"]
+    assert "an interval only" in row["2"]
+    text = " ".join(lines)
+    assert "eavesdropper learned:" in text
+    assert "NOT exact" in text
+    assert "raise --t-max" in text
+    assert "(avoidable: [1])" in text

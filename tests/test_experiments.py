@@ -109,8 +109,12 @@ def test_cli_experiment_and_attack(tmp_path: Path) -> None:
     path = write_sim_transcript(res, tmp_path / "t.sqlite")
     result = runner.invoke(app, ["attack", str(path), "--json"])
     assert result.exit_code == 0, result.output
+    assert '"-inf"' not in result.output  # numbers and null only
     doc = json.loads(result.output)
     assert doc["exposed"] == [int(np.argmax(res.values[0]))]
+    for node in doc["nodes"]:
+        assert node["t"] is None or node["t"] >= 0
+        assert node["lower"] is None or isinstance(node["lower"], float)
     assert doc["precision"] == 1.0
     assert doc["recall"] == 1.0
     bad = runner.invoke(app, ["attack", str(tmp_path / "missing.sqlite")])
@@ -137,3 +141,31 @@ def test_testbed_report_from_a_run_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         render_testbed_report(tmp_path / "empty")
     assert err.value.field == "run_dir"
+
+
+MAX_GROUPS = {"output": [0], "near": [1, 2], "far": list(range(3, 15))}
+MEDIAN_GROUPS = {"output": [7], "near": [5, 6, 8, 9], "far": [0, 1, 2, 3, 4, *range(10, 15)]}
+
+
+@pytest.mark.parametrize(
+    ("bound", "groups"),
+    [
+        pytest.param([1.0, *[0.05] * 14], MAX_GROUPS, id="max"),
+        pytest.param([0.0] * 7 + [1.0] + [0.0] * 7, MEDIAN_GROUPS, id="median"),
+        pytest.param([0.1] * 15, None, id="average-colorbar"),
+    ],
+)
+def test_figures_colour_ranks_by_group(bound: list[float], groups: dict[str, list[int]] | None) -> None:
+    from adversary.plots import rank_groups
+
+    got = rank_groups(np.array(bound))
+    assert (None if got is None else {g.name: g.ranks for g in got}) == groups
+
+
+def test_figure_labels_are_mathtext() -> None:
+    from adversary.plots import params_line, tex
+
+    assert tex("c = 1, mu_z = 10") == r"$c$ = 1, $\mu_z$ = 10"
+    assert tex("DP Gaussian, sigma_s = 0.1") == r"DP Gaussian, $\sigma_s$ = 0.1"
+    assert tex("median, symmetric init") == "median, symmetric init"
+    assert params_line({"c": 100.0, "mu_z": 300.0}) == r"($c$ = 100, $\mu_z$ = 300)"

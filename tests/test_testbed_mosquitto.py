@@ -52,6 +52,10 @@ async def test_transcript_equals_simulator_on_mosquitto(op: str, mosquitto_url: 
     assert (tmp_path / "manifest.json").is_file()
 
 
+def empty_files(folder: Path, pattern: str) -> list[Path]:
+    return [p for p in folder.glob(pattern) if p.stat().st_size == 0]
+
+
 @needs_mosquitto
 async def test_separate_processes_with_corrupted_node(mosquitto_url: str, tmp_path: Path) -> None:
     cfg = RunConfig(op="max", n=5, graph="ring", trials=1, t_max=60, seed=3)
@@ -66,6 +70,7 @@ async def test_separate_processes_with_corrupted_node(mosquitto_url: str, tmp_pa
         assert [s.t for s in states] == list(range(60))
         assert states[0].s == summary["private_values"]["1"]
         assert {i: st.state for i, st in tr.statuses().items()} == dict.fromkeys(range(5), "done")
+    assert not empty_files(tmp_path, "node-*.log")  # a node that logged nothing leaves no file
 
 
 async def test_embedded_amqtt_broker(amqtt_url: str, tmp_path: Path) -> None:

@@ -51,6 +51,11 @@ def attack(
         )
     console = Console()
     console.print(table)
+    console.print(
+        "[dim]learned: exposed (=s) = a matching event x_i^(t) = s_i gave the exact value at iteration t;"
+        " exposed (solved) = solved from an average-consensus x; interval = the transcript proves"
+        " lower <= s_i <= upper; side/distance place that interval against the output[/dim]"
+    )
     if report.precision is not None:
         console.print(
             f"precision {report.precision:.3f}  recall {report.recall}  "

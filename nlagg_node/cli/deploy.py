@@ -176,6 +176,8 @@ def plan_cmd(
     from ..deploy import build_plan, write_plan
     from ..errors import ConfigError
 
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", str(out), "exists and is not a directory")
     tls_parts = (tls_cafile, tls_certfile, tls_keyfile)
     if tls and any(tls_parts):
         raise ConfigError(
@@ -347,11 +349,10 @@ def publish_config_cmd(
     import asyncio
 
     from ..deploy.launcher import publish_config
-    from ..errors import ConfigError
+    from ..inputs import read_input_text
 
-    if not password_file.is_file():
-        raise ConfigError("password_file", str(password_file), "no such file")
-    password = password_file.read_text(encoding="utf-8").splitlines()[0].strip()
+    lines = read_input_text(password_file, "password_file").splitlines()
+    password = lines[0].strip() if lines else ""
     topic = asyncio.run(publish_config(config, broker, username=username, password=password))
     print(f"published the retained run configuration on {topic}")
 

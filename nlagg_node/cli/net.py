@@ -16,6 +16,7 @@ import typer
 
 from ..config import DEFAULT_BROKER
 from ..errors import ConfigError
+from ..inputs import read_input_text
 from ._app import (
     TRANSCRIPT_HELP,
     BrokerOpt,
@@ -73,12 +74,14 @@ def _read_value(value: float | None, value_file: Path | None, value_cmd: str | N
     if value is not None:
         return _parse_value(repr(value), "value")
     if value_file is not None:
-        if not value_file.is_file():
-            raise ConfigError("value_file", str(value_file), "no such file")
-        lines = [ln for ln in value_file.read_text().splitlines() if ln.strip()]
+        lines = [ln for ln in read_input_text(value_file, "value_file").splitlines() if ln.strip()]
         if not lines:
             raise ConfigError("value_file", str(value_file), "file is empty")
-        return _parse_value(lines[0], "value_file")
+        try:
+            return _parse_value(lines[0], "value_file")
+        except ConfigError as exc:
+            first = lines[0].strip()[:40]
+            raise ConfigError("value_file", str(value_file), f"first line {first!r}: {exc.reason}") from None
     assert value_cmd is not None
     proc = subprocess.run(value_cmd, shell=True, capture_output=True, text=True, timeout=60, check=False)
     if proc.returncode != 0:
@@ -91,9 +94,7 @@ def _read_value(value: float | None, value_file: Path | None, value_cmd: str | N
 def _read_password(password_file: Path | None) -> str | None:
     if password_file is None:
         return None
-    if not password_file.is_file():
-        raise ConfigError("password_file", str(password_file), "no such file")
-    lines = password_file.read_text().splitlines()
+    lines = read_input_text(password_file, "password_file").splitlines()
     return lines[0].strip() if lines else ""
 
 
@@ -338,7 +339,7 @@ def run_testbed_command(
         if as_json:
             print(json.dumps(summary), flush=True)
         else:
-            _print_summary(console, summary)
+            print_summary(console, summary)
         return summary
 
     async def run(out_dir: Path | None) -> TestbedSummary:
@@ -376,7 +377,7 @@ def run_testbed_command(
         )
 
 
-def _print_summary(console: Any, s: TestbedSummary) -> None:
+def print_summary(console: Any, s: TestbedSummary) -> None:
     from rich.table import Table
 
     table = Table(title=f"run {s['run_id']}: {s['op']} on {s['n']} nodes ({s['graph']}, {s['edges']} edges)")
@@ -384,27 +385,43 @@ def _print_summary(console: Any, s: TestbedSummary) -> None:
     table.add_column("private value", justify="right")
     table.add_column("final x", justify="right")
     table.add_column("eavesdropper learned")
+    outputs = {v for lo, hi in s["true_interval"] if lo == hi for v in (lo,)}
     for i in range(s["n"]):
         key = str(i)
         exp = s["exposures"].get(key)
         if i in s["corrupted"]:
             learned = "corrupted: forwards s_i"
         elif exp is not None:
-            ok = "correct" if exp["correct"] else "WRONG"
-            learned = f"[red]s_i exposed at t={exp['t']} ({exp['how']}, {ok})[/red]"
+            ok = "" if exp["correct"] else ", WRONG value"
+            where = f"s_i at t={exp['t']} ({exp['how']}{ok})"
+            if exp["value"] in outputs:
+                learned = f"[yellow]{where}: unavoidable, s_i is the output[/yellow]"
+            else:
+                learned = f"[red]{where}: avoidable leak[/red]"
         else:
-            learned = "linear branches only"
+            learned = "an interval only"
         table.add_row(key, f"{s['private_values'][key]:.6g}", str(s["final_x"][key]), learned)
     console.print(table)
+    console.print(
+        "[dim]eavesdropper learned: s_i at t (=s) = a matching event x_i^(t) = s_i gave the exact value at"
+        " iteration t; (solved) = solved from an average-consensus x; unavoidable = the node holds the"
+        " output, which every exact protocol reveals (the ideal world); avoidable = more than the ideal"
+        " world; an interval only = the transcript bounds s_i (nlagg attack on the transcript shows it)[/dim]"
+    )
     verdict = "[green]exact[/green]" if s["exact"] else "[red]NOT exact[/red]"
-    console.print(f"true aggregate {s['true_value']}: {verdict} (MSE {s['mse']:.3g})")
+    hint = (
+        "" if s["exact"] else " [dim]- not converged: raise --t-max (or --c/--mu-z, see `nlagg tune`)[/dim]"
+    )
+    console.print(f"true aggregate {s['true_value']}: {verdict} (MSE {s['mse']:.3g}){hint}")
     console.print(
         f"{s['iterations']} iterations, {s['rounds_per_second']:.1f} rounds/s, "
         f"wall {s['wall_seconds']:.1f} s; broker {s['broker']}; "
         f"{s['messages_captured']} messages captured ({s['messages_rejected']} rejected)"
     )
+    avoidable = [int(k) for k, e in s["exposures"].items() if e["value"] not in outputs]
     console.print(
-        f"exposed honest nodes: {s['exposed_nodes'] or 'none'}; corrupted: {s['corrupted'] or 'none'}"
+        f"exposed honest nodes: {s['exposed_nodes'] or 'none'} (avoidable: {avoidable or 'none'});"
+        f" corrupted: {s['corrupted'] or 'none'}"
     )
     if s["transcript"]:
         console.print(f"transcript: {s['transcript']}")

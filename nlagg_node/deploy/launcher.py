@@ -11,16 +11,16 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import ConfigError
+from ..inputs import read_input_text
 
 __all__ = ["publish_config", "run_network"]
 
 
 def run_network(config: Path) -> tuple[str, str]:
     """``(prefix, run_id)`` from the ``[network]`` table of a plan's run.toml."""
-    if not config.is_file():
-        raise ConfigError("config", str(config), "no such file")
+    text = read_input_text(config, "config")
     try:
-        net = tomllib.loads(config.read_text(encoding="utf-8")).get("network", {})
+        net = tomllib.loads(text).get("network", {})
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", str(config), f"invalid TOML ({exc})") from None
     run_id = net.get("run_id")

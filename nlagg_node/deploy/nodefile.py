@@ -90,10 +90,11 @@ def node_file_text(node: NodeFile) -> str:
 
 def load_node_file(path: Path) -> NodeFile:
     """Read and validate a node file; errors name the field and the value."""
-    if not path.is_file():
-        raise ConfigError("node_file", str(path), "no such file")
+    from ..inputs import read_input_text
+
+    text = read_input_text(path, "node_file")
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("node_file", str(path), f"invalid TOML ({exc})") from None
     try:

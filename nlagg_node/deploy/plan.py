@@ -35,6 +35,7 @@ from ..argv import tls_args
 from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
+from ..inputs import read_input_text
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from .mosquitto_auth import (
@@ -472,8 +473,9 @@ def load_plan(root: Path) -> LoadedPlan:
     plan_file = root / "plan.toml"
     if not plan_file.is_file():
         raise ConfigError("plan", str(root), "no plan.toml here; create one with nlagg deploy plan")
+    text = read_input_text(plan_file, "plan")
     try:
-        doc = tomllib.loads(plan_file.read_text(encoding="utf-8"))["plan"]
+        doc = tomllib.loads(text)["plan"]
         n = int(doc["n"])
         info = (
             str(doc["run_id"]),

@@ -121,11 +121,17 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
         for p in procs:
             await p.kill()
     results = []
-    for i, (p, rc) in enumerate(zip(procs, codes, strict=True)):
-        if rc != 0 or not p.events:
-            tail = (workdir / f"node-{i}.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise TestbedError(f"node {i} exited with {rc}: {' | '.join(tail)}")
-        results.append(cast(NodeReport, p.events[-1]))  # the JSON line of nlagg node --json
+    try:
+        for i, (p, rc) in enumerate(zip(procs, codes, strict=True)):
+            if rc != 0 or not p.events:
+                tail = (workdir / f"node-{i}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                raise TestbedError(f"node {i} exited with {rc}: {' | '.join(tail)}")
+            results.append(cast(NodeReport, p.events[-1]))  # the JSON line of nlagg node --json
+    finally:
+        for i in range(len(procs)):  # a node that logged nothing leaves no empty file in the run folder
+            log = workdir / f"node-{i}.log"
+            if log.is_file() and log.stat().st_size == 0:
+                log.unlink()
     return results
 
 
