@@ -71,6 +71,16 @@ def sim(
         str | None,
         typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
     ] = None,
+    early_stop: Annotated[
+        bool | None,
+        typer.Option(
+            "--early-stop/--no-early-stop",
+            help="end each phase once the network is quiet, t_max a cap (see docs/protocol.md) [default: off]",
+        ),
+    ] = None,
+    stop_window: Annotated[
+        int | None, typer.Option(help="early stop: iterations x must stay within tolerance [default: 100]")
+    ] = None,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
     out: Annotated[
@@ -111,10 +121,14 @@ def sim(
         prior_median=prior_median,
         values=values,
         record=record,
+        early_stop=early_stop,
+        stop_window=stop_window,
     )
     corrupted = sorted(parse_corrupt(corrupt, cfg.n))
     if corrupted and transcript is None:
         raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
+    if transcript is not None and cfg.early_stop:
+        raise ConfigError("transcript", str(transcript), "is written for the fixed schedule; add --no-early-stop")
     if out is not None:
         claim_out(out, RUN_FILES, force=force)
     if transcript is not None:

@@ -74,6 +74,8 @@ def summarize(result: SimResult) -> SimSummary:
         "leakage_probability": [float(p) for p in result.leakage_probability()],
         "converged_fraction": float(ok.mean()),
         "iterations_to_converge": float(np.median(conv[ok])) if ok.any() else None,
+        "early_stop": cfg.early_stop,
+        "iterations_run": float(np.median(result.phase_iterations.sum(axis=1))),
         "wall_seconds": result.wall_seconds,
     }
 
@@ -123,6 +125,7 @@ def write_run(result: SimResult, out: Path, summary: SimSummary | None = None) -
         matched=result.matched,
         first_match=result.first_match,
         converged_iterations=result.converged_iterations,
+        phase_iterations=result.phase_iterations,
         recorded_t=result.recorded_t,
         recorded_x=result.recorded_x,
         graph_edges=np.concatenate(result.graphs),
