@@ -75,7 +75,7 @@ def sim(
         bool | None,
         typer.Option(
             "--early-stop/--no-early-stop",
-            help="end each phase once the network is quiet, t_max a cap (see docs/protocol.md) [default: off]",
+            help="end each phase once the network is quiet, t_max a cap (docs/protocol.md) [default: off]",
         ),
     ] = None,
     stop_window: Annotated[
@@ -128,7 +128,7 @@ def sim(
     if corrupted and transcript is None:
         raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
     if transcript is not None and cfg.early_stop:
-        raise ConfigError("transcript", str(transcript), "is written for the fixed schedule; add --no-early-stop")
+        raise ConfigError("transcript", str(transcript), "follows the fixed schedule; add --no-early-stop")
     if out is not None:
         claim_out(out, RUN_FILES, force=force)
     if transcript is not None:
