@@ -32,10 +32,11 @@ from ..jit import njit
 _x_piecewise = numba.njit(pdmm.x_piecewise)
 _x_quadratic = numba.njit(pdmm.x_quadratic)
 _z_update = numba.njit(pdmm.z_update)
-_is_quiet = numba.njit(termination.is_quiet)
-_next_quiet = numba.njit(termination.next_quiet)
-_next_stop = numba.njit(termination.next_stop)
-_stop_threshold = numba.njit(termination.stop_threshold)
+# Typed scalar functions (numba's stubs only cover the untyped ones above): Any keeps mypy out.
+_is_quiet: Any = numba.njit(termination.is_quiet)
+_next_quiet: Any = numba.njit(termination.next_quiet)
+_next_stop: Any = numba.njit(termination.next_stop)
+_stop_threshold: Any = numba.njit(termination.stop_threshold)
 
 
 @njit(nogil=True)
