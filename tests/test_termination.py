@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from adversary.transcript import Transcript
 from nlagg_node import load_config, simulate
+from nlagg_node.lab.testbed import run_testbed
+from nlagg_node.limits import MAX_ITERATIONS, MAX_NODES
+from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
 from nlagg_node.termination import NO_STOP, diameter, is_quiet, next_quiet, next_stop, stop_threshold
 
 WINDOW = 20
@@ -101,3 +108,60 @@ def test_early_stop_never_increases_leakage(op: str) -> None:
     assert (p_early <= p_fixed).all(), (p_early, p_fixed)
     assert early.phase_iterations.mean() < 0.6 * fixed.phase_iterations.mean()
     assert (early.converged_iterations >= 0).mean() >= 0.97
+
+
+@pytest.mark.mosquitto
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param({"op": "max", "t_max": 3000}, id="max"),
+        pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
+    ],
+)
+async def test_testbed_stops_where_the_simulator_does(
+    params: dict[str, object], mosquitto_url: str, tmp_path: Path
+) -> None:
+    """The nodes on Mosquitto publish the simulator's x's bit for bit and stop at its iteration."""
+    cfg = load_config(n=8, trials=1, seed=21, early_stop=True, stop_window=WINDOW, **params)
+    summary = await run_testbed(cfg, broker_url=mosquitto_url, in_process=True, out_dir=tmp_path)
+    sim = simulate(cfg.model_copy(update={"record": "all"}))
+    with Transcript(tmp_path / "transcript.sqlite") as tr:
+        x = tr.x(cfg.n, sim.t_total)
+    start = 0
+    for p, phase in enumerate(sim.phases):
+        ran = int(sim.phase_iterations[0, p])
+        seg = x[:, start : start + phase.t_len]
+        np.testing.assert_array_equal(seg[:, :ran], sim.recorded_x[start : start + ran, 0].T)
+        assert np.isnan(seg[:, ran:]).all()  # nothing published after the stop
+        start += phase.t_len
+    assert sim.phase_iterations[0].sum() < sim.t_total
+    assert summary["iterations"] == sim.phase_iterations[0].sum()
+    assert summary["exact"]
+    finals = np.array([summary["final_x"][str(i)] for i in range(cfg.n)]).reshape(sim.output[0].shape)
+    np.testing.assert_array_equal(finals, sim.output[0])
+
+
+@pytest.mark.parametrize(
+    ("quiet", "stop"), [pytest.param(0, None, id="counting"), pytest.param(140, 7004, id="stop-known")]
+)
+def test_x_fields_round_trip_exactly(quiet: int, stop: int | None) -> None:
+    payload = encode_x(2, 7000, "max-2", 0.1 + 0.2, quiet, stop)
+    assert payload == encode(XMsg(node=2, t=7000, phase="max-2", x=0.1 + 0.2, quiet=quiet, stop=stop))
+    _, msg = decode(topics("nlagg", "r").x(2), payload, "nlagg", "r")
+    assert isinstance(msg, XMsg)
+    assert (msg.quiet, msg.stop) == (quiet, stop)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("quiet", -1, id="negative-quiet"),
+        pytest.param("quiet", MAX_ITERATIONS + 1, id="huge-quiet"),
+        pytest.param("stop", MAX_ITERATIONS + MAX_NODES, id="huge-stop"),
+        pytest.param("stop", 1.5, id="float-stop"),
+    ],
+)
+def test_x_fields_are_bounded(field: str, value: object) -> None:
+    body = {"v": 1, "node": 0, "t": 3, "phase": "max", "x": 1.0, "quiet": 0, field: value}
+    with pytest.raises(WireError, match=field):
+        decode(topics("nlagg", "r").x(0), json.dumps(body).encode(), "nlagg", "r")

@@ -13,6 +13,7 @@ from ._app import (
     CORRUPT_HELP,
     ConfigOpt,
     COpt,
+    EarlyStopOpt,
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
@@ -24,6 +25,7 @@ from ._app import (
     QuantileOpt,
     SeedOpt,
     SigmaZOpt,
+    StopWindowOpt,
     ThetaOpt,
     TMaxOpt,
     TrialsOpt,
@@ -71,16 +73,8 @@ def sim(
         str | None,
         typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
     ] = None,
-    early_stop: Annotated[
-        bool | None,
-        typer.Option(
-            "--early-stop/--no-early-stop",
-            help="end each phase once the network is quiet, t_max a cap (docs/protocol.md) [default: off]",
-        ),
-    ] = None,
-    stop_window: Annotated[
-        int | None, typer.Option(help="early stop: iterations x must stay within tolerance [default: 100]")
-    ] = None,
+    early_stop: EarlyStopOpt = None,
+    stop_window: StopWindowOpt = None,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
     out: Annotated[

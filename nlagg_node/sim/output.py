@@ -47,6 +47,8 @@ class SimSummary(TypedDict):
     leakage_probability: list[float]  # by rank, rank 0 = largest value
     converged_fraction: float
     iterations_to_converge: float | None  # median over converged trials
+    early_stop: bool  # phases end once the network is quiet (t_max a cap)
+    iterations_run: float  # median over trials of the iterations every phase ran
     wall_seconds: float
     transcript: NotRequired[str]  # with --transcript: the simulated transcript's path
 
