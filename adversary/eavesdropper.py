@@ -260,7 +260,11 @@ class Eavesdropper:
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
             self.missing = self.transcript.complete(
-                self.config.n, self.replay.t_total, self.config.edges, groups
+                self.config.n,
+                self.replay.t_total,
+                self.config.edges,
+                groups,
+                early_stop=bool(self.config.run.get("early_stop", False)),
             )
             if self.missing != (0, 0):
                 now = time.monotonic()

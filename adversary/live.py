@@ -81,6 +81,7 @@ class LiveReplay:
         self.theta = theta
         self.t_total = sum(p.t_len for p in self.phases)
         self._phase_of = np.repeat(np.arange(len(self.phases)), [p.t_len for p in self.phases])
+        self._starts = np.cumsum([0] + [p.t_len for p in self.phases])
         self.z0: dict[str, FloatArray] = {}
         self.x = np.full((n, self.t_total), np.nan)
         self._seen = np.zeros(self.t_total, dtype=np.int64)
@@ -132,8 +133,15 @@ class LiveReplay:
     def advance(self, *, force: bool = False) -> list[Exposure]:
         """Process ready iterations (``force``: also incomplete ones, with NaN for the gaps)."""
         found: list[Exposure] = []
-        while self.t_next < self.t_total and (force or self.ready(self.t_next)):
-            found += self._step(self.t_next)
+        while self.t_next < self.t_total:
+            t = self.t_next
+            if not (force or self.ready(t)):
+                nxt = int(self._starts[self._phase_of[t] + 1])
+                if self._seen[t] or nxt >= self.t_total or not self.ready(nxt):
+                    break
+                self.t_next = nxt  # the phase stopped early (nothing at t, the next one has begun)
+                continue
+            found += self._step(t)
             self.t_next += 1
         return found
 

@@ -8,7 +8,9 @@ to every subscriber in the order it received them, so the eavesdropper sees them
 transcript therefore counts x_j^(t) as valid only when every neighbour's x^(t-1) is already
 stored as valid (t = 0 needs nothing): a forged x_j^(t_now + 1500), which every node rejects, is
 rejected here too, while the real one that comes later is kept. Inside the window the first
-message wins, as at the nodes (see :mod:`adversary.transcript`).
+message wins, as at the nodes (see :mod:`adversary.transcript`). In a run with early stopping an
+x carries ``quiet`` (and ``stop``), as the nodes require, and the first x of a phase may follow
+the gap a phase that stopped early leaves, so it needs nothing before it.
 
 z^(0) must travel along an edge of the graph and belong to a dual group of the schedule; statuses,
 adversary states and every iteration counter are bounded by the run. The rules need the run's
@@ -44,6 +46,9 @@ class RunRules:
         self.t_total = sum(p.t_len for p in phases)
         self._starts = [sum(p.t_len for p in phases[:k]) for k in range(len(phases))]
         self._names = [p.name for p in phases]
+        self.early_stop = cfg.early_stop
+        # With early stopping a phase may end before its t_len: its successor's first x follows a gap.
+        self._jumps = set(self._starts[1:]) if cfg.early_stop else set()
         self.groups = {p.group for p in phases}
         nbrs: list[list[int]] = [[] for _ in range(self.n)]
         for a, b in edges.tolist():
@@ -98,7 +103,11 @@ class RunRules:
         expected = self.phase_at(t)
         if msg.phase != expected:
             return f"t={t}: phase {msg.phase!r}, expected {expected!r}"
-        if t > 0:
+        if (msg.quiet is None) == self.early_stop or (msg.stop is not None and not self.early_stop):
+            return f"x_{i}^({t}): quiet/stop {'missing in' if self.early_stop else 'in'} a run " + (
+                "that stops early" if self.early_stop else "with a fixed schedule"
+            )
+        if t > 0 and t not in self._jumps:
             nbrs = self.neighbours[i]
             missing = nbrs[~self.have[nbrs, t - 1]]
             if len(missing):

@@ -382,10 +382,19 @@ class Transcript:
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.have[int(node), int(t)] = True
 
-    def complete(self, n: int, t_total: int, edges: list[list[int]], groups: set[str]) -> tuple[int, int]:
+    def complete(
+        self, n: int, t_total: int, edges: list[list[int]], groups: set[str], *, early_stop: bool = False
+    ) -> tuple[int, int]:
         """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
         directions of every edge and every dual group. Valid-looking messages outside the run
-        (another node, group or edge) do not count."""
+        (another node, group or edge) do not count. With ``early_stop`` the phases may end early,
+        so only the iterations of which some x was captured are expected."""
+        if early_stop:
+            t_total_seen = self._query(
+                "SELECT COUNT(DISTINCT t) FROM messages"
+                " WHERE valid = 1 AND kind = 'x' AND node < ? AND t < ?",
+                (n, t_total),
+            ).fetchone()[0]
         xs = self._query(
             "SELECT COUNT(*) FROM (SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'x'"
             " AND node < ? AND t < ?)",
@@ -399,7 +408,8 @@ class Transcript:
             )
             if (int(i), int(j)) in wanted and g in groups
         }
-        return n * t_total - int(xs), len(wanted) * len(groups) - len(z0)
+        expected = n * (int(t_total_seen) if early_stop else t_total)
+        return expected - int(xs), len(wanted) * len(groups) - len(z0)
 
     def done_nodes(self) -> set[int]:
         """Nodes of which a valid ``done`` status was captured."""

@@ -49,6 +49,9 @@ class RunConfig(BaseModel):
     ``t_max`` is the number of iterations of one phase; top-K runs ``k`` phases
     and the trimmed mean ``2k + 1`` (see :mod:`nlagg_node.schedule`).
     ``None`` for ``c``, ``mu_z`` or ``t_max`` means the operator's default.
+    With ``early_stop`` a phase ends at the first iteration where the network is detected quiet
+    (every x within ``tolerance`` of its value ``stop_window`` iterations earlier, see
+    :mod:`nlagg_node.termination`); ``t_max`` is then a cap.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,6 +81,8 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     record: str = "every:10"
     tolerance: float = Field(1e-9, gt=0)
+    early_stop: bool = False
+    stop_window: int = Field(100, ge=1, le=MAX_T_MAX)
 
     @field_validator(
         "c", "mu_z", "theta", "sigma_z", "sigma_s", "quantile", "epsilon", "prior_median", "radius"

@@ -160,6 +160,16 @@ GraphFileOpt = Annotated[
     Path | None, typer.Option(help="edge list (CSV 'i,j' lines or JSON); implies --graph file")
 ]
 TrialsOpt = Annotated[int | None, typer.Option(help="Monte Carlo trials" + _d("trials"))]
+EarlyStopOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--early-stop/--no-early-stop",
+        help="end each phase once the network is quiet, t_max a cap (docs/protocol.md) [default: off]",
+    ),
+]
+StopWindowOpt = Annotated[
+    int | None, typer.Option(help="early stop: iterations x must stay within tolerance [default: 100]")
+]
 TMaxOpt = Annotated[int | None, typer.Option(help=f"iterations per phase [default: {op_defaults('t_max')}]")]
 COpt = Annotated[
     float | None,

@@ -23,6 +23,7 @@ from ._app import (
     ConfigOpt,
     COpt,
     CorruptOpt,
+    EarlyStopOpt,
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
@@ -34,6 +35,7 @@ from ._app import (
     QuantileOpt,
     SeedOpt,
     SigmaZOpt,
+    StopWindowOpt,
     ThetaOpt,
     TMaxOpt,
     ValuesOpt,
@@ -284,6 +286,8 @@ def run_testbed_command(
     quantile: QuantileOpt = None,
     init: InitOpt = None,
     values: ValuesOpt = None,
+    early_stop: EarlyStopOpt = None,
+    stop_window: StopWindowOpt = None,
     config: ConfigOpt = None,
     neighbour_timeout: Annotated[float, typer.Option(help="seconds a node waits at a barrier")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
@@ -327,6 +331,8 @@ def run_testbed_command(
         values=values,
         seed=seed,
         trials=1,
+        early_stop=early_stop,
+        stop_window=stop_window,
     )
     if broker_kind not in ("auto", "mosquitto", "amqtt"):
         raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")

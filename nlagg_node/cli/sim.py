@@ -13,6 +13,7 @@ from ._app import (
     CORRUPT_HELP,
     ConfigOpt,
     COpt,
+    EarlyStopOpt,
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
@@ -24,6 +25,7 @@ from ._app import (
     QuantileOpt,
     SeedOpt,
     SigmaZOpt,
+    StopWindowOpt,
     ThetaOpt,
     TMaxOpt,
     TrialsOpt,
@@ -71,6 +73,8 @@ def sim(
         str | None,
         typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
     ] = None,
+    early_stop: EarlyStopOpt = None,
+    stop_window: StopWindowOpt = None,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
     out: Annotated[
@@ -111,10 +115,14 @@ def sim(
         prior_median=prior_median,
         values=values,
         record=record,
+        early_stop=early_stop,
+        stop_window=stop_window,
     )
     corrupted = sorted(parse_corrupt(corrupt, cfg.n))
     if corrupted and transcript is None:
         raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
+    if transcript is not None and cfg.early_stop:
+        raise ConfigError("transcript", str(transcript), "follows the fixed schedule; add --no-early-stop")
     if out is not None:
         claim_out(out, RUN_FILES, force=force)
     if transcript is not None:

@@ -107,7 +107,8 @@ def run_outcome(
     node_wall: float,
 ) -> RunOutcome:
     """What the nodes computed, checked against the ground truth."""
-    t_total = sum(p.t_len for p in plan_phases(cfg))
+    planned = sum(p.t_len for p in plan_phases(cfg))  # every iteration, unless phases stopped early
+    t_total = max((int(r.get("iterations", planned)) for r in results), default=planned)
     lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
     outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
     err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)])

@@ -158,7 +158,14 @@ async def _run_in_process(run: _Nodes) -> list[NodeReport]:
             nodes, transport, run.prefix, run.run_id, on_reject=lambda topic, _exc: undecodable.append(topic)
         )
     out: list[NodeReport] = [
-        {"node": r.node, "output": r.output, "seconds": r.seconds, "rejected": r.rejected} for r in results
+        {
+            "node": r.node,
+            "output": r.output,
+            "seconds": r.seconds,
+            "rejected": r.rejected,
+            "iterations": r.iterations,
+        }
+        for r in results
     ]
     out[0]["rejected"] += len(undecodable)  # the shared reader's count, reported once
     return out

@@ -84,6 +84,7 @@ class Barrier:
         self.keep = keep
         self.next = 0  # the next key to take
         self.labels: list[str] | None = None  # key -> label in messages (default: the key)
+        self.jumps: frozenset[int] = frozenset()  # keys accepted beyond the window (see skip_to)
         self._pending: dict[int, _Round] = {}
         self._taken: dict[int, list[float]] = {}
         self._waiter: asyncio.Future[None] | None = None
@@ -99,6 +100,16 @@ class Barrier:
         if previous:
             self._taken[next_key - 1] = previous
 
+    def skip_to(self, key: int) -> None:
+        """The keys before ``key`` will never come (a phase that stopped early): take ``key`` next.
+
+        ``key`` is one of :attr:`jumps`, which :meth:`put` accepts ahead of the window: a faster
+        neighbour may already have sent it.
+        """
+        if key not in self.jumps or key < self.next:
+            raise NlaggError(f"node {self.owner}: cannot skip to {self.label(key)} (next {self.next})")
+        self.next = key
+
     def put(self, key: int, slot: int, value: float) -> Outcome:
         """The value of ``slot`` for ``key``: the barrier's hot path."""
         if key < self.next:
@@ -106,7 +117,7 @@ class Barrier:
             if seen is None:
                 return "stale"
             return "dup" if seen[slot] == value else "conflict"
-        if key >= self.next + self.window or key >= self.end:
+        if (key >= self.next + self.window and key not in self.jumps) or key >= self.end:
             return "ahead"
         rnd = self._pending.get(key)
         if rnd is None:

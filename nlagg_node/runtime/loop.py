@@ -35,6 +35,7 @@ from ..init import draw_z0, perturb_value
 from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
+from ..termination import NO_STOP, diameter, is_quiet, next_quiet, next_stop, stop_threshold
 from .checkpoint import Checkpoint, Stage
 from .member import Member, NodeResult
 from .routing import Router
@@ -144,6 +145,7 @@ class PdmmLoop:
         # Both dual vectors in one: w = [u_{i|j} (own), u_{j|i} (the neighbours', tracked)], so one
         # z_update call per iteration updates both (element-wise the same operations, same bits).
         self.w = np.zeros(2 * d)
+        self.diam = diameter(first.cfg.n, first.edges) if first.cfg.early_stop else 0
 
     async def run(self) -> list[NodeResult]:
         """Announce, wait for the neighbours, run every phase, publish ``done``; the results."""
@@ -238,6 +240,9 @@ class PdmmLoop:
             name = phase.name
             end = phase_start[p_idx] + phase.t_len
             w = self.w
+            early = (
+                Stopping(members, self.cfg.stop_window, self.diam, cfg.tolerance) if cfg.early_stop else None
+            )
             for t in range(t, end):  # noqa: B020 - t carries on across phases
                 if saving:
                     self.w = w
@@ -245,6 +250,7 @@ class PdmmLoop:
                 v = dual_sum(w[:d], owner, h)
                 x = x_update(phase.objective, v, s_eff, cd_c)
                 x_list: list[float] = x.tolist()
+                fields = early.step(t - phase_start[p_idx], t, x_list) if early is not None else None
                 got_flat: list[float] = []
                 for k, m in enumerate(members):
                     tr = tracks[k]
@@ -252,7 +258,10 @@ class PdmmLoop:
                     if m.corrupt:
                         sl = own[k]
                         tr.adv = m.publish_state(t, float(s_used[k]), self.signs[sl], w[:d][sl], w[d:][sl])
-                    m.outbox.send_x(t, name, x_list[k])
+                    if fields is None:
+                        m.outbox.send_x(t, name, x_list[k])
+                    else:
+                        m.outbox.send_x(t, name, x_list[k], *fields[k])
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
                     got_flat += got
@@ -262,8 +271,55 @@ class PdmmLoop:
                 x_dst[:d] = got_flat
                 x_dst[d:] = x[owner]
                 w = z_update(w, w[swap], x_dst, c, cfg.theta)
+                if early is not None and early.received(t):
+                    for m in members:
+                        m.iterations_run -= end - 1 - t
+                        if end < phase_start[-1]:
+                            m.x_in.skip_to(end)
+                    break
             self.w = w
             t = end
             for tr in tracks:
                 tr.finals.append(tr.xs[-1])
                 tr.identified.append(tr.xs[-1])
+
+
+class Stopping:
+    """The early-stop state of the hosted nodes in one phase (:mod:`nlagg_node.termination`).
+
+    Per node: its last ``window`` x's, its quiet counter and stop iteration, and the neighbours'
+    counters and stops received with their x of the previous iteration.
+    """
+
+    def __init__(self, members: list[Member], window: int, diam: int, tolerance: float) -> None:
+        self.members = members
+        self.window, self.diam, self.tolerance = window, diam, tolerance
+        self.threshold = stop_threshold(diam, window)
+        h = len(members)
+        self.hist = [[0.0] * window for _ in range(h)]
+        self.k = [0] * h
+        self.e = [NO_STOP] * h
+        self.nbr: list[list[tuple[int, int]]] = [[] for _ in range(h)]
+
+    def step(self, lt: int, t: int, xs: list[float]) -> list[tuple[int, int | None]]:
+        """Iteration t (``lt`` within the phase): each node's ``(quiet, stop)`` to publish with x^(t)."""
+        slot = lt % self.window
+        out: list[tuple[int, int | None]] = []
+        for k, xk in enumerate(xs):
+            quiet = lt >= self.window and is_quiet(xk, self.hist[k][slot], self.tolerance)
+            self.hist[k][slot] = xk
+            k_min = min([self.k[k]] + [q for q, _ in self.nbr[k]])
+            e_min = min([self.e[k]] + [e for _, e in self.nbr[k]])
+            self.k[k] = next_quiet(quiet, k_min)
+            self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.diam)
+            out.append((self.k[k], None if self.e[k] == NO_STOP else self.e[k]))
+        return out
+
+    def received(self, t: int) -> bool:
+        """After taking x^(t): keep the neighbours' fields; whether the phase ends with iteration t."""
+        for k, m in enumerate(self.members):
+            self.nbr[k] = m.take_quiet(t)
+        stops = [e == t for e in self.e]
+        if any(stops) and not all(stops):
+            raise NlaggError(f"hosted nodes disagree on the stop at t={t}: {self.e}")
+        return stops[0]

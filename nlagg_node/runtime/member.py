@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..errors import NlaggError
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, combine, plan_phases
+from ..termination import NO_STOP
 from .barrier import Barrier, NeighbourTimeoutError, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .peers import Neighbours, Outbox
@@ -111,11 +112,20 @@ class Member:
             end=len(self.exchanges), window=len(self.exchanges), keep=None,
         )  # fmt: skip
         self.z0_in.labels = self.exchanges
+        # Early stopping: every phase may end before its t_len; the next phase starts at its usual t.
+        if self.cfg.early_stop:
+            self.x_in.jumps = frozenset(np.cumsum([p.t_len for p in self.phases]).tolist()[:-1])
+        self.quiet_in: dict[int, list[tuple[int, int]]] = {}
+        self.iterations_run = self.t_total
         self.rejected = 0
         self.duplicates = 0
         self.store = checkpoint
         self.resumed: Checkpoint | None = None
         self.fingerprint = ""
+        if checkpoint is not None and self.cfg.early_stop:
+            raise NlaggError(
+                "a node with a state directory cannot resume an early-stopping run yet: use --no-early-stop"
+            )
         if checkpoint is not None:
             self.fingerprint = fingerprint(
                 run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
@@ -146,8 +156,11 @@ class Member:
         self.rejected += 1
         log.warning("node %d: rejected message (%s)", self.id, why)
 
-    def accept_x(self, j: int, t: int, x: float) -> None:
-        """x_j^(t) of neighbour j (the schedule's phase already checked): the hot path."""
+    def accept_x(self, j: int, t: int, x: float, quiet: int | None = None, stop: int | None = None) -> None:
+        """x_j^(t) of neighbour j (the schedule's phase already checked): the hot path.
+
+        With early stopping, its quiet counter and stop iteration are kept for :meth:`take_quiet`.
+        """
         slot = self.slot.get(j)
         if slot is None:
             self.reject(f"x from node {j}, not a neighbour of {self.id}")
@@ -155,6 +168,15 @@ class Member:
         outcome = self.x_in.put(t, slot, x)
         if outcome != "new":
             self._count_x(outcome, j, t, x)
+        elif quiet is not None:
+            row = self.quiet_in.get(t)
+            if row is None:
+                row = self.quiet_in[t] = [(0, NO_STOP)] * len(self.neighbours)
+            row[slot] = (quiet, NO_STOP if stop is None else stop)
+
+    def take_quiet(self, t: int) -> list[tuple[int, int]]:
+        """The neighbours' ``(quiet counter, stop iteration)`` sent with x^(t) (after taking x^(t))."""
+        return self.quiet_in.pop(t)
 
     def _count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:
         nxt = self.x_in.next
@@ -199,7 +221,7 @@ class Member:
             # j (re)started, or republished its status after the broker lost its session: it may
             # have lost what we sent (it drops duplicates).
             self.outbox.resend_to(j)
-        elif msg.state == "done" and msg.final:
+        elif msg.state == "done" and msg.final and not self.cfg.early_stop:
             # j has finished and left: its last x is its last final (we may have crashed before it came)
             outcome = self.x_in.put(self.t_total - 1, slot, msg.final[-1])
             if outcome in ("dup", "conflict"):
@@ -258,7 +280,7 @@ class Member:
             assert last is not None  # the loop saved at least one checkpoint
             last.stage, last.finals, last.xs, last.output = "done", finals, xs, out_list
             self.store.save(last)
-        await self.status("done", final=finals, output=out_list, iterations=self.t_total)
+        await self.status("done", final=finals, output=out_list, iterations=self.iterations_run)
         return self.result(finals, out_list, xs, z0_sent, seconds)
 
     def result(
@@ -270,7 +292,7 @@ class Member:
         sec: float,
     ) -> NodeResult:
         return NodeResult(
-            node=self.id, value=self.value, finals=finals, output=output, iterations=self.t_total,
+            node=self.id, value=self.value, finals=finals, output=output, iterations=self.iterations_run,
             seconds=sec, z0_sent=z0, x=xs, rejected=self.rejected, duplicates=self.duplicates,
         )  # fmt: skip
 

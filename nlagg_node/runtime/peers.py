@@ -63,9 +63,9 @@ class Outbox:
         self.adv: bytes | None = None
         self.status: bytes | None = None
 
-    def send_x(self, t: int, phase: str, x: float) -> None:
-        """Publish x_i^(t) without waiting (the loop's hot path)."""
-        payload = encode_x(self.node, t, phase, x)
+    def send_x(self, t: int, phase: str, x: float, quiet: int | None = None, stop: int | None = None) -> None:
+        """Publish x_i^(t) (with early stopping: its quiet counter and stop) without waiting (hot path)."""
+        payload = encode_x(self.node, t, phase, x, quiet, stop)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.transport.publish_nowait(self.x_topic, payload, qos=1)

@@ -50,6 +50,7 @@ class Router:
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
         self.phase_at = first.phase_at
+        self.early = first.cfg.early_stop
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
         for m in members:
@@ -80,12 +81,16 @@ class Router:
                 bad = WireError("t/phase", (t, msg.phase), "does not fit the run's schedule")
                 self.on_reject(raw.topic, bad)
                 return
+            if (msg.quiet is None) == self.early or (msg.stop is not None and not self.early):
+                why = "missing (the run stops early)" if self.early else "not in a run with a fixed schedule"
+                self.on_reject(raw.topic, WireError("quiet/stop", (msg.quiet, msg.stop), why))
+                return
             listeners = self.listeners.get(msg.node)
             if listeners is None:
                 self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
                 return
             for m in listeners:
-                m.accept_x(msg.node, t, msg.x)
+                m.accept_x(msg.node, t, msg.x, msg.quiet, msg.stop)
         elif isinstance(msg, Z0Msg):
             target = self.by_id.get(msg.to)
             if target is None:

@@ -91,12 +91,18 @@ class Z0Msg(_Msg):
 
 
 class XMsg(_Msg):
-    """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases."""
+    """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases.
+
+    With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
+    ``quiet`` and, once one is known, the phase's stop iteration ``stop``; without, neither.
+    """
 
     node: NodeId
     t: Iteration
     phase: str
     x: Finite
+    quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
+    stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
 
 
 class StatusMsg(_Msg):
@@ -204,21 +210,30 @@ def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
     raise WireError("topic", topic, "not a topic of wire protocol v1")
 
 
-def encode_x(node: int, t: int, phase: str, x: float) -> bytes:
-    """``encode(XMsg(node=node, t=t, phase=phase, x=x))`` without building the model (hot path).
+def encode_x(
+    node: int, t: int, phase: str, x: float, quiet: int | None = None, stop: int | None = None
+) -> bytes:
+    """``encode(XMsg(node=node, t=t, phase=phase, x=x, ...))`` without building the model (hot path).
 
     The caller guarantees ``phase`` needs no JSON escaping (phase names are ``[a-z0-9-]``);
-    ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical.
+    ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical. ``quiet``
+    and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None.
     """
     if not math.isfinite(x):
         raise WireError("x", x, "must be a finite number")
-    return f'{{"v":1,"node":{node},"t":{t},"phase":"{phase}","x":{x!r}}}'.encode()
+    text = f'{{"v":1,"node":{node},"t":{t},"phase":"{phase}","x":{x!r}'
+    if quiet is not None:
+        text += f',"quiet":{quiet}'
+    if stop is not None:
+        text += f',"stop":{stop}'
+    return (text + "}").encode()
 
 
 def encode(msg: WireMessage) -> bytes:
     """UTF-8 JSON with shortest round-trip floats; raises :class:`WireError` on NaN/inf."""
     try:
-        text = json.dumps(msg.model_dump(by_alias=True), allow_nan=False, separators=(",", ":"))
+        body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
+        text = json.dumps(body, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
         raise WireError(type(msg).__name__, msg, f"cannot encode ({exc})") from None
     return text.encode("utf-8")

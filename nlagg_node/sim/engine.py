@@ -34,6 +34,7 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
+from ..termination import NO_STOP, diameter
 from .values import draw_values
 
 Progress = Callable[[int, int], None]
@@ -61,6 +62,7 @@ class SimResult:
     matched: BoolArray  # (B, n) x_i^(t) == s_i for some t
     first_match: IntArray  # (B, n) first such t, -1 if none
     converged_iterations: IntArray  # (B,) iterations each phase needed to stay within tolerance, -1 if not
+    phase_iterations: IntArray  # (B, phases) iterations each phase ran (t_len, or fewer with early stop)
     recorded_t: IntArray  # (R,)
     recorded_x: FloatArray  # (R, B, n)
     z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order
@@ -163,6 +165,13 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     chunk = max(1, t_total // 50) if progress is not None else max(1, t_total)
     kernel = run_phase if cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1 else run_phase_serial
     loop_seconds = 0.0
+    early = cfg.early_stop
+    window = cfg.stop_window
+    diam = np.array([diameter(n, g) for g in graphs] if early else [0] * B, dtype=np.int64)
+    hist = np.zeros((N, window if early else 1))
+    kq = np.zeros(N, dtype=np.int64)
+    ev = np.full(N, NO_STOP, dtype=np.int64)
+    phase_iterations = np.zeros((B, len(phases)), dtype=np.int64)
     for phase, (tlo, thi) in zip(phases, targets, strict=True):
         c = phase_c(cfg, phase)
         cd = c * layout.degree
@@ -173,8 +182,16 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
         s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
         last_bad = np.full(B, -1, dtype=np.int64)
+        ran = np.full(B, -1, dtype=np.int64)
+        kq[:] = 0
+        ev[:] = NO_STOP
         obj = phase.objective
         for start in range(0, phase.t_len, chunk):
+            if early and (ran >= 0).all():  # every trial has stopped: x is final for the rest
+                while rec_ptr < len(record) and record[rec_ptr] < t0 + phase.t_len:
+                    recorded_flat[rec_ptr] = x
+                    rec_ptr += 1
+                break
             steps = min(chunk, phase.t_len - start)
             tick = time.perf_counter()
             rec_ptr = kernel(
@@ -204,11 +221,20 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
                 recorded_flat,
                 rec_ptr,
                 x,
+                early,
+                window,
+                diam,
+                hist,
+                kq,
+                ev,
+                ran,
             )
             loop_seconds += time.perf_counter() - tick
             if progress is not None:
                 progress(t0 + start + steps, t_total)
-        all_converged &= last_bad < phase.t_len - 1
+        ran = np.where(ran >= 0, ran, phase.t_len)
+        phase_iterations[:, len(finals)] = ran
+        all_converged &= last_bad < ran - 1
         conv += last_bad + 1
         finals.append(x.reshape(B, n).copy())
         identified.append(x.copy())
@@ -239,6 +265,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         matched=matched.reshape(B, n),
         first_match=first_match.reshape(B, n),
         converged_iterations=np.where(all_converged, conv, -1),
+        phase_iterations=phase_iterations,
         recorded_t=record,
         recorded_x=recorded_x,
         z0=z0,

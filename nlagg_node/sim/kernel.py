@@ -26,12 +26,17 @@ from typing import Any
 import numba
 import numpy as np
 
-from .. import pdmm
+from .. import pdmm, termination
 from ..jit import njit
 
 _x_piecewise = numba.njit(pdmm.x_piecewise)
 _x_quadratic = numba.njit(pdmm.x_quadratic)
 _z_update = numba.njit(pdmm.z_update)
+# Typed scalar functions (numba's stubs only cover the untyped ones above): Any keeps mypy out.
+_is_quiet: Any = numba.njit(termination.is_quiet)
+_next_quiet: Any = numba.njit(termination.next_quiet)
+_next_stop: Any = numba.njit(termination.next_stop)
+_stop_threshold: Any = numba.njit(termination.stop_threshold)
 
 
 @njit(nogil=True)
@@ -63,12 +68,26 @@ def run_trial(
     recorded: Any,
     rec_ptr: int,
     x: Any,
+    early: bool,
+    quiet_tol: float,
+    window: int,
+    threshold: int,
+    diam: int,
+    hist: Any,
+    kq: Any,
+    ev: Any,
+    ran: Any,
 ) -> None:
     """``t_len`` iterations of trial ``b``: nodes ``b n .. b n + n - 1``, edge pairs ``p0 .. p1 - 1``.
 
     The trial's duals, edge ends (as local node ids) and node data are copied into
     small contiguous buffers first and written back at the end. ``lo``/``hi`` are the
     trial's target interval widened by the tolerance; see :func:`run_phase` for the rest.
+
+    With ``early``, the trial keeps the quiet counters ``kq`` and stop iterations ``ev`` of
+    :mod:`nlagg_node.termination` per node (``hist``: its last ``window`` x's) and stops after
+    the iteration its nodes agree on; ``ran[b]`` is then the phase's iteration count, and x stays
+    at its final value in the recorded iterations after the stop.
     """
     half = u.shape[0] // 2
     g0 = b * n
@@ -91,7 +110,19 @@ def run_trial(
     cd_l = cd[g0 : g0 + n].copy()
     k = rec_ptr
     n_rec = record_t.shape[0]
+    quiet = np.zeros(n, dtype=np.bool_)
+    kmin = np.empty(n, dtype=np.int64)
+    emin = np.empty(n, dtype=np.int64)
+    if ran[b] >= 0 and t_len > 0:  # stopped in an earlier call: x is final
+        for i in range(n):
+            xl[i] = x[g0 + i]
     for t in range(t_len):
+        if ran[b] >= 0:
+            if k < n_rec and record_t[k] == t0 + t:
+                for i in range(n):
+                    recorded[k, g0 + i] = xl[i]
+                k += 1
+            continue
         vl[:] = 0.0
         for e in range(2 * m):
             vl[src_l[e]] += ul[e]
@@ -112,12 +143,32 @@ def run_trial(
             for i in range(n):
                 recorded[k, g0 + i] = xl[i]
             k += 1
+        stop_now = False
+        if early:
+            lt = local0 + t
+            slot = lt % window
+            for i in range(n):
+                quiet[i] = lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], quiet_tol)
+                hist[g0 + i, slot] = xl[i]
+                kmin[i] = kq[g0 + i]
+                emin[i] = ev[g0 + i]
+            for e in range(2 * m):
+                a_ = src_l[e]
+                j_ = g0 + dst_l[e]
+                kmin[a_] = min(kmin[a_], kq[j_])
+                emin[a_] = min(emin[a_], ev[j_])
+            for i in range(n):
+                kq[g0 + i] = _next_quiet(quiet[i], kmin[i])
+                ev[g0 + i] = _next_stop(emin[i], kq[g0 + i], t0 + t, threshold, diam)
+                stop_now = stop_now or ev[g0 + i] == t0 + t
         for p in range(m):
             q = p + m
             a = ul[p]
             r = ul[q]
             ul[p] = _z_update(a, r, xl[dst_l[p]], c, theta)
             ul[q] = _z_update(r, a, xl[dst_l[q]], c, theta)
+        if stop_now:
+            ran[b] = local0 + t + 1
     for e in range(m):
         u[p0 + e] = ul[e]
         u[half + p0 + e] = ul[m + e]
@@ -154,6 +205,13 @@ def run_phase(
     recorded: Any,
     rec_ptr: int,
     x: Any,
+    early: bool,
+    window: int,
+    diam: Any,
+    hist: Any,
+    kq: Any,
+    ev: Any,
+    ran: Any,
 ) -> int:
     """Run ``t_len`` iterations of every trial in place on ``u`` (signed duals) and ``x``.
 
@@ -163,7 +221,9 @@ def run_phase(
     global iteration of the first step and ``local0`` its index within the phase.
     ``matched``/``first_match`` (per node), ``last_bad`` (per trial: last phase-local
     iteration with a node farther than ``tolerance`` from ``[target_lo, target_hi]``)
-    and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place.
+    and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place, and so
+    are the early-stop state ``hist``/``kq``/``ev`` (per node) and ``ran`` (per trial, -1 while
+    running) when ``early`` (``diam``: each trial's graph diameter).
     """
     n_trials = last_bad.shape[0]
     rec_end = rec_ptr
@@ -198,6 +258,15 @@ def run_phase(
             recorded,
             rec_ptr,
             x,
+            early,
+            tolerance,
+            window,
+            _stop_threshold(diam[b], window),
+            diam[b],
+            hist,
+            kq,
+            ev,
+            ran,
         )
     return rec_end
 
@@ -229,6 +298,13 @@ def run_phase_serial(
     recorded: Any,
     rec_ptr: int,
     x: Any,
+    early: bool,
+    window: int,
+    diam: Any,
+    hist: Any,
+    kq: Any,
+    ev: Any,
+    ran: Any,
 ) -> int:
     """:func:`run_phase` without a parallel region: the trials one after the other, from Python.
 
@@ -268,5 +344,14 @@ def run_phase_serial(
             recorded,
             rec_ptr,
             x,
+            early,
+            tolerance,
+            window,
+            _stop_threshold(diam[b], window),
+            diam[b],
+            hist,
+            kq,
+            ev,
+            ran,
         )
     return rec_end

@@ -47,6 +47,8 @@ class SimSummary(TypedDict):
     leakage_probability: list[float]  # by rank, rank 0 = largest value
     converged_fraction: float
     iterations_to_converge: float | None  # median over converged trials
+    early_stop: bool  # phases end once the network is quiet (t_max a cap)
+    iterations_run: float  # median over trials of the iterations every phase ran
     wall_seconds: float
     transcript: NotRequired[str]  # with --transcript: the simulated transcript's path
 
@@ -74,6 +76,8 @@ def summarize(result: SimResult) -> SimSummary:
         "leakage_probability": [float(p) for p in result.leakage_probability()],
         "converged_fraction": float(ok.mean()),
         "iterations_to_converge": float(np.median(conv[ok])) if ok.any() else None,
+        "early_stop": cfg.early_stop,
+        "iterations_run": float(np.median(result.phase_iterations.sum(axis=1))),
         "wall_seconds": result.wall_seconds,
     }
 
@@ -123,6 +127,7 @@ def write_run(result: SimResult, out: Path, summary: SimSummary | None = None) -
         matched=result.matched,
         first_match=result.first_match,
         converged_iterations=result.converged_iterations,
+        phase_iterations=result.phase_iterations,
         recorded_t=result.recorded_t,
         recorded_x=result.recorded_x,
         graph_edges=np.concatenate(result.graphs),

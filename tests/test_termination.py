@@ -1,0 +1,167 @@
+"""Early stopping (issue 15): the rule of :mod:`nlagg_node.termination` in the simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adversary.transcript import Transcript
+from nlagg_node import load_config, simulate
+from nlagg_node.lab.testbed import run_testbed
+from nlagg_node.limits import MAX_ITERATIONS, MAX_NODES
+from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
+from nlagg_node.termination import NO_STOP, diameter, is_quiet, next_quiet, next_stop, stop_threshold
+
+WINDOW = 20
+
+
+@pytest.mark.parametrize(
+    ("n", "edges", "want"),
+    [
+        pytest.param(4, [[0, 1], [1, 2], [2, 3]], 3, id="path"),
+        pytest.param(6, [[i, (i + 1) % 6] for i in range(6)], 3, id="cycle"),
+        pytest.param(5, [[0, j] for j in range(1, 5)], 2, id="star"),
+    ],
+)
+def test_diameter(n: int, edges: list[list[int]], want: int) -> None:
+    assert diameter(n, np.array(edges)) == want
+
+
+def test_diameter_refuses_disconnected() -> None:
+    with pytest.raises(ValueError, match="not connected"):
+        diameter(4, np.array([[0, 1], [2, 3]]))
+
+
+def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float) -> tuple[int, np.ndarray]:
+    """The rule applied node by node to a fixed-schedule trajectory ``xs`` (T, n) of one phase.
+
+    Returns the iterations the phase runs and every node's stop iteration ``e`` at the stop.
+    """
+    n = xs.shape[1]
+    nbrs: list[list[int]] = [[] for _ in range(n)]
+    for a, b in edges.tolist():
+        nbrs[a].append(b)
+        nbrs[b].append(a)
+    diam = diameter(n, edges)
+    k, e = [0] * n, [NO_STOP] * n
+    for lt in range(xs.shape[0]):
+        quiet = [lt >= WINDOW and is_quiet(xs[lt, i], xs[lt - WINDOW, i], tol) for i in range(n)]
+        k_min = [min([k[i]] + [k[j] for j in nbrs[i]]) for i in range(n)]
+        e_min = [min([e[i]] + [e[j] for j in nbrs[i]]) for i in range(n)]
+        k = [next_quiet(quiet[i], k_min[i]) for i in range(n)]
+        e = [next_stop(e_min[i], k[i], t0 + lt, stop_threshold(diam, WINDOW), diam) for i in range(n)]
+        if any(v == t0 + lt for v in e):
+            return lt + 1, np.array(e)
+    return xs.shape[0], np.array(e)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param({"op": "max", "t_max": 3000}, id="max"),
+        pytest.param({"op": "median", "t_max": 3000}, id="median"),
+        pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
+    ],
+)
+def test_simulator_stops_where_the_rule_says(params: dict[str, object]) -> None:
+    """Same trajectory as the fixed schedule up to the stop, frozen after, every node agreeing on
+    the stop iteration, and every x quiet over the W iterations the proof promises."""
+    base = load_config(n=12, trials=6, record="all", seed=3, **params)
+    fixed = simulate(base)
+    early = simulate(base.model_copy(update={"early_stop": True, "stop_window": WINDOW}))
+    tol = base.tolerance
+    stopped = 0
+    for b in range(base.trials):
+        start = 0
+        edges = fixed.graphs[b]
+        diam = diameter(base.n, edges)
+        for p, phase in enumerate(fixed.phases):
+            seg = slice(start, start + phase.t_len)
+            if p > 0 and early.phase_iterations[b, :p].tolist() != fixed.phase_iterations[b, :p].tolist():
+                break  # an earlier phase stopped early: this one starts from other duals
+            ran, e = _stop_from_trajectory(fixed.recorded_x[seg, b], edges, start, tol)
+            assert early.phase_iterations[b, p] == ran
+            got = early.recorded_x[seg, b]
+            np.testing.assert_array_equal(got[:ran], fixed.recorded_x[seg, b][:ran])
+            np.testing.assert_array_equal(got[ran:], np.broadcast_to(got[ran - 1], got[ran:].shape))
+            if ran < phase.t_len:
+                stopped += 1
+                assert (e == start + ran - 1).all()  # every node holds the same stop iteration
+                # proposed at t* = stop - D: every node quiet at every t in [t* - D - W + 1, t* - D]
+                window = fixed.recorded_x[seg, b][ran - 2 * diam - 2 * WINDOW : ran - 2 * diam]
+                assert (np.abs(window[WINDOW:] - window[:-WINDOW]) <= tol).all()
+            start += phase.t_len
+    assert stopped > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["max", "median"])
+def test_early_stop_never_increases_leakage(op: str) -> None:
+    """Leakage per rank over 1000 trials: with early stopping <= with the fixed schedule."""
+    base = load_config(op=op, trials=1000, record="none", seed=0)
+    fixed = simulate(base)
+    early = simulate(base.model_copy(update={"early_stop": True}))
+    p_fixed, p_early = fixed.leakage_probability(), early.leakage_probability()
+    assert (p_early <= p_fixed).all(), (p_early, p_fixed)
+    assert early.phase_iterations.mean() < 0.6 * fixed.phase_iterations.mean()
+    assert (early.converged_iterations >= 0).mean() >= 0.97
+
+
+@pytest.mark.mosquitto
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param({"op": "max", "t_max": 3000}, id="max"),
+        pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
+    ],
+)
+async def test_testbed_stops_where_the_simulator_does(
+    params: dict[str, object], mosquitto_url: str, tmp_path: Path
+) -> None:
+    """The nodes on Mosquitto publish the simulator's x's bit for bit and stop at its iteration."""
+    cfg = load_config(n=8, trials=1, seed=21, early_stop=True, stop_window=WINDOW, **params)
+    summary = await run_testbed(cfg, broker_url=mosquitto_url, in_process=True, out_dir=tmp_path)
+    sim = simulate(cfg.model_copy(update={"record": "all"}))
+    with Transcript(tmp_path / "transcript.sqlite") as tr:
+        x = tr.x(cfg.n, sim.t_total)
+    start = 0
+    for p, phase in enumerate(sim.phases):
+        ran = int(sim.phase_iterations[0, p])
+        seg = x[:, start : start + phase.t_len]
+        np.testing.assert_array_equal(seg[:, :ran], sim.recorded_x[start : start + ran, 0].T)
+        assert np.isnan(seg[:, ran:]).all()  # nothing published after the stop
+        start += phase.t_len
+    assert sim.phase_iterations[0].sum() < sim.t_total
+    assert summary["iterations"] == sim.phase_iterations[0].sum()
+    assert summary["exact"]
+    finals = np.array([summary["final_x"][str(i)] for i in range(cfg.n)]).reshape(sim.output[0].shape)
+    np.testing.assert_array_equal(finals, sim.output[0])
+
+
+@pytest.mark.parametrize(
+    ("quiet", "stop"), [pytest.param(0, None, id="counting"), pytest.param(140, 7004, id="stop-known")]
+)
+def test_x_fields_round_trip_exactly(quiet: int, stop: int | None) -> None:
+    payload = encode_x(2, 7000, "max-2", 0.1 + 0.2, quiet, stop)
+    assert payload == encode(XMsg(node=2, t=7000, phase="max-2", x=0.1 + 0.2, quiet=quiet, stop=stop))
+    _, msg = decode(topics("nlagg", "r").x(2), payload, "nlagg", "r")
+    assert isinstance(msg, XMsg)
+    assert (msg.quiet, msg.stop) == (quiet, stop)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("quiet", -1, id="negative-quiet"),
+        pytest.param("quiet", MAX_ITERATIONS + 1, id="huge-quiet"),
+        pytest.param("stop", MAX_ITERATIONS + MAX_NODES, id="huge-stop"),
+        pytest.param("stop", 1.5, id="float-stop"),
+    ],
+)
+def test_x_fields_are_bounded(field: str, value: object) -> None:
+    body = {"v": 1, "node": 0, "t": 3, "phase": "max", "x": 1.0, "quiet": 0, field: value}
+    with pytest.raises(WireError, match=field):
+        decode(topics("nlagg", "r").x(0), json.dumps(body).encode(), "nlagg", "r")
