@@ -31,6 +31,7 @@ import numpy as np
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
+from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
@@ -135,6 +136,7 @@ class AttackReport:
     iteration_agreement: float | None = None
     interval_soundness: float | None = None
     truth_note: str = ""
+    value_range: tuple[float, float] | None = None
     extra: AttackExtra = field(default_factory=lambda: AttackExtra())
 
     @property
@@ -164,6 +166,7 @@ class AttackReport:
             "iteration_agreement": self.iteration_agreement,
             "interval_soundness": self.interval_soundness,
             "truth": self.truth_note,
+            "value_range": list(self.value_range) if self.value_range is not None else None,
             "nodes": nodes,
             **self.extra,
         }
@@ -193,8 +196,12 @@ def attack_arrays(
     epsilon: float = 1e-3,
     corrupted: Mapping[int, float] | None = None,
     replayed: Exposures | None = None,
+    scale: ValueScale | None = None,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
+
+    The replay runs on the wire's (protocol) scale; every value, interval and the output of
+    the report are in the user's units (``scale`` maps them back; identity by default).
 
     Parameters
     ----------
@@ -212,12 +219,14 @@ def attack_arrays(
     epsilon
         Top-K tolerance (public; decides which nodes may bypass).
     corrupted
-        Node id -> private value forwarded by that corrupted node.
+        Node id -> private value forwarded by that corrupted node, in the user's units.
     replayed
         The replay of these very arrays when the caller already ran it (a
         :class:`~adversary.live.LiveReplay` that kept up with a live capture): its
         ``(n, T')`` branch codes, ``T' >= T``, are cut to T instead of replaying again
         (the replay is causal: iteration t depends on nothing later).
+    scale
+        The run's public value range (:func:`nlagg_node.scale.scale_for`).
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != n:
@@ -260,15 +269,17 @@ def attack_arrays(
                 lower[i] = max(lower[i], float(highs.max()))
         ends.setdefault(phase.group, []).append(t1 - 1)
         t0 = t1
+    sc = scale or ValueScale()
+    lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
     last = x[:, T - 1] if T else np.full(n, np.nan)
-    output = float(np.nanmedian(last)) if np.isfinite(last).any() else None
+    output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
     findings: list[NodeFinding] = []
     for i in range(n):
         if i in corrupt:
             v = float(corrupt[i])
             findings.append(_finding(i, "corrupted", v, -1, "forwarded", v, v, output))
         elif rep.first[i] >= 0:
-            v = float(rep.value[i])
+            v = sc.user_float(float(rep.value[i]))
             how = "=s" if rep.branch[i, rep.first[i]] == VALUE else "solved"
             findings.append(_finding(i, "exposed", v, int(rep.first[i]), how, v, v, output))
         else:
@@ -280,6 +291,7 @@ def attack_arrays(
         iterations=T,
         output=output,
         findings=findings,
+        value_range=None if sc.identity else (sc.lo, sc.hi),
         extra={"solved_phase": SOLVED in codes_used},
     )
 
@@ -323,15 +335,22 @@ def score(
     honest = [f for f in report.findings if f.status != "corrupted"]
     claims = [f for f in honest if f.status == "exposed"]
 
+    # Mapped back from the protocol's scale, a value is exact up to rounding relative to hi - lo.
+    span = 0.0 if report.value_range is None else report.value_range[1] - report.value_range[0]
+    mapped = SOLVED_TOLERANCE * span
+
     def right(f: NodeFinding) -> bool:
         truth = float(s[f.node])
         assert f.value is not None
         if f.how == "=s":
-            return f.value == truth
-        return abs(f.value - truth) <= SOLVED_TOLERANCE * max(1.0, abs(truth))
+            return abs(f.value - truth) <= mapped
+        return abs(f.value - truth) <= SOLVED_TOLERANCE * max(1.0, abs(truth), span)
 
     report.precision = sum(right(f) for f in claims) / len(claims) if claims else 1.0
-    sound = [f.lower <= s[f.node] <= f.upper or (f.status == "exposed" and right(f)) for f in honest]
+    sound = [
+        f.lower - mapped <= s[f.node] <= f.upper + mapped or (f.status == "exposed" and right(f))
+        for f in honest
+    ]
     report.interval_soundness = sum(sound) / max(1, len(sound))
     if true_first_match is not None:
         first = np.asarray(true_first_match, dtype=np.int64)
@@ -351,6 +370,7 @@ def report_json(report: AttackReport) -> str:
 def load_transcript_arrays(path: str | Path) -> TranscriptData:
     """Read what the attack needs from a transcript file (``adversary.transcript`` format)."""
     from nlagg_node.runtime.public import config_from_msg
+    from nlagg_node.scale import scale_for
     from nlagg_node.schedule import phase_c, plan_phases
 
     from .transcript import Transcript
@@ -363,8 +383,10 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
         cfg, edges = config_from_msg(msg)
         phases = plan_phases(cfg)
         t_total = sum(ph.t_len for ph in phases)
-        corrupted = {m.node: float(m.s) for m in tr.adv_states()}
+        scale = scale_for(cfg)
+        corrupted = {m.node: scale.user_float(float(m.s)) for m in tr.adv_states()}
         return {
+            "scale": scale,
             "cfg": cfg,
             "run_id": tr.run_id,
             "n": cfg.n,
@@ -398,6 +420,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         op=cfg.op,
         epsilon=cfg.epsilon,
         corrupted=data["corrupted"],
+        scale=data["scale"],
     )
     report.extra["run_id"] = data["run_id"]
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
@@ -430,7 +453,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
             report.truth_note = f"{cand}: DP baseline (exposures are perturbed inputs), not scored"
             break
         else:
-            first = _first_matches(data["x"], vals)
+            first = _first_matches(data["x"], np.asarray(data["scale"].to_protocol(vals)))
         score(report, vals, first, note=f"ground truth from {cand}")
         break
     return report

@@ -21,7 +21,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
+from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 
 from .capture import AckingSubscriber, accepts_anonymous
@@ -89,6 +90,7 @@ class Eavesdropper:
         self.commit_every = commit_every
         self.config: ConfigMsg | None = None
         self.replay: LiveReplay | None = None
+        self.scale = ValueScale()  # the run's public value range, once its config is known
         self.nodes: dict[int, NodeView] = {}
         self.exposures: list[Exposure] = []
         self.captured = 0
@@ -204,7 +206,7 @@ class Eavesdropper:
         elif isinstance(msg, AdvStateMsg):
             v = self.view(msg.node)
             v.corrupted = True
-            v.private_value = msg.s
+            v.private_value = self.scale.user_float(msg.s)
         elif isinstance(msg, StatusMsg):
             v = self.view(msg.node)
             if v.state != "done" or msg.state == "done":
@@ -223,6 +225,7 @@ class Eavesdropper:
         self.config = msg
         log.info("run configuration received (%d nodes)", msg.n)
         cfg, edges = config_from_msg(msg)
+        self.scale = scale_for(cfg)
         phases = plan_phases(cfg)
         self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
         # Catch up on what arrived before the config.
@@ -237,7 +240,8 @@ class Eavesdropper:
     def _advance(self) -> None:
         assert self.replay is not None
         t_before = self.replay.t_next
-        for exp in self.replay.advance():
+        for found in self.replay.advance():
+            exp = self._in_user_units(found)
             v = self.view(exp.node)
             if v.exposed is None:
                 v.exposed = exp
@@ -250,6 +254,10 @@ class Eavesdropper:
             t = self.replay.t_next - 1
             for i in range(self.replay.n):
                 self.view(i).branch = BRANCH_NAMES[int(self.replay.branch[i, t])]
+
+    def _in_user_units(self, exp: Exposure) -> Exposure:
+        """The replay works on the wire's (protocol) scale; exposures are reported in the user's units."""
+        return replace(exp, value=self.scale.user_float(exp.value))
 
     def _check_finished(self) -> None:
         if self.config is None or self.finished.is_set() or self.replay is None:
@@ -277,7 +285,8 @@ class Eavesdropper:
                     "every node is done but %d x and %d z0 messages are missing; stopping", *self.missing
                 )
             if self.replay is not None:
-                for exp in self.replay.advance(force=True):
+                for found in self.replay.advance(force=True):
+                    exp = self._in_user_units(found)
                     if not self.view(exp.node).corrupted:
                         self.exposures.append(exp)
                         if self.on_exposure is not None:

@@ -158,7 +158,7 @@ def leakage_verdicts(
             **({"values": base_values} if base_values is not None else {}),
         }
     )
-    mc_values = draw_values(mc_cfg.values, 12345, trials, n)
+    mc_values = draw_values(mc_cfg.values_value, 12345, trials, n, mc_cfg.value_range)
     bound = ideal_leakage(mc_cfg, mc_values, corrupted=list(corrupted), graphs=[edges] * trials)
     rows: list[dict[str, Any]] = []
     for f in findings:
@@ -222,7 +222,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     report = attack_transcript(transcript, truth=summary_path)
     data = load_transcript_arrays(transcript)
     cfg = data["cfg"]
-    x = data["x"]
+    x = np.asarray(data["scale"].to_user(data["x"]), dtype=np.float64)  # in the user's units
     n = cfg.n
     values = np.array([float(summary["private_values"][str(i)]) for i in range(n)])
     base = manifest.get("config", {})

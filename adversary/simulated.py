@@ -20,6 +20,7 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout
+from nlagg_node.scale import scale_for
 from nlagg_node.schedule import phase_c
 from nlagg_node.sim import SimResult
 
@@ -76,6 +77,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         op=cfg.op,
         epsilon=cfg.epsilon,
         corrupted=_corrupted_values(result, trial, corrupted),
+        scale=scale_for(cfg),
     )
     return score(
         report,
@@ -142,7 +144,9 @@ def write_sim_transcript(
                     received=float(t),
                 )
         first = next(iter(z0.values()))
-        for i, s in corrupt.items():
+        scale = scale_for(cfg)
+        for i, s_user in corrupt.items():
+            s = scale.protocol_float(s_user)  # a node forwards the value it runs the protocol on
             out_e = np.flatnonzero(layout.src == i)
             zs = {str(int(layout.dst[e])): float(first[e]) for e in out_e}
             zin = {str(int(layout.src[e])): float(first[e]) for e in np.flatnonzero(layout.dst == i)}

@@ -25,7 +25,7 @@ OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimm
 InitName = Literal[
     "none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"
 ]
-ValueDist = Literal["normal", "uniform", "bimodal"]
+ValueDist = Literal["normal", "uniform", "bimodal", "uniform-range"]
 
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 """The broker every command connects to when none is given (the testbed starts its own instead)."""
@@ -33,13 +33,40 @@ DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 # Per-operator defaults, measured on RGG n = 15 (see README, "Privacy against convergence time").
 # c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
 OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "max": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
-    "min": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
-    "topk": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
-    "median": {"c": 10.0, "mu_z": 30.0, "t_max": 6000},
-    "quantile": {"c": 10.0, "mu_z": 30.0, "t_max": 7000},
-    "trimmed-mean": {"c": 100.0, "mu_z": 300.0, "t_max": 7000},
-    "average": {"c": 1.0, "mu_z": 0.0, "t_max": 400},
+    "max": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
+    "min": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
+    "topk": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
+    "median": {"c": 10.0, "mu_z": 30.0, "sigma_z": 1.0, "t_max": 6000},
+    "quantile": {"c": 10.0, "mu_z": 30.0, "sigma_z": 1.0, "t_max": 7000},
+    "trimmed-mean": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
+    "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
+}
+
+# With a declared value_range the protocol runs on values in [0, 1] (nlagg_node.scale); these are
+# calibrated there (uniform values over the range, RGG n = 15; docs/experiments.md). Gaps between
+# neighbouring values are about 1/n of the range, so c is larger than for N(0, 1) values. One-sided
+# starts sit at the range's midpoint +- mu_z / c: mu_z / c = 0.6 starts x 10% of the range beyond it.
+NORMALIZED_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "max": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
+    "min": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
+    "topk": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
+    "median": {"c": 30.0, "mu_z": 18.0, "sigma_z": 1.0, "t_max": 6000},
+    "quantile": {"c": 30.0, "mu_z": 18.0, "sigma_z": 1.0, "t_max": 6000},
+    "trimmed-mean": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
+    "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
+}
+
+# What ``--init proposed`` means per operator: the dual initialization with the least measured
+# leakage among those exact at the defaults (docs/experiments.md, "Default initializations").
+# ``prior`` starts x near the public prior median (the range's midpoint, or --prior-median).
+PROPOSED_INIT: dict[str, str] = {
+    "max": "from-above",
+    "min": "from-below",
+    "topk": "from-above",
+    "median": "prior",
+    "quantile": "prior",
+    "trimmed-mean": "from-above",
+    "average": "symmetric",
 }
 
 
@@ -68,16 +95,18 @@ class RunConfig(BaseModel):
     theta: float = Field(0.5, gt=0, le=1)
     init: InitName = "proposed"
     mu_z: float | None = None
-    sigma_z: float = Field(1.0, ge=0)
+    sigma_z: float | None = Field(None, ge=0)
     sigma_s: float = Field(0.1, ge=0)
     k: int = Field(3, ge=1, le=MAX_NODES)
     quantile: float = Field(0.5, gt=0, lt=1)
     epsilon: float = Field(1e-6, ge=0)
-    prior_median: float = 0.0
+    prior_median: float | None = None
     avg_c: float = Field(1.0, gt=0)
     avg_sigma_z: float = Field(100.0, ge=0)
     avg_t_max: int = Field(400, ge=1, le=MAX_T_MAX)
-    values: ValueDist = "normal"
+    values: ValueDist | None = None
+    values_file: Path | None = None
+    value_range: tuple[float, float] | None = None
     seed: int = Field(0, ge=0)
     record: str = "every:10"
     tolerance: float = Field(1e-9, gt=0)
@@ -116,20 +145,56 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"n={self.n}: n times the {total} iterations of the run exceeds {MAX_NODE_ITERATIONS}"
             )
+        if self.value_range is not None:
+            lo, hi = self.value_range
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"value_range={[lo, hi]}: needs two finite numbers LO < HI")
+        if self.values == "uniform-range" and self.value_range is None:
+            raise ValueError("values='uniform-range': needs value_range = [LO, HI]")
         return self
 
     # Resolved parameters --------------------------------------------------------------
+    def default(self, key: str) -> float | int:
+        """The operator's default for ``key`` (calibrated for [0, 1] when a value range is declared)."""
+        table = NORMALIZED_DEFAULTS if self.value_range is not None else OPERATOR_DEFAULTS
+        return table[self.op][key]
+
     @property
     def c_value(self) -> float:
-        return float(self.c if self.c is not None else OPERATOR_DEFAULTS[self.op]["c"])
+        return float(self.c if self.c is not None else self.default("c"))
 
     @property
     def mu_z_value(self) -> float:
-        return float(self.mu_z if self.mu_z is not None else OPERATOR_DEFAULTS[self.op]["mu_z"])
+        return float(self.mu_z if self.mu_z is not None else self.default("mu_z"))
+
+    @property
+    def sigma_z_value(self) -> float:
+        return float(self.sigma_z if self.sigma_z is not None else self.default("sigma_z"))
 
     @property
     def t_max_value(self) -> int:
-        return int(self.t_max if self.t_max is not None else OPERATOR_DEFAULTS[self.op]["t_max"])
+        return int(self.t_max if self.t_max is not None else self.default("t_max"))
+
+    @property
+    def values_value(self) -> str:
+        """The value distribution: ``uniform-range`` when a range is declared, else ``normal``."""
+        if self.values is not None:
+            return self.values
+        return "uniform-range" if self.value_range is not None else "normal"
+
+    @property
+    def prior_median_value(self) -> float:
+        """The public prior in the user's units where x starts for ``--init prior``.
+
+        By default the range's point at the operator's level (the midpoint for the median, ``lo + p
+        (hi - lo)`` for the p-quantile); 0 without a range.
+        """
+        if self.prior_median is not None:
+            return float(self.prior_median)
+        if self.value_range is None:
+            return 0.0
+        level = self.quantile if self.op == "quantile" else 0.5
+        return self.value_range[0] + level * (self.value_range[1] - self.value_range[0])
 
     @property
     def t_total(self) -> int:
@@ -143,7 +208,16 @@ class RunConfig(BaseModel):
 
     def resolved(self) -> RunConfig:
         """A copy with the operator defaults written in (what a manifest records)."""
-        return self.model_copy(update={"c": self.c_value, "mu_z": self.mu_z_value, "t_max": self.t_max_value})
+        return self.model_copy(
+            update={
+                "c": self.c_value,
+                "mu_z": self.mu_z_value,
+                "sigma_z": self.sigma_z_value,
+                "t_max": self.t_max_value,
+                "values": self.values_value,
+                "prior_median": self.prior_median_value,
+            }
+        )
 
     def graph_spec(self) -> GraphSpec:
         return GraphSpec(

@@ -30,6 +30,10 @@ class DualInitSpec:
     * ``symmetric``: N(0, sigma_z^2) (median without prior; average consensus with a
       large sigma_z is the subspace perturbation of [Jane2020TIFS]).
     * ``prior``: N(-a_ij c m, sigma_z^2) so that x starts near a prior median ``m``.
+
+    ``center`` shifts the one-sided starts to ``center +- mu_z / c``: 0 for raw values, the
+    midpoint 1/2 of a declared value range on the protocol's [0, 1] scale (:mod:`nlagg_node.scale`),
+    so one mu_z serves max and min alike.
     """
 
     kind: DualInit = "zero"
@@ -37,13 +41,14 @@ class DualInitSpec:
     sigma_z: float = 0.0
     c: float = 1.0
     prior_median: float = 0.0
+    center: float = 0.0
 
     def mean_per_sign(self) -> float:
         """Mean of ``a_ij z_{i|j}^(0)``, i.e. of the signed dual u^(0)."""
         if self.kind == "from-above":
-            return -self.mu_z
+            return -(self.mu_z + self.c * self.center)
         if self.kind == "from-below":
-            return self.mu_z
+            return self.mu_z - self.c * self.center
         if self.kind == "prior":
             return -self.c * self.prior_median
         return 0.0

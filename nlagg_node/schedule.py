@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .arrays import FloatArray
-from .config import RunConfig
+from .config import PROPOSED_INIT, RunConfig
 from .init import DualInit, DualInitSpec, ValueNoise
 from .pdmm import Objective, paper_q
 
@@ -53,6 +53,13 @@ class Phase:
 
 
 def _init_for(cfg: RunConfig, default: DualInit, c: float, sigma_z: float | None = None) -> DualInitSpec:
+    """The dual distribution of a group: ``proposed`` means ``default`` (``PROPOSED_INIT`` per operator).
+
+    The prior median is public and given in the user's units; the duals live on the protocol's
+    scale (:mod:`nlagg_node.scale`), so it is mapped there.
+    """
+    from .scale import scale_for
+
     name = cfg.init
     kind: DualInit
     if name in ("none", "dp-gauss", "dp-laplace"):
@@ -61,8 +68,15 @@ def _init_for(cfg: RunConfig, default: DualInit, c: float, sigma_z: float | None
         kind = default
     else:
         kind = name  # type: ignore[assignment]
-    sz = cfg.sigma_z if sigma_z is None else sigma_z
-    return DualInitSpec(kind=kind, mu_z=cfg.mu_z_value, sigma_z=sz, c=c, prior_median=cfg.prior_median)
+    sz = cfg.sigma_z_value if sigma_z is None else sigma_z
+    scale = scale_for(cfg)
+    prior = scale.protocol_float(cfg.prior_median_value)
+    center = 0.0 if scale.identity else 0.5  # one-sided starts: midpoint of the range +- mu_z / c
+    return DualInitSpec(kind=kind, mu_z=cfg.mu_z_value, sigma_z=sz, c=c, prior_median=prior, center=center)
+
+
+def _proposed(cfg: RunConfig) -> DualInit:
+    return PROPOSED_INIT[cfg.op]  # type: ignore[return-value]
 
 
 def plan_phases(cfg: RunConfig) -> list[Phase]:
@@ -74,10 +88,10 @@ def plan_phases(cfg: RunConfig) -> list[Phase]:
     if op == "min":
         return [Phase("min", Objective.minimum(), t, "min", _init_for(cfg, "from-below", c))]
     if op == "median":
-        return [Phase("median", Objective.median(), t, "median", _init_for(cfg, "from-above", c))]
+        return [Phase("median", Objective.median(), t, "median", _init_for(cfg, _proposed(cfg), c))]
     if op == "quantile":
         obj = Objective.quantile(paper_q(cfg.quantile))
-        return [Phase("quantile", obj, t, "quantile", _init_for(cfg, "from-above", c))]
+        return [Phase("quantile", obj, t, "quantile", _init_for(cfg, _proposed(cfg), c))]
     avg_init = _init_for(cfg, "symmetric", cfg.avg_c, cfg.avg_sigma_z)
     if op == "average":
         return [Phase("average", Objective.average(), t, "average", _init_for(cfg, "symmetric", c))]

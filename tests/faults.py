@@ -37,7 +37,7 @@ from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode, topics
 from nlagg_node.sim import simulate
-from nlagg_node.sim.values import draw_values
+from nlagg_node.sim.values import run_values
 
 __all__ = ["FaultBed", "Verdict", "hostile_messages"]
 
@@ -109,7 +109,7 @@ class FaultBed:
         self.prefix = prefix
         self.corrupt = set(corrupt or set())
         self.neighbour_timeout = neighbour_timeout
-        self.values = draw_values(self.cfg.values, self.cfg.seed, 1, self.cfg.n)[0]
+        self.values = run_values(self.cfg, 1)[0]
         self.edges = run_edges(self.cfg)
         self.t_total = sum(int(p["t_len"]) for p in build_config_msg(self.cfg, run_id, self.edges).phases)
         self.db = workdir / "transcript.sqlite"

@@ -95,7 +95,8 @@ def op_defaults(key: str) -> str:
     seen: dict[object, list[str]] = {}
     for op, d in OPERATOR_DEFAULTS.items():
         seen.setdefault(d[key], []).append(op)
-    return "; ".join(f"{'/'.join(ops)}: {v:g}" for v, ops in seen.items())
+    plain = "; ".join(f"{'/'.join(ops)}: {v:g}" for v, ops in seen.items())
+    return plain + " (other defaults with --value-range: see README)"
 
 
 CORRUPT_HELP = (
@@ -179,7 +180,7 @@ MuZOpt = Annotated[
     float | None,
     typer.Option(help=f"mean offset of z^(0); x starts near mu_z / c [default: {op_defaults('mu_z')}]"),
 ]
-SigmaZOpt = Annotated[float | None, typer.Option(help="std of z^(0)" + _d("sigma_z"))]
+SigmaZOpt = Annotated[float | None, typer.Option(help=f"std of z^(0) [default: {op_defaults('sigma_z')}]")]
 InitOpt = Annotated[
     str | None,
     typer.Option(
@@ -199,7 +200,19 @@ ThetaOpt = Annotated[
     float | None, typer.Option(help="averaging constant in (0, 1]; 1/2 = ADMM" + _d("theta"))
 ]
 ValuesOpt = Annotated[
-    str | None, typer.Option(help="private values drawn from: normal, uniform or bimodal" + _d("values"))
+    str | None,
+    typer.Option(
+        help="private values drawn from: normal, uniform, uniform-range or bimodal"
+        " [default: uniform-range with --value-range, else normal]"
+    ),
+]
+ValueRangeOpt = Annotated[
+    tuple[float, float] | None,
+    typer.Option(help="public range LO HI of the values; the protocol runs on (s - LO) / (HI - LO)"),
+]
+ValuesFileOpt = Annotated[
+    Path | None,
+    typer.Option(help="private values, CSV or whitespace-separated: one row per trial, or one row for all"),
 ]
 ConfigOpt = Annotated[
     Path | None, typer.Option(help="TOML run config ([run] table or top level); flags override it")

@@ -45,7 +45,22 @@ COpt = Annotated[float | None, typer.Option(help="PDMM step parameter c")]
 MuZOpt = Annotated[float | None, typer.Option(help="mean offset of z^(0)")]
 KOpt = Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")]
 QuantileOpt = Annotated[float | None, typer.Option(help="quantile level p in (0, 1)")]
-ValuesOpt = Annotated[str | None, typer.Option(help="drawn values: normal, uniform or bimodal")]
+ValuesOpt = Annotated[
+    str | None, typer.Option(help="drawn values: normal, uniform, uniform-range or bimodal")
+]
+ValueRangeOpt = Annotated[
+    tuple[float, float] | None,
+    typer.Option(help="public range LO HI of the values (default: what the --value-cmd sensor declares)"),
+]
+
+
+def _sensor_range(value_cmd: str | None) -> tuple[float, float] | None:
+    """The range a sensor script declares (``# nlagg-value-range: LO HI``), for --value-cmd."""
+    if value_cmd is None:
+        return None
+    from ..deploy.sensors import range_for_command
+
+    return range_for_command(value_cmd)
 
 
 def _plan_spec(
@@ -70,6 +85,7 @@ def _plan_spec(
     quantile: float | None,
     values: str | None,
     broker: str,
+    value_range: tuple[float, float] | None = None,
     listen_host: str | None = None,
     listen_port: int = 1883,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
@@ -94,6 +110,7 @@ def _plan_spec(
         k=k,
         quantile=quantile,
         values=values,
+        value_range=value_range if value_range is not None else _sensor_range(value_cmd),
     )
     given = [
         (name, v)
@@ -167,6 +184,7 @@ def plan_cmd(
     k: KOpt = None,
     quantile: QuantileOpt = None,
     values: ValuesOpt = None,
+    value_range: ValueRangeOpt = None,
     tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
     tls_certfile: Annotated[str | None, typer.Option(help="broker TLS: server certificate (PEM)")] = None,
     tls_keyfile: Annotated[str | None, typer.Option(help="broker TLS: server key (PEM)")] = None,
@@ -213,6 +231,7 @@ def plan_cmd(
         k=k,
         quantile=quantile,
         values=values,
+        value_range=value_range,
         broker=broker,
         listen_host=host or None,
         listen_port=port,
@@ -265,6 +284,7 @@ def compose_cmd(
     k: KOpt = None,
     quantile: QuantileOpt = None,
     values: ValuesOpt = None,
+    value_range: ValueRangeOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """A docker-compose testbed: Mosquitto with the plan's ACL and passwords, the eavesdropper (transcript
@@ -301,6 +321,7 @@ def compose_cmd(
             k=k,
             quantile=quantile,
             values=values,
+            value_range=value_range,
             broker=COMPOSE_BROKER_URL,
         )
         plan = out / plan_dir

@@ -38,6 +38,8 @@ from ._app import (
     StopWindowOpt,
     ThetaOpt,
     TMaxOpt,
+    ValueRangeOpt,
+    ValuesFileOpt,
     ValuesOpt,
     VerboseOpt,
     app,
@@ -145,6 +147,10 @@ def node(
     value_cmd: Annotated[
         str | None, typer.Option(help="shell command printing s_i (e.g. a sensor read)")
     ] = None,
+    value_range: Annotated[
+        tuple[float, float] | None,
+        typer.Option(help="public range LO HI of the values (overrides the config's value_range)"),
+    ] = None,
     run_id: Annotated[
         str | None, typer.Option(help="run id (default: [network].run_id of the config)")
     ] = None,
@@ -181,15 +187,22 @@ def node(
     from ..runtime.mqtt import MqttTransport
     from ..runtime.node import Node, node_will
     from ..runtime.wire import check_prefix, check_run_id
+    from ..scale import check_node_value, leak_warning, scale_for
 
     _setup_logging(verbose)
-    cfg = load_config(config)
+    cfg = load_config(config, value_range=value_range)
     net = _network_table(config)
     rid = check_run_id(run_id or str(net.get("run_id", "")) or "default")
     pfx = check_prefix(prefix or str(net.get("prefix", "nlagg")))
     if not 0 <= id < cfg.n:
         raise ConfigError("id", id, f"must lie in 0..{cfg.n - 1}")
-    s = _read_value(value, value_file, value_cmd)
+    raw = _read_value(value, value_file, value_cmd)
+    # Before anything is published: the value lies in the declared range and the start protects it.
+    s = check_node_value(cfg, raw)
+    scale = scale_for(cfg)
+    warning = leak_warning(cfg)
+    if warning is not None:
+        print(f"nlagg: {warning}", file=sys.stderr)
     password = _read_password(password_file)
 
     async def main() -> NodeReport:
@@ -222,8 +235,8 @@ def node(
             r = await nd.run()
         return {
             "node": r.node,
-            "output": r.output,
-            "finals": r.finals,
+            "output": [scale.user_float(v) for v in r.output],
+            "finals": [scale.user_float(v) for v in r.finals],
             "iterations": r.iterations,
             "seconds": r.seconds,
             "rounds_per_second": r.rounds_per_second,
@@ -288,6 +301,8 @@ def run_testbed_command(
     values: ValuesOpt = None,
     early_stop: EarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    value_range: ValueRangeOpt = None,
+    values_file: ValuesFileOpt = None,
     config: ConfigOpt = None,
     neighbour_timeout: Annotated[float, typer.Option(help="seconds a node waits at a barrier")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
@@ -312,6 +327,7 @@ def run_testbed_command(
 
     from ..config import load_config
     from ..lab.testbed import run_testbed
+    from ..scale import config_warnings
 
     _setup_logging(verbose)
     cfg = load_config(
@@ -330,10 +346,14 @@ def run_testbed_command(
         init=init,
         values=values,
         seed=seed,
+        value_range=value_range,
+        values_file=values_file,
         trials=1,
         early_stop=early_stop,
         stop_window=stop_window,
     )
+    for line in config_warnings(cfg):
+        print(f"nlagg: {line}", file=sys.stderr)
     if broker_kind not in ("auto", "mosquitto", "amqtt"):
         raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")
     corrupted = parse_corrupt(corrupt, cfg.n)

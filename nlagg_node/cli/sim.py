@@ -29,6 +29,8 @@ from ._app import (
     ThetaOpt,
     TMaxOpt,
     TrialsOpt,
+    ValueRangeOpt,
+    ValuesFileOpt,
     ValuesOpt,
     app,
     claim_file,
@@ -69,6 +71,8 @@ def sim(
         float | None, typer.Option(help="prior median for --init prior [default: 0.0]")
     ] = None,
     values: ValuesOpt = None,
+    values_file: ValuesFileOpt = None,
+    value_range: ValueRangeOpt = None,
     record: Annotated[
         str | None,
         typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
@@ -92,6 +96,7 @@ def sim(
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..config import load_config
     from ..errors import ConfigError
+    from ..scale import config_warnings
     from ..sim.output import summarize, write_run
 
     cfg = load_config(
@@ -114,10 +119,15 @@ def sim(
         epsilon=epsilon,
         prior_median=prior_median,
         values=values,
+        values_file=values_file,
+        value_range=value_range,
         record=record,
         early_stop=early_stop,
         stop_window=stop_window,
     )
+    warnings = config_warnings(cfg)
+    for line in warnings:
+        typer.echo(line, err=True)
     corrupted = sorted(parse_corrupt(corrupt, cfg.n))
     if corrupted and transcript is None:
         raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
@@ -129,6 +139,7 @@ def sim(
         claim_file(transcript, force=force, field="transcript")
     result = _run_with_progress(cfg)
     summary = summarize(result)
+    summary["warnings"] = warnings
     if out is not None:
         write_run(result, out, summary)
     if transcript is not None:
@@ -174,8 +185,13 @@ def _print_table(summary: SimSummary) -> None:
         f"   {summary['wall_seconds']:.1f} s"
     )
     table = Table(
-        "rank", "leakage probability", title="matching events x_i^(t) = s_i (rank 0 = largest value)"
+        "rank",
+        "leakage probability",
+        "of which matching events",
+        title="values the adversary's view determines (rank 0 = largest value)",
     )
-    for r, p in enumerate(summary["leakage_probability"]):
-        table.add_row(str(r), f"{p:.3f}")
+    for r, (p, m) in enumerate(
+        zip(summary["leakage_probability"], summary["matching_probability"], strict=True)
+    ):
+        table.add_row(str(r), f"{p:.3f}", f"{m:.3f}")
     console.print(table)

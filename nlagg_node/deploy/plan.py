@@ -204,9 +204,9 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     )
     corrupted = parse_corrupt(spec.corrupt, n)
     if spec.value_source is None:
-        from ..sim.values import draw_values
+        from ..sim.values import run_values
 
-        drawn = {i: float(v) for i, v in enumerate(draw_values(run.values, seed, 1, n)[0])}
+        drawn = {i: float(v) for i, v in enumerate(run_values(run, 1)[0])}
         # In private files, not in the node files: `nlagg node --value V` would show it to `ps`.
         sources = [ValueSource(source="file", path=f"values/{i}.txt") for i in range(n)]
     else:

@@ -16,6 +16,7 @@ import numpy as np
 from ..arrays import FloatArray
 from ..config import RunConfig
 from ..runtime.public import run_edges
+from ..scale import scale_for
 from ..schedule import distance_to, plan_phases
 from ..sim.output import Manifest, package_versions
 
@@ -56,8 +57,9 @@ class RunOutcome(TypedDict):
     true_value: float | list[float]  # a list for top-K, or when the target is an interval
     true_interval: list[list[float]]
     final_x: dict[str, float | list[float]]  # node id -> output
-    exact: bool
+    exact: bool  # within 1e-9 of the aggregate, relative to hi - lo of the value range
     mse: float
+    value_range: list[float] | None  # the public range (values and outputs are in its units)
     private_values: dict[str, float]
     corrupted: list[int]
     iterations: int
@@ -111,7 +113,8 @@ def run_outcome(
     t_total = max((int(r.get("iterations", planned)) for r in results), default=planned)
     lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
     outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
-    err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)])
+    span = scale_for(cfg).span
+    err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)]) / span
     slowest = max(float(r["seconds"]) for r in results)
     single = cfg.op != "topk"
     return {
@@ -125,7 +128,8 @@ def run_outcome(
         "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
         "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in range(cfg.n)},
         "exact": bool((err <= 1e-9).all()),
-        "mse": float((err**2).sum(axis=1).mean()),
+        "mse": float(((err * span) ** 2).sum(axis=1).mean()),
+        "value_range": list(cfg.value_range) if cfg.value_range is not None else None,
         "private_values": {str(i): float(values[i]) for i in range(cfg.n)},
         "corrupted": sorted(corrupt),
         "iterations": t_total,
@@ -146,6 +150,7 @@ def capture_outcome(
 ) -> CaptureOutcome:
     """What the eavesdropper got, checked against the ground truth."""
     honest = [e for e in exposures if int(e["node"]) not in corrupt]
+    tol = 1e-9 * scale_for(cfg).span  # exposures arrive mapped back to the user's units
     return {
         "messages_captured": stored,
         "messages_rejected": int(finished.get("rejected", 0)),
@@ -156,7 +161,7 @@ def capture_outcome(
                 "t": int(e["t"]),
                 "value": float(e["value"]),
                 "how": str(e["how"]),
-                "correct": bool(abs(float(e["value"]) - float(values[int(e["node"])])) <= 1e-9),
+                "correct": bool(abs(float(e["value"]) - float(values[int(e["node"])])) <= tol),
             }
             for e in honest
         },

@@ -33,6 +33,7 @@ from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.wire import check_run_id, encode, topics
+from ..scale import check_node_value, check_start, scale_for
 from ..schedule import true_aggregate
 from .children import Child, start_eavesdropper
 from .summary import NodeReport, TestbedSummary, capture_outcome, run_outcome, write_outputs
@@ -142,7 +143,7 @@ async def _run_in_process(run: _Nodes) -> list[NodeReport]:
             Node(
                 run.cfg,
                 i,
-                float(run.values[i]),
+                check_node_value(run.cfg, float(run.values[i])),  # protocol units, as `nlagg node` passes
                 transport,
                 run_id=run.run_id,
                 prefix=run.prefix,
@@ -157,10 +158,11 @@ async def _run_in_process(run: _Nodes) -> list[NodeReport]:
         results = await host_nodes(
             nodes, transport, run.prefix, run.run_id, on_reject=lambda topic, _exc: undecodable.append(topic)
         )
+    scale = scale_for(run.cfg)
     out: list[NodeReport] = [
         {
             "node": r.node,
-            "output": r.output,
+            "output": [scale.user_float(v) for v in r.output],
             "seconds": r.seconds,
             "rejected": r.rejected,
             "iterations": r.iterations,
@@ -196,7 +198,7 @@ async def run_testbed(
     the launcher). It still stores every message (the run fails otherwise); it only yields the
     CPU to the nodes while they compute and catches up in their idle time.
     """
-    from ..sim.values import draw_values
+    from ..sim.values import run_values
 
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
@@ -207,7 +209,9 @@ async def run_testbed(
     if eavesdropper_nice < 0:
         raise ConfigError("eavesdropper_nice", eavesdropper_nice, "must be 0 or more (a lower priority)")
     say = on_event or (lambda _msg: None)
-    values = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+    values = run_values(cfg, 1)[0]  # user units, inside the declared range
+    for v in values:
+        check_start(cfg, float(v))  # refuse before any broker or node starts (each node checks too)
     edges = run_edges(cfg)
     truth_lo, truth_hi = true_aggregate(cfg, values[None])
     t = topics(prefix, run_id)
@@ -247,7 +251,12 @@ async def run_testbed(
                 f"the nodes finished but the eavesdropper did not see every 'done': {finished}"
             )
         with Transcript(db_path) as transcript:
-            captured = {i: st.output for i, st in transcript.statuses().items() if st.state == "done"}
+            scale = scale_for(cfg)
+            captured = {
+                i: None if st.output is None else [scale.user_float(v) for v in st.output]
+                for i, st in transcript.statuses().items()
+                if st.state == "done"
+            }
             stored = transcript.count()
         summary: TestbedSummary = {
             **run_outcome(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall),

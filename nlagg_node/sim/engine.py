@@ -22,6 +22,7 @@ from ..config import RunConfig, parse_record_spec
 from ..graphs import EdgeLayout, sample_graphs
 from ..init import draw_z0, perturb_value
 from ..rng import rng_for_each
+from ..scale import scale_for
 from ..schedule import (
     Phase,
     bypassed,
@@ -35,7 +36,8 @@ from ..schedule import (
     value_noise,
 )
 from ..termination import NO_STOP, diameter
-from .values import draw_values
+from ..threat import known_duals, solvable
+from .values import run_values
 
 Progress = Callable[[int, int], None]
 _PARALLEL_TRIALS = 8
@@ -52,8 +54,8 @@ class SimResult:
     config: RunConfig
     phases: list[Phase]
     graphs: list[IntArray]
-    values: FloatArray  # (B, n) private values s_i
-    used_values: FloatArray  # (B, n) what the dynamics used (s_i + DP noise for the baselines)
+    values: FloatArray  # (B, n) private values s_i, in the user's units
+    used_values: FloatArray  # (B, n) what the dynamics used (s_i + DP noise for the baselines), user units
     rank: IntArray  # (B, n)
     output: FloatArray  # (B, n) or (B, n, k) for top-K
     truth_lo: FloatArray  # (B,) or (B, k)
@@ -61,10 +63,12 @@ class SimResult:
     mse: FloatArray  # (B,) paper eq. (mse) at the final iterate
     matched: BoolArray  # (B, n) x_i^(t) == s_i for some t
     first_match: IntArray  # (B, n) first such t, -1 if none
+    exposed: BoolArray  # (B, n) value determined by the adversary's view: a match, or solved (average)
+    first_exposed: IntArray  # (B, n) first such t, -1 if none
     converged_iterations: IntArray  # (B,) iterations each phase needed to stay within tolerance, -1 if not
     phase_iterations: IntArray  # (B, phases) iterations each phase ran (t_len, or fewer with early stop)
     recorded_t: IntArray  # (R,)
-    recorded_x: FloatArray  # (R, B, n)
+    recorded_x: FloatArray  # (R, B, n), in protocol units (what the wire carries; see nlagg_node.scale)
     z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order
     wall_seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
@@ -80,7 +84,15 @@ class SimResult:
         return np.take_along_axis(per_node, idx, axis=1)
 
     def leakage_probability(self) -> FloatArray:
-        """Fraction of trials with a matching event, per rank (rank 0 = largest value)."""
+        """Fraction of trials in which the adversary's view determines the value, per rank (0 = largest).
+
+        Counts matching events and the values an average-consensus phase exposes to the linear
+        inversion of its x-update (:mod:`nlagg_node.threat`).
+        """
+        return np.asarray(self.by_rank(self.exposed).mean(axis=0), dtype=np.float64)
+
+    def matching_probability(self) -> FloatArray:
+        """Fraction of trials with a matching event ``x_i^(t) = s_i``, per rank."""
         return np.asarray(self.by_rank(self.matched).mean(axis=0), dtype=np.float64)
 
     def recorded_by_rank(self) -> FloatArray:
@@ -133,10 +145,14 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     cfg = cfg.resolved()
     B, n = cfg.trials, cfg.n
     graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
-    s = draw_values(cfg.values, cfg.seed, B, n)
+    s = run_values(cfg)  # user units, checked against the declared range
+    scale = scale_for(cfg)
     gens = node_generators(cfg.seed, B, n)
     noise = value_noise(cfg)
-    s_used = np.array([perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s.ravel(), gens, strict=True)])
+    s_proto = np.asarray(scale.to_protocol(s), dtype=np.float64)
+    s_used = np.array(
+        [perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s_proto.ravel(), gens, strict=True)]
+    )
     layout = EdgeLayout.from_graphs(n, graphs)
     phases = plan_phases(cfg)
     targets = phase_targets(cfg, phases, s_used.reshape(B, n))
@@ -157,6 +173,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     u = np.empty(E)
     x = np.zeros(N)
     recorded_flat = recorded_x.reshape(len(record), N)
+    solved_at = np.full(N, -1, dtype=np.int64)
     group = ""
     t0 = 0
     rec_ptr = 0
@@ -179,6 +196,10 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
             group = phase.group
             u, z0[group] = _draw_signed_duals(phase, layout, gens, order, starts)
             identified = []
+        if phase.objective.kind == "quadratic":
+            # The first x of an average phase solves for s_i wherever the duals are known.
+            ok = solvable(layout.src, layout.dst, N, known_duals(group, E)) & (solved_at < 0)
+            solved_at[ok] = t0
         skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
         s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
         last_bad = np.full(B, -1, dtype=np.int64)
@@ -242,8 +263,13 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     if progress is not None:
         progress(t_total, t_total)
 
-    output = combine(cfg, phases, finals)
+    output = np.asarray(scale.to_user(combine(cfg, phases, finals)), dtype=np.float64)
     truth_lo, truth_hi = true_aggregate(cfg, s)
+    solved = solved_at >= 0
+    exposed = matched | solved
+    first_exposed = np.where(
+        matched & solved, np.minimum(first_match, solved_at), np.where(matched, first_match, solved_at)
+    )
     if output.ndim == 3:
         err = distance_to(output, truth_lo[:, None, :], truth_hi[:, None, :])
         mse = (err**2).sum(axis=2).mean(axis=1)
@@ -256,7 +282,7 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         phases=phases,
         graphs=graphs,
         values=s,
-        used_values=s_used.reshape(B, n),
+        used_values=np.asarray(scale.to_user(s_used.reshape(B, n)), dtype=np.float64),
         rank=rank,
         output=output,
         truth_lo=truth_lo,
@@ -264,6 +290,8 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         mse=mse,
         matched=matched.reshape(B, n),
         first_match=first_match.reshape(B, n),
+        exposed=exposed.reshape(B, n),
+        first_exposed=first_exposed.reshape(B, n),
         converged_iterations=np.where(all_converged, conv, -1),
         phase_iterations=phase_iterations,
         recorded_t=record,

@@ -1,0 +1,126 @@
+"""``nlagg tune``: pick c, mu_z, sigma_z, t_max and the init for a leakage target and a budget."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..errors import ConfigError
+from ._app import app
+
+
+@app.command()
+def tune(
+    op: Annotated[
+        str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
+    ] = "max",
+    n: Annotated[int, typer.Option(help="number of nodes")] = 15,
+    graph: Annotated[
+        str | None, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")
+    ] = None,
+    graph_file: Annotated[Path | None, typer.Option(help="edge list; implies --graph file")] = None,
+    value_range: Annotated[
+        tuple[float, float] | None, typer.Option(help="public range LO HI of the values")
+    ] = None,
+    max_leak: Annotated[
+        float,
+        typer.Option(help="target: largest per-rank leakage over the ranks the ideal world does not expose"),
+    ] = 0.02,
+    budget: Annotated[int, typer.Option(help="iteration budget per phase (the largest t_max tried)")] = 10000,
+    trials: Annotated[int, typer.Option(help="Monte Carlo trials per setting")] = 300,
+    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
+    quantile: Annotated[float | None, typer.Option(help="quantile level p")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the evaluation runs (written to run.toml)")] = 0,
+    out: Annotated[Path, typer.Option(help="where to write the chosen run config")] = Path("run.toml"),
+    as_json: Annotated[bool, typer.Option("--json", help="print the table and the choice as JSON")] = False,
+) -> None:
+    """Search the initialization's parameters with the simulator; print the Pareto table, write run.toml."""
+    from ..config import load_config
+    from ..tune import run_toml
+    from ..tune import tune as run_tune
+
+    if not 0 < max_leak <= 1:
+        raise ConfigError("max_leak", max_leak, "must lie in (0, 1]")
+    if budget < 1:
+        raise ConfigError("budget", budget, "must be at least 1 iteration")
+    base = load_config(
+        None,
+        op=op,
+        n=n,
+        graph="file" if graph_file is not None and graph is None else graph,
+        graph_file=graph_file,
+        value_range=value_range,
+        trials=trials,
+        k=k,
+        quantile=quantile,
+        seed=seed,
+    )
+    from ..tune import candidate_settings
+
+    grid = candidate_settings(base, budget)
+    result = _with_progress(
+        lambda report: run_tune(base, max_leak=max_leak, budget=budget, progress=report), len(grid)
+    )
+    out.write_text(run_toml(base, result.chosen_setting))
+    doc = {**result.to_json(), "run_toml": str(out)}
+    if as_json:
+        print(json.dumps(doc))
+        return
+    _print(result, out)
+
+
+def _with_progress(job: Any, total: int) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    ) as bar:
+        task = bar.add_task("tune: settings", total=total)
+        return job(lambda _e: bar.advance(task))
+
+
+def _print(result: Any, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(
+        "init", "c", "mu_z", "sigma_z", "leakage", "95% upper", "iterations median", "p99",
+        title=f"Pareto front: leakage against iterations ({result.choice.trials} trials per setting)",
+    )  # fmt: skip
+    for e in result.front:
+        s = e.setting
+        mark = " (chosen)" if e.setting == result.choice.setting else ""
+        table.add_row(
+            s.init + mark,
+            f"{s.c:g}",
+            f"{s.mu_z:g}",
+            f"{s.sigma_z:g}",
+            f"{e.leak:.3f}",
+            f"{e.leak_upper:.3f}",
+            f"{e.iterations_median:.0f}",
+            f"{e.iterations_p99:.0f}",
+        )
+    console.print(table)
+    s = result.chosen_setting
+    if result.meets_target:
+        console.print(
+            f"chosen: --init {s.init} --c {s.c:g} --mu-z {s.mu_z:g} --sigma-z {s.sigma_z:g} --t-max {s.t_max}"
+            f" meets leakage <= {result.max_leak:g}; written to {out}"
+        )
+    else:
+        console.print(
+            f"[red]no setting meets leakage <= {result.max_leak:g} within {result.budget} iterations;[/red]"
+            f" the closest (leakage {result.choice.leak:.3f}): --init {s.init} --c {s.c:g} --mu-z {s.mu_z:g}"
+            f" --t-max {s.t_max}, written to {out}"
+        )
+    console.print(f"{len(result.evaluations)} settings in {result.seconds:.0f} s")
