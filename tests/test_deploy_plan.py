@@ -280,3 +280,61 @@ def test_cli_plan_rejects_bad_options(
     assert code == 2, text
     assert f"{field}=" in text
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    ("sensor", "expected"),
+    [("/opt/nlagg/sensors/ds18b20", [-55.0, 125.0]), ("/opt/nlagg/sensors/soc-temperature", [-40.0, 110.0])],
+    ids=["ds18b20", "soc-temperature"],
+)
+def test_plan_writes_the_range_the_sensor_script_declares(
+    sensor: str,
+    expected: list[float],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = tmp_path / "pi"
+    args = [
+        "deploy",
+        "plan",
+        "--out",
+        str(out),
+        "--run-id",
+        "pi",
+        "--n",
+        "4",
+        "--graph",
+        "ring",
+        "--seed",
+        "1",
+    ]
+    code, text = run_cli([*args, "--value-cmd", sensor], capsys, monkeypatch)
+    assert code == 0, text
+    run = tomllib.loads((out / "run.toml").read_text())["run"]
+    assert run["value_range"] == expected
+    assert load_config(out / "run.toml").value_range == tuple(expected)
+
+
+def test_plan_value_range_flag_wins_over_the_sensor(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "pi"
+    args = [
+        "deploy",
+        "plan",
+        "--out",
+        str(out),
+        "--run-id",
+        "pi",
+        "--n",
+        "4",
+        "--graph",
+        "ring",
+        "--seed",
+        "1",
+    ]
+    args += ["--value-cmd", "/opt/nlagg/sensors/ds18b20", "--value-range", "10", "40"]
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 0, text
+    assert tomllib.loads((out / "run.toml").read_text())["run"]["value_range"] == [10.0, 40.0]

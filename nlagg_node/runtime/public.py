@@ -22,7 +22,7 @@ __all__ = ["ConfigMismatchError", "build_config_msg", "config_from_msg", "config
 # RunConfig fields the node's numbers depend on: a retained config that differs in one is refused.
 _MATH_FIELDS = (
     "op", "n", "t_max", "c", "theta", "init", "mu_z", "sigma_z", "sigma_s", "k", "quantile",
-    "epsilon", "prior_median", "avg_c", "avg_sigma_z", "avg_t_max",
+    "epsilon", "prior_median", "avg_c", "avg_sigma_z", "avg_t_max", "value_range",
 )  # fmt: skip
 
 
@@ -48,13 +48,14 @@ def run_edges(cfg: RunConfig) -> IntArray:
     return sample_graphs(cfg.graph_spec(), cfg.seed, 1)[0]
 
 
-_PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file"}
+_PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file", "values_file"}
 
 
 def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
     """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule.
 
-    Leaves out the seed (it would reveal every node's z^(0)) and simulator-only fields.
+    Leaves out the seed (it would reveal every node's z^(0)), the values file and simulator-only
+    fields. The value range is public: the eavesdropper maps what it learns back to the user's units.
     """
     cfg = cfg.resolved()
     run = cfg.model_dump(mode="json", exclude=_PRIVATE_FIELDS)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def draw_values(
-    dist: str, seed: int, trials: int, n: int, value_range: tuple[float, float] | None = None
+    dist: str | None, seed: int, trials: int, n: int, value_range: tuple[float, float] | None = None
 ) -> FloatArray:
     """Private values, one row per trial, from the stream ``(seed, "values", trial)``.
 
@@ -25,8 +25,11 @@ def draw_values(
     ``uniform-range``: U(lo, hi) over the declared ``value_range``.
     ``bimodal`` (the paper's prior-informed median experiment): floor(n/2) values
     from N(-5, 1), floor(n/2) from N(5, 1) and, for odd n, one from N(0, 1), placed
-    on the nodes in random order.
+    on the nodes in random order. ``None`` (an unset ``values``) is ``uniform-range`` when a
+    range is given and ``normal`` otherwise.
     """
+    if dist is None:
+        dist = "normal" if value_range is None else "uniform-range"
     if dist == "uniform-range" and value_range is None:
         raise ConfigError("values", dist, "needs value_range = [LO, HI]")
     out = np.empty((trials, n))
