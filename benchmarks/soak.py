@@ -116,7 +116,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--t-max", type=int, default=600)
     parser.add_argument("--c", type=float, default=10.0)
-    parser.add_argument("--mu-z", type=float, default=3.0)
+    parser.add_argument(
+        "--mu-z", type=float, default=30.0
+    )  # x starts near 3; a node refuses a start below its value
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if mosquitto_binary() is None:
