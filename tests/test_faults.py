@@ -32,9 +32,7 @@ from tests.faults import FaultBed, Verdict, hostile_messages
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 ENTRY = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
-CFG = RunConfig(
-    op="max", n=6, trials=1, t_max=150, seed=4, c=10.0, mu_z=30.0
-)  # x starts near 3
+CFG = RunConfig(op="max", n=6, trials=1, t_max=150, seed=4, c=10.0, mu_z=30.0)  # x starts near 3
 
 
 def assert_identical(v: Verdict) -> None:
