@@ -25,6 +25,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from numpy.typing import NDArray
 from nlagg_node.errors import ConfigError, WireError
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.wire import ConfigMsg, decode
+from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 
 from ..attack import NodeFinding, attack_arrays
@@ -124,7 +126,8 @@ class DashboardState:
         self.positions: list[list[float]] = []
         self.sample_t: list[int] = []
         self.columns: list[list[float | None]] = []
-        self.corrupted: dict[int, float] = {}
+        self.corrupted: dict[int, float] = {}  # forwarded values, on the protocol's scale
+        self.scale = ValueScale()  # the run's public value range: what the page shows is in user units
         self.status: dict[int, str] = {}
         self.exposures: list[Exposure] = []
         self.finished = False
@@ -220,6 +223,7 @@ class DashboardState:
             return
         cfg, edges = config_from_msg(msg)
         phases = plan_phases(cfg)
+        self.scale = scale_for(cfg)
         self.config = msg
         self.edges = edges
         self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
@@ -242,17 +246,21 @@ class DashboardState:
         if replay is None or self.finished:
             return False
         before = (replay.t_next, len(self.exposures))
-        self.exposures += replay.advance()
+        self.exposures += self._user_units(replay.advance())
         if len(self.transcript_done()) == replay.n:
             now = time.monotonic()
             self._all_done_since = self._all_done_since or now
             if replay.t_next >= replay.t_total or now - self._all_done_since >= self.done_grace:
-                self.exposures += replay.advance(force=True)
+                self.exposures += self._user_units(replay.advance(force=True))
                 self._finish()
         while len(self.columns) < len(self.sample_t) and self.sample_t[len(self.columns)] < replay.t_next:
-            col = replay.x[:, self.sample_t[len(self.columns)]]
+            col = self.scale.to_user(replay.x[:, self.sample_t[len(self.columns)]])
             self.columns.append([_short(float(v)) for v in col])
         return self.finished or (replay.t_next, len(self.exposures)) != before
+
+    def _user_units(self, found: list[Exposure]) -> list[Exposure]:
+        """Exposures found on the wire's scale, in the user's units (:mod:`nlagg_node.scale`)."""
+        return [replace(e, value=self.scale.user_float(e.value)) for e in found]
 
     def transcript_done(self) -> set[int]:
         n = self.replay.n if self.replay is not None else 0
@@ -273,8 +281,9 @@ class DashboardState:
             replay.x[:, :t_len],
             op=cfg.op,
             epsilon=cfg.epsilon,
-            corrupted=self.corrupted,
+            corrupted={i: self.scale.user_float(v) for i, v in self.corrupted.items()},
             replayed=Exposures(replay.branch, replay.first, replay.value),
+            scale=self.scale,
         )
         return report.findings, report.output
 
@@ -323,13 +332,14 @@ class DashboardState:
                 view["branch"] = BRANCH_NAMES[int(replay.branch[i, t])]
             f = findings[i] if findings is not None else None
             if i in self.corrupted:
-                view.update(state="corrupted", value=_num(self.corrupted[i]))
+                view.update(state="corrupted", value=_num(self.scale.user_float(self.corrupted[i])))
             elif f is not None and f.status == "exposed":
                 view.update(
                     state="exposed", value=_num(f.value), t=f.t, how=f.how, unavoidable=f.side == "at"
                 )
             elif f is None and 0 <= replay.first[i] <= t:
-                view.update(state="exposed", value=_num(float(replay.value[i])), t=int(replay.first[i]))
+                value = self.scale.user_float(float(replay.value[i]))
+                view.update(state="exposed", value=_num(value), t=int(replay.first[i]))
             elif f is not None and (math.isfinite(f.lower) or math.isfinite(f.upper)):
                 view.update(state="interval", lower=_num(f.lower), upper=_num(f.upper))
             else:
