@@ -103,6 +103,7 @@ class AttackJson(AttackExtra):
     iteration_agreement: float | None
     interval_soundness: float | None
     truth: str
+    value_range: list[float] | None  # values, intervals and the output are in its units
     nodes: list[FindingJson]
 
 
@@ -118,8 +119,9 @@ class TranscriptData(TypedDict):
     theta: float
     z0: dict[str, FloatArray]  # per dual group, EdgeLayout order
     x: FloatArray  # (n, T), NaN where not captured
-    corrupted: dict[int, float]  # corrupted node -> its forwarded s_i
+    corrupted: dict[int, float]  # corrupted node -> its forwarded s_i, in the user's units
     statuses: dict[int, StatusMsg]
+    scale: ValueScale  # the run's public value range (x and z0 are on the protocol's scale)
 
 
 @dataclass

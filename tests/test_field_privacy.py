@@ -22,9 +22,9 @@ import pytest
 from adversary.attack import attack_transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
+from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.node import build_config_msg, run_edges
-from nlagg_node.runtime.testbed import run_testbed
+from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode, topics
 from nlagg_node.tune import ideal_ranks
 

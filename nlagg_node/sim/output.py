@@ -42,15 +42,19 @@ class SimSummary(TypedDict):
     theta: float
     init: str
     seed: int
+    value_range: list[float] | None  # the public range; values and mse are in its units
+    values: str  # the distribution, or the values file's name
     mse: float  # mean over trials, at the final iterate
     mse_max: float
-    leakage_probability: list[float]  # by rank, rank 0 = largest value
+    leakage_probability: list[float]  # by rank, rank 0 = largest value: every value the view determines
+    matching_probability: list[float]  # by rank: matching events x_i^(t) = s_i alone
     converged_fraction: float
     iterations_to_converge: float | None  # median over converged trials
     early_stop: bool  # phases end once the network is quiet (t_max a cap)
     iterations_run: float  # median over trials of the iterations every phase ran
     wall_seconds: float
     transcript: NotRequired[str]  # with --transcript: the simulated transcript's path
+    warnings: NotRequired[list[str]]  # one line per operator/init choice that exposes values by construction
 
 
 def summarize(result: SimResult) -> SimSummary:
