@@ -58,7 +58,7 @@ def _init_for(cfg: RunConfig, default: DualInit, c: float, sigma_z: float | None
     The prior median is public and given in the user's units; the duals live on the protocol's
     scale (:mod:`nlagg_node.scale`), so it is mapped there.
     """
-    from .scale import scale_for
+    from .valuemap import scale_for
 
     name = cfg.init
     kind: DualInit
