@@ -95,6 +95,16 @@ def _read_value(value: float | None, value_file: Path | None, value_cmd: str | N
     return _parse_value(proc.stdout, "value_cmd")
 
 
+def _read_seed(seed_file: Path) -> int:
+    if not seed_file.is_file():
+        raise ConfigError("seed_file", str(seed_file), "no such file")
+    lines = seed_file.read_text().splitlines()
+    text = lines[0].strip() if lines else ""
+    if not text.isdigit() or len(text) > 20:
+        raise ConfigError("seed_file", str(seed_file), "the first line must be a non-negative integer")
+    return int(text)
+
+
 def _read_password(password_file: Path | None) -> str | None:
     if password_file is None:
         return None
@@ -166,6 +176,9 @@ def node(
         int | None,
         typer.Option(help="seed of this node's generator rng_for(seed,'node',0,id); OS entropy if unset"),
     ] = None,
+    seed_file: Annotated[
+        Path | None, typer.Option(help="file whose first line is the seed (keeps it out of ps)")
+    ] = None,
     neighbour_timeout: Annotated[
         float, typer.Option(help="seconds to wait at a barrier before failing")
     ] = 60.0,
@@ -204,6 +217,10 @@ def node(
     if warning is not None:
         print(f"nlagg: {warning}", file=sys.stderr)
     password = _read_password(password_file)
+    if seed_file is not None:
+        if seed is not None:
+            raise ConfigError("seed_file", str(seed_file), "give --seed or --seed-file, not both")
+        seed = _read_seed(seed_file)
 
     async def main() -> NodeReport:
         transport = MqttTransport(
