@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -13,11 +14,13 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from adversary.capture import AckingSubscriber, accepts_anonymous
-from nlagg_node.config import load_config
+from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.tls import TlsSettings
+from tests.planbed import PlanBed
+from tests.sniff import sniffing
 
 pytestmark = [
     pytest.mark.mosquitto,
@@ -153,3 +156,48 @@ def test_plan_with_tls_hands_every_client_the_ca(tmp_path: Path) -> None:
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "broker.lan" in names.get_values_for_type(x509.DNSName)
     assert socket.gethostbyname("localhost") in {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+
+
+@pytest.mark.slow
+async def test_tls_deployment_is_exact_and_shows_no_password(tmp_path: Path) -> None:
+    """plan --tls: Mosquitto's TLS listener, the eavesdropper, the launcher and every node over mqtts://.
+
+    Every client dials a relay that keeps a copy of all traffic (a passive loopback capture): it
+    holds no password, while the same relay in front of the broker's plaintext listener shows one.
+    """
+    cfg = RunConfig(op="max", n=5, graph="ring", trials=1, t_max=300, c=10.0, mu_z=30.0, seed=11)
+    listen = free_port()
+    async with (
+        sniffing("127.0.0.1", listen) as sniffer,
+        PlanBed(cfg, tmp_path, run_id="tlsrun", tls=True, port=listen, client_port=sniffer.port) as bed,
+    ):
+        await bed.start_nodes()
+        verdict = await bed.finish()
+        plaintext = await accepts_anonymous(f"mqtt://127.0.0.1:{listen}", within=3.0)
+        assert plaintext is None  # the TLS listener answers no plaintext CONNECT
+        assert bed.broker is not None
+        password = bed.password("node0")
+        async with sniffing("127.0.0.1", bed.broker.port) as control:
+            await asyncio.to_thread(_plain_connect, control.port, "node0", password)
+    assert verdict.completed, (verdict.detail, bed.report())
+    assert verdict.identical, verdict.detail  # outputs exact, every captured x and z0 bit-equal
+    assert (verdict.lost, verdict.extra) == (0, 0)
+    assert password.encode() in control.captured  # the sniffer sees a plaintext CONNECT's password
+    assert sniffer.connections >= cfg.n + 2
+    assert len(sniffer.captured) > 100_000
+    for pw_file in (bed.root / "secrets").glob("*.pw"):
+        assert pw_file.read_text().strip().encode() not in sniffer.captured, pw_file.name
+
+
+def _plain_connect(port: int, user: str, password: str) -> None:
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+    client.username_pw_set(user, password)
+    done: queue.Queue[int] = queue.Queue()
+    client.on_connect = lambda _c, _u, _f, rc, _p: done.put(int(rc.value))
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        assert done.get(timeout=5.0) == 0
+    finally:
+        client.disconnect()
+        client.loop_stop()

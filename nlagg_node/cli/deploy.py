@@ -11,6 +11,7 @@ import typer
 
 from ..config import DEFAULT_BROKER
 from ._app import CorruptOpt, ForceOpt, app
+from .net import CaFile, CertFile, KeyFile, tls_settings
 
 if TYPE_CHECKING:
     from ..deploy import PlanSpec
@@ -365,6 +366,9 @@ def publish_config_cmd(
     password_file: Annotated[Path, typer.Option(help="file holding that user's password")] = Path(
         "secrets/launcher.pw"
     ),
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
 ) -> None:
     """Publish the run's public configuration as the retained P/R/config message (run from the plan dir)."""
     import asyncio
@@ -374,7 +378,8 @@ def publish_config_cmd(
 
     lines = read_input_text(password_file, "password_file").splitlines()
     password = lines[0].strip() if lines else ""
-    topic = asyncio.run(publish_config(config, broker, username=username, password=password))
+    tls = tls_settings(broker, ca_file, cert_file, key_file)
+    topic = asyncio.run(publish_config(config, broker, username=username, password=password, tls=tls))
     print(f"published the retained run configuration on {topic}")
 
 

@@ -49,6 +49,7 @@ from ._app import (
 
 if TYPE_CHECKING:
     from ..lab.summary import NodeReport, TestbedSummary
+    from ..runtime.tls import TlsSettings
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -119,7 +120,9 @@ CertFile = Annotated[Path | None, typer.Option(help="mqtts://: client certificat
 KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certificate's private key")]
 
 
-def _tls(broker: str, ca_file: Path | None, cert_file: Path | None, key_file: Path | None) -> Any:
+def tls_settings(
+    broker: str, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+) -> TlsSettings | None:
     """The :class:`TlsSettings` of ``--ca-file/--cert-file/--key-file`` (None for a plain mqtt:// broker)."""
     from ..runtime.tls import TlsSettings, broker_endpoint
 
@@ -189,6 +192,9 @@ def node(
         Path | None,
         typer.Option(help="keep a checkpoint here (before every publish); a restart resumes from it"),
     ] = None,
+    ca_file: CaFile = None,
+    cert_file: CertFile = None,
+    key_file: KeyFile = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -217,6 +223,7 @@ def node(
     if warning is not None:
         print(f"nlagg: {warning}", file=sys.stderr)
     password = _read_password(password_file)
+    tls = tls_settings(broker, ca_file, cert_file, key_file)
     if seed_file is not None:
         if seed is not None:
             raise ConfigError("seed_file", str(seed_file), "give --seed or --seed-file, not both")
@@ -229,6 +236,7 @@ def node(
             will=node_will(pfx, rid, id),
             username=username,
             password=password,
+            tls=tls,
         )
         async with Node(
             cfg,
@@ -525,7 +533,7 @@ def eavesdrop(
         stop_after=timeout,
         events=events,
         config=public,
-        tls=_tls(broker, ca_file, cert_file, key_file),
+        tls=tls_settings(broker, ca_file, cert_file, key_file),
     )
     if dashboard is None:
         asyncio.run(capture)

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..config import load_config
 from ..errors import ConfigError
 from ..inputs import read_input_text
+from ..runtime.tls import TlsSettings
 
 __all__ = ["publish_config", "run_network"]
 
@@ -32,7 +33,13 @@ def run_network(config: Path) -> tuple[str, str]:
 
 
 async def publish_config(
-    config: Path, broker: str, *, username: str | None, password: str | None, within: float = 30.0
+    config: Path,
+    broker: str,
+    *,
+    username: str | None,
+    password: str | None,
+    within: float = 30.0,
+    tls: TlsSettings | None = None,
 ) -> str:
     """Publish the retained config of ``config`` (a run.toml) and return its topic.
 
@@ -54,7 +61,12 @@ async def publish_config(
         msg = msg.model_copy(update={"run": {**msg.run, "graph_file": cfg.graph_file.name}})
     topic = topics(prefix, run_id).config
     transport = MqttTransport(
-        broker, client_id=f"nlagg-{run_id}-launcher", username=username, password=password, clean_session=True
+        broker,
+        client_id=f"nlagg-{run_id}-launcher",
+        username=username,
+        password=password,
+        clean_session=True,
+        tls=tls,
     )
     async with asyncio.timeout(within), transport:
         await transport.publish(topic, encode(msg), qos=1, retain=True)

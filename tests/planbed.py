@@ -1,0 +1,240 @@
+"""A deployment on loopback, exactly as ``nlagg deploy plan`` writes it, judged against the simulator.
+
+The plan's own Mosquitto configuration (password file, graph ACL, sessions bound to users, payload
+cap, TLS when asked), and the plan's own ``commands.txt`` lines for the eavesdropper, the launcher
+and every node (replay mode: nodes draw z^(0) from the run seed, so the run is the simulator's
+trial 0). Used by the hostile-client test, the TLS deployment test and ``benchmarks/soak.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+
+from adversary.attack import attack_transcript
+from adversary.transcript import Transcript
+from nlagg_node.config import RunConfig
+from nlagg_node.deploy import PlanSpec, build_plan, write_plan
+from nlagg_node.runtime.brokers import BrokerHandle, free_port, start_mosquitto
+from nlagg_node.schedule import plan_phases
+from nlagg_node.sim import simulate
+
+__all__ = ["PlanBed", "PlanVerdict"]
+
+ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
+
+
+@dataclass
+class PlanVerdict:
+    """How the deployment's run compares with the simulator's trial 0 of the same config and seed."""
+
+    completed: bool
+    identical: bool  # every node's output, every x and z^(0) in the transcript equal the simulator's
+    lost: int  # x's and z^(0)'s of the run missing from the transcript
+    extra: int  # valid x rows beyond one per node and iteration (forgeries the transcript kept)
+    precision: float | None  # of the attack on the transcript, scored with the true values
+    rejected_by_nodes: int
+    rejected_by_eavesdropper: int  # stored as invalid in the transcript
+    detail: list[str] = field(default_factory=list)
+
+
+class PlanBed:
+    """Plan, broker, eavesdropper, launcher and nodes of one run (``cfg``'s seed) under ``workdir``.
+
+    ``early`` runs once the eavesdropper has subscribed and before the launcher publishes the
+    run's configuration (a hostile client's first messages). ``port`` is the plan's listener;
+    ``client_port``, when given, the port every client dials instead (a relay in front of it).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        workdir: Path,
+        *,
+        run_id: str = "planbed",
+        tls: bool = False,
+        corrupt: str | None = None,
+        early: Callable[[PlanBed], Awaitable[None]] | None = None,
+        port: int | None = None,
+        client_port: int | None = None,
+    ) -> None:
+        self.cfg = cfg.resolved().model_copy(update={"trials": 1})
+        self.workdir = workdir
+        self.root = workdir / "plan"
+        self.run_id = run_id
+        self.port = port or free_port()  # the plan's listener
+        scheme = "mqtts" if tls else "mqtt"
+        # What every client dials: the listener, or a relay in front of it (client_port).
+        self.url = f"{scheme}://{'localhost' if tls else '127.0.0.1'}:{client_port or self.port}"
+        self.spec = PlanSpec(
+            run=self.cfg,
+            run_id=run_id,
+            seed=self.cfg.seed,
+            replay=True,
+            corrupt=corrupt,
+            listen_host="127.0.0.1",
+            listen_port=self.port,
+            broker_url=self.url,
+            make_tls=tls,
+        )
+        self.early = early
+        self.plan = build_plan(self.spec)
+        self.phases = plan_phases(self.cfg)
+        self.t_total = sum(p.t_len for p in self.phases)
+        self.db = self.root / "transcript.sqlite"
+        self.logs = workdir / "logs"
+        self.broker: BrokerHandle | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self.eavesdropper: asyncio.subprocess.Process | None = None
+        self.nodes: dict[int, asyncio.subprocess.Process] = {}
+        self.node_rejected = 0
+
+    def password(self, user: str) -> str:
+        return (self.root / "secrets" / f"{user}.pw").read_text().strip()
+
+    def phase_at(self, t: int) -> str:
+        start = 0
+        for phase in self.phases:
+            if t < start + phase.t_len:
+                return phase.name
+            start += phase.t_len
+        return self.phases[-1].name
+
+    def _lines(self) -> list[list[str]]:
+        text = (self.root / "commands.txt").read_text()
+        return [shlex.split(ln) for ln in text.splitlines() if ln.startswith("nlagg ")]
+
+    async def _start(self, argv: list[str], log: str) -> asyncio.subprocess.Process:
+        assert argv[0] == "nlagg"
+        with (self.logs / log).open("wb") as err:
+            return await asyncio.create_subprocess_exec(
+                *ENTRY, *argv[1:], cwd=self.root, stdout=asyncio.subprocess.PIPE, stderr=err
+            )
+
+    async def __aenter__(self) -> Self:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        write_plan(self.plan, self.root)
+        await self._stack.__aenter__()
+        self.broker = await self._stack.enter_async_context(
+            start_mosquitto(
+                extra_config=self.root / "broker" / "mosquitto.conf",
+                workdir=self.root,
+                extra_lines=["user root"] if os.geteuid() == 0 else [],
+                allow_anonymous=False,
+            )
+        )
+        eaves, launcher, *_ = self._lines()
+        self.eavesdropper = await self._start([*eaves, "--events", "--no-live", "--verbose"], "eaves.log")
+        assert self.eavesdropper.stdout is not None
+        async with asyncio.timeout(60):
+            while b'"subscribed"' not in await self.eavesdropper.stdout.readline():
+                pass
+        if self.early is not None:
+            await self.early(self)
+        proc = await self._start(launcher, "launcher.log")
+        assert await proc.wait() == 0, (self.logs / "launcher.log").read_text()
+        return self
+
+    async def start_nodes(self) -> None:
+        for i, argv in enumerate(self._lines()[2:]):
+            self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log")
+
+    def current_t(self) -> int:
+        """The latest iteration with a valid x in the transcript."""
+        if not self.db.exists():
+            return 0
+        with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)) as db:
+            row = db.execute("SELECT MAX(t) FROM messages WHERE valid = 1 AND kind = 'x'").fetchone()
+        return int(row[0] or 0)
+
+    async def wait_t(self, fraction: float, within: float = 120.0) -> None:
+        """Wait until the run has reached ``fraction`` of its iterations (as the transcript shows)."""
+        async with asyncio.timeout(within):
+            while self.current_t() < fraction * self.t_total:
+                if any(p.returncode not in (None, 0) for p in self.nodes.values()):
+                    return
+                await asyncio.sleep(0.05)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for proc in [*self.nodes.values(), *([self.eavesdropper] if self.eavesdropper else [])]:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await self._stack.__aexit__(exc_type, exc, tb)
+
+    async def finish(self, within: float = 240.0) -> PlanVerdict:
+        """Wait for every node and the eavesdropper, then compare with the simulator."""
+        outputs: dict[int, list[float]] = {}
+        self.node_rejected = 0
+        detail: list[str] = []
+        try:
+            async with asyncio.timeout(within):
+                for i, proc in self.nodes.items():
+                    out, _ = await proc.communicate()
+                    if proc.returncode != 0:
+                        detail.append(f"node {i} exited with {proc.returncode}")
+                    else:
+                        result = json.loads(out.decode().strip().splitlines()[-1])
+                        outputs[i] = result["output"]
+                        self.node_rejected += int(result.get("rejected", 0))
+                assert self.eavesdropper is not None
+                await self.eavesdropper.communicate()
+                if self.eavesdropper.returncode != 0:
+                    detail.append(f"eavesdropper exited with {self.eavesdropper.returncode}")
+        except TimeoutError:
+            detail.append(f"not finished within {within:g} s")
+        return self.verdict(outputs, detail)
+
+    def verdict(self, outputs: dict[int, list[float]], detail: list[str]) -> PlanVerdict:
+        sim = simulate(self.cfg.model_copy(update={"record": "all"}))
+        n = self.cfg.n
+        completed = len(outputs) == n and not detail
+        identical = completed and np.array_equal(
+            np.array([outputs[i] for i in range(n)]).reshape(sim.output[0].shape), sim.output[0]
+        )
+        if completed and not identical:
+            detail.append("node outputs differ from the simulator's")
+        with Transcript(self.db) as tr:
+            x = tr.x(n, self.t_total)
+            z0 = tr.z0(n, sim.graphs[0])
+            refused = len(tr.rejected())
+        with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)) as db:
+            valid_x = int(
+                db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = 'x'").fetchone()[0]
+            )
+        have = ~np.isnan(x)
+        lost = int((~have).sum())
+        if not np.array_equal(x[have], sim.recorded_x[:, 0, :].T[have]):
+            identical = False
+            detail.append("captured x's differ from the simulator's")
+        for group, arr in sim.z0.items():
+            got = z0.get(group, np.full_like(arr, np.nan))
+            ok = ~np.isnan(got)
+            lost += int((~ok).sum())
+            if not np.array_equal(got[ok], arr[ok]):
+                identical = False
+                detail.append(f"captured z0 ({group}) differ from the simulator's")
+        truth = self.workdir / "truth.json"
+        values = {str(i): float(v) for i, v in enumerate(sim.values[0])}
+        truth.write_text(json.dumps({"run_id": self.run_id, "private_values": values}))
+        precision = attack_transcript(self.db, truth=truth).precision
+        extra = valid_x - n * self.t_total
+        return PlanVerdict(completed, identical, lost, extra, precision, self.node_rejected, refused, detail)
+
+    def report(self) -> dict[str, Any]:
+        """Log tails, for an assertion message."""
+        return {p.name: p.read_text()[-1500:] for p in sorted(self.logs.glob("*.log"))}
