@@ -1,0 +1,312 @@
+"""The transcript's SQLite file: its schema, how it is opened and checked, and the read side.
+
+One row per distinct message (see :mod:`adversary.transcript` for what is stored and how it is
+judged): topic, raw payload, receive time, whether the broker flagged it retained, and the parsed
+fields (kind, node, peer, t, phase, value; ``valid = 0`` with the error otherwise). ``dedup`` is a
+digest of topic + payload. The index is on ``(kind, t)``: the rows of one commit share the last
+pages of the index instead of one page per node.
+
+:class:`TranscriptReader` gives what the analysis needs: the public config, z^(0) per directed
+edge (EdgeLayout order, like :attr:`nlagg_node.sim.SimResult.z0`), x as an ``(n, T)`` array with
+NaN where nothing was captured, the corrupted nodes' forwarded states, and the final statuses.
+The writer, :class:`adversary.transcript.Transcript`, is a reader that also captures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+from nlagg_node.arrays import FloatArray
+from nlagg_node.errors import ConfigError
+from nlagg_node.graphs import EdgeLayout
+from nlagg_node.runtime.wire import (
+    AdvStateMsg,
+    ConfigMsg,
+    StatusMsg,
+    TopicInfo,
+    WireMessage,
+    XMsg,
+    Z0Msg,
+    decode,
+)
+
+__all__ = [
+    "MAX_INVALID_PAYLOAD",
+    "NO_FIELDS",
+    "SCHEMA",
+    "TranscriptReader",
+    "captured_count",
+    "check_tables",
+    "connect_read_only",
+    "row_fields",
+]
+
+MAX_INVALID_PAYLOAD = 4096  # bytes kept of a payload that is not protocol v1 (the digest covers it all)
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    received REAL NOT NULL,
+    retained INTEGER NOT NULL DEFAULT 0,
+    valid INTEGER NOT NULL,
+    error TEXT,
+    kind TEXT,
+    node INTEGER,
+    peer INTEGER,
+    t INTEGER,
+    phase TEXT,
+    value REAL,
+    dedup TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_kind_t ON messages (kind, t);
+"""
+
+NO_FIELDS = (None, None, None, None, None, None)  # kind, node, peer, t, phase, value of an invalid row
+
+
+def row_fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | None, float | None]:
+    if isinstance(msg, XMsg):
+        return msg.t, msg.phase, msg.x
+    if isinstance(msg, Z0Msg):
+        return None, msg.group, msg.z
+    if isinstance(msg, AdvStateMsg):
+        return msg.t, None, msg.s
+    if isinstance(msg, StatusMsg):
+        return msg.iterations, msg.state, None
+    return None, None, None
+
+
+_COLUMNS = {"meta": {"key", "value"}, "messages": {"topic", "payload", "valid", "kind", "node", "peer", "t",
+                                                  "phase", "value", "dedup"}}  # fmt: skip
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that cannot write ``path`` nor leave files beside it.
+
+    With no ``-wal`` file next to it no writer is attached (the eavesdropper keeps one while it
+    captures), so the file is read as immutable: SQLite then creates no ``-shm``/``-wal`` either.
+    A live transcript is read through ``mode=ro``, which sees the writer's WAL.
+    """
+    from urllib.parse import quote
+
+    base = "file:" + quote(str(path.resolve())) + "?mode=ro"
+    live = Path(str(path) + "-wal").exists()
+    tries = (base, base + "&immutable=1") if live else (base + "&immutable=1",)
+    last: sqlite3.Error | None = None
+    for uri in tries:
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise ConfigError("transcript", str(path), f"not an SQLite file ({exc})") from None
+            last = exc
+    raise ConfigError("transcript", str(path), f"cannot open it read-only ({last})")
+
+
+def check_tables(db: sqlite3.Connection, path: Path, *, allow_empty: bool) -> None:
+    """Refuse a file that is not a transcript, naming what is missing (an empty database is fine
+    for the writer, which creates the tables)."""
+    try:
+        tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        raise ConfigError("transcript", str(path), f"not an SQLite file ({exc})") from None
+    if allow_empty and not tables:
+        return
+    for table, wanted in _COLUMNS.items():
+        if table not in tables:
+            raise ConfigError("transcript", str(path), f"not an nlagg transcript: no table '{table}'")
+        have = {str(r[1]) for r in db.execute(f"PRAGMA table_info({table})")}
+        lacking = sorted(wanted - have)
+        if lacking:
+            raise ConfigError(
+                "transcript",
+                str(path),
+                f"not an nlagg transcript: table '{table}' has no column '{lacking[0]}'",
+            )
+
+
+class TranscriptReader:
+    """Queries over an open transcript database (``db``) of run ``run_id`` under ``prefix``.
+
+    Every query commits first (:meth:`commit`; a reader has nothing buffered, the writer
+    overrides it), so a writer's queries see every message it added.
+    """
+
+    path: Path
+    db: sqlite3.Connection
+    run_id: str
+    prefix: str
+
+    def commit(self) -> None:
+        """Write what is buffered (nothing, for a reader)."""
+
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        """Run a read query; rows still buffered by the writer are committed first, so they count."""
+        self.commit()
+        return self.db.execute(sql, params)
+
+    def close(self) -> None:
+        self.commit()
+        self.db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def complete(
+        self, n: int, t_total: int, edges: list[list[int]], groups: set[str], *, early_stop: bool = False
+    ) -> tuple[int, int]:
+        """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
+        directions of every edge and every dual group. Valid-looking messages outside the run
+        (another node, group or edge) do not count. With ``early_stop`` the phases may end early,
+        so only the iterations of which some x was captured are expected."""
+        if early_stop:
+            t_total_seen = self._query(
+                "SELECT COUNT(DISTINCT t) FROM messages"
+                " WHERE valid = 1 AND kind = 'x' AND node < ? AND t < ?",
+                (n, t_total),
+            ).fetchone()[0]
+        xs = self._query(
+            "SELECT COUNT(*) FROM (SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'x'"
+            " AND node < ? AND t < ?)",
+            (n, t_total),
+        ).fetchone()[0]
+        wanted = {(a, b) for a, b in edges} | {(b, a) for a, b in edges}
+        z0 = {
+            (int(i), int(j), str(g))
+            for i, j, g in self._query(
+                "SELECT DISTINCT node, peer, phase FROM messages WHERE valid = 1 AND kind = 'z0'"
+            )
+            if (int(i), int(j)) in wanted and g in groups
+        }
+        expected = n * (int(t_total_seen) if early_stop else t_total)
+        return expected - int(xs), len(wanted) * len(groups) - len(z0)
+
+    def done_nodes(self) -> set[int]:
+        """Nodes of which a valid ``done`` status was captured."""
+        rows = self._query(
+            "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'status' AND phase = 'done'"
+        )
+        return {int(r[0]) for r in rows}
+
+    def count(self, *, valid_only: bool = False) -> int:
+        """Number of stored (distinct) messages."""
+        sql = "SELECT COUNT(*) FROM messages" + (" WHERE valid = 1" if valid_only else "")
+        return int(self._query(sql).fetchone()[0])
+
+    def valid_counts(self, z0_groups: Iterable[str]) -> dict[str, int]:
+        """Valid rows per kind: every x and forwarded state, and the z^(0) of ``z0_groups`` only.
+
+        A well-formed z^(0) of a group the run does not have is injected junk, not the run's.
+        """
+        groups = sorted(set(z0_groups))
+        marks = ",".join("?" * len(groups))
+        rows = self._query(
+            "SELECT kind, COUNT(*) FROM messages WHERE valid = 1 AND (kind IN ('x', 'adv')"
+            f" OR (kind = 'z0' AND phase IN ({marks}))) GROUP BY kind",
+            tuple(groups),
+        )
+        return {str(kind): int(count) for kind, count in rows}
+
+    def rejected(self) -> list[tuple[str, str]]:
+        """``(topic, error)`` of every stored message that is not valid protocol v1."""
+        return [(str(a), str(b)) for a, b in self._query("SELECT topic, error FROM messages WHERE valid = 0")]
+
+    def _payloads(self, kind: str) -> list[tuple[str, bytes]]:
+        sql = "SELECT topic, payload FROM messages WHERE valid = 1 AND kind = ? ORDER BY id"
+        rows = self._query(sql, (kind,))
+        return [(str(t), bytes(p)) for t, p in rows]
+
+    def _decode(self, topic: str, payload: bytes) -> WireMessage:
+        return decode(topic, payload, self.prefix, self.run_id)[1]
+
+    def config(self) -> ConfigMsg | None:
+        """The retained public configuration, if it was captured."""
+        rows = self._payloads("config")
+        if not rows:
+            return None
+        msg = self._decode(*rows[-1])
+        return msg if isinstance(msg, ConfigMsg) else None
+
+    def z0(self, n: int, edges: NDArray[np.int64]) -> dict[str, FloatArray]:
+        """z_{i|j}^(0) per dual group, in :class:`EdgeLayout` order of ``edges`` (NaN if not captured)."""
+        layout = EdgeLayout.from_graphs(n, [edges])
+        index = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(layout.src, layout.dst, strict=True))}
+        out: dict[str, FloatArray] = {}
+        for topic, payload in self._payloads("z0"):
+            msg = self._decode(topic, payload)
+            if not isinstance(msg, Z0Msg):
+                continue
+            arr = out.setdefault(msg.group, np.full(len(layout.src), np.nan))
+            e = index.get((msg.from_, msg.to))
+            if e is not None:
+                arr[e] = msg.z
+        return out
+
+    def x(self, n: int, t_total: int | None = None) -> FloatArray:
+        """x_i^(t) as an ``(n, T)`` array, NaN where no message was captured."""
+        rows = self._query("SELECT node, t, value FROM messages WHERE valid = 1 AND kind = 'x'").fetchall()
+        if t_total is None:
+            t_total = 1 + max((int(t) for _, t, _ in rows), default=-1)
+        out = np.full((n, t_total), np.nan)
+        for node, t, value in rows:
+            if 0 <= node < n and 0 <= t < t_total:
+                out[node, t] = value
+        return out
+
+    def adv_states(self) -> list[AdvStateMsg]:
+        """Every state a corrupted node forwarded, in capture order."""
+        return [m for m in (self._decode(*r) for r in self._payloads("adv")) if isinstance(m, AdvStateMsg)]
+
+    def corrupted(self) -> list[int]:
+        """Nodes that forwarded their state."""
+        sql = "SELECT DISTINCT node FROM messages WHERE valid = 1 AND kind = 'adv' ORDER BY node"
+        rows = self._query(sql)
+        return [int(r[0]) for r in rows]
+
+    def statuses(self) -> dict[int, StatusMsg]:
+        """The last captured status of every node."""
+        out: dict[int, StatusMsg] = {}
+        for topic, payload in self._payloads("status"):
+            msg = self._decode(topic, payload)
+            if isinstance(msg, StatusMsg):
+                out[msg.node] = msg
+        return out
+
+
+def captured_count(path: str | Path, kind: str) -> int:
+    """Valid rows of ``kind`` in a transcript that another process may be writing.
+
+    Opens the file read-only (it never creates it or its schema) and answers 0 while the file is
+    missing, still empty or locked: a progress probe, not a reader.
+    """
+    if not Path(path).exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)) as db:
+            row = db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = ?", (kind,)).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0])
