@@ -136,7 +136,7 @@ def test_testbed_table_explains_what_was_learned() -> None:
     """The maximizer's exposure is unavoidable, any other avoidable; a legend; a hint when not exact."""
     from rich.console import Console
 
-    from nlagg_node.cli.net import print_summary
+    from nlagg_node.cli.testbed import print_summary
 
     summary = {
         "run_id": "r",

@@ -15,6 +15,7 @@ def _register() -> None:
     from . import deploy as _deploy  # noqa: F401
     from . import net as _net  # noqa: F401
     from . import sim as _sim  # noqa: F401
+    from . import testbed as _testbed  # noqa: F401
     from . import tune as _tune  # noqa: F401
 
 

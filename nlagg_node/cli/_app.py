@@ -3,6 +3,7 @@ one line on stderr and an exit code: 2 for bad input (a flag, a file), 1 for a r
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import sys
 from collections.abc import Iterable, Iterator
@@ -221,3 +222,12 @@ CorruptOpt = Annotated[str | None, typer.Option(help=CORRUPT_HELP)]
 ForceOpt = Annotated[bool, typer.Option("--force", help=FORCE_HELP)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)]
 BrokerOpt = Annotated[str, typer.Option(help="broker URL, mqtt://host[:port]")]
+
+
+def setup_logging(verbose: bool) -> None:
+    """Log to stderr: the protocol's progress with ``--verbose``, warnings otherwise."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
