@@ -12,7 +12,8 @@ order (0, 1, 2, ...); the node uses one barrier per kind of exchange:
 
 Every arriving value gets one verdict (:data:`Outcome`): ``new`` (stored), ``dup`` (the same
 value again), ``conflict`` (a different value for a slot already filled: the first one is
-kept), ``stale`` (a key already taken whose record is gone) or ``ahead`` (beyond the window).
+kept), ``stale`` (a key already taken whose record is gone), ``ahead`` (beyond the window) or
+``gone`` (from a sender that has departed, see :meth:`Barrier.depart`).
 The caller decides what each verdict costs (count a duplicate, reject and log). New kinds of
 exchange (departures, keys) are new barriers, not new code paths.
 
@@ -25,13 +26,14 @@ every iteration, on the hot path.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Literal
 
 from ..errors import NlaggError
 
 __all__ = ["Barrier", "NeighbourTimeoutError", "Outcome"]
 
-Outcome = Literal["new", "dup", "conflict", "stale", "ahead"]
+Outcome = Literal["new", "dup", "conflict", "stale", "ahead", "gone"]
 
 
 class NeighbourTimeoutError(NlaggError):
@@ -85,6 +87,7 @@ class Barrier:
         self.next = 0  # the next key to take
         self.labels: list[str] | None = None  # key -> label in messages (default: the key)
         self.jumps: frozenset[int] = frozenset()  # keys accepted beyond the window (see skip_to)
+        self.gone: dict[int, int] = {}  # slot -> the first key it no longer delivers (departed)
         self._pending: dict[int, _Round] = {}
         self._taken: dict[int, list[float]] = {}
         self._waiter: asyncio.Future[None] | None = None
@@ -110,8 +113,45 @@ class Barrier:
             raise NlaggError(f"node {self.owner}: cannot skip to {self.label(key)} (next {self.next})")
         self.next = key
 
+    def need(self, key: int) -> int:
+        """How many slots deliver ``key``: all of them but those departed at or before it."""
+        if not self.gone:
+            return self.size
+        return self.size - sum(1 for k in self.gone.values() if k <= key)
+
+    def depart(self, slot: int, key: int | None = None) -> int:
+        """``slot``'s sender has departed: it delivers no key from ``key`` on; returns that key.
+
+        By default the key is the first one, from the next to take, that ``slot`` has not
+        delivered (:mod:`nlagg_node.departure`: every receiver waits for the same one). A wait
+        that only lacked this slot completes.
+        """
+        if key is None:
+            key = self.next
+            while (rnd := self._pending.get(key)) is not None and rnd.values[slot] is not None:
+                key += 1
+        elif key < self.next:
+            raise NlaggError(
+                f"node {self.owner}: {self.label(key)} of node {self.senders[slot]} was already taken"
+            )
+        self.gone[slot] = min(key, self.gone.get(slot, key))
+        for k, rnd in self._pending.items():
+            if k >= key and rnd.values[slot] is not None:
+                rnd.values[slot] = None
+                rnd.count -= 1
+        self._wake()
+        return key
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        rnd = self._pending.get(self.next)
+        if waiter is not None and not waiter.done() and (rnd.count if rnd else 0) >= self.need(self.next):
+            waiter.set_result(None)
+
     def put(self, key: int, slot: int, value: float) -> Outcome:
         """The value of ``slot`` for ``key``: the barrier's hot path."""
+        if self.gone and key >= self.gone.get(slot, self.end):
+            return "gone"
         if key < self.next:
             seen = self._taken.get(key)
             if seen is None:
@@ -128,7 +168,7 @@ class Barrier:
         rnd.values[slot] = value
         rnd.count += 1
         waiter = self._waiter
-        if rnd.count == self.size and key == self.next and waiter is not None and not waiter.done():
+        if key == self.next and waiter is not None and rnd.count == self.need(key) and not waiter.done():
             waiter.set_result(None)
         return "new"
 
@@ -138,11 +178,17 @@ class Barrier:
         return None if seen is None else seen[slot]
 
     async def take(self, key: int) -> list[float]:
-        """Wait until every slot has delivered ``key`` (the next key), then return the values."""
+        """Wait until every slot has delivered ``key`` (the next key), then return the values.
+
+        A departed slot's value is NaN.
+        """
         if key != self.next:
             raise NlaggError(f"node {self.owner}: {self.label(key)} taken out of order (next {self.next})")
         rnd = self._pending.get(key)
-        if rnd is None or rnd.count < self.size:
+        need = self.need(key)
+        if need == 0 and rnd is None:
+            rnd = self._pending[key] = _Round(self.size)
+        if rnd is None or rnd.count < need:
             loop = asyncio.get_running_loop()
             self._waiter = waiter = loop.create_future()
             self._wait_since = loop.time()
@@ -152,9 +198,13 @@ class Barrier:
                 await waiter
             finally:
                 self._waiter = None
-            rnd = self._pending[key]
+            rnd = self._pending.get(key)
+            if rnd is None:  # every slot departed
+                rnd = _Round(self.size)
         del self._pending[key]
         values: list[float] = rnd.values  # type: ignore[assignment]  # complete: no None left
+        if self.gone:
+            values = [math.nan if v is None else v for v in rnd.values]
         self._taken[key] = values
         if self.keep is not None:
             self._taken.pop(key - self.keep, None)
@@ -163,7 +213,11 @@ class Barrier:
 
     def missing(self, key: int) -> list[int]:
         rnd = self._pending.get(key)
-        return [j for k, j in enumerate(self.senders) if rnd is None or rnd.values[k] is None]
+        return [
+            j
+            for k, j in enumerate(self.senders)
+            if (rnd is None or rnd.values[k] is None) and self.gone.get(k, self.end) > key
+        ]
 
     def _check_deadline(self) -> None:
         """Fail the wait that has lasted ``timeout``, naming the missing neighbours."""

@@ -16,6 +16,10 @@ dual group). One coroutine per node, with numpy calls on five-element arrays, sp
 scheduling and call overhead than on the math (n = 15 on Mosquitto: 1.32 ms of host CPU per
 round, 1.08 ms batched).
 
+A neighbour that departs at T (:mod:`nlagg_node.departure`) is dropped at the z-update of
+iteration T: its slots leave the flat arrays (the others keep their order) and the node's
+degree shrinks, exactly as the simulator drops the edge between two kernel calls.
+
 The checkpoint hook (:meth:`PdmmLoop.checkpoint`) saves each node's state before every publish
 that depends on it, and a loop started from checkpoints resumes where they left off. Nodes with
 checkpoint stores run one loop each (h = 1), so that each resumes on its own.
@@ -29,6 +33,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import NlaggError
 from ..init import draw_z0, perturb_value
@@ -132,20 +137,53 @@ class PdmmLoop:
         if resumed and (len(resumed) > 1 or any(tr.ck is None for tr in self.tracks)):
             raise NlaggError("the nodes of one loop must resume from the same point of the run")
         self.start = self.tracks[0].ck
-        h = len(members)
-        deg = np.array([len(m.neighbours) for m in members])
+        if len(members) > 1 and any(m.leave_at is not None for m in members):
+            raise NlaggError("a hosted node cannot leave on its own: run it as a process of its own")
+        self.slots = [list(range(len(m.neighbours))) for m in members]  # the neighbours still here
+        self.signs = np.array([1.0 if m.id < j else -1.0 for m in members for j in m.neighbours])
+        self._layout()
+        # Both dual vectors in one: w = [u_{i|j} (own), u_{j|i} (the neighbours', tracked)], so one
+        # z_update call per iteration updates both (element-wise the same operations, same bits).
+        self.w = np.zeros(2 * self.d)
+        self.diam = diameter(first.cfg.n, first.edges) if first.cfg.early_stop else 0
+
+    def _layout(self) -> None:
+        """Each member's slice of the flat duals, their owners and reverses, from the slots still here."""
+        h = len(self.members)
+        deg = np.array([len(sl) for sl in self.slots], dtype=np.int64)
         d = int(deg.sum())
         bounds = np.concatenate([[0], np.cumsum(deg)])
         self.own = [slice(int(bounds[k]), int(bounds[k + 1])) for k in range(h)]
         self.owner = np.repeat(np.arange(h), deg)
         self.swap = np.concatenate([np.arange(d, 2 * d), np.arange(d)])
-        self.signs = np.array([1.0 if m.id < j else -1.0 for m in members for j in m.neighbours])
         self.cd = deg.astype(np.float64)
         self.d = d
-        # Both dual vectors in one: w = [u_{i|j} (own), u_{j|i} (the neighbours', tracked)], so one
-        # z_update call per iteration updates both (element-wise the same operations, same bits).
-        self.w = np.zeros(2 * d)
-        self.diam = diameter(first.cfg.n, first.edges) if first.cfg.early_stop else 0
+
+    def _drop(self, t: int) -> NDArray[np.bool_] | None:
+        """Drop the neighbours that departed at t (their x^(t) never came); the kept mask of w, or None."""
+        keep: list[bool] = []
+        for k, m in enumerate(self.members):
+            here = [q for q in self.slots[k] if m.departed.get(m.neighbours[q]) != t]
+            keep += [m.departed.get(m.neighbours[q]) != t for q in self.slots[k]]
+            self.slots[k] = here
+            m.active = [m.neighbours[q] for q in here]
+        if all(keep):
+            return None
+        if self.cfg.early_stop or self.cfg.op == "trimmed-mean":
+            gone = {m.id: sorted(j for j, u in m.departed.items() if u == t) for m in self.members}
+            raise NlaggError(
+                f"neighbours departed at t={t} ({gone}): an early-stopping run or a trimmed mean "
+                "cannot go on without them"
+            )
+        mask = np.array(keep)
+        self.signs = self.signs[mask]
+        self._layout()
+        return np.concatenate([mask, mask])
+
+    def _here(self, k: int, values: list[float]) -> list[float]:
+        """Member k's values of the neighbours still here (a barrier returns every slot)."""
+        slots = self.slots[k]
+        return values if len(slots) == len(values) else [values[q] for q in slots]
 
     async def run(self) -> list[NodeResult]:
         """Announce, wait for the neighbours, run every phase, publish ``done``; the results."""
@@ -157,8 +195,16 @@ class PdmmLoop:
                 await m.status("done", final=ck.finals, output=ck.output, iterations=m.t_total)
             return [m.result(ck.finals, ck.output, ck.xs, ck.z0_sent, 0.0) for m in members]
         await gather_first_error([m.status("running") for m in members])
+        for m in members:
+            m.start_running()
         started = time.perf_counter()
-        await self.iterate()
+        try:
+            await self.iterate()
+        except _Left as left:
+            (m,) = members
+            result = m.left(left.t)
+            await m.status("leaving", iterations=left.t)
+            return [result]
         seconds = time.perf_counter() - started
         return await gather_first_error(
             [m.finish(tr.finals, tr.xs, tr.z0_sent, seconds) for m, tr in zip(members, tracks, strict=True)]
@@ -189,7 +235,7 @@ class PdmmLoop:
         group = phase.group
         if fresh:
             for k, tr in enumerate(self.tracks):
-                tr.z_out = draw_z0(phase.init, self.signs[self.own[k]], tr.rng).tolist()
+                tr.z_out = draw_z0(phase.init, self.signs[self.own[k]], tr.rng).tolist()  # neighbours here
                 tr.z0_sent[group] = tr.z_out
                 tr.identified = []
             self.checkpoint("z0", t, p_idx, group)
@@ -197,7 +243,7 @@ class PdmmLoop:
             [m.exchange_z0(group, tr.z_out) for m, tr in zip(self.members, self.tracks, strict=True)]
         )
         z_out_flat = np.array([z for tr in self.tracks for z in tr.z_out])
-        z_in_flat = np.array([z for zs in z_in for z in zs])
+        z_in_flat = np.array([z for k, zs in enumerate(z_in) for z in self._here(k, zs)])
         self.w = np.concatenate([self.signs * z_out_flat, -self.signs * z_in_flat])
 
     def _republish_last(self, t: int) -> None:
@@ -213,6 +259,7 @@ class PdmmLoop:
         cfg, members, tracks = self.cfg, self.members, self.tracks
         own, owner, swap = self.own, self.owner, self.swap
         h, d = len(members), self.d
+        leave_at = members[0].leave_at if h == 1 else None
         saving = any(m.store is not None for m in members)
         ck = self.start
         p_first, t, group, resuming = (0, 0, "", False) if ck is None else (ck.phase, ck.t, ck.group, True)
@@ -234,6 +281,8 @@ class PdmmLoop:
             elif resuming and t > 0:
                 self._republish_last(t)
             resuming = False
+            own, owner, swap, d = self.own, self.owner, self.swap, self.d  # the exchange may follow a drop
+            x_dst = np.empty(2 * d)
             identified = np.array([tr.identified for tr in tracks]).T.reshape(-1, h)
             skip = bypassed(phase, s_used, identified, cfg.epsilon)
             s_eff = effective_values(phase, s_used, skip)
@@ -244,11 +293,17 @@ class PdmmLoop:
                 Stopping(members, self.cfg.stop_window, self.diam, cfg.tolerance) if cfg.early_stop else None
             )
             for t in range(t, end):  # noqa: B020 - t carries on across phases
+                if leave_at is not None and t >= leave_at:
+                    raise _Left(t)
                 if saving:
                     self.w = w
                     self.checkpoint("x", t, p_idx, group)
                 v = dual_sum(w[:d], owner, h)
-                x = x_update(phase.objective, v, s_eff, cd_c)
+                if cd_c.all():
+                    x = x_update(phase.objective, v, s_eff, cd_c)
+                else:  # a member with no neighbour left: its x is its value (nlagg_node.departure)
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        x = np.where(cd_c > 0, x_update(phase.objective, v, s_eff, cd_c), s_eff)
                 x_list: list[float] = x.tolist()
                 fields = early.step(t - phase_start[p_idx], t, x_list) if early is not None else None
                 got_flat: list[float] = []
@@ -264,13 +319,21 @@ class PdmmLoop:
                         m.outbox.send_x(t, name, x_list[k], *fields[k])
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
-                    got_flat += got
+                    got_flat += self._here(k, got)
                 if t == first_round:
                     for m in members:
                         m.outbox.z0_done()  # every neighbour has finished this exchange
                 x_dst[:d] = got_flat
                 x_dst[d:] = x[owner]
+                if any(u == t for m in members for u in m.departed.values()):
+                    kept = self._drop(t)
+                    if kept is not None:
+                        w, x_dst = w[kept], x_dst[kept]
+                        own, owner, swap, d = self.own, self.owner, self.swap, self.d
+                        cd_c = self.cd * c
                 w = z_update(w, w[swap], x_dst, c, cfg.theta)
+                if len(x_dst) != 2 * d:
+                    x_dst = np.empty(2 * d)
                 if early is not None and early.received(t):
                     for m in members:
                         m.iterations_run -= end - 1 - t
@@ -282,6 +345,14 @@ class PdmmLoop:
             for tr in tracks:
                 tr.finals.append(tr.xs[-1])
                 tr.identified.append(tr.xs[-1])
+
+
+class _Left(Exception):  # noqa: N818 - control flow, not an error
+    """The hosted node leaves the run cleanly before publishing x^(t)."""
+
+    def __init__(self, t: int) -> None:
+        super().__init__(t)
+        self.t = t
 
 
 class Stopping:

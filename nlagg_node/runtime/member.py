@@ -31,10 +31,14 @@ from .public import build_config_msg, config_mismatch, run_edges
 from .transport import Transport
 from .wire import AdvStateMsg, ConfigMsg, StatusMsg, Z0Msg, encode, topics
 
-__all__ = ["Member", "NodeResult"]
+__all__ = ["DepartedError", "Member", "NodeResult"]
 
 log = logging.getLogger("nlagg.node")
 FloatArray = NDArray[np.float64]
+
+
+class DepartedError(NlaggError):
+    """This node came back after its neighbours had counted it as departed (refused for the run)."""
 
 
 @dataclass
@@ -51,6 +55,8 @@ class NodeResult:
     x: list[float] = field(default_factory=list)  # x_i^(t), t = 0..iterations-1
     rejected: int = 0
     duplicates: int = 0
+    departed: dict[int, int] = field(default_factory=dict)  # neighbour -> T (nlagg_node.departure)
+    left_at: int | None = None  # this node left the run cleanly at T (no output)
 
     @property
     def rounds_per_second(self) -> float:
@@ -75,6 +81,8 @@ class Member:
         neighbour_timeout: float = 30.0,
         startup_timeout: float = 60.0,
         checkpoint: CheckpointStore | None = None,
+        departure_timeout: float | None = None,
+        leave_after: int | None = None,
     ) -> None:
         self.cfg = cfg.resolved()
         if not 0 <= node_id < self.cfg.n:
@@ -90,10 +98,24 @@ class Member:
         if not self.neighbours:
             raise NlaggError(f"node {node_id} has no neighbours in the graph")
         self.slot = {j: k for k, j in enumerate(self.neighbours)}
+        self.active: list[int] = list(self.neighbours)  # those not departed (the loop drops them)
         self.corrupt = corrupt
         self.seed = self.cfg.seed if seed == "config" else seed
         self.neighbour_timeout = neighbour_timeout
         self.startup_timeout = startup_timeout
+        # Departures (nlagg_node.departure): a neighbour whose last will stays longer than this has left.
+        self.departure_timeout = neighbour_timeout / 3 if departure_timeout is None else departure_timeout
+        if not 0 < self.departure_timeout < neighbour_timeout:
+            raise NlaggError(
+                f"departure_timeout={self.departure_timeout!r}: must lie between 0 and the neighbour "
+                f"timeout ({neighbour_timeout:g} s)"
+            )
+        self.departed: dict[int, int] = {}
+        self.leave_at = leave_after  # publish x^(0..T-1), then leave cleanly (None: stay)
+        self.running = False
+        self.has_left = False
+        self._told: dict[int, dict[str, int]] = {}  # the departures each neighbour has announced
+        self._expiry: dict[int, asyncio.TimerHandle] = {}
         self.phases: list[Phase] = plan_phases(self.cfg)
         self.t_total = sum(p.t_len for p in self.phases)
         self.phase_at: list[str] = [p.name for p in self.phases for _ in range(p.t_len)]
@@ -190,6 +212,8 @@ class Member:
                 self.reject(f"second, different x_{j}^({t}); the first one is kept")
         elif outcome == "stale":
             self.reject(f"stale x from node {j} for t={t}; the node is at t={nxt}")
+        elif outcome == "gone":
+            self.reject(f"x from node {j} for t={t}: it departed at t={self.departed.get(j)}")
         else:
             self.reject(f"x from node {j} for t={t}, outside the window {nxt}..{nxt + 1}")
 
@@ -215,9 +239,24 @@ class Member:
         if slot is None:
             self.reject(f"status of node {j}, not a neighbour of {self.id}")
             return
-        again = self.peers.state.get(j) == msg.state
+        if msg.departed and str(self.id) in msg.departed and not self.has_left:
+            raise DepartedError(
+                f"node {self.id}: neighbour {j} counts this node as departed at "
+                f"t={msg.departed[str(self.id)]}; a departed node is refused for the rest of the run"
+            )
+        if j in self.departed:
+            if msg.state in ("online", "running"):
+                self.reject(f"node {j} departed at t={self.departed[j]} and is refused for this run")
+            return
+        before = self.peers.state.get(j)
+        news = (msg.departed or {}) != self._told.get(j, {})  # a departure notice, not a republish
+        self._told[j] = msg.departed or {}
+        again = before == msg.state and not news
         self.peers.update(j, msg.state)
-        if msg.state == "online" or (msg.state == "running" and again):
+        self._watch(j, msg.state, before)
+        if msg.state == "leaving" and msg.iterations is not None:
+            self._depart(j, msg.iterations)
+        elif msg.state == "online" or (msg.state == "running" and again):
             # j (re)started, or republished its status after the broker lost its session: it may
             # have lost what we sent (it drops duplicates).
             self.outbox.resend_to(j)
@@ -227,6 +266,49 @@ class Member:
             if outcome in ("dup", "conflict"):
                 self._count_x(outcome, j, self.t_total - 1, msg.final[-1])
 
+    # Departures ------------------------------------------------------------------------------
+    def start_running(self) -> None:
+        """The run has begun: from now on a neighbour gone offline for good departs."""
+        self.running = True
+        for j, state in list(self.peers.state.items()):
+            self._watch(j, state, None)
+
+    def _watch(self, j: int, state: str, before: str | None) -> None:
+        """Arm (offline) or disarm (back) the departure timer of neighbour j."""
+        timer = self._expiry.pop(j, None)
+        if timer is not None:
+            timer.cancel()
+        if state == "offline" and before != "done" and self.running:
+            loop = asyncio.get_running_loop()
+            self._expiry[j] = loop.call_later(self.departure_timeout, self._expired, j)
+
+    def _expired(self, j: int) -> None:
+        self._expiry.pop(j, None)
+        if self.peers.state.get(j) == "offline" and j not in self.departed:
+            self._depart(j, None)
+
+    def _depart(self, j: int, at: int | None) -> None:
+        """Neighbour j has left at ``at`` (None: the x it has not delivered); tell the other neighbours."""
+        slot = self.slot[j]
+        if at is not None and at >= self.t_total:
+            return  # it had delivered everything: nothing changes
+        try:
+            t = self.x_in.depart(slot, at)
+        except NlaggError as exc:
+            self.reject(f"node {j} leaving: {exc}")
+            return
+        if t >= self.t_total:
+            return
+        self.z0_in.depart(slot)
+        self.departed[j] = t
+        log.warning("node %d: neighbour %d departed at t=%d", self.id, j, t)
+        msg = StatusMsg(node=self.id, state="running", departed=self.departed_wire())
+        self.outbox.set_status(encode(msg))
+
+    def departed_wire(self) -> dict[str, int] | None:
+        """The departed neighbours as the wire carries them, or None."""
+        return {str(j): t for j, t in sorted(self.departed.items())} or None
+
     def on_config(self, msg: ConfigMsg) -> None:
         """Raise :class:`~nlagg_node.runtime.public.ConfigMismatchError` if the run's config differs."""
         mismatch = config_mismatch(self.public, msg)
@@ -234,14 +316,14 @@ class Member:
             raise mismatch
 
     # What the loop calls ---------------------------------------------------------------------
-    async def status(self, state: Literal["online", "running", "done"], **extra: object) -> None:
+    async def status(self, state: Literal["online", "running", "done", "leaving"], **extra: object) -> None:
         msg = StatusMsg.model_validate({"node": self.id, "state": state, **extra})
         await self.outbox.send_status(encode(msg))
 
     def z0_payloads(self, group: str, z_out: list[float]) -> dict[int, bytes]:
         return {
             j: encode(Z0Msg.model_validate({"from": self.id, "to": j, "group": group, "z": z}))
-            for j, z in zip(self.neighbours, z_out, strict=True)
+            for j, z in zip(self.active, z_out, strict=True)
         }
 
     async def exchange_z0(self, group: str, z_out: list[float]) -> list[float]:
@@ -257,8 +339,8 @@ class Member:
             node=self.id,
             t=t,
             s=s,
-            z={str(j): v for j, v in zip(self.neighbours, z, strict=True)},
-            z_in={str(j): v for j, v in zip(self.neighbours, z_in, strict=True)},
+            z={str(j): v for j, v in zip(self.active, z, strict=True)},
+            z_in={str(j): v for j, v in zip(self.active, z_in, strict=True)},
         )
         payload = encode(msg)
         self.outbox.send_adv(payload)
@@ -280,7 +362,13 @@ class Member:
             assert last is not None  # the loop saved at least one checkpoint
             last.stage, last.finals, last.xs, last.output = "done", finals, xs, out_list
             self.store.save(last)
-        await self.status("done", final=finals, output=out_list, iterations=self.iterations_run)
+        await self.status(
+            "done",
+            final=finals,
+            output=out_list,
+            iterations=self.iterations_run,
+            departed=self.departed_wire(),
+        )
         return self.result(finals, out_list, xs, z0_sent, seconds)
 
     def result(
@@ -294,7 +382,15 @@ class Member:
         return NodeResult(
             node=self.id, value=self.value, finals=finals, output=output, iterations=self.iterations_run,
             seconds=sec, z0_sent=z0, x=xs, rejected=self.rejected, duplicates=self.duplicates,
+            departed=dict(self.departed),
         )  # fmt: skip
+
+    def left(self, t: int) -> NodeResult:
+        """This node has left the run cleanly at t: no output."""
+        self.has_left, self.running = True, False
+        res = self.result([], [], [], {}, 0.0)
+        res.left_at, res.iterations = t, t
+        return res
 
     async def announce(self) -> None:
         """Publish ``online`` and wait until every neighbour is live (or ``startup_timeout``)."""
@@ -311,3 +407,6 @@ class Member:
     def close(self) -> None:
         self.x_in.close()
         self.z0_in.close()
+        for timer in self._expiry.values():
+            timer.cancel()
+        self._expiry.clear()

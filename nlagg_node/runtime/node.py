@@ -71,6 +71,10 @@ class Node(Member):
         neighbours; ``startup_timeout`` for the neighbours to come online (and for a z^(0) exchange).
     checkpoint : where to keep the local checkpoint (written before every publish that depends on the
         node's state); a node restarted with the same store resumes from it with the same numbers.
+    departure_timeout : seconds a neighbour's last will (``offline``) must stay before the neighbour
+        counts as departed for good (:mod:`nlagg_node.departure`); a third of ``neighbour_timeout``
+        by default.
+    leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
     """
 
     def __init__(
@@ -89,11 +93,13 @@ class Node(Member):
         startup_timeout: float = 60.0,
         own_transport: bool = True,
         checkpoint: CheckpointStore | None = None,
+        departure_timeout: float | None = None,
+        leave_after: int | None = None,
     ) -> None:
         super().__init__(
             cfg, node_id, value, transport, run_id=run_id, prefix=prefix, edges=edges, corrupt=corrupt,
             seed=seed, neighbour_timeout=neighbour_timeout, startup_timeout=startup_timeout,
-            checkpoint=checkpoint,
+            checkpoint=checkpoint, departure_timeout=departure_timeout, leave_after=leave_after,
         )  # fmt: skip
         self.own_transport = own_transport
         self.router = Router([self], self._undecodable, self.reject)

@@ -87,6 +87,11 @@ class Outbox:
     def z0_done(self) -> None:
         self.z0_open = None
 
+    def set_status(self, payload: bytes) -> None:
+        """Publish a new status without waiting (kept, like every status, for a republish)."""
+        self.status = payload
+        self.transport.publish_nowait(self.status_topic, payload, qos=1, retain=True)
+
     async def send_status(self, payload: bytes) -> None:
         self.status = payload
         await self.transport.publish(self.status_topic, payload, qos=1, retain=True)

@@ -5,7 +5,7 @@ Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
     P/R/config                  retained, the public run configuration (launcher only)
     P/R/edge/{i}/{j}/z0         z_{i|j}^(0), once per dual group, node i -> neighbour j
     P/R/node/{i}/x              x_i^(t), every iteration t
-    P/R/node/{i}/status         retained; online | running | done | offline (the last will)
+    P/R/node/{i}/status         retained; online | running | done | leaving | offline (the last will)
     P/R/adv/{i}/state           only from a corrupted node: s_i and its duals, every iteration
 
 Payloads are UTF-8 JSON objects with ``"v": 1``. Floats are written by :func:`json.dumps`,
@@ -52,7 +52,7 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 
 Kind = Literal["config", "z0", "x", "status", "adv"]
-NodeState = Literal["online", "running", "done", "offline"]
+NodeState = Literal["online", "running", "done", "leaving", "offline"]
 
 
 def _finite(value: float) -> float:
@@ -106,13 +106,19 @@ class XMsg(_Msg):
 
 
 class StatusMsg(_Msg):
-    """``P/R/node/{i}/status`` (retained). ``done`` carries the final x of every phase."""
+    """``P/R/node/{i}/status`` (retained). ``done`` carries the final x of every phase.
+
+    ``leaving`` (a clean departure) carries in ``iterations`` the departure iteration T: x^(T-1)
+    was the node's last x. ``running`` and ``done`` carry in ``departed`` the neighbours that have
+    departed, ``{str(j): T}`` (:mod:`nlagg_node.departure`).
+    """
 
     node: NodeId
     state: NodeState
     final: list[Finite] | None = None
     output: list[Finite] | None = None
     iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
+    departed: dict[str, Iteration] | None = None
 
 
 class AdvStateMsg(_Msg):
@@ -233,6 +239,8 @@ def encode(msg: WireMessage) -> bytes:
     """UTF-8 JSON with shortest round-trip floats; raises :class:`WireError` on NaN/inf."""
     try:
         body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
+        if isinstance(msg, StatusMsg) and msg.departed is None:
+            del body["departed"]  # statuses of a run without departures are as before
         text = json.dumps(body, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
         raise WireError(type(msg).__name__, msg, f"cannot encode ({exc})") from None

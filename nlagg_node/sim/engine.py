@@ -11,7 +11,7 @@ iterations the ``record`` spec asks for.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
+from ..departure import survivors
 from ..graphs import EdgeLayout, sample_graphs
 from ..init import draw_z0, perturb_value
 from ..rng import rng_for_each
@@ -37,6 +38,7 @@ from ..schedule import (
 )
 from ..termination import NO_STOP, diameter
 from ..threat import known_duals, solvable
+from .departures import SimDepartures, largest_truth, survivor_mse, survivor_truth
 from .values import run_values
 
 Progress = Callable[[int, int], None]
@@ -72,6 +74,8 @@ class SimResult:
     z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order
     wall_seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    departed: dict[int, int] = field(default_factory=dict)  # node -> T: its last x is x^(T-1)
+    components: list[list[list[int]]] = field(default_factory=list)  # per trial, with departures only
 
     @property
     def t_total(self) -> int:
@@ -127,7 +131,9 @@ def _draw_signed_duals(
     return layout.sign * z, z
 
 
-def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
+def simulate(
+    cfg: RunConfig, progress: Progress | None = None, departures: Mapping[int, int] | None = None
+) -> SimResult:
     """Run ``cfg.trials`` Monte Carlo trials of the configured operator.
 
     Parameters
@@ -136,6 +142,10 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         The run configuration (operator defaults are resolved here).
     progress
         Called as ``progress(done, total)`` with iteration counts, about fifty times per run.
+    departures
+        ``{node: T}``: node departs at T in every trial (:mod:`nlagg_node.departure`); the
+        output of a departed node is NaN, ``truth_lo/hi`` are those of the survivors' largest
+        component and ``mse`` measures every survivor against its own component's aggregate.
     """
     import numba
 
@@ -155,8 +165,10 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     )
     layout = EdgeLayout.from_graphs(n, graphs)
     phases = plan_phases(cfg)
-    targets = phase_targets(cfg, phases, s_used.reshape(B, n))
     t_total = sum(p.t_len for p in phases)
+    dep = SimDepartures(cfg, departures, t_total, graphs) if departures else None
+    kept = survivors(n, dep.at) if dep is not None else list(range(n))
+    targets = phase_targets(cfg, phases, s_used.reshape(B, n)[:, kept])
     record = np.array(parse_record_spec(cfg.record, t_total), dtype=np.int64)
     recorded_x = np.empty((len(record), B, n))
 
@@ -202,18 +214,21 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
             solved_at[ok] = t0
         skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
         s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
+        if dep is not None:
+            s_eff = dep.mask_values(s_eff)
         last_bad = np.full(B, -1, dtype=np.int64)
         ran = np.full(B, -1, dtype=np.int64)
         kq[:] = 0
         ev[:] = NO_STOP
         obj = phase.objective
-        for start in range(0, phase.t_len, chunk):
+        cuts = sorted({*range(chunk, phase.t_len, chunk), *(dep.cuts(t0, phase.t_len) if dep else [])})
+        for start, stop in zip([0, *cuts], [*cuts, phase.t_len], strict=True):
             if early and (ran >= 0).all():  # every trial has stopped: x is final for the rest
                 while rec_ptr < len(record) and record[rec_ptr] < t0 + phase.t_len:
                     recorded_flat[rec_ptr] = x
                     rec_ptr += 1
                 break
-            steps = min(chunk, phase.t_len - start)
+            steps = stop - start
             tick = time.perf_counter()
             rec_ptr = kernel(
                 u,
@@ -251,6 +266,13 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
                 ran,
             )
             loop_seconds += time.perf_counter() - tick
+            gone = dep.due(t0 + stop) if dep is not None else []
+            if dep is not None and gone:
+                layout, u, pair_start = dep.apply(gone, layout, u, pair_start)
+                order, starts = _out_edge_slices(layout)
+                E = len(layout.src)
+                cd = c * layout.degree
+                s_eff = dep.mask_values(s_eff)
             if progress is not None:
                 progress(t0 + start + steps, t_total)
         ran = np.where(ran >= 0, ran, phase.t_len)
@@ -270,7 +292,11 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
     first_exposed = np.where(
         matched & solved, np.minimum(first_match, solved_at), np.where(matched, first_match, solved_at)
     )
-    if output.ndim == 3:
+    if dep is not None:
+        node_lo, node_hi = survivor_truth(cfg, s, dep.components)
+        mse = survivor_mse(output, node_lo, node_hi)
+        truth_lo, truth_hi = largest_truth(node_lo, node_hi, dep.components)
+    elif output.ndim == 3:
         err = distance_to(output, truth_lo[:, None, :], truth_hi[:, None, :])
         mse = (err**2).sum(axis=2).mean(axis=1)
     else:
@@ -299,4 +325,6 @@ def simulate(cfg: RunConfig, progress: Progress | None = None) -> SimResult:
         z0=z0,
         wall_seconds=time.perf_counter() - started,
         extra={"directed_edges": float(E), "loop_seconds": loop_seconds},
+        departed=dict(dep.at) if dep is not None else {},
+        components=dep.components if dep is not None else [],
     )

@@ -128,13 +128,15 @@ def run_trial(
             vl[src_l[e]] += ul[e]
         off = False
         for i in range(n):
-            if quadratic:
+            if cd_l[i] == 0.0:  # no neighbour left (nlagg_node.departure): its value, or NaN if departed
+                xi = s_l[i]
+            elif quadratic:
                 xi = _x_quadratic(vl[i], s_l[i], cd_l[i])
             else:
                 xi = _x_piecewise(vl[i], s_l[i], cd_l[i], alpha, beta)
-                if xi == s_used[g0 + i] and not matched[g0 + i]:
-                    matched[g0 + i] = True
-                    first_match[g0 + i] = t0 + t
+            if not quadratic and xi == s_used[g0 + i] and not matched[g0 + i]:
+                matched[g0 + i] = True
+                first_match[g0 + i] = t0 + t
             xl[i] = xi
             off = off or xi < lo or xi > hi
         if off:

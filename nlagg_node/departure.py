@@ -1,0 +1,114 @@
+"""Departures: nodes that leave a run for good, and what the others do about it (one rule, every runtime).
+
+A node ``j`` *departs at* ``T`` when ``x_j^(T-1)`` is the last x it publishes (a battery ran
+out, a Pi was unplugged, ``nlagg node --leave-after T``). Every neighbour of ``j`` then takes
+the same decision without any extra message, because each of them waits for the same
+``x_j^(T)`` and it never comes:
+
+* iteration ``T`` runs as usual up to the z-update: ``x_i^(T)`` still uses the duals of the
+  edge ``(i, j)``, and ``x_j^(T)`` is never needed for it;
+* the z-update of iteration ``T`` drops both duals of the edge ``(i, j)`` instead of updating
+  them (:func:`kept_edges`), and ``d_i`` shrinks by one; from ``T + 1`` on the edge is gone.
+
+Dropping an edge at the z-update is the same as dropping it after the z-update (an edge's
+z-update reads only that edge's duals and its two ends' x), so the simulator applies the rule
+between two kernel calls (after iteration ``T``) and the node loop when it takes ``x^(T)``.
+
+PDMM converges from any dual state, so the remaining nodes reach the aggregate of the nodes
+that remain connected to them: one result per connected component of the surviving graph
+(:func:`components`). A survivor whose neighbours have all departed is a component of its own;
+its x is its value (``c d_i = 0``: both runtimes take ``s_i`` instead of dividing by zero). Early stopping and
+the trimmed mean (whose combination needs the number of nodes) do not handle departures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from .arrays import BoolArray, IntArray
+from .errors import ConfigError
+
+__all__ = [
+    "check_departures",
+    "components",
+    "kept_edges",
+    "parse_departures",
+    "survivors",
+]
+
+
+def parse_departures(spec: str | None, field: str = "depart") -> dict[int, int]:
+    """``"3@500,7@1200"`` (node@iteration) -> ``{3: 500, 7: 1200}``; ``None`` or ``""`` -> ``{}``.
+
+    Raises :class:`~nlagg_node.errors.ConfigError` naming ``field`` and the bad part.
+    """
+    out: dict[int, int] = {}
+    if not spec:
+        return out
+    for part in spec.split(","):
+        node, sep, at = part.strip().partition("@")
+        if not sep or not node.strip().isdigit() or not at.strip().isdigit():
+            raise ConfigError(field, part, "expected node@iteration, e.g. 3@500")
+        j, t = int(node), int(at)
+        if j in out:
+            raise ConfigError(field, part, f"node {j} departs twice")
+        out[j] = t
+    return out
+
+
+def check_departures(departures: Mapping[int, int], n: int, t_total: int, op: str, early_stop: bool) -> None:
+    """Refuse departures a run cannot have: unknown nodes, iterations outside ``1..t_total-1``,
+    everyone leaving, early stopping, the trimmed mean."""
+    shown = ",".join(f"{j}@{t}" for j, t in departures.items())
+    if not departures:
+        return
+    if early_stop:
+        raise ConfigError("depart", shown, "departures need the fixed schedule; add --no-early-stop")
+    if op == "trimmed-mean":
+        raise ConfigError("depart", shown, "the trimmed mean needs every node (its n is fixed)")
+    for j, t in departures.items():
+        if not 0 <= j < n:
+            raise ConfigError("depart", f"{j}@{t}", f"node must lie in 0..{n - 1}")
+        if not 1 <= t < t_total:
+            raise ConfigError("depart", f"{j}@{t}", f"iteration must lie in 1..{t_total - 1}")
+    if len(departures) >= n:
+        raise ConfigError("depart", shown, "at least one node must stay")
+
+
+def kept_edges(lo: IntArray, hi: IntArray, gone: Iterable[int]) -> BoolArray:
+    """Which edges ``(lo[e], hi[e])`` survive when the nodes ``gone`` have departed.
+
+    The one rule of a departure: an edge goes with either of its ends. The simulator applies
+    it to its undirected pairs, the node loop to each hosted node's neighbour slots.
+    """
+    g = np.fromiter(gone, dtype=np.int64)
+    return np.asarray(~(np.isin(lo, g) | np.isin(hi, g)), dtype=np.bool_)
+
+
+def survivors(n: int, departed: Iterable[int]) -> list[int]:
+    """The nodes that did not depart, ascending."""
+    gone = set(departed)
+    return [i for i in range(n) if i not in gone]
+
+
+def components(n: int, edges: IntArray, departed: Iterable[int]) -> list[list[int]]:
+    """Connected components of the surviving graph, each ascending, ordered by their smallest node."""
+    gone = set(departed)
+    parent = list(range(n))
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b in np.asarray(edges, dtype=np.int64).reshape(-1, 2).tolist():
+        if a not in gone and b not in gone:
+            parent[root(a)] = root(b)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        if i not in gone:
+            groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda c: c[0])

@@ -1,0 +1,134 @@
+"""Departures (nlagg_node.departure): the survivors end with their own aggregate, as the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from nlagg_node.config import RunConfig
+from nlagg_node.departure import components, kept_edges, parse_departures
+from nlagg_node.errors import ConfigError
+from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
+from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
+from nlagg_node.sim import draw_values, simulate
+
+RUN = "dep"
+
+
+class DyingTransport(MemoryTransport):
+    """Loses its connection (the broker publishes the will) where the node would say ``leaving``:
+    a process killed right after publishing its last x."""
+
+    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        if b'"leaving"' in payload:
+            self.abort()
+            return
+        super().publish_nowait(topic, payload, qos=qos, retain=retain)
+
+
+async def run_with_departures(
+    cfg: RunConfig, departures: dict[int, int], *, killed: bool
+) -> list[NodeResult]:
+    s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+    edges = run_edges(cfg)
+    broker = MemoryBroker()
+
+    async def one(i: int) -> NodeResult:
+        will = node_will("nlagg", RUN, i)
+        kind = DyingTransport if killed and i in departures else MemoryTransport
+        tr = kind(broker, f"node-{i}", will=will)
+        node = Node(
+            cfg, i, s[i], tr, run_id=RUN, edges=edges, neighbour_timeout=10.0, departure_timeout=0.05,
+            leave_after=departures.get(i),
+        )  # fmt: skip
+        async with node:
+            try:
+                return await node.run()
+            except Exception:
+                if killed and i in departures:
+                    return node.left(departures[i])
+                raise
+
+    return list(await asyncio.gather(*(one(i) for i in range(cfg.n))))
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("op", "graph", "t_max", "departures", "killed"),
+    [
+        ("max", "rgg", 200, {"top": 60}, False),
+        pytest.param("max", "rgg", 1500, {"top": 60}, True, marks=SLOW),
+        ("median", "rgg", 200, {1: 40, 5: 90}, True),
+        ("topk", "rgg", 100, {"top": 30}, False),
+        pytest.param("max", "ring", 1500, {0: 50, 4: 80}, True, marks=SLOW),
+    ],
+    ids=["max-leaving", "max-killed", "median-two-killed", "topk-leaving", "ring-split"],
+)
+async def test_survivors_equal_the_simulator_bit_for_bit(
+    op: str, graph: str, t_max: int, departures: dict[int | str, int], killed: bool
+) -> None:
+    cfg = RunConfig(op=op, n=8, graph=graph, trials=1, record="all", t_max=t_max, seed=5)
+    top = int(np.argmax(simulate(cfg).values[0]))
+    dep = {top if j == "top" else int(j): t for j, t in departures.items()}
+    sim = simulate(cfg, departures=dep)
+    results = await run_with_departures(cfg, dep, killed=killed)
+    here = [r for r in results if r.node not in dep]
+    assert [r.left_at for r in results if r.node in dep] == list(dep.values())
+    x_net = np.array([r.x for r in here]).T
+    assert np.array_equal(x_net, sim.recorded_x[:, 0, [r.node for r in here]])
+    for r in here:
+        assert np.array_equal(np.ravel(r.output), np.ravel(sim.output[0, r.node]))
+        nbrs = {j for a, b in run_edges(cfg).tolist() for j in (a, b) if r.node in (a, b)} - {r.node}
+        assert r.departed == {j: t for j, t in dep.items() if j in nbrs}
+    comps = components(cfg.n, run_edges(cfg), dep)
+    for comp in comps:  # every survivor ends with its own component's aggregate
+        outs = np.array([np.ravel(results[i].output) for i in comp])
+        assert np.allclose(outs, outs[0], rtol=0, atol=cfg.tolerance)
+    if op == "max" and t_max > 1000:  # converged: the departed maximum is gone from the result
+        for comp in comps:
+            assert np.allclose(sim.output[0, comp], sim.values[0, comp].max(), rtol=0, atol=cfg.tolerance)
+
+
+def test_ring_split_reports_two_components_with_their_own_results() -> None:
+    cfg = RunConfig(op="max", n=8, graph="ring", trials=1, seed=3)
+    sim = simulate(cfg, departures={0: 100, 4: 150})
+    assert sim.components == [[[1, 2, 3], [5, 6, 7]]]
+    s = sim.values[0]
+    assert np.allclose(sim.output[0, [1, 2, 3]], s[[1, 2, 3]].max(), rtol=0, atol=1e-12)
+    assert np.allclose(sim.output[0, [5, 6, 7]], s[[5, 6, 7]].max(), rtol=0, atol=1e-12)
+    assert np.isnan(sim.output[0, [0, 4]]).all()
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [("3", "node@iteration"), ("3@10,3@20", "twice"), ("x@1", "node@iteration")],
+    ids=["no-at", "twice", "not-a-number"],
+)
+def test_bad_departure_specs_name_the_part(spec: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        parse_departures(spec)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "dep", "why"),
+    [
+        (RunConfig(op="max", n=6, trials=1, t_max=100), {9: 10}, "0..5"),
+        (RunConfig(op="max", n=6, trials=1, t_max=100), {1: 100}, "1..99"),
+        (RunConfig(op="max", n=6, trials=1, t_max=100, early_stop=True), {1: 10}, "no-early-stop"),
+        (RunConfig(op="trimmed-mean", n=6, trials=1, k=1), {1: 10}, "every node"),
+        (RunConfig(op="topk", n=6, graph="ring", trials=1, k=3), {0: 10, 3: 10}, "too few"),
+    ],
+    ids=["unknown-node", "too-late", "early-stop", "trimmed-mean", "topk-too-few"],
+)
+def test_impossible_departures_are_refused(cfg: RunConfig, dep: dict[int, int], why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        simulate(cfg, departures=dep)
+
+
+def test_an_edge_goes_with_either_end() -> None:
+    lo, hi = np.array([0, 0, 1, 2]), np.array([1, 2, 2, 3])
+    assert kept_edges(lo, hi, [2]).tolist() == [True, False, False, False]
