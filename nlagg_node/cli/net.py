@@ -152,6 +152,17 @@ def node(
     startup_timeout: Annotated[
         float, typer.Option(help="seconds to wait for the neighbours to come online")
     ] = 120.0,
+    departure_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="seconds a neighbour's last will must stay before it counts as departed for good "
+            "(README 'Nodes that leave') [default: a third of --neighbour-timeout]"
+        ),
+    ] = None,
+    leave_after: Annotated[
+        int | None,
+        typer.Option(help="publish x^(0)..x^(T-1), then leave the run cleanly (for tests)", min=1),
+    ] = None,
     state_dir: Annotated[
         Path | None,
         typer.Option(help="keep a checkpoint here (before every publish); a restart resumes from it"),
@@ -214,6 +225,8 @@ def node(
             neighbour_timeout=neighbour_timeout,
             startup_timeout=startup_timeout,
             checkpoint=None if state_dir is None else CheckpointStore(state_dir, rid, id),
+            departure_timeout=departure_timeout,
+            leave_after=leave_after,
         ) as nd:
             if nd.resumed is not None:
                 print(
@@ -222,7 +235,7 @@ def node(
                     flush=True,
                 )
             r = await nd.run()
-        return {
+        report: NodeReport = {
             "node": r.node,
             "output": [scale.user_float(v) for v in r.output],
             "finals": [scale.user_float(v) for v in r.finals],
@@ -232,16 +245,25 @@ def node(
             "rejected": r.rejected,
             "duplicates": r.duplicates,
         }
+        if r.departed:
+            report["departed"] = {str(j): t for j, t in sorted(r.departed.items())}
+        if r.left_at is not None:
+            report["left_at"] = r.left_at
+        return report
 
     result = asyncio.run(main())
     if as_json:
         print(json.dumps(result))
+    elif "left_at" in result:
+        print(f"node {id}: left the run after publishing x^(0)..x^({result['left_at'] - 1})")
     else:
         out = result["output"]
         print(
             f"node {id}: done, output {out[0] if len(out) == 1 else out} after {result['iterations']} "
             f"iterations ({result['rounds_per_second']:.0f} rounds/s, {result['rejected']} messages rejected)"
         )
+        for j, t in result.get("departed", {}).items():
+            print(f"node {id}: neighbour {j} departed at t={t} (its last x was x^({t - 1}))")
 
 
 @app.command()

@@ -43,6 +43,8 @@ class NodeReport(TypedDict):
     iterations: NotRequired[int]
     rounds_per_second: NotRequired[float]
     duplicates: NotRequired[int]
+    departed: NotRequired[dict[str, int]]  # neighbours that departed: {str(j): T} (nlagg_node.departure)
+    left_at: NotRequired[int]  # this node left the run at T (no output)
 
 
 class RunOutcome(TypedDict):

@@ -211,7 +211,10 @@ class PdmmLoop:
         )
 
     def checkpoint(self, stage: Stage, t: int, p_idx: int, group: str) -> None:
-        """The checkpoint hook: each node's state before it publishes what depends on it."""
+        """The checkpoint hook: each node's state before it publishes what depends on it.
+
+        A departed neighbour's x is NaN (:meth:`~nlagg_node.runtime.barrier.Barrier.take`): not kept.
+        """
         d, w = self.d, self.w
         for k, (m, tr) in enumerate(zip(self.members, self.tracks, strict=True)):
             if m.store is None:
@@ -224,7 +227,7 @@ class PdmmLoop:
                     u_out=w[:d][sl].tolist() if in_x else [], u_in=w[d:][sl].tolist() if in_x else [],
                     z_out=[] if in_x else tr.z0_sent[group], z0_sent=tr.z0_sent, finals=tr.finals,
                     identified=tr.identified if in_x else [], xs=tr.xs,
-                    prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False)},
+                    prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False) if v == v},
                     prev_adv=tr.adv if in_x else None,
                 )
             )  # fmt: skip

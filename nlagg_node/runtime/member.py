@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..config import RunConfig
-from ..errors import NlaggError
+from ..errors import ConfigError, NlaggError
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, combine, plan_phases
 from ..termination import NO_STOP
@@ -106,9 +106,10 @@ class Member:
         # Departures (nlagg_node.departure): a neighbour whose last will stays longer than this has left.
         self.departure_timeout = neighbour_timeout / 3 if departure_timeout is None else departure_timeout
         if not 0 < self.departure_timeout < neighbour_timeout:
-            raise NlaggError(
-                f"departure_timeout={self.departure_timeout!r}: must lie between 0 and the neighbour "
-                f"timeout ({neighbour_timeout:g} s)"
+            raise ConfigError(
+                "departure_timeout",
+                self.departure_timeout,
+                f"must lie between 0 and the neighbour timeout ({neighbour_timeout:g} s)",
             )
         self.departed: dict[int, int] = {}
         self.leave_at = leave_after  # publish x^(0..T-1), then leave cleanly (None: stay)
@@ -158,6 +159,11 @@ class Member:
 
     def _restore(self, ck: Checkpoint) -> None:
         """Before any message flows: the barriers' positions and the z^(0) sent, from the checkpoint."""
+        if ck.prev_got and len(ck.prev_got) < len(self.neighbours):
+            raise NlaggError(
+                f"node {self.id}: its checkpoint was written after a neighbour departed; "
+                "a run with departures cannot be resumed"
+            )
         prev = [ck.prev_got[str(j)] for j in self.neighbours] if ck.prev_got else None
         self.x_in.resume(ck.t, prev)
         group = self.phases[ck.phase].group
