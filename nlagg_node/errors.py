@@ -11,6 +11,7 @@
     │   ├── BrokerUnreachableError    no connection after every retry
     │   └── MqttProtocolError         it sent a malformed or unexpected MQTT frame
     ├── NeighbourTimeoutError         a neighbour did not deliver within the barrier timeout
+    ├── DepartedError                 this node came back after its neighbours counted it as departed
     └── TestbedError                  a testbed's node process failed or the run did not complete
 """
 
@@ -24,6 +25,7 @@ __all__ = [
     "BrokerUnreachableError",
     "ConfigError",
     "ConfigMismatchError",
+    "DepartedError",
     "MqttProtocolError",
     "NeighbourTimeoutError",
     "NlaggError",
@@ -124,3 +126,7 @@ class TestbedError(NlaggError):
     """A testbed's node process failed or the run did not complete."""
 
     __test__ = False  # not a pytest test class, whatever its name
+
+
+class DepartedError(NlaggError):
+    """This node came back after its neighbours had counted it as departed: refused for the run."""

@@ -198,12 +198,11 @@ class PdmmLoop:
         for m in members:
             m.start_running()
         started = time.perf_counter()
-        try:
-            await self.iterate()
-        except _Left as left:
+        left = await self.iterate()
+        if left is not None:  # the lone node leaves the run cleanly
             (m,) = members
-            result = m.left(left.t)
-            await m.status("leaving", iterations=left.t)
+            result = m.left(left)
+            await m.status("leaving", iterations=left)
             return [result]
         seconds = time.perf_counter() - started
         return await gather_first_error(
@@ -257,8 +256,11 @@ class PdmmLoop:
             if tr.adv is not None:
                 m.outbox.send_adv(tr.adv.encode())
 
-    async def iterate(self) -> None:
-        """Every phase from the start, or from the checkpoint; a checkpoint precedes every publish."""
+    async def iterate(self) -> int | None:
+        """Every phase from the start, or from the checkpoint; a checkpoint precedes every publish.
+
+        Returns None, or the iteration T at which a node given ``leave_after`` leaves.
+        """
         cfg, members, tracks = self.cfg, self.members, self.tracks
         own, owner, swap = self.own, self.owner, self.swap
         h, d = len(members), self.d
@@ -297,7 +299,7 @@ class PdmmLoop:
             )
             for t in range(t, end):  # noqa: B020 - t carries on across phases
                 if leave_at is not None and t >= leave_at:
-                    raise _Left(t)
+                    return t
                 if saving:
                     self.w = w
                     self.checkpoint("x", t, p_idx, group)
@@ -348,14 +350,7 @@ class PdmmLoop:
             for tr in tracks:
                 tr.finals.append(tr.xs[-1])
                 tr.identified.append(tr.xs[-1])
-
-
-class _Left(Exception):  # noqa: N818 - control flow, not an error
-    """The hosted node leaves the run cleanly before publishing x^(t)."""
-
-    def __init__(self, t: int) -> None:
-        super().__init__(t)
-        self.t = t
+        return None
 
 
 class Stopping:

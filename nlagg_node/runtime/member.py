@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..config import RunConfig
-from ..errors import ConfigError, NlaggError
+from ..errors import ConfigError, DepartedError, NlaggError
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, combine, plan_phases
 from ..termination import NO_STOP
@@ -35,10 +35,6 @@ __all__ = ["DepartedError", "Member", "NodeResult"]
 
 log = logging.getLogger("nlagg.node")
 FloatArray = NDArray[np.float64]
-
-
-class DepartedError(NlaggError):
-    """This node came back after its neighbours had counted it as departed (refused for the run)."""
 
 
 @dataclass
