@@ -15,61 +15,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .defaults import DEFAULT_BROKER as DEFAULT_BROKER
+from .defaults import NORMALIZED_DEFAULTS as NORMALIZED_DEFAULTS
+from .defaults import OPERATOR_DEFAULTS as OPERATOR_DEFAULTS
+from .defaults import OPERATORS as OPERATORS
+from .defaults import PROPOSED_INIT as PROPOSED_INIT
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
-OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimmed-mean", "average")
 InitName = Literal[
     "none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"
 ]
 ValueDist = Literal["normal", "uniform", "bimodal", "uniform-range"]
-
-DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
-"""The broker every command connects to when none is given (the testbed starts its own instead)."""
-
-# Per-operator defaults, measured on RGG n = 15 (see README, "Privacy against convergence time").
-# c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
-OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "max": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "min": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "topk": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "median": {"c": 10.0, "mu_z": 30.0, "sigma_z": 0.0, "t_max": 6000},
-    "quantile": {"c": 10.0, "mu_z": 30.0, "sigma_z": 0.0, "t_max": 7000},
-    "trimmed-mean": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
-}
-
-# With a declared value_range the protocol runs on values in [0, 1] (nlagg_node.scale); these are
-# calibrated there (uniform values over the range, RGG n = 15; docs/experiments.md). Gaps between
-# neighbouring values are about 1/n of the range, so c is larger than for N(0, 1) values. One-sided
-# starts sit at the range's midpoint +- mu_z / c: mu_z / c = 0.6 starts x 10% of the range beyond it.
-NORMALIZED_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "max": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "min": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "topk": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "median": {"c": 30.0, "mu_z": 18.0, "sigma_z": 0.0, "t_max": 6000},
-    "quantile": {"c": 30.0, "mu_z": 18.0, "sigma_z": 0.0, "t_max": 6000},
-    "trimmed-mean": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
-}
-
-# What ``--init proposed`` means per operator: the dual initialization with the least measured
-# leakage among those exact at the defaults (docs/experiments.md, "Default initializations").
-# ``prior`` starts x near the public prior median (the range's midpoint, or --prior-median); the
-# median's and quantiles' sigma_z is 0: with z^(0) public the dual noise only moves the start off the
-# prior (0.3475 against 0.3335 worst leakage over 2000 trials).
-PROPOSED_INIT: dict[str, str] = {
-    "max": "from-above",
-    "min": "from-below",
-    "topk": "from-above",
-    "median": "prior",
-    "quantile": "prior",
-    "trimmed-mean": "from-above",
-    "average": "symmetric",
-}
 
 
 class RunConfig(BaseModel):

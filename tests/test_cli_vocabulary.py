@@ -92,6 +92,30 @@ def test_version_and_module_entry_point() -> None:
     assert proc.stdout == result.output
 
 
+def test_help_states_the_run_configs_defaults() -> None:
+    # The help texts read nlagg_node.defaults (no pydantic at start-up); RunConfig must agree.
+    from nlagg_node.config import RunConfig
+    from nlagg_node.defaults import RUN_DEFAULTS
+
+    assert {name: getattr(RunConfig(), name) for name in RUN_DEFAULTS} == RUN_DEFAULTS
+
+
+def test_top_level_help_loads_no_numerical_stack() -> None:
+    # What keeps `nlagg --help` fast (benchmarks/bench_startup.py times it): the command modules
+    # import numpy, pydantic, numba and the adversary only inside the commands that use them.
+    probe = (
+        "import sys; sys.argv = ['nlagg', '--help']\n"
+        "from nlagg_node.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = ('numpy', 'pydantic', 'numba', 'scipy', 'networkx', 'rich', 'adversary')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: nlagg" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
 def test_sim_refuses_corrupt_without_transcript(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     code, _, err = run_cli(["sim", "--trials", "2", "--t-max", "10", "--corrupt", "2"], capsys, monkeypatch)
     assert code == 2

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from ..config import OPERATOR_DEFAULTS, RunConfig
-from ..config import parse_corrupt as _parse_corrupt
+# The help texts come from nlagg_node.defaults (plain Python): --help loads neither pydantic nor numpy.
+from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
 from ..errors import ConfigError, NlaggError
 
 # rich_markup_mode=None: plain help, so text such as "[run]" is printed, not eaten as markup.
@@ -88,8 +88,6 @@ def _fail(line: str, code: int) -> None:
 
 # Options shared by several commands: one name, one meaning, one help text -------------------------
 
-DEFAULTS = RunConfig()
-
 
 def op_defaults(key: str) -> str:
     """``max 100, median 10, ...``: an operator-dependent default, for a help text."""
@@ -111,6 +109,8 @@ FORCE_HELP = "let --out replace the files of an earlier run (refused otherwise)"
 
 def parse_corrupt(spec: str | None, n: int) -> set[int]:
     """The corrupted set of ``--corrupt`` (see :func:`nlagg_node.config.parse_corrupt`)."""
+    from ..config import parse_corrupt as _parse_corrupt
+
     return set(_parse_corrupt(spec, n))
 
 
@@ -146,7 +146,7 @@ def claim_file(path: Path, *, force: bool, field: str) -> None:
 
 def _d(field: str) -> str:
     # Options that default to None (so a --config file can set them) state the real default.
-    return f" [default: {getattr(DEFAULTS, field)}]"
+    return f" [default: {RUN_DEFAULTS[field]}]"
 
 
 OpOpt = Annotated[

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..config import DEFAULT_BROKER
+from ..defaults import DEFAULT_BROKER
 from ._app import CorruptOpt, ForceOpt, app
 from .net import CaFile, CertFile, KeyFile, tls_settings
 

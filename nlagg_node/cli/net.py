@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ..config import DEFAULT_BROKER
+from ..defaults import DEFAULT_BROKER
 from ..errors import ConfigError
 from ..inputs import read_input_text
 from ._app import TRANSCRIPT_HELP, BrokerOpt, VerboseOpt, app, setup_logging
