@@ -68,12 +68,17 @@ def in_process(trials: int, t_max: int, baseline_iterations: int) -> None:
     import numba
 
     from nlagg_node import simulate
+    from nlagg_node.sim.engine import _PARALLEL_TRIALS
 
     cfg = _config(trials, t_max)
-    simulate(cfg.model_copy(update={"trials": 2, "t_max": 10}))  # compile or load the kernel cache
+    # Compile or load both kernels: the serial one (few trials) and the parallel one.
+    simulate(cfg.model_copy(update={"trials": 2, "t_max": 10}))
+    simulate(cfg.model_copy(update={"trials": 2 * _PARALLEL_TRIALS, "t_max": 10}))
     all_threads = numba.get_num_threads()
+    load = os.getloadavg()[0]
     print(
-        f"workload: {trials} trials x {t_max} iterations (max, RGG n=15, c=10, mu_z=100), {all_threads} cores"
+        f"workload: {trials} trials x {t_max} iterations (max, RGG n=15, c=10, mu_z=100),"
+        f" {all_threads} cores, load average {load:.1f}"
     )
     for threads in sorted({1, all_threads}):
         numba.set_num_threads(threads)
@@ -117,12 +122,16 @@ def whole_process(trials: int, t_max: int, repeat: int) -> int:
     cli = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
     args = ["sim", "--op", "max", "--n", "15", "--trials", str(trials), "--t-max", str(t_max)]
     args += ["--c", "10", "--mu-z", "100", "--json"]
-    subprocess.run([*cli, "sim", "--trials", "2", "--json"], env=env, check=True, stdout=subprocess.DEVNULL)
+    for warm in ("2", "16"):  # the serial and the parallel kernel in the cache
+        warm_args = [*cli, "sim", "--trials", warm, "--t-max", "10", "--json"]
+        subprocess.run(warm_args, env=env, check=True, stdout=subprocess.DEVNULL)
     model = [sys.executable, str(Path(__file__).resolve()), "--numpy-model", "--trials", str(trials)]
     model += ["--t-max", str(t_max)]
     base, base_cpu = _wall(model, env, repeat)
     cores = available_cores()
-    print(f"whole process, best of {repeat}, {cores} cores: nlagg {' '.join(args)}")
+    load = os.getloadavg()
+    print(f"whole process, best of {repeat}, {cores} cores, load average {load[0]:.1f}:")
+    print(f"  nlagg {' '.join(args)}")
     print(
         f"  numpy model (bincount over flat arrays), its own process: {base:.2f} s wall, {base_cpu:.2f} s CPU"
     )
@@ -134,6 +143,14 @@ def whole_process(trials: int, t_max: int, repeat: int) -> int:
             f"  nlagg sim, {threads} thread(s): {wall:.2f} s wall = {ratio:.1f}x the numpy model "
             f"[target >= 4x]; {cpu:.2f} s CPU = {base_cpu / cpu:.1f}x its CPU"
         )
+    # What does not scale with t_max: interpreter, imports, kernel load, graphs and z^(0), output.
+    at = args.index("--t-max") + 1
+    fixed_args = [*args[:at], "1", *args[at + 1 :]]
+    fixed, fixed_cpu = _wall([*cli, *fixed_args], {**env, "NUMBA_NUM_THREADS": "1"}, repeat)
+    print(
+        f"  of which start-up and setup (the same command with --t-max 1, 1 thread): "
+        f"{fixed:.2f} s wall, {fixed_cpu:.2f} s CPU"
+    )
     return 0 if ratio >= 4 else 1
 
 
