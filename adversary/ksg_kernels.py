@@ -317,17 +317,32 @@ def ksg_one(x: FloatArray, y: FloatArray, k: int, table: FloatArray) -> tuple[fl
     return pairwise_sum(table[nx]) / n, pairwise_sum(table[ny]) / n
 
 
+BATCH_BLOCK = 16
+"""Pairs of :func:`ksg_batch` that one thread runs in order, each starting from the last y order."""
+
+
 @njit(parallel=True)
 def ksg_batch(
     xs: FloatArray, ys: FloatArray, hints: IntArray, k: int, table: FloatArray, out: FloatArray
 ) -> None:
-    """Per pair ``-<psi(n_x)> - <psi(n_y)>`` (the rest of the formula is a constant)."""
-    n = xs.shape[1]
-    for b in numba.prange(xs.shape[0]):
+    """Per pair ``-<psi(n_x)> - <psi(n_y)>`` (the rest of the formula is a constant).
+
+    ``hints`` are nearly sorting orders of the x rows: shape ``(P, N)``, ``(1, N)`` (one for
+    every row: the same x up to jitter) or ``(P, 0)`` (none). Blocks of :data:`BATCH_BLOCK`
+    consecutive pairs run in parallel; within a block each pair's y sort starts from the
+    previous pair's order (consecutive rows are often successive iterations of one state).
+    The counts do not depend on the orders, so neither does the result.
+    """
+    n_pairs, n = xs.shape
+    shared = hints.shape[0] == 1
+    for block in numba.prange((n_pairs + BATCH_BLOCK - 1) // BATCH_BLOCK):
         nx = np.empty(n, dtype=np.int64)
         ny = np.empty(n, dtype=np.int64)
-        ksg_counts_one(xs[b], ys[b], k, nx, ny, hints[b], np.empty(0, dtype=np.int64))
-        out[b] = digamma_mean(nx, ny, table)
+        hint_y = np.empty(0, dtype=np.int64)
+        for b in range(block * BATCH_BLOCK, min(n_pairs, (block + 1) * BATCH_BLOCK)):
+            hint_x = hints[0] if shared else hints[b]
+            hint_y = ksg_counts_one(xs[b], ys[b], k, nx, ny, hint_x, hint_y)
+            out[b] = digamma_mean(nx, ny, table)
 
 
 @njit(nogil=True)

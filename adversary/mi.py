@@ -222,8 +222,7 @@ def mutual_information_many(
         raise ConfigError("jitter", jitter, "must be a finite number >= 0")
     source: RandomSource = rng if rng is not None else _process_rng()
     if xa.ndim == 1:
-        hint = np.broadcast_to(np.argsort(xa), ya.shape)
-        return _batch(np.broadcast_to(xa, ya.shape), ya, k, jitter, source, hint)
+        return _batch(np.broadcast_to(xa, ya.shape), ya, k, jitter, source, np.argsort(xa)[None])
     return _batch(xa, ya, k, jitter, source, None)
 
 
@@ -234,7 +233,7 @@ mutual_information_batch = mutual_information_many
 def _batch(
     xa: FloatArray, ya: FloatArray, k: int, jitter: float, source: RandomSource, x_hint: IntArray | None
 ) -> FloatArray:
-    """The batch estimate; ``x_hint`` (P, N) are nearly sorting orders of the x rows, or None."""
+    """The batch estimate; ``x_hint`` are nearly sorting orders of the x rows, (P, N) or (1, N) for all."""
     n_pairs, n = ya.shape
     table = _digamma_table(n)
     const = _constant(k, n)
@@ -248,7 +247,7 @@ def _batch(
         hints = (
             np.empty((stop - start, 0), dtype=np.int64)
             if x_hint is None
-            else np.ascontiguousarray(x_hint[start:stop], dtype=np.int64)
+            else np.ascontiguousarray(x_hint if len(x_hint) == 1 else x_hint[start:stop], dtype=np.int64)
         )
         part = np.empty(stop - start)
         ksg_batch(np.ascontiguousarray(xs), np.ascontiguousarray(ys), hints, k, table, part)
