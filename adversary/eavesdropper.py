@@ -20,7 +20,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from nlagg_node.schedule import phase_c, plan_phases
 
 from .capture import AckingSubscriber, accepts_anonymous
 from .live import BRANCH_NAMES, Exposure, LiveReplay
+from .merged import Acknowledging, CausalOrder, MergedSubscriber
 from .transcript import Transcript
 
 __all__ = ["Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
@@ -103,6 +104,8 @@ class Eavesdropper:
         self.missing: tuple[int, int] = (0, 0)  # x's and z^(0)'s missing when the capture stopped
         self._all_done_since: float | None = None
         self._unacked: list[Message] = []
+        # Over several bridged brokers an x may overtake those it was computed from: hold it back.
+        self.order = CausalOrder(transcript) if isinstance(transport, MergedSubscriber) else None
         self._committed = time.monotonic()
         if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
             transcript.set_config(config)
@@ -134,11 +137,10 @@ class Eavesdropper:
             self.stored = self.transcript.count()
 
     async def _read(self) -> None:
-        acking = self.transport if isinstance(self.transport, AckingSubscriber) else None
+        acking = self.transport if isinstance(self.transport, Acknowledging) else None
         async for raw in self.transport.messages():
-            self.handle(raw.topic, raw.payload, raw.retain)
+            self._take([raw])
             if acking is not None:
-                self._unacked.append(raw)
                 pending = len(self._unacked)
                 idle = acking.backlog() == 0
                 if pending >= 256 or (idle and (pending >= 16 or time.monotonic() - self._committed >= 0.02)):
@@ -146,10 +148,23 @@ class Eavesdropper:
             if self.finished.is_set():
                 return
 
+    def _take(self, raws: list[Message]) -> None:
+        """Handle captured messages (queued for their ack); over several brokers, in causal order."""
+        order = self.order
+        while raws:
+            raw = raws.pop()
+            if order is not None and order.offer(raw):
+                continue
+            stored = self.handle(raw.topic, raw.payload, raw.retain)
+            if isinstance(self.transport, Acknowledging):
+                self._unacked.append(raw)
+            if order is not None:
+                raws += order.released(stored)
+
     def _commit(self) -> None:
         """Commit the transcript, then acknowledge what it now holds (never the other way round)."""
         self.transcript.commit()
-        if self._unacked and isinstance(self.transport, AckingSubscriber):
+        if self._unacked and isinstance(self.transport, Acknowledging):
             self.transport.ack(self._unacked)
         self._unacked = []
         self._committed = time.monotonic()
@@ -158,22 +173,22 @@ class Eavesdropper:
         # Over an acking subscriber, what waits for its commit also waits for its ack (a broker's
         # in-flight window may be small): tick often, commit only when something is pending.
         tick = (
-            min(self.commit_every, 0.02)
-            if isinstance(self.transport, AckingSubscriber)
-            else self.commit_every
+            min(self.commit_every, 0.02) if isinstance(self.transport, Acknowledging) else self.commit_every
         )
         last_check = 0.0
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if self.order is not None:
+                self._take(self.order.expired())
             if self._unacked or now - self._committed >= self.commit_every:
                 self._commit()
             if now - last_check >= self.commit_every:
                 last_check = now
                 self._check_finished()
 
-    def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
-        """Store one message, then update the views and the live replay.
+    def handle(self, topic: str, payload: bytes, retained: bool = False) -> WireMessage | None:
+        """Store one message, then update the views and the live replay; the message if valid.
 
         The transcript stores whatever arrives (as invalid, with the reason, when the nodes would
         not have used it); what follows only sees valid messages of the run, bounded by its
@@ -185,11 +200,12 @@ class Eavesdropper:
         if parsed is None:
             self.rejected += 1
             log.warning("captured a message the nodes would not use on %s", topic)
-            return
+            return None
         try:
             self._update(parsed[1])
         except Exception:  # the live view is best effort; the stored transcript is what counts
             log.exception("message on %s stored, but updating the live view failed", topic)
+        return parsed[1]
 
     def _update(self, msg: WireMessage) -> None:
         if isinstance(msg, ConfigMsg):
@@ -327,7 +343,7 @@ def _event(kind: str, **fields: object) -> None:
 
 
 async def run_eavesdropper(
-    broker: str,
+    broker: str | Sequence[str],
     run_id: str,
     db: Path,
     *,
@@ -345,6 +361,8 @@ async def run_eavesdropper(
     With ``events`` the output is JSON lines for a supervising process (the testbed):
     ``subscribed``, one ``exposure`` per exposed node the moment it is found, ``finished``.
     ``tls`` verifies an ``mqtts://`` broker (and gives a client certificate when it asks for one).
+    ``broker`` may list several brokers (the bridged site brokers of one run): the capture then
+    subscribes at every one of them, into one transcript that holds each message once.
     At start it asks the broker whether it admits anonymous clients and warns when it does:
     without per-node ACLs nothing protects the run's integrity (anyone can publish as any node;
     the transcript keeps what the nodes kept, which may be forged).
@@ -356,21 +374,28 @@ async def run_eavesdropper(
     live = live and not events
     transcript = Transcript(db, run_id=run_id, prefix=prefix)
     client_id = f"nlagg-{run_id}-eavesdropper"
-    if await accepts_anonymous(broker, tls=tls):
-        log.warning(ANONYMOUS_WARNING, broker)
-        if events:
-            _event("warning", message=ANONYMOUS_WARNING % broker)
+    brokers = [broker] if isinstance(broker, str) else list(broker)
+    for url in brokers:
+        if await accepts_anonymous(url, tls=tls):
+            log.warning(ANONYMOUS_WARNING, url)
+            if events:
+                _event("warning", message=ANONYMOUS_WARNING % url)
     try:
         # --timeout bounds the whole capture, the first connection included.
         connect_within = 30.0 if stop_after is None else max(0.1, min(30.0, stop_after))
-        async with AckingSubscriber(
-            broker,
-            client_id=client_id,
-            username=username,
-            password=password,
-            tls=tls,
-            connect_timeout=connect_within,
-        ) as tr:
+        subscribers = [
+            AckingSubscriber(
+                url,
+                client_id=client_id,
+                username=username,
+                password=password,
+                tls=tls,
+                connect_timeout=connect_within,
+            )
+            for url in brokers
+        ]
+        source = subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers)
+        async with source as tr:
 
             def report(e: Exposure) -> None:
                 if events:

@@ -117,6 +117,19 @@ class RunRules:
                 )
         return None
 
+    def waits(self, msg: WireMessage) -> bool:
+        """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour's x^(t-1) is
+        not stored). Captured from one broker that x is out of its window for good; captured from
+        several bridged brokers, the x's before it may still be on their way over another one."""
+        if (
+            not isinstance(msg, XMsg)
+            or not self.inside(msg.node, msg.t)
+            or msg.t == 0
+            or msg.t in self._jumps
+        ):
+            return False
+        return not bool(self.have[self.neighbours[msg.node], msg.t - 1].all())
+
     def accepted(self, msg: WireMessage) -> None:
         """Record a message stored as valid (the window moves on)."""
         if isinstance(msg, XMsg):

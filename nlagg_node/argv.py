@@ -69,7 +69,7 @@ def node_argv(
 
 
 def eavesdrop_argv(
-    broker: str,
+    broker: str | Sequence[str],
     run_id: str,
     transcript: str,
     *,
@@ -84,8 +84,13 @@ def eavesdrop_argv(
     verbose: bool = False,
     program: Sequence[str] = NLAGG,
 ) -> list[str]:
-    """The ``nlagg eavesdrop`` argument vector (``events``: JSON lines on stdout; ``live=False``: no view)."""
-    argv = [*program, "eavesdrop", "--broker", broker, "--run-id", run_id, "--transcript", transcript]
+    """The ``nlagg eavesdrop`` argument vector (``events``: JSON lines on stdout; ``live=False``: no view).
+
+    ``broker``: one URL, or several (site brokers bridged together: one transcript of them all).
+    """
+    brokers = [broker] if isinstance(broker, str) else list(broker)
+    argv = [*program, "eavesdrop", *(a for url in brokers for a in ("--broker", url))]
+    argv += ["--run-id", run_id, "--transcript", transcript]
     argv += _opt("--prefix", prefix) + _opt("--username", username) + _opt("--password-file", password_file)
     argv += tls_args(ca_file, cert_file, key_file)
     return argv + ["--events"] * events + ["--no-live"] * (not live) + ["--verbose"] * verbose

@@ -56,6 +56,9 @@ class PlanBed:
     ``early`` runs once the eavesdropper has subscribed and before the launcher publishes the
     run's configuration (a hostile client's first messages). ``port`` is the plan's listener;
     ``client_port``, when given, the port every client dials instead (a relay in front of it).
+    ``sites`` > 1: that many site brokers on free loopback ports, bridged as the plan says (the
+    nodes start once every bridge is connected); the eavesdropper captures from all of them.
+    ``capture=False`` starts the brokers only (no eavesdropper, no launcher).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class PlanBed:
         early: Callable[[PlanBed], Awaitable[None]] | None = None,
         port: int | None = None,
         client_port: int | None = None,
+        sites: int = 1,
+        capture: bool = True,
     ) -> None:
         self.cfg = cfg.resolved().model_copy(update={"trials": 1})
         self.workdir = workdir
@@ -78,6 +83,8 @@ class PlanBed:
         scheme = "mqtts" if tls else "mqtt"
         # What every client dials: the listener, or a relay in front of it (client_port).
         self.url = f"{scheme}://{'localhost' if tls else '127.0.0.1'}:{client_port or self.port}"
+        ports = [self.port, *(free_port() for _ in range(sites - 1))] if sites > 1 else []
+        self.site_urls = [f"mqtt://127.0.0.1:{p}" for p in ports]
         self.spec = PlanSpec(
             run=self.cfg,
             run_id=run_id,
@@ -88,14 +95,18 @@ class PlanBed:
             listen_port=self.port,
             broker_url=self.url,
             make_tls=tls,
+            sites=sites,
+            site_brokers=tuple(self.site_urls),
         )
         self.early = early
+        self.capture = capture
         self.plan = build_plan(self.spec)
         self.phases = plan_phases(self.cfg)
         self.t_total = sum(p.t_len for p in self.phases)
         self.db = self.root / "transcript.sqlite"
         self.logs = workdir / "logs"
         self.broker: BrokerHandle | None = None
+        self.brokers: list[BrokerHandle] = []
         self._stack = contextlib.AsyncExitStack()
         self.eavesdropper: asyncio.subprocess.Process | None = None
         self.nodes: dict[int, asyncio.subprocess.Process] = {}
@@ -112,9 +123,13 @@ class PlanBed:
             start += phase.t_len
         return self.phases[-1].name
 
-    def _lines(self) -> list[list[str]]:
+    def _lines(self, part: str) -> list[list[str]]:
+        """commands.txt's lines of ``part``: eavesdrop, deploy (the launcher's), node or mosquitto."""
         text = (self.root / "commands.txt").read_text()
-        return [shlex.split(ln) for ln in text.splitlines() if ln.startswith("nlagg ")]
+        argvs = [shlex.split(ln) for ln in text.splitlines() if ln and not ln.startswith("#")]
+        if part == "mosquitto":
+            return [a for a in argvs if a[0] == "mosquitto"]
+        return [a for a in argvs if a[:2] == ["nlagg", part]]
 
     async def _start(self, argv: list[str], log: str) -> asyncio.subprocess.Process:
         assert argv[0] == "nlagg"
@@ -127,15 +142,22 @@ class PlanBed:
         self.logs.mkdir(parents=True, exist_ok=True)
         write_plan(self.plan, self.root)
         await self._stack.__aenter__()
-        self.broker = await self._stack.enter_async_context(
-            start_mosquitto(
-                extra_config=self.root / "broker" / "mosquitto.conf",
-                workdir=self.root,
-                extra_lines=["user root"] if os.geteuid() == 0 else [],
-                allow_anonymous=False,
+        for mosquitto in self._lines("mosquitto"):
+            self.brokers.append(
+                await self._stack.enter_async_context(
+                    start_mosquitto(
+                        extra_config=self.root / mosquitto[-1],
+                        workdir=self.root,
+                        extra_lines=["user root"] if os.geteuid() == 0 else [],
+                        allow_anonymous=False,
+                    )
+                )
             )
-        )
-        eaves, launcher, *_ = self._lines()
+        self.broker = self.brokers[0]
+        await self._bridges_up()
+        if not self.capture:
+            return self
+        (eaves,) = self._lines("eavesdrop")
         self.eavesdropper = await self._start([*eaves, "--events", "--no-live", "--verbose"], "eaves.log")
         assert self.eavesdropper.stdout is not None
         async with asyncio.timeout(60):
@@ -143,12 +165,24 @@ class PlanBed:
                 pass
         if self.early is not None:
             await self.early(self)
-        proc = await self._start(launcher, "launcher.log")
-        assert await proc.wait() == 0, (self.logs / "launcher.log").read_text()
+        for k, launcher in enumerate(self._lines("deploy")):
+            proc = await self._start(launcher, f"launcher{k}.log")
+            assert await proc.wait() == 0, (self.logs / f"launcher{k}.log").read_text()
         return self
 
+    async def _bridges_up(self, within: float = 30.0) -> None:
+        """Wait until every bridge of the plan is connected (its remote broker's log says so)."""
+        async with asyncio.timeout(within):
+            for bridge in self.plan.bridges:
+                log = self.brokers[bridge.remote].log_path
+                assert log is not None
+                while True:  # polled: the log is a file Mosquitto appends to
+                    if f" as {bridge.user} " in log.read_text(errors="replace"):
+                        break
+                    await asyncio.sleep(0.05)
+
     async def start_nodes(self) -> None:
-        for i, argv in enumerate(self._lines()[2:]):
+        for i, argv in enumerate(self._lines("node")):
             self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log")
 
     def current_t(self) -> int:

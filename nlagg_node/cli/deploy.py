@@ -92,6 +92,9 @@ def _plan_spec(
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
     make_tls: bool = False,
     require_certificate: bool = False,
+    sites: int = 1,
+    sites_file: Path | None = None,
+    site_brokers: list[str] | None = None,
 ) -> PlanSpec:
     """The plan's spec from the shared command-line options (errors name the option)."""
     from ..config import load_config
@@ -129,6 +132,13 @@ def _plan_spec(
         source = ValueSource(source="command", command=value_cmd)
     if any(tls) and not all(tls):
         raise ConfigError("tls", tls, "give --tls-cafile, --tls-certfile and --tls-keyfile together")
+    site_of = None
+    if sites_file is not None:
+        from ..deploy.sites import read_sites_file
+
+        if sites != 1:
+            raise ConfigError("sites", sites, "give --sites or --sites-file, not both")
+        site_of = tuple(read_sites_file(sites_file, cfg.n))
     return PlanSpec(
         run=cfg,
         run_id=run_id,
@@ -143,6 +153,9 @@ def _plan_spec(
         tls=TlsFiles(*tls) if all(tls) else None,  # type: ignore[arg-type]
         make_tls=make_tls,
         require_certificate=require_certificate,
+        sites=sites,
+        site_of=site_of,
+        site_brokers=tuple(site_brokers or ()),
     )
 
 
@@ -189,6 +202,22 @@ def plan_cmd(
     tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
     tls_certfile: Annotated[str | None, typer.Option(help="broker TLS: server certificate (PEM)")] = None,
     tls_keyfile: Annotated[str | None, typer.Option(help="broker TLS: server key (PEM)")] = None,
+    sites: Annotated[
+        int,
+        typer.Option(
+            help="K site brokers: the graph split into K balanced parts with few cut edges, the brokers"
+            " bridged along the cut (deploy/README.md, 'More than one broker')"
+        ),
+    ] = 1,
+    sites_file: Annotated[
+        Path | None, typer.Option(help="assign nodes to sites by hand: JSON [[ids of site 0], [site 1], ...]")
+    ] = None,
+    site_broker: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="URL of each site's broker, in site order (default: --broker's host, its port + site)"
+        ),
+    ] = None,
     force: ForceOpt = False,
 ) -> None:
     """Write run.toml, graph.json, nodes/<i>.toml, secrets/, broker/ (conf, passwd, ACL) and commands.txt."""
@@ -239,6 +268,9 @@ def plan_cmd(
         tls=tls_parts,
         make_tls=tls,
         require_certificate=require_certificate,
+        sites=sites,
+        sites_file=sites_file,
+        site_brokers=site_broker,
     )
     plan = build_plan(spec)
     write_plan(plan, out, force=force)
@@ -246,6 +278,12 @@ def plan_cmd(
     print(
         f"plan for run {run_id}: n={plan.n}, {len(plan.edges)} edges, corrupted {corrupted}, written to {out}"
     )
+    if plan.bridges:
+        from ..deploy.sites import cut_edges
+
+        sizes = [plan.site_of.count(s) for s in range(len(plan.site_urls))]
+        cut = len(cut_edges(plan.edges, plan.site_of))
+        print(f"{len(sizes)} sites of {sizes} nodes, {cut} cut edges, {len(plan.bridges)} bridges")
     print(f"start each part by hand with the lines of {out / 'commands.txt'}")
 
 

@@ -269,7 +269,13 @@ def node(
 @app.command()
 def eavesdrop(
     run_id: Annotated[str, typer.Option(help="the run to capture")],
-    broker: BrokerOpt = DEFAULT_BROKER,
+    broker: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="broker URL, mqtt://host[:port]; repeat it for every site broker of a run with sites"
+            f" (one transcript, each message once) [default: {DEFAULT_BROKER}]"
+        ),
+    ] = None,
     transcript: Annotated[
         Path,
         typer.Option(help=TRANSCRIPT_HELP + " to write (created, or continued when it holds this run)"),
@@ -302,6 +308,10 @@ def eavesdrop(
 
     setup_logging(verbose)
     password = _read_password(password_file)
+    brokers = broker or [DEFAULT_BROKER]
+    tls = tls_settings(brokers[0], ca_file, cert_file, key_file)
+    for url in brokers[1:]:  # the TLS files must suit every broker
+        tls_settings(url, ca_file, cert_file, key_file)
     show = sys.stdout.isatty() if live is None else live
     public = None
     if config is not None:
@@ -311,7 +321,7 @@ def eavesdrop(
         cfg = load_config(config)
         public = build_config_msg(cfg, run_id, run_edges(cfg))
     capture = run_eavesdropper(
-        broker,
+        brokers,
         run_id,
         transcript,
         prefix=prefix,
@@ -321,7 +331,7 @@ def eavesdrop(
         stop_after=timeout,
         events=events,
         config=public,
-        tls=tls_settings(broker, ca_file, cert_file, key_file),
+        tls=tls,
     )
     if dashboard is None:
         asyncio.run(capture)

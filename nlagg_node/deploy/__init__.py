@@ -1,5 +1,6 @@
 """Deployment: per-node files, Mosquitto credentials and ACLs, docker-compose, Raspberry Pi nodes."""
 
+from .commands import commands_text
 from .compose import compose_yaml, service_names
 from .launcher import publish_config, run_network
 from .mosquitto_auth import (
@@ -21,7 +22,6 @@ from .plan import (
     LoadedPlan,
     PlanSpec,
     build_plan,
-    commands_text,
     load_plan,
     parse_corrupt,
     write_plan,

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .commands import TRANSCRIPT_NAME, eavesdrop_argv, launcher_argv
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import NodeFile
-from .plan import TRANSCRIPT_NAME, LoadedPlan, eavesdrop_argv, launcher_argv
+from .plan import LoadedPlan
 
 __all__ = [
     "BROKER_IMAGE",
@@ -112,6 +113,10 @@ def _volumes(src: str, files: list[str], *named: str) -> list[str]:
 
 def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
     """The docker-compose YAML of a plan; ``compose_dir`` is where the file will live (default: cwd)."""
+    if not (plan.root / "broker" / "mosquitto-docker.conf").is_file():
+        raise ConfigError(
+            "plan", str(plan.root), "has site brokers (--sites): compose takes a one-broker plan"
+        )
     src = _mount_source(plan.root, compose_dir or Path.cwd())
     conf = "/mosquitto/config"
     broker_setup = (

@@ -111,6 +111,7 @@ def acl_text(
     *,
     eavesdropper: str = EAVESDROPPER_USER,
     launcher: str = LAUNCHER_USER,
+    only: Iterable[int] | None = None,
 ) -> str:
     """The Mosquitto ``acl_file`` of one run.
 
@@ -121,6 +122,7 @@ def acl_text(
     corrupted : ids of corrupted nodes; only they may publish ``adv/i/state``.
     eavesdropper : user that reads every topic of the run and writes none.
     launcher : user that publishes the retained run configuration (and reads it back).
+    only : the nodes whose users this broker knows (a site broker's own nodes); None = every node.
 
     Notes
     -----
@@ -148,7 +150,10 @@ def acl_text(
         f"user {_check_user(eavesdropper)}",
         f"topic read {t.all}",
     ]
+    hosted = set(range(n)) if only is None else set(only)
     for i, nbrs in enumerate(neighbours):
+        if i not in hosted:
+            continue
         out += ["", f"user {node_user(i)}", f"topic read {t.config}", f"topic write {t.x(i)}"]
         out.append(f"topic write {t.status(i)}")
         out += [f"topic write {t.z0(i, j)}" for j in nbrs]

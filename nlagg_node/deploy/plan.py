@@ -26,18 +26,17 @@ import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import tomli_w
 
-from ..argv import eavesdrop_argv as build_eavesdrop_argv
-from ..argv import tls_args
 from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
 from ..inputs import read_input_text
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
+from .commands import TRANSCRIPT_NAME, commands_text
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
     LAUNCHER_USER,
@@ -50,7 +49,8 @@ from .mosquitto_auth import (
     node_user,
     password_file_text,
 )
-from .nodefile import NodeFile, ValueSource, node_file_argv, node_file_text, shell_line
+from .nodefile import NodeFile, ValueSource, node_file_text
+from .sites import Bridge, partition_graph, plan_bridges, site_layout, write_site_brokers
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -63,7 +63,6 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "nlagg"
-TRANSCRIPT_NAME = "transcript.sqlite"
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,10 @@ class PlanSpec:
     tls : server TLS files of your own (CA, certificate, key), off by default.
     make_tls : generate a private CA and the broker's certificate (``--tls``) instead.
     require_certificate : with TLS, also a client certificate per user, and the broker requires one.
+    sites : K > 1 splits the graph into K site brokers bridged along the cut (see :mod:`.sites`).
+    site_of : each node's site, given by hand (``--sites-file``); None partitions the graph.
+    site_brokers : each site broker's URL; empty = ``broker_url``'s host with port + site number
+        (site s then listens on ``listen_port + s``; otherwise on its URL's port).
     """
 
     run: RunConfig
@@ -99,6 +102,9 @@ class PlanSpec:
     tls: TlsFiles | None = None
     make_tls: bool = False
     require_certificate: bool = False
+    sites: int = 1
+    site_of: tuple[int, ...] | None = None
+    site_brokers: tuple[str, ...] = ()
 
     @property
     def uses_tls(self) -> bool:
@@ -121,6 +127,10 @@ class DeployPlan:
     pem: dict[str, tuple[bytes, int]] = field(
         repr=False, default_factory=dict
     )  # TLS files: path -> (PEM, mode)
+    site_of: list[int] = field(default_factory=list)  # each node's site (all 0 with one broker)
+    site_urls: list[str] = field(default_factory=list)  # what the nodes of each site dial
+    site_ports: list[int] = field(default_factory=list)  # each site broker's listener port
+    bridges: list[Bridge] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -128,7 +138,7 @@ class DeployPlan:
 
     @property
     def users(self) -> list[str]:
-        return plan_users(self.n)
+        return [*plan_users(self.n), *(bridge.user for bridge in self.bridges)]
 
 
 def plan_users(n: int) -> list[str]:
@@ -213,6 +223,10 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         drawn = {}
         sources = [spec.value_source] * n
     passwords = {user: new_password() for user in [LAUNCHER_USER, EAVESDROPPER_USER]}
+    nbrs = neighbours(n, edges_arr)
+    site_of, urls, ports, bridges = _sites(spec, nbrs, edges, seed)
+    for bridge in bridges:
+        passwords[bridge.user] = new_password()
     nodes = []
     ca_file = "tls/ca.pem" if spec.uses_tls else None
     for i in range(n):
@@ -225,7 +239,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
             NodeFile(
                 id=i,
                 run_id=spec.run_id,
-                broker=spec.broker_url,
+                broker=urls[site_of[i]],
                 username=user,
                 password_file=f"secrets/{user}.pw",
                 corrupt=i in corrupted,
@@ -241,13 +255,37 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         seed=seed,
         public=public,
         edges=edges,
-        neighbours=neighbours(n, edges_arr),
+        neighbours=nbrs,
         corrupted=corrupted,
         nodes=nodes,
         passwords=passwords,
         values=drawn,
         pem=pem,
+        site_of=site_of,
+        site_urls=urls,
+        site_ports=ports,
+        bridges=bridges,
     )
+
+
+def _sites(
+    spec: PlanSpec, nbrs: list[list[int]], edges: list[list[int]], seed: int
+) -> tuple[list[int], list[str], list[int], list[Bridge]]:
+    """Each node's site, each site's URL and listener port, and the bridges between the sites."""
+    n = spec.run.n
+    if spec.site_of is None and spec.sites == 1:
+        return [0] * n, [spec.broker_url], [spec.listen_port], []
+    if spec.uses_tls:
+        raise ConfigError("sites", spec.sites, "bridged sites do not speak TLS yet: leave out --tls")
+    if spec.site_of is not None:
+        site_of = list(spec.site_of)
+        if len(site_of) != n or sorted(set(site_of)) != list(range(max(site_of) + 1)):
+            raise ConfigError("sites_file", len(site_of), f"must give each of the {n} nodes a site 0..K-1")
+    else:
+        site_of = partition_graph(n, edges, spec.sites, seed)
+    k = max(site_of) + 1
+    urls, ports = site_layout(spec.broker_url, spec.listen_port, k, spec.site_brokers)
+    return site_of, urls, ports, plan_bridges(spec.prefix, spec.run_id, nbrs, site_of)
 
 
 def _public_toml(plan: DeployPlan) -> str:
@@ -280,81 +318,15 @@ def _plan_toml(plan: DeployPlan) -> str:
     }
     if plan.spec.listen_host:
         doc["plan"]["listen_host"] = plan.spec.listen_host
+    if len(plan.site_urls) > 1:
+        doc["plan"]["sites"] = {
+            "site_of": plan.site_of,
+            "brokers": plan.site_urls,
+            "listen_ports": plan.site_ports,
+            "bridges": [bridge.name for bridge in plan.bridges],
+        }
     head = "# Operator's record of this plan (seed, corrupted nodes): keep it off the nodes.\n"
     return head + tomli_w.dumps(doc)
-
-
-class _TlsFiles(TypedDict, total=False):
-    ca_file: str
-    cert_file: str
-    key_file: str
-
-
-def _user_tls(spec: PlanSpec | None, user: str) -> _TlsFiles:
-    """The CA (and the user's client certificate and key) a client of a TLS plan needs, else nothing."""
-    if spec is None or not spec.uses_tls:
-        return {}
-    if spec.require_certificate:
-        return {
-            "ca_file": "tls/ca.pem",
-            "cert_file": f"secrets/{user}.crt",
-            "key_file": f"secrets/{user}.key",
-        }
-    return {"ca_file": "tls/ca.pem"}
-
-
-def eavesdrop_argv(
-    plan_run_id: str, broker: str, db: str, prefix: str = DEFAULT_PREFIX, spec: PlanSpec | None = None
-) -> list[str]:
-    """The plan's ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw)."""
-    return build_eavesdrop_argv(
-        broker,
-        plan_run_id,
-        db,
-        prefix=None if prefix == DEFAULT_PREFIX else prefix,
-        username=EAVESDROPPER_USER,
-        password_file=f"secrets/{EAVESDROPPER_USER}.pw",
-        **_user_tls(spec, EAVESDROPPER_USER),
-    )
-
-
-def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
-    """The ``nlagg deploy publish-config`` argument vector (credentials from secrets/launcher.pw)."""
-    return [
-        "nlagg",
-        "deploy",
-        "publish-config",
-        "--config",
-        "run.toml",
-        "--broker",
-        broker,
-        "--username",
-        LAUNCHER_USER,
-        "--password-file",
-        f"secrets/{LAUNCHER_USER}.pw",
-        *tls_args(**_user_tls(spec, LAUNCHER_USER)),
-    ]
-
-
-def commands_text(plan: DeployPlan) -> str:
-    """``commands.txt``: one command per part, each to be run from the plan directory."""
-    url = plan.spec.broker_url
-    lines = [
-        f"# Run {plan.spec.run_id}: start each part by hand, every command from this plan directory.",
-        "# Passwords come from files under secrets/ (never from the command line).",
-        "# As root, Mosquitto drops to the 'mosquitto' user: broker/ must be readable and writable by it",
-        "# (nlagg deploy plan already chowns it when run as root).",
-        "# broker",
-        shell_line(["mosquitto", "-c", "broker/mosquitto.conf"]),
-        "# eavesdropper",
-        shell_line(eavesdrop_argv(plan.spec.run_id, url, TRANSCRIPT_NAME, plan.spec.prefix, plan.spec)),
-    ]
-    lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
-    lines.append(shell_line(launcher_argv(url, plan.spec)))
-    for node in plan.nodes:
-        lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else ""))
-        lines.append(shell_line(node_file_argv(node)))
-    return "\n".join(lines) + "\n"
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -399,6 +371,11 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     for user, password in plan.passwords.items():
         put(f"secrets/{user}.pw", password + "\n", 0o600)
     hashes = {user: hash_password(pw) for user, pw in plan.passwords.items()}
+    put("commands.txt", commands_text(plan))
+    if len(plan.site_urls) > 1:
+        write_site_brokers(plan, hashes, put)
+        _hand_broker_to_mosquitto(out / "broker")
+        return written
     put("broker/passwd", password_file_text(hashes), 0o600)
     put("broker/acl", acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted), 0o600)
     for rel, (pem, mode) in sorted(plan.pem.items()):
@@ -436,7 +413,6 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     )
     put("broker/mosquitto-docker.conf", conf)
     put("broker/.gitignore", "# Mosquitto's persistence file, written at run time\nmosquitto.db*\n")
-    put("commands.txt", commands_text(plan))
     _hand_broker_to_mosquitto(out / "broker")
     return written
 

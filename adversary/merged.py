@@ -1,0 +1,211 @@
+"""One capture over several brokers: the site brokers of a plan with sites, bridged together.
+
+:class:`MergedSubscriber` holds one :class:`~adversary.capture.AckingSubscriber` per broker and
+yields their deliveries as one stream (each broker's in its own order), tagged with the broker
+they came from, so that :meth:`MergedSubscriber.ack` sends each acknowledgement back to its own
+broker once the transcript has committed it: the zero-loss rule of a single capture holds for
+every site. A message bridged from one site to another arrives once per site that has it; the
+transcript stores it once (its dedup key is topic + payload, and a bridge forwards both as they
+were published).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from nlagg_node.errors import ConfigError
+from nlagg_node.runtime.transport import Message
+from nlagg_node.runtime.wire import WireError, WireMessage, XMsg, decode
+
+from .capture import AckingSubscriber
+from .transcript import Transcript
+
+__all__ = ["Acknowledging", "CausalOrder", "MergedSubscriber", "SiteDelivery"]
+
+
+@runtime_checkable
+class Acknowledging(Protocol):
+    """A subscriber whose QoS 1 deliveries are acknowledged by the caller, after its commit."""
+
+    def ack(self, deliveries: Iterable[Message]) -> None: ...
+
+    def backlog(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class SiteDelivery(Message):
+    """A message delivered by broker number ``site``, with that broker's own delivery (what its
+    acknowledgement needs)."""
+
+    site: int = 0
+    delivery: Message | None = None
+
+
+class MergedSubscriber:
+    """Several acking subscribers read as one (see the module docstring).
+
+    Parameters
+    ----------
+    subscribers : one per broker, each with its own URL and credentials (and the same client id:
+        every broker keeps the capture's persistent session under it).
+    """
+
+    def __init__(self, subscribers: Sequence[AckingSubscriber]) -> None:
+        if not subscribers:
+            raise ConfigError("broker", [], "give at least one broker")
+        self.subscribers = list(subscribers)
+        self._inbox: deque[SiteDelivery] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._pumps: list[asyncio.Task[None]] = []
+
+    async def connect(self) -> None:
+        """Connect to every broker (all of them, or none: a failure closes those already open)."""
+        opened: list[AckingSubscriber] = []
+        try:
+            for sub in self.subscribers:
+                await sub.connect()
+                opened.append(sub)
+        except BaseException:
+            for sub in opened:
+                with contextlib.suppress(Exception):
+                    await sub.close()
+            raise
+
+    async def subscribe(self, *filters: str, qos: int = 1) -> None:
+        """Subscribe to ``filters`` at every broker."""
+        for sub in self.subscribers:
+            await sub.subscribe(*filters, qos=qos)
+
+    def backlog(self) -> int:
+        """Deliveries received from any broker and not yet taken by :meth:`messages`."""
+        return len(self._inbox) + sum(sub.backlog() for sub in self.subscribers)
+
+    def ack(self, deliveries: Iterable[Message]) -> None:
+        """Acknowledge committed deliveries, each to the broker it came from (one write per broker)."""
+        by_site: dict[int, list[Message]] = {}
+        for d in deliveries:
+            if isinstance(d, SiteDelivery) and d.delivery is not None:
+                by_site.setdefault(d.site, []).append(d.delivery)
+        for site, batch in by_site.items():
+            self.subscribers[site].ack(batch)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _pump(self, site: int, sub: AckingSubscriber) -> None:
+        try:
+            async for m in sub.messages():
+                self._inbox.append(SiteDelivery(m.topic, m.payload, m.retain, site=site, delivery=m))
+                self._wake()
+        finally:
+            self._wake()
+
+    async def messages(self) -> AsyncIterator[SiteDelivery]:
+        """Every delivery of every broker; raises as soon as one broker's subscriber gives up."""
+        loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        self._pumps = [
+            asyncio.create_task(self._pump(k, sub), name=f"capture-site-{k}")
+            for k, sub in enumerate(self.subscribers)
+        ]
+        try:
+            while True:
+                while inbox:
+                    yield inbox.popleft()
+                for pump in self._pumps:
+                    error = pump.exception() if pump.done() and not pump.cancelled() else None
+                    if error is not None:
+                        raise error
+                if all(pump.done() for pump in self._pumps):
+                    return
+                self._waiter = loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+        finally:
+            for pump in self._pumps:
+                pump.cancel()
+            await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Disconnect from every broker (the sessions stay on the brokers)."""
+        for pump in self._pumps:
+            pump.cancel()
+        for sub in self.subscribers:
+            await sub.close()
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class CausalOrder:
+    """Holds back an x captured before the x's it was computed from (a capture over several brokers).
+
+    From one broker, x_j^(t) always comes after every neighbour's x^(t-1) (j needed them), and the
+    transcript's window rule (:meth:`adversary.rules.RunRules.waits`) rejects anything else for
+    good. Over bridged brokers, x_j^(t) may overtake them: it crossed one bridge while they are still
+    in another broker's stream. Such an x waits here (unacknowledged, so nothing is lost) until
+    they are stored, then goes to the transcript; after ``grace`` seconds it goes anyway, to be
+    judged (a forged x far ahead of the run waits that long, then is rejected as from one broker).
+    """
+
+    def __init__(self, transcript: Transcript, grace: float = 5.0) -> None:
+        self.transcript = transcript
+        self.grace = grace
+        self._parked: dict[int, list[tuple[Message, float]]] = {}  # by the iteration it waits for
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._parked.values())
+
+    def offer(self, raw: Message) -> bool:
+        """Park ``raw`` if it is an x whose predecessors are not stored yet; True when parked."""
+        rules = self.transcript.rules
+        if rules is None or not raw.topic.endswith("/x"):
+            return False
+        try:
+            _, msg = decode(raw.topic, raw.payload, self.transcript.prefix, self.transcript.run_id)
+        except WireError:
+            return False
+        if not isinstance(msg, XMsg) or not rules.waits(msg):
+            return False
+        self._parked.setdefault(msg.t - 1, []).append((raw, time.monotonic()))
+        return True
+
+    def released(self, stored: WireMessage | None) -> list[Message]:
+        """What waited for ``stored`` (the message just handled) to be offered again."""
+        if not isinstance(stored, XMsg):
+            return []
+        return [raw for raw, _ in self._parked.pop(stored.t, [])]
+
+    def expired(self) -> list[Message]:
+        """What has waited longer than ``grace`` seconds (to be judged now), oldest iterations first."""
+        limit = time.monotonic() - self.grace
+        out: list[Message] = []
+        for t in sorted(self._parked):
+            old = [raw for raw, since in self._parked[t] if since <= limit]
+            if old:
+                kept = [(raw, since) for raw, since in self._parked[t] if since > limit]
+                out += old
+                if kept:
+                    self._parked[t] = kept
+                else:
+                    del self._parked[t]
+        return out

@@ -1,0 +1,115 @@
+"""A plan's command lines: ``commands.txt`` and the eavesdropper's and launcher's argument vectors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+from ..argv import eavesdrop_argv as build_eavesdrop_argv
+from ..argv import tls_args
+from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
+from .nodefile import node_file_argv, shell_line
+
+if TYPE_CHECKING:
+    from .plan import DeployPlan, PlanSpec
+
+__all__ = ["TRANSCRIPT_NAME", "commands_text", "eavesdrop_argv", "launcher_argv", "site_conf_path"]
+
+DEFAULT_PREFIX = "nlagg"
+TRANSCRIPT_NAME = "transcript.sqlite"
+
+
+class _TlsFiles(TypedDict, total=False):
+    ca_file: str
+    cert_file: str
+    key_file: str
+
+
+def _user_tls(spec: PlanSpec | None, user: str) -> _TlsFiles:
+    """The CA (and the user's client certificate and key) a client of a TLS plan needs, else nothing."""
+    if spec is None or not spec.uses_tls:
+        return {}
+    if spec.require_certificate:
+        return {
+            "ca_file": "tls/ca.pem",
+            "cert_file": f"secrets/{user}.crt",
+            "key_file": f"secrets/{user}.key",
+        }
+    return {"ca_file": "tls/ca.pem"}
+
+
+def eavesdrop_argv(
+    plan_run_id: str,
+    broker: str | Sequence[str],
+    db: str,
+    prefix: str = DEFAULT_PREFIX,
+    spec: PlanSpec | None = None,
+) -> list[str]:
+    """The plan's ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw).
+
+    ``broker``: one URL, or every site broker's (one ``--broker`` each).
+    """
+    return build_eavesdrop_argv(
+        broker,
+        plan_run_id,
+        db,
+        prefix=None if prefix == DEFAULT_PREFIX else prefix,
+        username=EAVESDROPPER_USER,
+        password_file=f"secrets/{EAVESDROPPER_USER}.pw",
+        **_user_tls(spec, EAVESDROPPER_USER),
+    )
+
+
+def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
+    """The ``nlagg deploy publish-config`` argument vector (credentials from secrets/launcher.pw)."""
+    return [
+        "nlagg",
+        "deploy",
+        "publish-config",
+        "--config",
+        "run.toml",
+        "--broker",
+        broker,
+        "--username",
+        LAUNCHER_USER,
+        "--password-file",
+        f"secrets/{LAUNCHER_USER}.pw",
+        *tls_args(**_user_tls(spec, LAUNCHER_USER)),
+    ]
+
+
+def commands_text(plan: DeployPlan) -> str:
+    """``commands.txt``: one command per part, each to be run from the plan directory.
+
+    With sites: one broker per site (start them all first: a bridge subscribes to its topics
+    when it connects), one eavesdropper on every site, the launcher once per site.
+    """
+    spec = plan.spec
+    urls = plan.site_urls
+    lines = [
+        f"# Run {spec.run_id}: start each part by hand, every command from this plan directory.",
+        "# Passwords come from files under secrets/ (never from the command line).",
+        "# As root, Mosquitto drops to the 'mosquitto' user: broker/ must be readable and writable by it",
+        "# (nlagg deploy plan already chowns it when run as root).",
+    ]
+    if len(urls) == 1:
+        lines += ["# broker", shell_line(["mosquitto", "-c", "broker/mosquitto.conf"])]
+    else:
+        lines.append("# site brokers: start every one (and let the bridges connect) before the nodes")
+        for s, url in enumerate(urls):
+            lines += [f"# site {s} broker ({url})", shell_line(["mosquitto", "-c", site_conf_path(s)])]
+    lines.append("# eavesdropper" + (" (every site, one transcript)" if len(urls) > 1 else ""))
+    lines.append(shell_line(eavesdrop_argv(spec.run_id, urls, TRANSCRIPT_NAME, spec.prefix, spec)))
+    lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
+    for url in urls:
+        lines.append(shell_line(launcher_argv(url, spec)))
+    for node in plan.nodes:
+        where = f", site {plan.site_of[node.id]}" if len(urls) > 1 else ""
+        lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else "") + where)
+        lines.append(shell_line(node_file_argv(node)))
+    return "\n".join(lines) + "\n"
+
+
+def site_conf_path(site: int) -> str:
+    """Where site ``site``'s Mosquitto configuration lies in a plan with sites."""
+    return f"broker/site{site}/mosquitto.conf"

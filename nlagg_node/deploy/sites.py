@@ -1,0 +1,342 @@
+"""Site brokers bridged along a graph partition (``nlagg deploy plan --sites K``).
+
+One Mosquitto is single-threaded: every x of a round is delivered once per neighbour (and once to
+the eavesdropper), all by one process. A plan with sites splits the graph into K balanced parts
+with few cut edges, gives each part (a site: a building, a rack) its own broker, and joins the
+brokers with Mosquitto's own bridges. A bridge carries exactly the topics of cut edges, each with
+one explicit direction::
+
+       site 0 broker  ==== bridge0-1 (dialled by site 0) ====  site 1 broker
+       nodes of site 0      out: x, status of site-0 nodes        nodes of site 1
+                                 with a neighbour at site 1,
+                                 z0 from them to it
+                            in:  the same of site-1 nodes
+
+Site ``a`` dials every site ``b > a`` it shares a cut edge with, as the user ``bridge<a>-<b>`` of
+``b`` (whose ACL allows exactly those topics: read the ``in`` ones, write the ``out`` ones). No
+topic is bridged in both directions and no bridge forwards what another bridge brought in (a
+bridge only carries topics of its own two sites' nodes), so nothing loops. The run's retained
+configuration is published at every site by the launcher; an ``adv`` state stays at its site.
+The eavesdropper subscribes at every site and stores each message once (the transcript's dedup
+key is topic + payload, and a bridged copy is the same bytes on the same topic).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..runtime.wire import topics
+from .commands import site_conf_path
+from .mosquitto_auth import (
+    EAVESDROPPER_USER,
+    LAUNCHER_USER,
+    BrokerPaths,
+    acl_text,
+    mosquitto_conf,
+    node_user,
+    password_file_text,
+)
+
+if TYPE_CHECKING:
+    from .plan import DeployPlan
+
+__all__ = [
+    "Bridge",
+    "bridge_acl_lines",
+    "bridge_address",
+    "bridge_conf_lines",
+    "bridge_user",
+    "cut_edges",
+    "delivery_model",
+    "partition_graph",
+    "plan_bridges",
+    "read_sites_file",
+    "site_layout",
+    "sites_from_groups",
+    "write_site_brokers",
+]
+
+
+def bridge_user(local: int, remote: int) -> str:
+    """The user that site ``local``'s bridge logs in as at site ``remote``."""
+    return f"bridge{local}-{remote}"
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """One bridge connection, configured on site ``local`` and dialling site ``remote``.
+
+    Attributes
+    ----------
+    out_topics : published at ``local``, forwarded to ``remote``.
+    in_topics : subscribed at ``remote``, forwarded to ``local``.
+    """
+
+    local: int
+    remote: int
+    out_topics: tuple[str, ...]
+    in_topics: tuple[str, ...]
+
+    @property
+    def user(self) -> str:
+        return bridge_user(self.local, self.remote)
+
+    @property
+    def name(self) -> str:
+        return f"site{self.local}-site{self.remote}"
+
+
+def cut_edges(edges: Sequence[Sequence[int]], site_of: Sequence[int]) -> list[tuple[int, int]]:
+    """The edges whose ends lie at two different sites."""
+    return [(int(a), int(b)) for a, b in edges if site_of[a] != site_of[b]]
+
+
+def _split_order(graph: object, nodes: list[int]) -> list[int]:
+    """BFS order of ``nodes`` from a pseudo-peripheral node, component by component (a geometric sweep)."""
+    import networkx as nx
+
+    assert isinstance(graph, nx.Graph)
+    sub = graph.subgraph(nodes)
+    order: list[int] = []
+    for comp in sorted((sorted(c) for c in nx.connected_components(sub)), key=lambda c: c[0]):
+        start = comp[0]
+        for _ in range(2):  # two sweeps: the last node reached is far from everything
+            start = list(nx.bfs_tree(sub, start))[-1]
+        order += list(nx.bfs_tree(sub, start))
+    return order
+
+
+def partition_graph(n: int, edges: Sequence[Sequence[int]], k: int, seed: int) -> list[int]:
+    """Split nodes ``0..n-1`` into ``k`` balanced sites with few cut edges; return each node's site.
+
+    Recursive bisection: each part is cut in BFS order from a pseudo-peripheral node into two
+    pieces sized in proportion to the sites they will hold, then refined by networkx's
+    Kernighan-Lin bisection (which swaps pairs, so the sizes stay). Site sizes differ by at most
+    one. ``seed`` fixes Kernighan-Lin's tie breaking: the same graph and seed give the same sites.
+    """
+    import networkx as nx
+    from networkx.algorithms.community import kernighan_lin_bisection
+
+    if not 1 <= k <= n:
+        raise ConfigError("sites", k, f"must lie in 1..{n} (the number of nodes)")
+    graph = nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((int(a), int(b)) for a, b in edges)
+    site = [0] * n
+
+    def split(nodes: list[int], parts: int, first: int) -> None:
+        if parts == 1:
+            for v in nodes:
+                site[v] = first
+            return
+        left_parts = parts // 2
+        n_left = len(nodes) * left_parts // parts
+        order = _split_order(graph, nodes)
+        left, right = set(order[:n_left]), set(order[n_left:])
+        if left and right:
+            one, other = kernighan_lin_bisection(
+                graph.subgraph(nodes), partition=(left, right), seed=seed % 2**32
+            )
+            # Sizes are kept, but the two sides may come back in either order.
+            left, right = (one, other) if len(one) == n_left else (other, one)
+        split(sorted(left), left_parts, first)
+        split(sorted(right), parts - left_parts, first + left_parts)
+
+    split(list(range(n)), k, 0)
+    return site
+
+
+def sites_from_groups(groups: Sequence[Sequence[int]], n: int, source: str = "sites_file") -> list[int]:
+    """Each node's site from a list of sites (each a list of node ids; every node exactly once)."""
+    site: list[int | None] = [None] * n
+    for s, members in enumerate(groups):
+        if not members:
+            raise ConfigError(source, f"site {s}", "is empty")
+        for v in members:
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n:
+                raise ConfigError(source, v, f"node ids must lie in 0..{n - 1}")
+            if site[v] is not None:
+                raise ConfigError(source, v, f"node in two sites ({site[v]} and {s})")
+            site[v] = s
+    missing = [i for i, s in enumerate(site) if s is None]
+    if missing:
+        raise ConfigError(source, missing[:5], "nodes in no site (every node needs one)")
+    return [int(s) for s in site if s is not None]
+
+
+def read_sites_file(path: Path, n: int) -> list[int]:
+    """A ``--sites-file``: JSON ``[[0, 1, 2], [3, 4, 5], ...]``, the node ids of each site."""
+    from ..inputs import read_input_text
+
+    text = read_input_text(path, "sites_file")
+    try:
+        groups = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("sites_file", str(path), f"invalid JSON ({exc.msg})") from None
+    if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups) or len(groups) < 2:
+        raise ConfigError("sites_file", str(path), "expected a list of at least 2 lists of node ids")
+    return sites_from_groups(groups, n)
+
+
+def plan_bridges(
+    prefix: str, run_id: str, neighbours: Sequence[Sequence[int]], site_of: Sequence[int]
+) -> list[Bridge]:
+    """One bridge per pair of sites sharing a cut edge, configured on the lower-numbered site.
+
+    Each carries the x and status topics of the boundary nodes of its two sites and the z^(0)
+    topics of their cut edges, x's and z^(0)'s before statuses (a node starts once its
+    neighbours' statuses are in, by then the bridge subscribes to their x's already).
+    """
+    t = topics(prefix, run_id)
+    # (a, b) -> the cut edges i -> j with i at a, j at b (both directions of every cut edge)
+    cut: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i, nbrs in enumerate(neighbours):
+        for j in nbrs:
+            if site_of[i] != site_of[j]:
+                cut.setdefault((site_of[i], site_of[j]), []).append((i, j))
+
+    def carried(a: int, b: int) -> list[str]:
+        directed = sorted(cut.get((a, b), []))
+        senders = sorted({i for i, _ in directed})
+        return [
+            *(t.x(i) for i in senders),
+            *(t.z0(i, j) for i, j in directed),
+            *(t.status(i) for i in senders),
+        ]
+
+    pairs = sorted({(min(a, b), max(a, b)) for a, b in cut})
+    return [Bridge(a, b, tuple(carried(a, b)), tuple(carried(b, a))) for a, b in pairs]
+
+
+def bridge_conf_lines(bridge: Bridge, address: str, password: str) -> list[str]:
+    """The ``connection`` section of ``bridge`` in site ``bridge.local``'s mosquitto.conf.
+
+    ``address`` is the remote site's ``host:port``. The session is persistent on both sides
+    (``cleansession false``), so what is published while the bridge is down is delivered when
+    it comes back; notifications are off (they would need a ``$SYS`` write on the remote).
+    """
+    lines = [
+        f"# Bridge to site {bridge.remote}: {len(bridge.out_topics)} topics out, {len(bridge.in_topics)} in.",
+        f"connection {bridge.name}",
+        f"address {address}",
+        "bridge_protocol_version mqttv311",
+        f"remote_clientid {bridge.user}",
+        f"local_clientid {bridge.user}.local",
+        f"remote_username {bridge.user}",
+        f"remote_password {password}",
+        "cleansession false",
+        "notifications false",
+        "try_private true",
+        "start_type automatic",
+        "restart_timeout 1 10",
+        "keepalive_interval 30",
+    ]
+    lines += [f"topic {topic} out 1" for topic in bridge.out_topics]
+    lines += [f"topic {topic} in 1" for topic in bridge.in_topics]
+    return lines
+
+
+def bridge_acl_lines(bridge: Bridge) -> list[str]:
+    """The remote site's ACL entry of ``bridge``'s user: read its ``in`` topics, write its ``out`` ones."""
+    out = ["", f"user {bridge.user}"]
+    out += [f"topic read {topic}" for topic in bridge.in_topics]
+    out += [f"topic write {topic}" for topic in bridge.out_topics]
+    return out
+
+
+def delivery_model(
+    neighbours: Sequence[Sequence[int]], site_of: Sequence[int], *, eavesdropper: bool = True
+) -> list[int]:
+    """Deliveries of one round's x's per site broker, as the bridges of :func:`plan_bridges` route them.
+
+    At site ``s``: each x of a local node goes to its local neighbours, once to every bridge
+    towards a site holding one of its neighbours, and (``eavesdropper``) once to the
+    eavesdropper; each x bridged in goes to its local neighbours (and the eavesdropper). With one
+    site this is ``2 |E| + n``.
+    """
+    k = max(site_of, default=0) + 1
+    load = [0] * k
+    for i, nbrs in enumerate(neighbours):
+        home = site_of[i]
+        at: dict[int, int] = {}
+        for j in nbrs:
+            at[site_of[j]] = at.get(site_of[j], 0) + 1
+        load[home] += at.get(home, 0) + int(eavesdropper)
+        for s, count in at.items():
+            if s != home:
+                load[home] += 1  # to the bridge towards s
+                load[s] += count + int(eavesdropper)
+    return load
+
+
+def site_layout(
+    broker_url: str, listen_port: int, k: int, site_brokers: Sequence[str] = ()
+) -> tuple[list[str], list[int]]:
+    """Each site broker's URL (what its nodes and the other sites' bridges dial) and listener port.
+
+    Given ``site_brokers`` (one URL per site), site s listens on its URL's port. Otherwise site s
+    is ``broker_url``'s host with its port + s, listening on ``listen_port + s``.
+    """
+    from ..runtime.tls import broker_endpoint
+
+    if site_brokers:
+        if len(site_brokers) != k:
+            raise ConfigError("site_broker", list(site_brokers), f"give one URL per site ({k})")
+        ends = [broker_endpoint(url) for url in site_brokers]
+        if any(e.tls for e in ends):
+            raise ConfigError("site_broker", list(site_brokers), "bridged sites do not speak TLS yet")
+        return list(site_brokers), [e.port for e in ends]
+    base = broker_endpoint(broker_url)
+    scheme = "mqtts" if base.tls else "mqtt"
+    if not 0 < base.port + k - 1 < 65536 or not 0 < listen_port + k - 1 < 65536:
+        raise ConfigError("sites", k, f"ports {base.port}.. and {listen_port}.. run past 65535")
+    return [f"{scheme}://{base.host}:{base.port + s}" for s in range(k)], [listen_port + s for s in range(k)]
+
+
+def bridge_address(url: str) -> str:
+    """``host:port`` of a site broker URL, as a bridge's ``address`` line wants it."""
+    from ..runtime.tls import broker_endpoint
+
+    end = broker_endpoint(url)
+    return f"{end.host}:{end.port}"
+
+
+def write_site_brokers(
+    plan: DeployPlan, hashes: dict[str, str], put: Callable[[str, str, int], None]
+) -> None:
+    """broker/site<s>/: each site broker's conf (its bridges, 0600: they hold passwords), passwd, ACL."""
+    spec = plan.spec
+    for s, port in enumerate(plan.site_ports):
+        own = [i for i, site in enumerate(plan.site_of) if site == s]
+        dialled_here = [b for b in plan.bridges if b.remote == s]
+        users = [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in own)]
+        users += [b.user for b in dialled_here]
+        root = f"broker/site{s}"
+        put(f"{root}/passwd", password_file_text({u: hashes[u] for u in users}), 0o600)
+        acl = acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted, only=own)
+        put(
+            f"{root}/acl",
+            "\n".join([acl.rstrip("\n"), *(ln for b in dialled_here for ln in bridge_acl_lines(b))]) + "\n",
+            0o600,
+        )
+        header = (
+            f"Mosquitto of site {s} ({len(own)} nodes), run {spec.run_id}; generated by nlagg deploy plan.\n"
+            f"Start from the plan directory: mosquitto -c {site_conf_path(s)}"
+        )
+        paths = BrokerPaths(f"{root}/passwd", f"{root}/acl", root, "stderr")
+        conf = mosquitto_conf(paths, listen_host=spec.listen_host, listen_port=port, header=header)
+        for b in plan.bridges:
+            if b.local == s:
+                lines = bridge_conf_lines(b, bridge_address(plan.site_urls[b.remote]), plan.passwords[b.user])
+                conf += "\n" + "\n".join(lines) + "\n"
+        put(site_conf_path(s), conf, 0o600)
+        put(
+            f"{root}/.gitignore",
+            "# Mosquitto's persistence file, written at run time\nmosquitto.db*\n",
+            0o644,
+        )

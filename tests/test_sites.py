@@ -1,0 +1,253 @@
+"""Site brokers bridged along a graph partition (nlagg deploy plan --sites), on real Mosquitto processes.
+
+Three site brokers on loopback, each started from the plan's own broker/site<s>/mosquitto.conf
+(its bridges, password file and ACL), the nodes dialling their site, one eavesdropper on all three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+
+from nlagg_node.config import load_config
+from nlagg_node.deploy import PlanSpec, build_plan
+from nlagg_node.deploy.sites import (
+    cut_edges,
+    delivery_model,
+    partition_graph,
+    plan_bridges,
+    read_sites_file,
+)
+from nlagg_node.errors import ConfigError
+from nlagg_node.runtime.brokers import mosquitto_binary
+from nlagg_node.runtime.wire import topics
+from nlagg_node.schedule import phase_targets, plan_phases
+from nlagg_node.sim import simulate
+from tests.planbed import PlanBed
+
+RUN = "planbed"
+
+
+def _plan(n: int = 24, sites: int = 3, seed: int = 5) -> PlanSpec:
+    return PlanSpec(
+        run=load_config(None, op="max", n=n, graph="rgg", seed=seed), run_id=RUN, seed=seed, sites=sites
+    )
+
+
+@pytest.mark.parametrize(("n", "k"), [(24, 3), (100, 4), (400, 4)], ids=["n24-k3", "n100-k4", "n400-k4"])
+def test_partition_is_balanced_and_cuts_few_edges(n: int, k: int) -> None:
+    plan = build_plan(_plan(n, k))
+    sizes = sorted(Counter(plan.site_of).values())
+    assert len(sizes) == k
+    assert sizes[-1] - sizes[0] <= 1
+    # A random balanced split cuts (k - 1) / k of the edges on average; the partition fewer (at
+    # n = 24 the RGG's degree is about 11, more than a site of 8 can hold: 62 of 131 are cut).
+    assert len(cut_edges(plan.edges, plan.site_of)) < 0.75 * (k - 1) / k * len(plan.edges)
+    assert plan.site_of == partition_graph(n, plan.edges, k, plan.seed)  # the same seed, the same sites
+
+
+def test_bridges_carry_exactly_the_cut_edges_topics_one_way_each() -> None:
+    plan = build_plan(_plan())
+    t = topics("nlagg", RUN)
+    want: set[tuple[int, str]] = set()  # (destination site, topic) every cut edge needs
+    for i, j in [(a, b) for a, b in cut_edges(plan.edges, plan.site_of)] + [
+        (b, a) for a, b in cut_edges(plan.edges, plan.site_of)
+    ]:
+        to = plan.site_of[j]
+        want |= {(to, t.x(i)), (to, t.status(i)), (to, t.z0(i, j))}
+    got: list[tuple[int, str]] = []
+    for b in plan.bridges:
+        assert b.local < b.remote
+        got += [(b.remote, topic) for topic in b.out_topics] + [(b.local, topic) for topic in b.in_topics]
+    assert len(got) == len(set(got))
+    assert set(got) == want
+    assert plan.bridges == plan_bridges("nlagg", RUN, plan.neighbours, plan.site_of)
+
+
+def test_delivery_model_of_one_site_is_two_per_edge_plus_the_eavesdropper() -> None:
+    plan = build_plan(_plan(100, 4))
+    assert delivery_model(plan.neighbours, [0] * 100) == [2 * len(plan.edges) + 100]
+    split = delivery_model(plan.neighbours, plan.site_of)
+    cut = len(cut_edges(plan.edges, plan.site_of))
+    assert sum(split) >= 2 * len(plan.edges) + 100
+    assert max(split) < 0.35 * (2 * len(plan.edges) + 100)
+    assert cut > 0
+
+
+@pytest.mark.parametrize(
+    ("groups", "match"),
+    [
+        ([[0, 1, 2], [3, 4]], "nodes in no site"),
+        ([[0, 1, 2], [2, 3, 4, 5]], "node in two sites"),
+        ([[0, 1, 2, 3, 4, 9], [5]], "node ids must lie in 0..5"),
+        ([[0, 1, 2, 3, 4, 5]], "at least 2 lists"),
+    ],
+    ids=["missing", "twice", "out-of-range", "one-site"],
+)
+def test_a_bad_sites_file_names_the_problem(tmp_path: Path, groups: list[list[int]], match: str) -> None:
+    path = tmp_path / "sites.json"
+    path.write_text(json.dumps(groups))
+    with pytest.raises(ConfigError, match=match):
+        read_sites_file(path, 6)
+
+
+def test_a_sites_file_assigns_nodes_by_hand(tmp_path: Path) -> None:
+    path = tmp_path / "sites.json"
+    path.write_text(json.dumps([[0, 2, 4], [1, 3, 5]]))
+    site_of = read_sites_file(path, 6)
+    spec = PlanSpec(
+        run=load_config(None, op="max", n=6, graph="ring", seed=1), run_id=RUN, seed=1, site_of=tuple(site_of)
+    )
+    plan = build_plan(spec)
+    assert plan.site_of == [0, 1, 0, 1, 0, 1]
+    assert [node.broker for node in plan.nodes] == ["mqtt://127.0.0.1:1883", "mqtt://127.0.0.1:1884"] * 3
+
+
+def test_sites_refuse_tls() -> None:
+    spec = PlanSpec(
+        run=load_config(None, op="max", n=6, graph="ring"),
+        run_id=RUN,
+        seed=1,
+        sites=2,
+        broker_url="mqtts://localhost:8883",
+        make_tls=True,
+    )
+    with pytest.raises(ConfigError, match="TLS"):
+        build_plan(spec)
+
+
+# On real Mosquitto ---------------------------------------------------------------------------------
+
+
+class _Client:
+    """A paho client on one site broker, collecting what it receives."""
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        self.port = int(url.rsplit(":", 1)[1])
+        self.got: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.refused: int | None = None
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+        self.client.username_pw_set(user, password)
+        self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, m.payload))
+        connected = queue.Queue[int]()
+        self.client.on_connect = lambda _c, _u, _f, rc, _p: connected.put(rc.value)
+        self.client.connect("127.0.0.1", self.port)
+        self.client.loop_start()
+        rc = connected.get(timeout=10)
+        if rc != 0:
+            self.refused = rc
+            self.close()
+
+    def subscribe(self, *filters: str) -> None:
+        """Subscribe and wait for the broker's SUBACK."""
+        acked = queue.Queue[int]()
+        self.client.on_subscribe = lambda _c, _u, mid, _rc, _p: acked.put(mid)
+        for f in filters:
+            _, mid = self.client.subscribe(f, qos=1)
+            assert acked.get(timeout=10) == mid
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.client.publish(topic, payload, qos=1).wait_for_publish(timeout=5)
+
+    def received(self, within: float = 1.5) -> set[str]:
+        out: set[str] = set()
+        try:
+            while True:
+                out.add(self.got.get(timeout=within)[0])
+        except queue.Empty:
+            return out
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.mark.mosquitto
+@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
+async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path) -> None:
+    cfg = load_config(None, op="max", n=24, graph="rgg", seed=5, t_max=20)
+    async with PlanBed(cfg, tmp_path, sites=3, capture=False) as bed:
+        plan, t = bed.plan, topics("nlagg", RUN)
+        site_of = plan.site_of
+
+        def inner_nodes(here: int, there: int) -> list[int]:
+            """Nodes of site ``there`` with no neighbour at site ``here`` (their topics stay there)."""
+            return [
+                j
+                for j in range(24)
+                if site_of[j] == there and here not in {site_of[i] for i in plan.neighbours[j]}
+            ]
+
+        here, there = next((h, o) for h in range(3) for o in range(3) if h != o and inner_nodes(h, o))
+        inner = inner_nodes(here, there)
+        a = next(i for i in range(24) if site_of[i] == here)  # a node of site `here`
+        shown = next(j for j in range(24) if site_of[j] == there and j not in inner)  # a boundary node
+
+        def as_node(i: int) -> _Client:
+            return _Client(bed.site_urls[site_of[i]], f"node{i}", bed.password(f"node{i}"))
+
+        def run_checks() -> dict[str, object]:
+            out: dict[str, object] = {}
+            # node a at another site's broker: not a user there
+            out["foreign"] = _Client(bed.site_urls[there], f"node{a}", bed.password(f"node{a}")).refused
+            spy = as_node(a)
+            spy.subscribe(t.x("+"), t.status("+"), t.z0("+", "+"))
+            eaves0 = _Client(bed.site_urls[here], "eavesdropper", bed.password("eavesdropper"))
+            eaves0.subscribe(t.x("+"))
+            for j in [inner[0], shown]:
+                pub = as_node(j)
+                pub.publish(t.x(j), b"{}")
+                pub.close()
+            out["spy"] = spy.received()
+            out["eaves0"] = eaves0.received(0.5)
+            # a bridge account may relay only its own topics: anything else it sends is dropped
+            bridge = next(b for b in plan.bridges if {b.local, b.remote} == {here, there})
+            relay = _Client(bed.site_urls[bridge.remote], bridge.user, bed.password(bridge.user))
+            eaves1 = _Client(bed.site_urls[bridge.remote], "eavesdropper", bed.password("eavesdropper"))
+            eaves1.subscribe(t.x("+"))
+            # forging the x of a node at the bridge's remote site: not a topic the bridge relays
+            victim = next(j for j in range(24) if site_of[j] == bridge.remote)
+            assert t.x(victim) not in bridge.out_topics
+            relay.publish(t.x(victim), b"{}")
+            out["forged"] = eaves1.received(1.0)
+            for c in (spy, eaves0, relay, eaves1):
+                c.close()
+            return out
+
+        out = await asyncio.to_thread(run_checks)
+    assert out["foreign"] == 135  # refused: not authorized (CONNACK code 5 in MQTT 3.1.1)
+    assert t.x(inner[0]) not in out["eaves0"]  # never bridged to site 0
+    assert t.x(shown) in out["eaves0"]  # a boundary node's x is
+    assert t.x(inner[0]) not in out["spy"]
+    assert out["spy"] <= {t.x(j) for j in plan.neighbours[a]}
+    assert out["forged"] == set()
+
+
+@pytest.mark.slow
+@pytest.mark.mosquitto
+@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
+@pytest.mark.parametrize("op", ["max", "median"], ids=["max", "median"])
+async def test_three_bridged_sites_are_exact_and_captured_once(tmp_path: Path, op: str) -> None:
+    # c = 1: the median is exact from t = 19 (any point between the two middle values of 24);
+    # max consensus on this graph needs thousands of iterations to be exact, so the max run
+    # checks that every node and every captured message is the simulator's, bit for bit.
+    cfg = load_config(None, op=op, n=24, graph="rgg", seed=5, t_max=60, c=1.0, mu_z=30.0)
+    async with PlanBed(cfg, tmp_path, sites=3) as bed:
+        assert len(bed.plan.bridges) == 3
+        await bed.start_nodes()
+        verdict = await bed.finish(within=600)
+    assert verdict.completed, (verdict.detail, bed.report())
+    assert verdict.identical, (verdict.detail, bed.report())
+    assert (verdict.lost, verdict.extra, verdict.rejected_by_eavesdropper) == (0, 0, 0)
+    if op == "median":
+        sim = simulate(bed.cfg)
+        (lo, hi), *_ = reversed(phase_targets(bed.cfg, plan_phases(bed.cfg), sim.values))
+        assert np.all((lo[0] <= sim.output[0]) & (sim.output[0] <= hi[0]))  # = every node's output
