@@ -9,13 +9,14 @@ from ..argv import eavesdrop_argv as build_eavesdrop_argv
 from ..argv import tls_args
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import node_file_argv, shell_line
+from .spec import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
-    from .plan import DeployPlan, PlanSpec
+    from .nodefile import NodeFile
+    from .spec import PlanSpec
 
 __all__ = ["TRANSCRIPT_NAME", "commands_text", "eavesdrop_argv", "launcher_argv", "site_conf_path"]
 
-DEFAULT_PREFIX = "nlagg"
 TRANSCRIPT_NAME = "transcript.sqlite"
 
 
@@ -78,14 +79,14 @@ def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
     ]
 
 
-def commands_text(plan: DeployPlan) -> str:
+def commands_text(
+    spec: PlanSpec, nodes: Sequence[NodeFile], urls: Sequence[str], site_of: Sequence[int]
+) -> str:
     """``commands.txt``: one command per part, each to be run from the plan directory.
 
     With sites: one broker per site (start them all first: a bridge subscribes to its topics
     when it connects), one eavesdropper on every site, the launcher once per site.
     """
-    spec = plan.spec
-    urls = plan.site_urls
     lines = [
         f"# Run {spec.run_id}: start each part by hand, every command from this plan directory.",
         "# Passwords come from files under secrets/ (never from the command line).",
@@ -103,8 +104,8 @@ def commands_text(plan: DeployPlan) -> str:
     lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
     for url in urls:
         lines.append(shell_line(launcher_argv(url, spec)))
-    for node in plan.nodes:
-        where = f", site {plan.site_of[node.id]}" if len(urls) > 1 else ""
+    for node in nodes:
+        where = f", site {site_of[node.id]}" if len(urls) > 1 else ""
         lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else "") + where)
         lines.append(shell_line(node_file_argv(node)))
     return "\n".join(lines) + "\n"

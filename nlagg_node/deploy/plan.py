@@ -24,19 +24,20 @@ import os
 import pwd
 import shutil
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from ..config import DEFAULT_BROKER, RunConfig, parse_corrupt, validate_config
+from ..config import RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
 from ..inputs import read_input_text
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
-from .commands import TRANSCRIPT_NAME, commands_text
+from .commands import TRANSCRIPT_NAME, commands_text, site_conf_path
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
     LAUNCHER_USER,
@@ -50,7 +51,16 @@ from .mosquitto_auth import (
     password_file_text,
 )
 from .nodefile import NodeFile, ValueSource, node_file_text
-from .sites import Bridge, partition_graph, plan_bridges, site_layout, write_site_brokers
+from .sites import (
+    Bridge,
+    bridge_acl_lines,
+    bridge_address,
+    bridge_conf_lines,
+    partition_graph,
+    plan_bridges,
+    site_layout,
+)
+from .spec import DEFAULT_PREFIX, PlanSpec
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -61,54 +71,6 @@ __all__ = [
     "parse_corrupt",
     "write_plan",
 ]
-
-DEFAULT_PREFIX = "nlagg"
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """What ``nlagg deploy plan`` is asked for.
-
-    Attributes
-    ----------
-    run : the run's parameters (``graph`` may be random; it is drawn once here and frozen in graph.json).
-    run_id, prefix : topic root ``prefix/run_id``.
-    corrupt : ``parse_corrupt`` spec.
-    seed : the run seed; None draws one from OS entropy (then nodes draw z^(0) from OS entropy too).
-    replay : give every node file the run seed, so z^(0) replays the simulator (lab testbeds only).
-    broker_url : what nodes and the eavesdropper connect to.
-    listen_host, listen_port : the broker's listener (host None = every address).
-    value_source : one source for every node (e.g. a sensor command); None = constants drawn from
-        ``run.values`` with the seed (the simulator's trial-0 values).
-    tls : server TLS files of your own (CA, certificate, key), off by default.
-    make_tls : generate a private CA and the broker's certificate (``--tls``) instead.
-    require_certificate : with TLS, also a client certificate per user, and the broker requires one.
-    sites : K > 1 splits the graph into K site brokers bridged along the cut (see :mod:`.sites`).
-    site_of : each node's site, given by hand (``--sites-file``); None partitions the graph.
-    site_brokers : each site broker's URL; empty = ``broker_url``'s host with port + site number
-        (site s then listens on ``listen_port + s``; otherwise on its URL's port).
-    """
-
-    run: RunConfig
-    run_id: str
-    prefix: str = DEFAULT_PREFIX
-    corrupt: str | None = None
-    seed: int | None = None
-    replay: bool = False
-    broker_url: str = DEFAULT_BROKER
-    listen_host: str | None = None
-    listen_port: int = 1883
-    value_source: ValueSource | None = None
-    tls: TlsFiles | None = None
-    make_tls: bool = False
-    require_certificate: bool = False
-    sites: int = 1
-    site_of: tuple[int, ...] | None = None
-    site_brokers: tuple[str, ...] = ()
-
-    @property
-    def uses_tls(self) -> bool:
-        return self.tls is not None or self.make_tls
 
 
 @dataclass(frozen=True)
@@ -371,9 +333,9 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     for user, password in plan.passwords.items():
         put(f"secrets/{user}.pw", password + "\n", 0o600)
     hashes = {user: hash_password(pw) for user, pw in plan.passwords.items()}
-    put("commands.txt", commands_text(plan))
+    put("commands.txt", commands_text(spec, plan.nodes, plan.site_urls, plan.site_of))
     if len(plan.site_urls) > 1:
-        write_site_brokers(plan, hashes, put)
+        _write_sites(plan, hashes, put)
         _hand_broker_to_mosquitto(out / "broker")
         return written
     put("broker/passwd", password_file_text(hashes), 0o600)
@@ -415,6 +377,40 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     put("broker/.gitignore", "# Mosquitto's persistence file, written at run time\nmosquitto.db*\n")
     _hand_broker_to_mosquitto(out / "broker")
     return written
+
+
+def _write_sites(plan: DeployPlan, hashes: dict[str, str], put: Callable[[str, str, int], None]) -> None:
+    """broker/site<s>/: each site broker's conf (its bridges, 0600: they hold passwords), passwd, ACL."""
+    spec = plan.spec
+    for s, port in enumerate(plan.site_ports):
+        own = [i for i, site in enumerate(plan.site_of) if site == s]
+        dialled_here = [b for b in plan.bridges if b.remote == s]
+        users = [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in own)]
+        users += [b.user for b in dialled_here]
+        root = f"broker/site{s}"
+        put(f"{root}/passwd", password_file_text({u: hashes[u] for u in users}), 0o600)
+        acl = acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted, only=own)
+        put(
+            f"{root}/acl",
+            "\n".join([acl.rstrip("\n"), *(ln for b in dialled_here for ln in bridge_acl_lines(b))]) + "\n",
+            0o600,
+        )
+        header = (
+            f"Mosquitto of site {s} ({len(own)} nodes), run {spec.run_id}; generated by nlagg deploy plan.\n"
+            f"Start from the plan directory: mosquitto -c {site_conf_path(s)}"
+        )
+        paths = BrokerPaths(f"{root}/passwd", f"{root}/acl", root, "stderr")
+        conf = mosquitto_conf(paths, listen_host=spec.listen_host, listen_port=port, header=header)
+        for b in plan.bridges:
+            if b.local == s:
+                lines = bridge_conf_lines(b, bridge_address(plan.site_urls[b.remote]), plan.passwords[b.user])
+                conf += "\n" + "\n".join(lines) + "\n"
+        put(site_conf_path(s), conf, 0o600)
+        put(
+            f"{root}/.gitignore",
+            "# Mosquitto's persistence file, written at run time\nmosquitto.db*\n",
+            0o644,
+        )
 
 
 def _hand_broker_to_mosquitto(broker_dir: Path) -> None:

@@ -1,0 +1,59 @@
+"""What ``nlagg deploy plan`` is asked for (:class:`PlanSpec`), apart from the plan it makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import DEFAULT_BROKER, RunConfig
+from .mosquitto_auth import TlsFiles
+from .nodefile import ValueSource
+
+__all__ = ["DEFAULT_PREFIX", "PlanSpec"]
+
+DEFAULT_PREFIX = "nlagg"
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """What ``nlagg deploy plan`` is asked for.
+
+    Attributes
+    ----------
+    run : the run's parameters (``graph`` may be random; it is drawn once here and frozen in graph.json).
+    run_id, prefix : topic root ``prefix/run_id``.
+    corrupt : ``parse_corrupt`` spec.
+    seed : the run seed; None draws one from OS entropy (then nodes draw z^(0) from OS entropy too).
+    replay : give every node file the run seed, so z^(0) replays the simulator (lab testbeds only).
+    broker_url : what nodes and the eavesdropper connect to.
+    listen_host, listen_port : the broker's listener (host None = every address).
+    value_source : one source for every node (e.g. a sensor command); None = constants drawn from
+        ``run.values`` with the seed (the simulator's trial-0 values).
+    tls : server TLS files of your own (CA, certificate, key), off by default.
+    make_tls : generate a private CA and the broker's certificate (``--tls``) instead.
+    require_certificate : with TLS, also a client certificate per user, and the broker requires one.
+    sites : K > 1 splits the graph into K site brokers bridged along the cut (see :mod:`.sites`).
+    site_of : each node's site, given by hand (``--sites-file``); None partitions the graph.
+    site_brokers : each site broker's URL; empty = ``broker_url``'s host with port + site number
+        (site s then listens on ``listen_port + s``; otherwise on its URL's port).
+    """
+
+    run: RunConfig
+    run_id: str
+    prefix: str = DEFAULT_PREFIX
+    corrupt: str | None = None
+    seed: int | None = None
+    replay: bool = False
+    broker_url: str = DEFAULT_BROKER
+    listen_host: str | None = None
+    listen_port: int = 1883
+    value_source: ValueSource | None = None
+    tls: TlsFiles | None = None
+    make_tls: bool = False
+    require_certificate: bool = False
+    sites: int = 1
+    site_of: tuple[int, ...] | None = None
+    site_brokers: tuple[str, ...] = ()
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls is not None or self.make_tls
