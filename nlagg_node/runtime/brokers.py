@@ -53,6 +53,7 @@ class BrokerHandle:
     host, port : where it listens (always loopback).
     config_path : the Mosquitto configuration file written for it (None for amqtt).
     log_path : Mosquitto's log file (None for amqtt).
+    pid : the Mosquitto process (None for amqtt, which runs in this process).
     """
 
     kind: BrokerKind
@@ -60,6 +61,7 @@ class BrokerHandle:
     port: int
     config_path: Path | None = None
     log_path: Path | None = None
+    pid: int | None = None
 
     @property
     def url(self) -> str:
@@ -184,7 +186,7 @@ async def start_mosquitto(
                 await _stop_process(proc)
                 last_error = _read_log(log_path)
                 continue
-            handle = BrokerHandle("mosquitto", LOOPBACK, chosen, conf, log_path)
+            handle = BrokerHandle("mosquitto", LOOPBACK, chosen, conf, log_path, proc.pid)
             log.info("mosquitto (pid %d) listening on %s", proc.pid, handle.url)
             try:
                 yield handle
