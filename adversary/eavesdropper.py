@@ -72,6 +72,8 @@ class Eavesdropper:
     on_exposure : called with each :class:`Exposure` the moment the replay finds it.
     commit_every : seconds between SQLite commits.
     complete_grace : seconds to wait, once every node is done, for x's and z^(0)'s still missing.
+    reorder_grace : over several brokers (a :class:`~adversary.merged.MergedSubscriber`), the longest
+        an x waits for the x's it was computed from (:class:`~adversary.merged.CausalOrder`).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Eavesdropper:
         commit_every: float = 0.25,
         config: ConfigMsg | None = None,
         complete_grace: float = 10.0,
+        reorder_grace: float = 5.0,
     ) -> None:
         self.transport = transport
         self.transcript = transcript
@@ -105,7 +108,8 @@ class Eavesdropper:
         self._all_done_since: float | None = None
         self._unacked: list[Message] = []
         # Over several bridged brokers an x may overtake those it was computed from: hold it back.
-        self.order = CausalOrder(transcript) if isinstance(transport, MergedSubscriber) else None
+        merged = isinstance(transport, MergedSubscriber)
+        self.order = CausalOrder(transcript, reorder_grace) if merged else None
         self._committed = time.monotonic()
         if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
             transcript.set_config(config)
@@ -148,18 +152,22 @@ class Eavesdropper:
             if self.finished.is_set():
                 return
 
-    def _take(self, raws: list[Message]) -> None:
-        """Handle captured messages (queued for their ack); over several brokers, in causal order."""
+    def _take(self, raws: list[Message], *, expired: bool = False) -> None:
+        """Handle captured messages (queued for their ack); over several brokers, in causal order.
+
+        ``expired``: x's that waited their grace for their predecessors, judged now as they are.
+        """
         order = self.order
-        while raws:
-            raw = raws.pop()
-            if order is not None and order.offer(raw):
+        queue = [(raw, expired) for raw in raws]
+        while queue:
+            raw, now = queue.pop()
+            if order is not None and not now and order.offer(raw):
                 continue
             stored = self.handle(raw.topic, raw.payload, raw.retain)
             if isinstance(self.transport, Acknowledging):
                 self._unacked.append(raw)
             if order is not None:
-                raws += order.released(stored)
+                queue += [(r, False) for r in order.released(stored)]
 
     def _commit(self) -> None:
         """Commit the transcript, then acknowledge what it now holds (never the other way round)."""
@@ -180,7 +188,7 @@ class Eavesdropper:
             await asyncio.sleep(tick)
             now = time.monotonic()
             if self.order is not None:
-                self._take(self.order.expired())
+                self._take(self.order.expired(), expired=True)
             if self._unacked or now - self._committed >= self.commit_every:
                 self._commit()
             if now - last_check >= self.commit_every:

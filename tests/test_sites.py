@@ -17,6 +17,10 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
+from adversary.capture import AckingSubscriber
+from adversary.eavesdropper import Eavesdropper
+from adversary.merged import MergedSubscriber
+from adversary.transcript import Transcript
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan
 from nlagg_node.deploy.sites import (
@@ -27,8 +31,10 @@ from nlagg_node.deploy.sites import (
     read_sites_file,
 )
 from nlagg_node.errors import ConfigError
-from nlagg_node.runtime.brokers import mosquitto_binary
-from nlagg_node.runtime.wire import topics
+from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.mqtt import MqttTransport
+from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases
 from nlagg_node.sim import simulate
 from tests.planbed import PlanBed
@@ -251,3 +257,46 @@ async def test_three_bridged_sites_are_exact_and_captured_once(tmp_path: Path, o
         sim = simulate(bed.cfg)
         (lo, hi), *_ = reversed(phase_targets(bed.cfg, plan_phases(bed.cfg), sim.values))
         assert np.all((lo[0] <= sim.output[0]) & (sim.output[0] <= hi[0]))  # = every node's output
+
+
+@pytest.mark.mosquitto
+@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
+async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_order(tmp_path: Path) -> None:
+    cfg = load_config(None, op="max", n=3, graph="ring", t_max=5, seed=1).resolved()
+    phase = plan_phases(cfg)[0].name
+    t = topics("nlagg", "two")
+
+    def x(i: int, step: int) -> tuple[str, bytes]:
+        return t.x(i), encode_x(i, step, phase, 1.0 + i)
+
+    async with start_mosquitto() as a, start_mosquitto() as b:
+        subs = [AckingSubscriber(h.url, client_id="eve", connect_timeout=10) for h in (a, b)]
+        with Transcript(tmp_path / "t.sqlite", run_id="two") as transcript:
+            async with (
+                MergedSubscriber(subs) as merged,
+                MqttTransport(a.url, client_id="pa") as pa,
+                MqttTransport(b.url, client_id="pb") as pb,
+            ):
+                config = build_config_msg(cfg, "two", run_edges(cfg))
+                eaves = Eavesdropper(merged, transcript, config=config, reorder_grace=1.0)
+                task = asyncio.create_task(eaves.run())
+                await eaves.subscribed.wait()
+                await pb.publish(*x(1, 1))  # overtook x^(0) of its neighbours (on the other broker)
+                await pb.publish(*x(2, 3))  # far ahead: never valid
+                for i in range(3):
+                    await pa.publish(*x(i, 0))
+                await pb.publish(*x(0, 0))  # a bridged copy
+                async with asyncio.timeout(20):
+                    while True:  # polled: the capture runs in its own task
+                        if eaves.rejected and sum(s.acked for s in subs) == 6:
+                            break
+                        await asyncio.sleep(0.05)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            stored = transcript.count()
+            x_arr = transcript.x(3, 5)
+    assert stored == 5  # 6 deliveries, the bridged copy stored once
+    assert np.array_equal(~np.isnan(x_arr[:, :2]), [[True, False], [True, True], [True, False]])
+    assert np.isnan(x_arr[2, 3])  # the one far ahead waited its grace, then was rejected
+    assert (eaves.captured, eaves.rejected) == (6, 1)
+    assert sum(s.acked for s in subs) == 6  # every delivery acknowledged to its own broker
