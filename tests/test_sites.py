@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import tomllib
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from adversary.capture import AckingSubscriber
 from adversary.eavesdropper import Eavesdropper
 from adversary.merged import MergedSubscriber
 from adversary.transcript import Transcript
+from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan
 from nlagg_node.deploy.sites import (
@@ -300,3 +302,63 @@ async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_ord
     assert np.isnan(x_arr[2, 3])  # the one far ahead waited its grace, then was rejected
     assert (eaves.captured, eaves.rejected) == (6, 1)
     assert sum(s.acked for s in subs) == 6  # every delivery acknowledged to its own broker
+
+
+def _cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str]:
+    monkeypatch.setattr("sys.argv", ["nlagg", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out + err
+
+
+def test_plan_with_sites_writes_one_broker_per_site(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "plan"
+    base = ["deploy", "plan", "--out", str(out), "--run-id", "r1", "--n", "24", "--seed", "5"]
+    code, text = _cli([*base, "--sites", "3", "--broker", "mqtt://10.0.0.1:1883"], capsys, monkeypatch)
+    assert code == 0, text
+    assert "3 sites of [8, 8, 8] nodes" in text
+    lines = (out / "commands.txt").read_text().splitlines()
+    assert [ln for ln in lines if ln.startswith("mosquitto ")] == [
+        f"mosquitto -c broker/site{s}/mosquitto.conf" for s in range(3)
+    ]
+    (eaves,) = [ln for ln in lines if ln.startswith("nlagg eavesdrop")]
+    assert [f"mqtt://10.0.0.1:{1883 + s}" in eaves for s in range(3)] == [True] * 3
+    assert sum(ln.startswith("nlagg deploy publish-config") for ln in lines) == 3
+    site_of = tomllib.loads((out / "plan.toml").read_text())["plan"]["sites"]["site_of"]
+    for i in range(24):
+        node = tomllib.loads((out / "nodes" / f"{i}.toml").read_text())
+        assert node["broker"] == f"mqtt://10.0.0.1:{1883 + site_of[i]}"
+        users = (out / "broker" / f"site{site_of[i]}" / "passwd").read_text()
+        assert f"node{i}:" in users
+        other = (out / "broker" / f"site{(site_of[i] + 1) % 3}" / "passwd").read_text()
+        assert f"node{i}:" not in other
+    assert oct((out / "broker" / "site0" / "mosquitto.conf").stat().st_mode & 0o777) == "0o600"
+    assert not (out / "broker" / "mosquitto.conf").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--sites", "2", "--tls"], "sites="),
+        (["--sites", "30"], "sites=30"),
+        (["--sites", "2", "--site-broker", "mqtt://a:1883"], "site_broker="),
+    ],
+    ids=["tls", "more-sites-than-nodes", "one-url-for-two-sites"],
+)
+def test_bad_site_options_name_the_option(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    extra: list[str],
+    field: str,
+) -> None:
+    args = ["deploy", "plan", "--out", str(tmp_path / "p"), "--run-id", "r1", "--n", "24", "--seed", "5"]
+    code, text = _cli([*args, *extra], capsys, monkeypatch)
+    assert code == 2
+    assert field in text
+    assert "Traceback" not in text
