@@ -108,6 +108,8 @@ class Eavesdropper:
         self._all_done_since: float | None = None
         self._unacked: list[Message] = []
         # Over several bridged brokers an x may overtake those it was computed from: hold it back.
+        # Checked once: a Protocol's isinstance is slow, and this one is per message.
+        self._acking: Acknowledging | None = transport if isinstance(transport, Acknowledging) else None
         merged = isinstance(transport, MergedSubscriber)
         self.order = CausalOrder(transcript, reorder_grace) if merged else None
         self._committed = time.monotonic()
@@ -141,9 +143,14 @@ class Eavesdropper:
             self.stored = self.transcript.count()
 
     async def _read(self) -> None:
-        acking = self.transport if isinstance(self.transport, Acknowledging) else None
+        acking, order, handle = self._acking, self.order, self.handle
         async for raw in self.transport.messages():
-            self._take([raw])
+            if order is None:  # one broker: the hot path
+                handle(raw.topic, raw.payload, raw.retain)
+                if acking is not None:
+                    self._unacked.append(raw)
+            else:
+                self._take([raw])
             if acking is not None:
                 pending = len(self._unacked)
                 idle = acking.backlog() == 0
@@ -164,7 +171,7 @@ class Eavesdropper:
             if order is not None and not now and order.offer(raw):
                 continue
             stored = self.handle(raw.topic, raw.payload, raw.retain)
-            if isinstance(self.transport, Acknowledging):
+            if self._acking is not None:
                 self._unacked.append(raw)
             if order is not None:
                 queue += [(r, False) for r in order.released(stored)]
@@ -172,8 +179,8 @@ class Eavesdropper:
     def _commit(self) -> None:
         """Commit the transcript, then acknowledge what it now holds (never the other way round)."""
         self.transcript.commit()
-        if self._unacked and isinstance(self.transport, Acknowledging):
-            self.transport.ack(self._unacked)
+        if self._unacked and self._acking is not None:
+            self._acking.ack(self._unacked)
         self._unacked = []
         self._committed = time.monotonic()
 
