@@ -30,6 +30,7 @@ import numpy as np
 
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
+from nlagg_node.departure import announced
 from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
@@ -74,6 +75,7 @@ class AttackExtra(TypedDict, total=False):
     run_id: str
     captured_x: int  # x messages in the transcript
     expected_x: int  # n x T
+    departed: dict[str, int]  # nodes that left the run: node -> the iteration (announced in statuses)
 
 
 class FindingJson(TypedDict):
@@ -121,6 +123,7 @@ class TranscriptData(TypedDict):
     x: FloatArray  # (n, T), NaN where not captured
     corrupted: dict[int, float]  # corrupted node -> its forwarded s_i, in the user's units
     statuses: dict[int, StatusMsg]
+    departed: dict[int, int]  # node -> the iteration it left at (its neighbours' statuses)
     scale: ValueScale  # the run's public value range (x and z0 are on the protocol's scale)
 
 
@@ -198,6 +201,7 @@ def attack_arrays(
     epsilon: float = 1e-3,
     corrupted: Mapping[int, float] | None = None,
     replayed: Exposures | None = None,
+    departed: Mapping[int, int] | None = None,
     scale: ValueScale | None = None,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
@@ -238,7 +242,7 @@ def attack_arrays(
     if bad:
         raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
     if replayed is None:
-        rep = replay_exposures(n, edges, phases, cs, theta, z0, x)
+        rep = replay_exposures(n, edges, phases, cs, theta, z0, x, departed)
     else:
         T = x.shape[1]
         if replayed.branch.shape[0] != n or replayed.branch.shape[1] < T:
@@ -399,7 +403,8 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
             "z0": tr.z0(cfg.n, edges),
             "x": tr.x(cfg.n, t_total),
             "corrupted": corrupted,
-            "statuses": tr.statuses(),
+            "statuses": (statuses := tr.statuses()),
+            "departed": announced(st.departed for st in statuses.values()),
         }
 
 
@@ -423,8 +428,11 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         epsilon=cfg.epsilon,
         corrupted=data["corrupted"],
         scale=data["scale"],
+        departed=data["departed"],
     )
     report.extra["run_id"] = data["run_id"]
+    if data["departed"]:
+        report.extra["departed"] = {str(j): t for j, t in sorted(data["departed"].items())}
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
     report.extra["expected_x"] = int(data["x"].size)
     candidates = (

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from nlagg_node.departure import announced
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
@@ -60,6 +61,26 @@ class NodeView:
     private_value: float | None = None  # forwarded by the node itself when corrupted
     exposed: Exposure | None = None
     output: list[float] = field(default_factory=list)
+    departed: int | None = None  # left the run at this iteration (its neighbours' statuses say so)
+
+
+def excuse_departed(
+    missing: tuple[int, int], gone: dict[int, int], t_total: int, config: ConfigMsg
+) -> tuple[int, int]:
+    """``(x, z0)`` still missing, less what departed nodes never sent: their x's from their
+    departure on, and the z^(0) of every edge they had left before that dual group's exchange."""
+    if not gone:
+        return missing
+    mx = missing[0] - sum(t_total - t for t in gone.values())
+    excused, start, group = 0, 0, ""
+    for p in config.phases:
+        if p["group"] != group:
+            group = str(p["group"])
+            excused += 2 * sum(
+                1 for a, b in config.edges if min(gone.get(a, t_total), gone.get(b, t_total)) <= start
+            )
+        start += int(p["t_len"])
+    return max(mx, 0), max(missing[1] - excused, 0)
 
 
 class Eavesdropper:
@@ -248,6 +269,11 @@ class Eavesdropper:
                 )
             if msg.output is not None:
                 v.output = list(msg.output)
+            if msg.departed and self.replay is not None:
+                for j, at in announced([msg.departed]).items():
+                    self.view(j).departed = at
+                    self.replay.depart(j, at)
+                self._advance()
             self._check_finished()
 
     def _on_config(self, msg: ConfigMsg) -> None:
@@ -295,16 +321,18 @@ class Eavesdropper:
             return
         # Done once a node has said so: the transcript, not the latest view, which a QoS 1 redelivery
         # or a retained status re-sent after a reconnection may have set back to an earlier state.
-        done = len(self.transcript.done_nodes() & set(range(self.config.n)))
+        gone = self.replay.departed
+        done = len((self.transcript.done_nodes() | set(gone)) & set(range(self.config.n)))
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
-            self.missing = self.transcript.complete(
+            missing = self.transcript.complete(
                 self.config.n,
                 self.replay.t_total,
                 self.config.edges,
                 groups,
                 early_stop=bool(self.config.run.get("early_stop", False)),
             )
+            self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config)
             if self.missing != (0, 0):
                 now = time.monotonic()
                 if self._all_done_since is None:
@@ -324,6 +352,10 @@ class Eavesdropper:
                             self.on_exposure(exp)
             log.info("every node is done and the transcript is complete (missing: %s)", self.missing)
             self.finished.set()
+
+    def departed(self) -> dict[int, int]:
+        """The nodes that left the run: node -> the iteration it departed at."""
+        return dict(self.replay.departed) if self.replay is not None else {}
 
     def honest_exposed(self) -> list[int]:
         """Honest nodes whose value the transcript exposed, ascending."""
@@ -455,10 +487,13 @@ async def run_eavesdropper(
             missing_x=eaves.missing[0],
             missing_z0=eaves.missing[1],
             exposed=eaves.honest_exposed(),
+            departed={str(j): t for j, t in sorted(eaves.departed().items())},
         )
     else:
         console.print(
             f"{eaves.captured} messages captured into {db} ({eaves.rejected} not protocol v1); "
             f"exposed honest nodes: {eaves.honest_exposed() or 'none'}"
         )
+        for j, t in sorted(eaves.departed().items()):
+            console.print(f"node {j} left the run at t={t} (its last x was x^({t - 1}))")
     return eaves

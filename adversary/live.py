@@ -7,6 +7,10 @@ objective it then knows both linear-branch candidates ``(lo, hi)`` of node i's x
 (a matching event: the value is exposed, exactly). For the quadratic objective (average part of
 the trimmed mean) the update solves for s_i directly: ``s_i = x_i (1 + c d_i) + v_i``.
 
+A node that departs at T (:mod:`nlagg_node.departure`, announced in its neighbours' statuses)
+publishes no x from T on; the replay drops its edges after the z-update of T, as the nodes do
+(:func:`nlagg_node.departure.drop_pairs`).
+
 All equations come from :mod:`nlagg_node.pdmm`; the replay adds only bookkeeping.
 """
 
@@ -19,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nlagg_node.arrays import FloatArray, IntArray
+from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import dual_sum, linear_branch, z_update
 from nlagg_node.schedule import Phase
@@ -91,9 +96,20 @@ class LiveReplay:
         self.t_next = 0
         self._u: FloatArray | None = None
         self._group = ""
+        self.full = self.layout  # the run's layout; ``layout`` loses the pairs of departed nodes
+        self.pairs_kept = np.ones(self.layout.n_pairs, dtype=bool)
+        self.departed: dict[int, int] = {}
+        self._gone_at = np.zeros(self.t_total + 1, dtype=np.int64)  # departed nodes silent at t
+
+    def depart(self, j: int, t: int) -> None:
+        """Node j departed at t (its last x was x^(t-1)): from t on nobody waits for it."""
+        if not 0 <= j < self.n or j in self.departed or not 0 <= t < self.t_total or t < self.t_next:
+            return
+        self.departed[j] = t
+        self._gone_at[t:] += 1
 
     def set_z0(self, group: str, i: int, j: int, z: float) -> None:
-        arr = self.z0.setdefault(group, np.full(len(self.layout.src), np.nan))
+        arr = self.z0.setdefault(group, np.full(len(self.full.src), np.nan))
         e = self.index.get((i, j))
         if e is not None:
             arr[e] = z
@@ -122,13 +138,17 @@ class LiveReplay:
         np.add.at(self._seen, t, 1)
 
     def ready(self, t: int) -> bool:
-        if self._seen[t] < self.n:
+        if self._seen[t] < self.n - self._gone_at[t]:
             return False
         phase = self.phases[self._phase_of[t]]
         if phase.group != self._group:
             z = self.z0.get(phase.group)
-            return z is not None and not bool(np.isnan(z).any())
+            return z is not None and not bool(np.isnan(self._kept(z)).any())
         return True
+
+    def _kept(self, z_full: FloatArray) -> FloatArray:
+        """The z's of the edges still here (z^(0) arrays are indexed on the run's layout)."""
+        return z_full if self.pairs_kept.all() else z_full[np.concatenate([self.pairs_kept, self.pairs_kept])]
 
     def advance(self, *, force: bool = False) -> list[Exposure]:
         """Process ready iterations (``force``: also incomplete ones, with NaN for the gaps)."""
@@ -151,8 +171,8 @@ class LiveReplay:
         phase, c = self.phases[k], self.cs[k]
         if phase.group != self._group or self._u is None:
             self._group = phase.group
-            z = self.z0.get(phase.group, np.full(len(lay.src), np.nan))
-            self._u = lay.sign * z
+            z = self.z0.get(phase.group, np.full(len(self.full.src), np.nan))
+            self._u = lay.sign * self._kept(z)
         u = self._u
         x = self.x[:, t]
         cd = c * lay.degree
@@ -163,7 +183,8 @@ class LiveReplay:
             codes[known] = SOLVED
             estimate = x * (1.0 + cd) + v
         else:
-            lo, hi = linear_branch(phase.objective, v, cd)
+            with np.errstate(divide="ignore", invalid="ignore"):  # a departed node: no edge left
+                lo, hi = linear_branch(phase.objective, v, cd)
             codes[known & (x == lo)] = LOW
             codes[known & (x == hi) & (x != lo)] = HIGH
             codes[known & (x != lo) & (x != hi)] = VALUE
@@ -180,6 +201,10 @@ class LiveReplay:
         new[:h] = z_update(u[:h], u[h:], xd[:h], c, self.theta)
         new[h:] = z_update(u[h:], u[:h], xd[h:], c, self.theta)
         self._u = new
+        if t in self.departed.values():  # drop the edges of those that departed at t (their x^(t) never came)
+            gone = {j for j, at in self.departed.items() if at <= t}
+            self.layout, self._u, keep = drop_pairs(lay, new, gone)
+            self.pairs_kept[np.flatnonzero(self.pairs_kept)[~keep]] = False
         return found
 
     def result(self) -> Exposures:
@@ -194,6 +219,7 @@ def replay_exposures(
     theta: float,
     z0: Mapping[str, FloatArray],
     x: FloatArray,
+    departed: Mapping[int, int] | None = None,
 ) -> Exposures:
     """Classify every published x_i^(t) from the transcript alone.
 
@@ -208,6 +234,7 @@ def replay_exposures(
         (``Transcript.z0`` or ``SimResult.z0`` of a one-trial run); NaN where not captured.
     x : ``(n, T)`` published x's (``Transcript.x``), NaN where not captured; T may be shorter than
         the schedule (the replay stops there).
+    departed : ``{node: T}`` departures (:func:`nlagg_node.departure.announced` of the statuses).
 
     Returns
     -------
@@ -216,6 +243,8 @@ def replay_exposures(
         x or duals depend on missing data are ``unknown`` from then on (NaN propagates).
     """
     replay = LiveReplay(n, edges, phases, cs, theta)
+    for j, at in (departed or {}).items():
+        replay.depart(j, at)
     for group, arr in z0.items():
         replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
     t_len = min(x.shape[1], replay.t_total)

@@ -12,6 +12,10 @@ message wins, as at the nodes (see :mod:`adversary.transcript`). In a run with e
 x carries ``quiet`` (and ``stop``), as the nodes require, and the first x of a phase may follow
 the gap a phase that stopped early leaves, so it needs nothing before it.
 
+A node that departs at T (:mod:`nlagg_node.departure`) is announced in its neighbours' statuses
+before they publish x^(T+1) (they say so first): from then on its x^(T-1) is the last one its
+neighbours' x's wait for, and an x of it from T on is refused, as the nodes refuse it.
+
 z^(0) must travel along an edge of the graph and belong to a dual group of the schedule; statuses,
 adversary states and every iteration counter are bounded by the run. The rules need the run's
 public configuration; every size they allocate comes from it once validated.
@@ -58,6 +62,7 @@ class RunRules:
         self.directed = {(a, b) for a, b in edges.tolist()} | {(b, a) for a, b in edges.tolist()}
         # x_i^(t) stored as valid; n * t_total is bounded by the validated config (limits.py).
         self.have: NDArray[np.bool_] = np.zeros((self.n, self.t_total), dtype=np.bool_)
+        self.gone_from = np.full(self.n, self.t_total, dtype=np.int64)  # departures, from statuses
 
     def inside(self, node: int, t: int) -> bool:
         """Whether ``(node, t)`` is a node and an iteration of the run."""
@@ -107,9 +112,11 @@ class RunRules:
             return f"x_{i}^({t}): quiet/stop {'missing in' if self.early_stop else 'in'} a run " + (
                 "that stops early" if self.early_stop else "with a fixed schedule"
             )
+        if t >= self.gone_from[i]:
+            return f"x_{i}^({t}): node {i} departed at t={self.gone_from[i]}"
         if t > 0 and t not in self._jumps:
             nbrs = self.neighbours[i]
-            missing = nbrs[~self.have[nbrs, t - 1]]
+            missing = nbrs[~self.have[nbrs, t - 1] & (self.gone_from[nbrs] > t - 1)]
             if len(missing):
                 return (
                     f"x_{i}^({t}) outside every neighbour's window: no x^({t - 1}) yet from "
@@ -134,6 +141,10 @@ class RunRules:
         """Record a message stored as valid (the window moves on)."""
         if isinstance(msg, XMsg):
             self.have[msg.node, msg.t] = True
+        elif isinstance(msg, StatusMsg) and msg.departed:
+            for j, t in msg.departed.items():
+                if 0 <= int(j) < self.n:
+                    self.gone_from[int(j)] = min(int(t), int(self.gone_from[int(j)]))
 
 
 def rules_for(config: ConfigMsg) -> tuple[RunRules | None, str | None]:

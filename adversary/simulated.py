@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
-from nlagg_node.graphs import EdgeLayout
+from nlagg_node.graphs import EdgeLayout, neighbours
 from nlagg_node.scale import scale_for
 from nlagg_node.schedule import phase_c
 from nlagg_node.sim import SimResult
@@ -78,6 +78,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         epsilon=cfg.epsilon,
         corrupted=_corrupted_values(result, trial, corrupted),
         scale=scale_for(cfg),
+        departed=result.departed,
     )
     return score(
         report,
@@ -134,10 +135,25 @@ def write_sim_transcript(
         for group, z in z0.items():
             for e in range(len(z)):
                 i, j = int(layout.src[e]), int(layout.dst[e])
+                if np.isnan(z[e]):
+                    continue  # an edge of a node that had departed before this exchange
                 msg = Z0Msg.model_validate({"from": i, "to": j, "group": group, "z": float(z[e])})
                 tr.add(tp.z0(i, j), encode(msg), received=0.0)
+        gone = result.departed
+        nbrs = neighbours(n, edges)
         for t in range(x.shape[1]):
+            for j in sorted(k for k, at in gone.items() if at + 1 == t):  # as on a network, the will
+                offline = encode(StatusMsg(node=j, state="offline"))
+                tr.add(tp.status(j), offline, retained=True, received=t - 0.5)
+                for i in nbrs[j]:  # and its neighbours announce it before they publish x^(T+1)
+                    if gone.get(i, t) < t:
+                        continue  # gone before it
+                    told = {str(k): at for k, at in sorted(gone.items()) if k in nbrs[i] and at < t}
+                    status = StatusMsg(node=i, state="running", departed=told)
+                    tr.add(tp.status(i), encode(status), retained=True, received=t - 0.5)
             for i in range(n):
+                if np.isnan(x[i, t]):
+                    continue  # departed
                 tr.add(
                     tp.x(i),
                     encode(XMsg(node=i, t=t, phase=str(names[t]), x=float(x[i, t]))),
@@ -152,12 +168,18 @@ def write_sim_transcript(
             zin = {str(int(layout.src[e])): float(first[e]) for e in np.flatnonzero(layout.dst == i)}
             tr.add(tp.adv(i), encode(AdvStateMsg(node=i, t=0, s=s, z=zs, z_in=zin)), received=0.0)
         for i in range(n):
-            status = StatusMsg(
-                node=i,
-                state="done",
-                final=[float(x[i, e]) for e in ends],
-                output=[float(v) for v in np.atleast_1d(output[i])],
-                iterations=int(x.shape[1]),
+            final_told = {str(j): t for j, t in sorted(gone.items()) if j in nbrs[i]} or None
+            status = (
+                StatusMsg(node=i, state="offline")
+                if i in gone
+                else StatusMsg(
+                    node=i,
+                    state="done",
+                    final=[float(x[i, e]) for e in ends],
+                    output=[float(v) for v in np.atleast_1d(output[i])],
+                    iterations=int(x.shape[1]),
+                    departed=final_told,
+                )
             )
             tr.add(tp.status(i), encode(status), retained=True, received=float(x.shape[1]))
         tr.commit()
@@ -183,8 +205,12 @@ def simulate_transcript(
     corrupted: Sequence[int] = (),
     run_id: str | None = None,
     prefix: str = "nlagg",
+    departures: Mapping[int, int] | None = None,
 ) -> Path:
     """Simulate trial 0 of ``cfg`` alone, recording every x, and write it as a transcript.
+
+    With ``departures`` (``{node: T}``) a departed node's x's stop at T - 1, its status is its last
+    will (``offline``) and its neighbours' ``done`` statuses name it, as on a network.
 
     This is what ``nlagg sim --transcript PATH`` writes: trial 0 of a run does not depend
     on the number of trials (every stream is keyed by trial), so a one-trial simulation
@@ -194,4 +220,5 @@ def simulate_transcript(
     from nlagg_node.sim import simulate
 
     one = cfg.model_copy(update={"trials": 1, "record": "all"})
-    return write_sim_transcript(simulate(one), path, corrupted=corrupted, run_id=run_id, prefix=prefix)
+    result = simulate(one, departures=departures)
+    return write_sim_transcript(result, path, corrupted=corrupted, run_id=run_id, prefix=prefix)

@@ -55,6 +55,8 @@ def node_argv(
     key_file: str | None = None,
     as_json: bool = False,
     corrupt: bool = False,
+    leave_after: int | None = None,
+    leave_by: str | None = None,
     program: Sequence[str] = NLAGG,
 ) -> list[str]:
     """The ``nlagg node`` argument vector (one private value source: value, value_file or value_cmd)."""
@@ -65,6 +67,7 @@ def node_argv(
     argv += _opt("--username", username) + _opt("--password-file", password_file)
     argv += _opt("--neighbour-timeout", neighbour_timeout) + _opt("--seed", seed)
     argv += _opt("--state-dir", state_dir) + tls_args(ca_file, cert_file, key_file)
+    argv += _opt("--leave-after", leave_after) + _opt("--leave-by", leave_by)
     return argv + ["--json"] * as_json + ["--corrupt"] * corrupt
 
 

@@ -27,12 +27,15 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from .arrays import BoolArray, IntArray
+from .arrays import BoolArray, FloatArray, IntArray
 from .errors import ConfigError
+from .graphs import EdgeLayout
 
 __all__ = [
+    "announced",
     "check_departures",
     "components",
+    "drop_pairs",
     "kept_edges",
     "parse_departures",
     "survivors",
@@ -85,6 +88,35 @@ def kept_edges(lo: IntArray, hi: IntArray, gone: Iterable[int]) -> BoolArray:
     """
     g = np.fromiter(gone, dtype=np.int64)
     return np.asarray(~(np.isin(lo, g) | np.isin(hi, g)), dtype=np.bool_)
+
+
+def drop_pairs(
+    layout: EdgeLayout, u: FloatArray, gone: Iterable[int]
+) -> tuple[EdgeLayout, FloatArray, BoolArray]:
+    """:func:`kept_edges` on an :class:`~nlagg_node.graphs.EdgeLayout` (every trial the same nodes).
+
+    Returns the layout without the pairs of ``gone``, its signed duals ``u`` (both halves, the
+    other edges in their order, so each node still adds its duals in the same order) and the
+    kept mask over the old pairs.
+    """
+    h, n = layout.n_pairs, layout.n
+    keep = kept_edges(layout.dst[:h] % n, layout.src[:h] % n, gone)  # first half: hi -> lo
+    both = np.concatenate([keep, keep])
+    src = layout.src[both]
+    degree = np.bincount(src, minlength=layout.n_nodes).astype(np.float64)
+    new = EdgeLayout(
+        n=n, trials=layout.trials, src=src, dst=layout.dst[both], sign=layout.sign[both], degree=degree
+    )
+    return new, np.ascontiguousarray(u[both]), keep
+
+
+def announced(departed: Iterable[Mapping[str, int] | None]) -> dict[int, int]:
+    """The departures the nodes' statuses announce (``StatusMsg.departed`` of each), merged."""
+    out: dict[int, int] = {}
+    for d in departed:
+        for j, t in (d or {}).items():
+            out[int(j)] = min(int(t), out.get(int(j), int(t)))
+    return out
 
 
 def survivors(n: int, departed: Iterable[int]) -> list[int]:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from adversary.attack import attack_transcript
+from nlagg_node.cli import main
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components, kept_edges, parse_departures
 from nlagg_node.errors import ConfigError
+from nlagg_node.lab.testbed import run_testbed
+from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
 from nlagg_node.sim import draw_values, simulate
 
 RUN = "dep"
+needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 
 
 class DyingTransport(MemoryTransport):
@@ -132,3 +139,55 @@ def test_impossible_departures_are_refused(cfg: RunConfig, dep: dict[int, int], 
 def test_an_edge_goes_with_either_end() -> None:
     lo, hi = np.array([0, 0, 1, 2]), np.array([1, 2, 2, 3])
     assert kept_edges(lo, hi, [2]).tolist() == [True, False, False, False]
+
+
+@needs_mosquitto
+@pytest.mark.slow
+async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(tmp_path: Path) -> None:
+    """``nlagg testbed --depart``: two node processes SIGKILLed at fixed iterations split a ring of 8;
+    each component ends exact with its own maximum, bit for bit the simulator, and the eavesdropper's
+    transcript and the attack know who left."""
+    cfg = RunConfig(op="max", n=8, graph="ring", trials=1, seed=3, t_max=1000, c=10.0, mu_z=30.0)
+    dep = {0: 200, 4: 300}
+    summary = await run_testbed(cfg, departures=dep, out_dir=tmp_path / "run", broker_kind="mosquitto")
+    sim = simulate(cfg, departures=dep)
+    assert summary["departed"] == {"0": 200, "4": 300}
+    assert summary["graph_split"]
+    assert summary["exact"]
+    assert [c["members"] for c in summary["components"]] == [[1, 2, 3], [5, 6, 7]]
+    assert all(c["exact"] for c in summary["components"])
+    assert [c["true_value"] for c in summary["components"]] == [
+        sim.values[0, c].max() for c in ([1, 2, 3], [5, 6, 7])
+    ]
+    assert summary["final_x"] == {str(i): float(sim.output[0, i]) for i in summary["survivors"]}
+    assert summary["messages_rejected"] == 0
+    report = attack_transcript(tmp_path / "run" / "transcript.sqlite")
+    assert report.extra["departed"] == {"0": 200, "4": 300}
+
+
+def test_sim_cli_departure_and_its_transcript_attacked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``nlagg sim --depart``: the survivors' outputs, who left; its transcript holds the departure as a
+    network does (the will, then the neighbours' statuses) and the attack replays it: the exposures are
+    the simulator's matching events."""
+    db = tmp_path / "run.sqlite"
+    args = ["sim", "--op", "max", "--n", "8", "--trials", "1", "--t-max", "1000", "--c", "10", "--mu-z", "30"]
+    monkeypatch.setattr("sys.argv", ["nlagg", *args, "--depart", "2@100", "--transcript", str(db), "--json"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code in (0, None)
+    summary = json.loads(capsys.readouterr().out)
+    cfg = RunConfig(op="max", n=8, trials=1, t_max=1000, c=10.0, mu_z=30.0, record="all")
+    sim = simulate(cfg, departures={2: 100})
+    assert summary["departed"] == {"2": 100}
+    assert summary["survivors"] == [0, 1, 3, 4, 5, 6, 7]
+    assert summary["final_x"]["2"] is None
+    assert [summary["final_x"][str(i)] for i in summary["survivors"]] == sim.output[
+        0, summary["survivors"]
+    ].tolist()
+    report = attack_transcript(db)
+    assert report.extra["departed"] == {"2": 100}
+    exposed = {f.node: f.t for f in report.findings if f.status == "exposed"}
+    assert exposed == {i: int(t) for i, t in enumerate(sim.first_match[0]) if t >= 0}
+    assert np.isnan(sim.recorded_x[100:, 0, 2]).all()  # x_2^(100) on is never published

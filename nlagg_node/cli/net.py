@@ -161,8 +161,15 @@ def node(
     ] = None,
     leave_after: Annotated[
         int | None,
-        typer.Option(help="publish x^(0)..x^(T-1), then leave the run cleanly (for tests)", min=1),
+        typer.Option(help="publish x^(0)..x^(T-1), then leave the run (for tests)", min=1),
     ] = None,
+    leave_by: Annotated[
+        str,
+        typer.Option(
+            help="how --leave-after leaves: status (a clean 'leaving') or kill (SIGKILL itself once every"
+            " neighbour holds its last x: the last will)"
+        ),
+    ] = "status",
     state_dir: Annotated[
         Path | None,
         typer.Option(help="keep a checkpoint here (before every publish); a restart resumes from it"),
@@ -175,6 +182,8 @@ def node(
 ) -> None:
     """Run one node: connect, announce, exchange z^(0), iterate with the neighbour barrier, publish done."""
     import asyncio
+    import os
+    import signal
 
     from ..config import load_config
     from ..runtime.checkpoint import CheckpointStore
@@ -184,6 +193,8 @@ def node(
     from ..scale import check_node_value, leak_warning, scale_for
 
     setup_logging(verbose)
+    if leave_by not in ("status", "kill"):
+        raise ConfigError("leave_by", leave_by, "use status or kill")
     cfg = load_config(config, value_range=value_range)
     net = _network_table(config)
     rid = check_run_id(run_id or str(net.get("run_id", "")) or "default")
@@ -227,6 +238,7 @@ def node(
             checkpoint=None if state_dir is None else CheckpointStore(state_dir, rid, id),
             departure_timeout=departure_timeout,
             leave_after=leave_after,
+            leave_quietly=leave_by == "kill",
         ) as nd:
             if nd.resumed is not None:
                 print(
@@ -235,6 +247,9 @@ def node(
                     flush=True,
                 )
             r = await nd.run()
+            if r.left_at is not None and leave_by == "kill":
+                print(json.dumps({"node": r.node, "left_at": r.left_at}), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # inside the connection: the broker sends the will
         report: NodeReport = {
             "node": r.node,
             "output": [scale.user_float(v) for v in r.output],

@@ -91,10 +91,18 @@ def sim(
     corrupt: Annotated[
         str | None, typer.Option(help=CORRUPT_HELP + " in the --transcript (needs --transcript)")
     ] = None,
+    depart: Annotated[
+        str | None,
+        typer.Option(
+            help="node@iteration,...: these nodes leave for good at those iterations, in every trial"
+            " (README 'Nodes that leave')"
+        ),
+    ] = None,
     force: ForceOpt = False,
 ) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..config import load_config
+    from ..departure import parse_departures
     from ..errors import ConfigError
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
@@ -129,6 +137,7 @@ def sim(
     for line in warnings:
         typer.echo(line, err=True)
     corrupted = sorted(parse_corrupt(corrupt, cfg.n))
+    departures = parse_departures(depart)
     if corrupted and transcript is None:
         raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
     if transcript is not None and cfg.early_stop:
@@ -137,7 +146,7 @@ def sim(
         claim_out(out, RUN_FILES, force=force)
     if transcript is not None:
         claim_file(transcript, force=force, field="transcript")
-    result = _run_with_progress(cfg)
+    result = _run_with_progress(cfg, departures)
     summary = summarize(result)
     summary["warnings"] = warnings
     if out is not None:
@@ -145,18 +154,20 @@ def sim(
     if transcript is not None:
         from adversary.simulated import simulate_transcript
 
-        summary["transcript"] = str(simulate_transcript(cfg, transcript, corrupted=corrupted))
+        summary["transcript"] = str(
+            simulate_transcript(cfg, transcript, corrupted=corrupted, departures=departures)
+        )
     if as_json:
         typer.echo(json.dumps(summary))
     else:
         _print_table(summary)
 
 
-def _run_with_progress(cfg: Any) -> Any:
+def _run_with_progress(cfg: Any, departures: dict[int, int]) -> Any:
     from ..sim import simulate
 
     if not sys.stderr.isatty():
-        return simulate(cfg)
+        return simulate(cfg, departures=departures)
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 
     with Progress(
@@ -167,7 +178,7 @@ def _run_with_progress(cfg: Any) -> Any:
         def report(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        return simulate(cfg, progress=report)
+        return simulate(cfg, progress=report, departures=departures)
 
 
 def _print_table(summary: SimSummary) -> None:
@@ -195,3 +206,7 @@ def _print_table(summary: SimSummary) -> None:
     ):
         table.add_row(str(r), f"{p:.3f}", f"{m:.3f}")
     console.print(table)
+    if summary.get("departed"):
+        console.print(
+            f"departed: {summary['departed']} (node: iteration); components: {summary['components']}"
+        )

@@ -97,6 +97,13 @@ def run_testbed_command(
     values_file: ValuesFileOpt = None,
     config: ConfigOpt = None,
     neighbour_timeout: Annotated[float, typer.Option(help="seconds a node waits at a barrier")] = 60.0,
+    depart: Annotated[
+        str | None,
+        typer.Option(
+            help="node@iteration,...: SIGKILL these node processes for good at those iterations; the others"
+            " finish with their own aggregate (README 'Nodes that leave')"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
     out: Annotated[
         Path | None,
@@ -118,6 +125,7 @@ def run_testbed_command(
     from rich.console import Console
 
     from ..config import load_config
+    from ..departure import parse_departures
     from ..lab.testbed import run_testbed
     from ..scale import config_warnings
 
@@ -149,6 +157,7 @@ def run_testbed_command(
     if broker_kind not in ("auto", "mosquitto", "amqtt"):
         raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")
     corrupted = parse_corrupt(corrupt, cfg.n)
+    departures = parse_departures(depart)
     if out is not None:
         claim_out(out, TESTBED_FILES, force=force)
     console = Console(stderr=as_json)
@@ -172,6 +181,7 @@ def run_testbed_command(
             out_dir=out_dir,
             neighbour_timeout=neighbour_timeout,
             on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+            departures=departures,
         )
         return report(summary)
 
@@ -207,6 +217,9 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
     for i in range(s["n"]):
         key = str(i)
         exp = s["exposures"].get(key)
+        if key in s["departed"]:
+            table.add_row(key, f"{s['private_values'][key]:.6g}", f"departed at t={s['departed'][key]}", "-")
+            continue
         if i in s["corrupted"]:
             learned = "corrupted: forwards s_i"
         elif exp is not None:
@@ -230,6 +243,13 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
     hint = (
         "" if s["exact"] else " [dim]- not converged: raise --t-max (or --c/--mu-z, see `nlagg tune`)[/dim]"
     )
+    if s["departed"]:
+        console.print(f"departed: {s['departed']} (node: iteration); survivors: {s['survivors']}")
+        if s["graph_split"]:
+            console.print("[yellow]the departures split the graph: one result per component[/yellow]")
+            for comp in s["components"]:
+                ok = "exact" if comp["exact"] else "NOT exact"
+                console.print(f"  component {comp['members']}: true aggregate {comp['true_value']}, {ok}")
     console.print(f"true aggregate {s['true_value']}: {verdict} (MSE {s['mse']:.3g}){hint}")
     console.print(
         f"{s['iterations']} iterations, {s['rounds_per_second']:.1f} rounds/s, "

@@ -13,8 +13,9 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from ..arrays import FloatArray
+from ..arrays import FloatArray, IntArray
 from ..config import RunConfig
+from ..departure import components, survivors
 from ..runtime.public import run_edges
 from ..scale import scale_for
 from ..schedule import distance_to, plan_phases
@@ -22,11 +23,14 @@ from ..sim.output import Manifest, package_versions
 
 __all__ = [
     "CaptureOutcome",
+    "Component",
+    "Departures",
     "ExposureCheck",
     "NodeReport",
     "RunOutcome",
     "TestbedSummary",
     "capture_outcome",
+    "departure_outcome",
     "run_outcome",
     "write_outputs",
 ]
@@ -89,7 +93,24 @@ class CaptureOutcome(TypedDict):
     exposures: dict[str, ExposureCheck]
 
 
-class TestbedSummary(RunOutcome, CaptureOutcome):
+class Component(TypedDict):
+    """One connected part of the surviving graph and what its nodes computed."""
+
+    members: list[int]
+    true_value: float | list[float]
+    exact: bool
+
+
+class Departures(TypedDict):
+    """Who left the run (``nlagg testbed --depart``, :mod:`nlagg_node.departure`)."""
+
+    departed: dict[str, int]  # node -> the iteration it departed at (its last x was x^(t-1))
+    survivors: list[int]
+    components: list[Component]
+    graph_split: bool
+
+
+class TestbedSummary(RunOutcome, CaptureOutcome, Departures):
     """``nlagg testbed --json`` and ``summary.json``."""
 
     broker: str  # mosquitto, amqtt or external
@@ -109,14 +130,26 @@ def run_outcome(
     results: list[NodeReport],
     corrupt: set[int],
     node_wall: float,
+    node_truth: tuple[FloatArray, FloatArray] | None = None,
 ) -> RunOutcome:
-    """What the nodes computed, checked against the ground truth."""
+    """What the nodes computed, checked against the ground truth.
+
+    With departures, ``results`` holds the survivors only and ``node_truth`` each node's truth
+    ``(n, k)`` (its component's aggregate, :func:`~nlagg_node.sim.departures.survivor_truth`).
+    """
     planned = sum(p.t_len for p in plan_phases(cfg))  # every iteration, unless phases stopped early
     t_total = max((int(r.get("iterations", planned)) for r in results), default=planned)
     lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
     outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
+    nodes = sorted(outputs)
     span = scale_for(cfg).span
-    err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in range(cfg.n)]) / span
+    if node_truth is None:
+        err = np.array([distance_to(np.array(outputs[i]), lo, hi) for i in nodes]) / span
+    else:
+        err = np.array(
+            [distance_to(np.array(outputs[i]), *(np.ravel(a[i]) for a in node_truth)) for i in nodes]
+        )
+        err = err / span
     slowest = max(float(r["seconds"]) for r in results)
     single = cfg.op != "topk"
     return {
@@ -128,7 +161,7 @@ def run_outcome(
         "seed": cfg.seed,
         "true_value": float(lo[0]) if single and lo[0] == hi[0] else [float(v) for v in lo],
         "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
-        "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in range(cfg.n)},
+        "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in nodes},
         "exact": bool((err <= 1e-9).all()),
         "mse": float(((err * span) ** 2).sum(axis=1).mean()),
         "value_range": list(cfg.value_range) if cfg.value_range is not None else None,
@@ -138,6 +171,32 @@ def run_outcome(
         "rounds_per_second": t_total / slowest if slowest > 0 else 0.0,
         "node_wall_seconds": node_wall,
         "messages_rejected_by_nodes": sum(r["rejected"] for r in results),
+    }
+
+
+def departure_outcome(
+    cfg: RunConfig,
+    departed: dict[int, int],
+    edges: IntArray,
+    node_truth: tuple[FloatArray, FloatArray],
+    outputs: dict[int, list[float]],
+) -> Departures:
+    """Who left, who stayed, and each connected part of the survivors with its own exact result."""
+    comps = components(cfg.n, edges, departed)
+    span = scale_for(cfg).span
+    out: list[Component] = []
+    for comp in comps:
+        lo, hi = np.ravel(node_truth[0][comp[0]]), np.ravel(node_truth[1][comp[0]])
+        err = max(float(distance_to(np.array(outputs[i]), lo, hi).max()) for i in comp) / span
+        true: float | list[float] = (
+            float(lo[0]) if cfg.op != "topk" and lo[0] == hi[0] else [float(v) for v in lo]
+        )
+        out.append({"members": comp, "true_value": true, "exact": err <= 1e-9})
+    return {
+        "departed": {str(j): t for j, t in sorted(departed.items())},
+        "survivors": survivors(cfg.n, departed),
+        "components": out,
+        "graph_split": len(comps) > 1,
     }
 
 

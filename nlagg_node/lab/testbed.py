@@ -26,6 +26,7 @@ from adversary.transcript import Transcript
 from ..argv import node_argv, this_python
 from ..arrays import FloatArray
 from ..config import RunConfig
+from ..departure import check_departures, components
 from ..errors import ConfigError, NlaggError, TestbedError
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
@@ -34,9 +35,17 @@ from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.wire import check_run_id, encode, topics
 from ..scale import check_node_value, check_start, scale_for
-from ..schedule import true_aggregate
+from ..schedule import plan_phases, true_aggregate
+from ..sim.departures import survivor_truth
 from .children import Child, start_eavesdropper
-from .summary import NodeReport, TestbedSummary, capture_outcome, run_outcome, write_outputs
+from .summary import (
+    NodeReport,
+    TestbedSummary,
+    capture_outcome,
+    departure_outcome,
+    run_outcome,
+    write_outputs,
+)
 
 __all__ = ["new_run_id", "run_testbed"]
 
@@ -94,6 +103,7 @@ class _Nodes:
     prefix: str
     corrupt: set[int]
     timeout: float  # seconds a node waits at a barrier
+    departures: dict[int, int]  # node -> T: killed (SIGKILL) once its neighbours hold its x^(T-1)
 
 
 async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
@@ -114,6 +124,8 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                 seed=cfg.seed,  # its z^(0) are those of the simulator
                 as_json=True,
                 corrupt=i in run.corrupt,
+                leave_after=run.departures.get(i),
+                leave_by="kill" if i in run.departures else None,
                 program=this_python(),
             )
             procs.append(await Child.start(argv, log=workdir / f"node-{i}.log"))
@@ -124,6 +136,12 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     results = []
     try:
         for i, (p, rc) in enumerate(zip(procs, codes, strict=True)):
+            if i in run.departures:
+                if rc >= 0:  # it should have been killed at its departure
+                    raise TestbedError(
+                        f"node {i} was to depart at t={run.departures[i]} but exited with {rc}"
+                    )
+                continue
             if rc != 0 or not p.events:
                 tail = (workdir / f"node-{i}.log").read_text(errors="replace").strip().splitlines()[-3:]
                 raise TestbedError(f"node {i} exited with {rc}: {' | '.join(tail)}")
@@ -186,6 +204,7 @@ async def run_testbed(
     neighbour_timeout: float = 60.0,
     eavesdropper_nice: int = 10,
     on_event: Callable[[str], None] | None = None,
+    departures: dict[int, int] | None = None,
 ) -> TestbedSummary:
     """Run one testbed and return its summary (see the issue's ``--json`` fields).
 
@@ -197,6 +216,10 @@ async def run_testbed(
     ``eavesdropper_nice`` lowers the eavesdropper process's CPU priority by that much (0: as
     the launcher). It still stores every message (the run fails otherwise); it only yields the
     CPU to the nodes while they compute and catches up in their idle time.
+
+    ``departures`` ``{node: T}``: that node process is killed (SIGKILL, no clean leave) once its
+    neighbours hold its x^(T-1) (:mod:`nlagg_node.departure`); the survivors' outputs are checked
+    against the aggregate of their own connected component.
     """
     from ..sim.values import run_values
 
@@ -213,7 +236,23 @@ async def run_testbed(
     for v in values:
         check_start(cfg, float(v))  # refuse before any broker or node starts (each node checks too)
     edges = run_edges(cfg)
-    truth_lo, truth_hi = true_aggregate(cfg, values[None])
+    departures = dict(departures or {})
+    check_departures(departures, cfg.n, sum(p.t_len for p in plan_phases(cfg)), cfg.op, cfg.early_stop)
+    comps = components(cfg.n, edges, departures)
+    if cfg.op == "topk" and min(len(c) for c in comps) < cfg.k:
+        small = min(comps, key=len)
+        raise ConfigError(
+            "depart", departures, f"top-K with k={cfg.k} leaves component {small} too few nodes"
+        )
+    if departures and in_process:
+        raise ConfigError(
+            "depart", departures, "kills node processes: run one process per node (--processes)"
+        )
+    if departures:
+        in_process = False
+    truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # all without departures
+    node_truth = survivor_truth(cfg, values[None], [comps])
+    node_truth = (node_truth[0][0], node_truth[1][0])
     t = topics(prefix, run_id)
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
@@ -242,7 +281,7 @@ async def run_testbed(
         await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout)
+        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures)
         results = await (_run_in_process(nodes) if in_process else _run_processes(nodes, workdir))
         node_wall = time.perf_counter() - t_nodes
         finished = await eaves.wait_finished(30.0)
@@ -258,8 +297,10 @@ async def run_testbed(
                 if st.state == "done"
             }
             stored = transcript.count()
+        outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
         summary: TestbedSummary = {
-            **run_outcome(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall),
+            **run_outcome(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall, node_truth),
+            **departure_outcome(cfg, departures, edges, node_truth, outputs),
             **capture_outcome(cfg, values, corrupt, eaves.exposures, captured, stored, finished),
             "broker": kind,
             "broker_url": url,

@@ -78,9 +78,11 @@ async def run_members(members: list[Member], router: Router, transport: Transpor
         loops = [PdmmLoop(members)]
 
     def session(present: bool) -> None:
-        if not present:  # the broker lost what it had queued: publish again what may be missing
-            for m in members:
+        for m in members:
+            if not present:  # the broker lost what it had queued: publish again what may be missing
                 m.outbox.republish()
+            else:  # it kept the session but sent our last will: we are back, not departed
+                m.outbox.republish_status()
 
     transport.on_reconnect(session)
     try:
@@ -201,6 +203,9 @@ class PdmmLoop:
         left = await self.iterate()
         if left is not None:  # the lone node leaves the run cleanly
             (m,) = members
+            if m.leave_quietly:  # a neighbour's x^(T) proves it holds our x^(T-1)
+                await m.x_in.take(left)
+                return [m.left(left)]
             result = m.left(left)
             await m.status("leaving", iterations=left)
             return [result]

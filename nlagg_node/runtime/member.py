@@ -79,6 +79,7 @@ class Member:
         checkpoint: CheckpointStore | None = None,
         departure_timeout: float | None = None,
         leave_after: int | None = None,
+        leave_quietly: bool = False,
     ) -> None:
         self.cfg = cfg.resolved()
         if not 0 <= node_id < self.cfg.n:
@@ -108,7 +109,8 @@ class Member:
                 f"must lie between 0 and the neighbour timeout ({neighbour_timeout:g} s)",
             )
         self.departed: dict[int, int] = {}
-        self.leave_at = leave_after  # publish x^(0..T-1), then leave cleanly (None: stay)
+        self.leave_at = leave_after  # publish x^(0..T-1), then leave (None: stay)
+        self.leave_quietly = leave_quietly  # no 'leaving': wait until every neighbour holds x^(T-1)
         self.running = False
         self.has_left = False
         self._told: dict[int, dict[str, int]] = {}  # the departures each neighbour has announced

@@ -75,6 +75,8 @@ class Node(Member):
         counts as departed for good (:mod:`nlagg_node.departure`); a third of ``neighbour_timeout``
         by default.
     leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
+    leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T) (so
+        holds x^(T-1)), for a caller that then dies (``nlagg testbed --depart``: SIGKILL, the will).
     """
 
     def __init__(
@@ -95,11 +97,13 @@ class Node(Member):
         checkpoint: CheckpointStore | None = None,
         departure_timeout: float | None = None,
         leave_after: int | None = None,
+        leave_quietly: bool = False,
     ) -> None:
         super().__init__(
             cfg, node_id, value, transport, run_id=run_id, prefix=prefix, edges=edges, corrupt=corrupt,
             seed=seed, neighbour_timeout=neighbour_timeout, startup_timeout=startup_timeout,
             checkpoint=checkpoint, departure_timeout=departure_timeout, leave_after=leave_after,
+            leave_quietly=leave_quietly,
         )  # fmt: skip
         self.own_transport = own_transport
         self.router = Router([self], self._undecodable, self.reject)

@@ -104,6 +104,11 @@ class Outbox:
         for t in sorted(self.x):
             self.transport.publish_nowait(self.x_topic, self.x[t], qos=1)
 
+    def republish_status(self) -> None:
+        """Our status again (it replaces the ``offline`` will a lost connection left retained)."""
+        if self.status is not None:
+            self.transport.publish_nowait(self.status_topic, self.status, qos=1, retain=True)
+
     def republish(self) -> None:
         """Our connection lost its session: everything a neighbour (or the eavesdropper) may miss."""
         if self.status is not None:

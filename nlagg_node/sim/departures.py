@@ -17,7 +17,7 @@ import numpy as np
 
 from ..arrays import FloatArray, IntArray
 from ..config import RunConfig
-from ..departure import check_departures, components, kept_edges
+from ..departure import check_departures, components, drop_pairs
 from ..errors import ConfigError
 from ..graphs import EdgeLayout
 from ..schedule import distance_to, true_aggregate
@@ -35,6 +35,7 @@ class SimDepartures:
         self.n, self.trials = cfg.n, len(graphs)
         self.at = dict(sorted(departures.items(), key=lambda kv: (kv[1], kv[0])))
         self.gone: set[int] = set()
+        self.pairs_kept = np.ones(sum(len(g) for g in graphs), dtype=bool)  # over the run's pairs
         self.components = [components(cfg.n, g, departures) for g in graphs]
         if cfg.op == "topk":
             small = [c for comps in self.components for c in comps if len(c) < cfg.k]
@@ -58,17 +59,18 @@ class SimDepartures:
     ) -> tuple[EdgeLayout, FloatArray, IntArray]:
         """Drop the edge pairs of ``nodes`` (every trial); the new layout, duals and trial pair starts."""
         self.gone.update(nodes)
-        h = layout.n_pairs
-        n = self.n
-        lo, hi = layout.dst[:h], layout.src[:h]  # first half: hi -> lo
-        keep = kept_edges(lo % n, hi % n, self.gone)
-        both = np.concatenate([keep, keep])
-        src, dst, sign = layout.src[both], layout.dst[both], layout.sign[both]
-        degree = np.bincount(src, minlength=layout.n_nodes).astype(np.float64)
-        new = EdgeLayout(n=n, trials=layout.trials, src=src, dst=dst, sign=sign, degree=degree)
-        counts = np.bincount(lo[keep] // n, minlength=self.trials)
+        new, kept_u, keep = drop_pairs(layout, u, self.gone)
+        self.pairs_kept[np.flatnonzero(self.pairs_kept)[~keep]] = False
+        counts = np.bincount(layout.dst[: layout.n_pairs][keep] // self.n, minlength=self.trials)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return new, np.ascontiguousarray(u[both]), starts
+        return new, kept_u, starts
+
+    def full_order(self, z: FloatArray) -> FloatArray:
+        """Per-edge values of the current layout on the run's layout, NaN for the departed edges."""
+        both = np.concatenate([self.pairs_kept, self.pairs_kept])
+        out = np.full(len(both), np.nan)
+        out[both] = z
+        return out
 
     def mask_values(self, s_eff: FloatArray) -> FloatArray:
         """``s_eff`` with NaN for the departed nodes of every trial (their x is NaN from then on)."""

@@ -71,7 +71,7 @@ class SimResult:
     phase_iterations: IntArray  # (B, phases) iterations each phase ran (t_len, or fewer with early stop)
     recorded_t: IntArray  # (R,)
     recorded_x: FloatArray  # (R, B, n), in protocol units (what the wire carries; see nlagg_node.scale)
-    z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order
+    z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order (NaN: edge departed)
     wall_seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
     departed: dict[int, int] = field(default_factory=dict)  # node -> T: its last x is x^(T-1)
@@ -207,6 +207,8 @@ def simulate(
         if phase.group != group:
             group = phase.group
             u, z0[group] = _draw_signed_duals(phase, layout, gens, order, starts)
+            if dep is not None:
+                z0[group] = dep.full_order(z0[group])
             identified = []
         if phase.objective.kind == "quadratic":
             # The first x of an average phase solves for s_i wherever the duals are known.
@@ -268,6 +270,11 @@ def simulate(
             loop_seconds += time.perf_counter() - tick
             gone = dep.due(t0 + stop) if dep is not None else []
             if dep is not None and gone:
+                # Their x^(T) was computed here but never published: not recorded, matches nothing.
+                cols = (np.arange(B)[:, None] * n + np.array(gone)[None, :]).ravel()
+                recorded_flat[record == t0 + stop - 1, cols[:, None]] = np.nan
+                late = cols[first_match[cols] == t0 + stop - 1]
+                matched[late], first_match[late] = False, -1
                 layout, u, pair_start = dep.apply(gone, layout, u, pair_start)
                 order, starts = _out_edge_slices(layout)
                 E = len(layout.src)

@@ -11,6 +11,7 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
+from ..arrays import BoolArray, IntArray
 from .engine import SimResult
 
 _PACKAGES = ("nlagg", "numpy", "scipy", "networkx", "pydantic")
@@ -54,6 +55,12 @@ class SimSummary(TypedDict):
     iterations_run: float  # median over trials of the iterations every phase ran
     wall_seconds: float
     transcript: NotRequired[str]  # with --transcript: the simulated transcript's path
+    final_x: NotRequired[
+        dict[str, float | list[float] | None]
+    ]  # one trial: each node's output (None: departed)
+    departed: NotRequired[dict[str, int]]  # --depart: node -> the iteration it left at
+    survivors: NotRequired[list[int]]
+    components: NotRequired[list[list[int]]]  # trial 0's connected parts of the survivors
     warnings: NotRequired[list[str]]  # one line per operator/init choice that exposes values by construction
 
 
@@ -62,6 +69,21 @@ def summarize(result: SimResult) -> SimSummary:
     cfg = result.config
     conv = result.converged_iterations
     ok = conv >= 0
+    out = _summary(result, conv, ok)
+    if cfg.trials == 1:
+        out["final_x"] = {
+            str(i): None if np.isnan(v).any() else (float(v) if v.ndim == 0 else [float(a) for a in v])
+            for i, v in enumerate(result.output[0])
+        }
+    if result.departed:
+        out["departed"] = {str(j): t for j, t in sorted(result.departed.items())}
+        out["survivors"] = [i for i in range(cfg.n) if i not in result.departed]
+        out["components"] = result.components[0]
+    return out
+
+
+def _summary(result: SimResult, conv: IntArray, ok: BoolArray) -> SimSummary:
+    cfg = result.config
     return {
         "op": cfg.op,
         "n": cfg.n,
