@@ -217,8 +217,9 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
     for i in range(s["n"]):
         key = str(i)
         exp = s["exposures"].get(key)
-        if key in s["departed"]:
-            table.add_row(key, f"{s['private_values'][key]:.6g}", f"departed at t={s['departed'][key]}", "-")
+        departed = s.get("departed", {})
+        if key in departed:
+            table.add_row(key, f"{s['private_values'][key]:.6g}", f"departed at t={departed[key]}", "-")
             continue
         if i in s["corrupted"]:
             learned = "corrupted: forwards s_i"
@@ -243,7 +244,7 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
     hint = (
         "" if s["exact"] else " [dim]- not converged: raise --t-max (or --c/--mu-z, see `nlagg tune`)[/dim]"
     )
-    if s["departed"]:
+    if s.get("departed"):
         console.print(f"departed: {s['departed']} (node: iteration); survivors: {s['survivors']}")
         if s["graph_split"]:
             console.print("[yellow]the departures split the graph: one result per component[/yellow]")
