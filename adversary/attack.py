@@ -379,6 +379,7 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
     from nlagg_node.scale import scale_for
     from nlagg_node.schedule import phase_c, plan_phases
 
+    from .live import forwarded_z0
     from .transcript import Transcript
 
     p = Path(path)
@@ -390,7 +391,10 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
         phases = plan_phases(cfg)
         t_total = sum(ph.t_len for ph in phases)
         scale = scale_for(cfg)
-        corrupted = {m.node: scale.user_float(float(m.s)) for m in tr.adv_states()}
+        states = tr.adv_states()
+        corrupted = {m.node: scale.user_float(float(m.s)) for m in states}
+        # What the wire showed, what the config fixes, and what the corrupted nodes forwarded.
+        z0 = forwarded_z0(cfg.n, edges, phases, public_z0(cfg, edges, phases, tr.z0(cfg.n, edges)), states)
         return {
             "scale": scale,
             "cfg": cfg,
@@ -400,12 +404,30 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
             "phases": phases,
             "cs": [phase_c(cfg, ph) for ph in phases],
             "theta": cfg.theta,
-            "z0": tr.z0(cfg.n, edges),
+            "z0": z0,
             "x": tr.x(cfg.n, t_total),
             "corrupted": corrupted,
             "statuses": (statuses := tr.statuses()),
             "departed": announced(st.departed for st in statuses.values()),
         }
+
+
+def public_z0(
+    cfg: RunConfig, edges: IntArray, phases: Sequence[Phase], captured: Mapping[str, FloatArray]
+) -> dict[str, FloatArray]:
+    """The captured z^(0), plus those the public configuration fixes: a sealed group without a
+    random part (``init none``, ``sigma_z = 0``) is ``a_ij`` times its mean on every edge."""
+    from nlagg_node.graphs import EdgeLayout
+    from nlagg_node.schedule import sealed_groups_of, secret_groups_of
+
+    layout = EdgeLayout.from_graphs(cfg.n, [edges])
+    out = {g: np.asarray(z, dtype=np.float64).copy() for g, z in captured.items()}
+    fixed = sealed_groups_of(cfg, list(phases)) - secret_groups_of(cfg, list(phases))
+    for ph in phases:
+        if ph.group in fixed and ph.group not in out:
+            mean = 0.0 if ph.init.kind == "zero" else ph.init.mean_per_sign()
+            out[ph.group] = layout.sign * mean
+    return out
 
 
 def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackReport:

@@ -33,8 +33,9 @@ from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
 from nlagg_node.scale import ValueScale, scale_for
-from nlagg_node.schedule import phase_c, plan_phases
+from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
 
+from .attack import public_z0
 from .capture import AckingSubscriber, accepts_anonymous
 from .live import BRANCH_NAMES, Exposure, LiveReplay
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
@@ -258,6 +259,8 @@ class Eavesdropper:
         elif isinstance(msg, AdvStateMsg):
             v = self.view(msg.node)
             v.corrupted = True
+            if self.replay is not None:
+                self.replay.add_state(msg)  # its edges' z^(0) of a group starting at msg.t
             v.private_value = self.scale.user_float(msg.s)
         elif isinstance(msg, StatusMsg):
             v = self.view(msg.node)
@@ -284,10 +287,13 @@ class Eavesdropper:
         cfg, edges = config_from_msg(msg)
         self.scale = scale_for(cfg)
         phases = plan_phases(cfg)
-        self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
+        cs = [phase_c(cfg, p) for p in phases]
+        self.replay = LiveReplay(cfg.n, edges, phases, cs, cfg.theta, sealed_groups_of(cfg, phases))
         # Catch up on what arrived before the config.
-        for group, arr in self.transcript.z0(cfg.n, edges).items():
+        for group, arr in public_z0(cfg, edges, phases, self.transcript.z0(cfg.n, edges)).items():
             self.replay.z0[group] = arr
+        for state in self.transcript.adv_states():
+            self.replay.add_state(state)
         x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
         for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):
             self.replay.add_x(int(i), int(t), float(x[i, t]))

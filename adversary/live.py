@@ -11,12 +11,17 @@ A node that departs at T (:mod:`nlagg_node.departure`, announced in its neighbou
 publishes no x from T on; the replay drops its edges after the z-update of T, as the nodes do
 (:func:`nlagg_node.departure.drop_pairs`).
 
+With a sealed initialization (wire protocol v2) the z^(0) of a sealed group never appear in
+plaintext; the adversary knows only those a corrupted node forwards (its state at the group's
+first iteration holds the z^(0) of its edges, both directions). Every other dual stays NaN, so
+the nodes on those edges stay ``unknown``: exactly the threat model of :mod:`nlagg_node.threat`.
+
 All equations come from :mod:`nlagg_node.pdmm`; the replay adds only bookkeeping.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,9 +31,10 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import dual_sum, linear_branch, z_update
+from nlagg_node.runtime.wire import AdvStateMsg
 from nlagg_node.schedule import Phase
 
-__all__ = ["BRANCH_NAMES", "Exposure", "Exposures", "LiveReplay", "replay_exposures"]
+__all__ = ["BRANCH_NAMES", "Exposure", "Exposures", "LiveReplay", "forwarded_z0", "replay_exposures"]
 
 
 UNKNOWN, LOW, HIGH, VALUE, SOLVED = -1, 0, 1, 2, 3
@@ -69,12 +75,20 @@ class Exposures:
 class LiveReplay:
     """The replay, one iteration at a time, for a live eavesdropper.
 
-    Feed z^(0) with :meth:`set_z0` and x's with :meth:`add_x`; each call of :meth:`advance`
-    processes every iteration whose x's are all known and returns the new exposures.
+    Feed z^(0) with :meth:`set_z0` (and corrupted nodes' states with :meth:`add_state`) and x's
+    with :meth:`add_x`; each call of :meth:`advance` processes every iteration whose x's are all
+    known and returns the new exposures. A plain group waits for all its z^(0); a ``sealed`` one
+    (whose z^(0) the wire never shows) starts with what the corrupted nodes forwarded.
     """
 
     def __init__(
-        self, n: int, edges: IntArray, phases: Sequence[Phase], cs: Sequence[float], theta: float
+        self,
+        n: int,
+        edges: IntArray,
+        phases: Sequence[Phase],
+        cs: Sequence[float],
+        theta: float,
+        sealed: Iterable[str] = (),
     ) -> None:
         self.n = n
         self.layout = EdgeLayout.from_graphs(n, [np.asarray(edges, dtype=np.int64)])
@@ -100,6 +114,10 @@ class LiveReplay:
         self.pairs_kept = np.ones(self.layout.n_pairs, dtype=bool)
         self.departed: dict[int, int] = {}
         self._gone_at = np.zeros(self.t_total + 1, dtype=np.int64)  # departed nodes silent at t
+        self.sealed = frozenset(sealed)
+        self._first_t: dict[str, int] = {}  # group -> its first iteration
+        for p, start in zip(self.phases, self._starts, strict=False):
+            self._first_t.setdefault(p.group, int(start))
 
     def depart(self, j: int, t: int) -> None:
         """Node j departed at t (its last x was x^(t-1)): from t on nobody waits for it."""
@@ -113,6 +131,21 @@ class LiveReplay:
         e = self.index.get((i, j))
         if e is not None:
             arr[e] = z
+
+    def add_state(self, msg: AdvStateMsg) -> None:
+        """A corrupted node's forwarded state: at a group's first iteration, the z^(0) of its edges."""
+        for group, t0 in self._first_t.items():
+            if msg.t != t0:
+                continue
+            arr = self.z0.setdefault(group, np.full(len(self.full.src), np.nan))
+            for j, z in msg.z.items():
+                e = self.index.get((msg.node, int(j)))
+                if e is not None and np.isnan(arr[e]):
+                    arr[e] = z
+            for j, z in msg.z_in.items():
+                e = self.index.get((int(j), msg.node))
+                if e is not None and np.isnan(arr[e]):
+                    arr[e] = z
 
     def add_x(self, i: int, t: int, x: float) -> None:
         if 0 <= i < self.n and 0 <= t < self.t_total and np.isnan(self.x[i, t]):
@@ -141,7 +174,7 @@ class LiveReplay:
         if self._seen[t] < self.n - self._gone_at[t]:
             return False
         phase = self.phases[self._phase_of[t]]
-        if phase.group != self._group:
+        if phase.group != self._group and phase.group not in self.sealed:
             z = self.z0.get(phase.group)
             return z is not None and not bool(np.isnan(self._kept(z)).any())
         return True
@@ -209,6 +242,26 @@ class LiveReplay:
 
     def result(self) -> Exposures:
         return Exposures(self.branch.copy(), self.first.copy(), self.value.copy())
+
+
+def forwarded_z0(
+    n: int,
+    edges: IntArray,
+    phases: Sequence[Phase],
+    z0: Mapping[str, FloatArray],
+    states: Iterable[AdvStateMsg],
+) -> dict[str, FloatArray]:
+    """``z0`` (group -> EdgeLayout order, NaN where unknown) completed by the corrupted nodes' states.
+
+    A corrupted node forwards its duals every iteration; at the first iteration of a dual group
+    they are that group's z^(0) on each of its edges, in both directions (sealed or not).
+    """
+    replay = LiveReplay(n, edges, phases, [1.0] * len(phases), 0.5)
+    for group, arr in z0.items():
+        replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
+    for msg in states:
+        replay.add_state(msg)
+    return replay.z0
 
 
 def replay_exposures(

@@ -16,7 +16,8 @@ A node that departs at T (:mod:`nlagg_node.departure`) is announced in its neigh
 before they publish x^(T+1) (they say so first): from then on its x^(T-1) is the last one its
 neighbours' x's wait for, and an x of it from T on is refused, as the nodes refuse it.
 
-z^(0) must travel along an edge of the graph and belong to a dual group of the schedule; statuses,
+z^(0) must travel along an edge of the graph and belong to a dual group of the schedule, sealed
+(protocol v2) exactly where the run seals that group (a node refuses the other form); statuses,
 adversary states and every iteration counter are bounded by the run. The rules need the run's
 public configuration; every size they allocate comes from it once validated.
 """
@@ -29,8 +30,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
-from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg
-from nlagg_node.schedule import plan_phases
+from nlagg_node.runtime.wire import (
+    AdvStateMsg,
+    ConfigMsg,
+    KeyMsg,
+    SealedZ0Msg,
+    StatusMsg,
+    WireMessage,
+    XMsg,
+    Z0Msg,
+)
+from nlagg_node.schedule import plan_phases, sealed_groups_of
 
 __all__ = ["RunRules"]
 
@@ -54,6 +64,7 @@ class RunRules:
         # With early stopping a phase may end before its t_len: its successor's first x follows a gap.
         self._jumps = set(self._starts[1:]) if cfg.early_stop else set()
         self.groups = {p.group for p in phases}
+        self.sealed = sealed_groups_of(cfg, phases)
         nbrs: list[list[int]] = [[] for _ in range(self.n)]
         for a, b in edges.tolist():
             nbrs[a].append(b)
@@ -75,11 +86,20 @@ class RunRules:
         """Why a node would not use ``msg`` (None: it would, when first for its slot)."""
         if isinstance(msg, XMsg):
             return self._x(msg)
-        if isinstance(msg, Z0Msg):
+        if isinstance(msg, Z0Msg | SealedZ0Msg):
             if (msg.from_, msg.to) not in self.directed:
                 return f"z0 from node {msg.from_} to node {msg.to}: not an edge of the run's graph"
             if msg.group not in self.groups:
                 return f"z0 for unknown dual group {msg.group!r}"
+            if isinstance(msg, SealedZ0Msg) != (msg.group in self.sealed):
+                how = "sealed (v2)" if isinstance(msg, SealedZ0Msg) else "plaintext (v1)"
+                return f"z0 of group {msg.group!r} is {how}; the run exchanges it the other way"
+            return None
+        if isinstance(msg, KeyMsg):
+            if msg.node >= self.n:
+                return f"key of node {msg.node}: the run has nodes 0..{self.n - 1}"
+            if not self.sealed:
+                return "a public key in a run that seals no z^(0)"
             return None
         if isinstance(msg, StatusMsg):
             if msg.node >= self.n:

@@ -21,8 +21,9 @@ from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout, neighbours
 from nlagg_node.scale import scale_for
-from nlagg_node.schedule import phase_c
+from nlagg_node.schedule import phase_c, sealed_groups_of, secret_groups_of
 from nlagg_node.sim import SimResult
+from nlagg_node.threat import known_duals
 
 from .attack import AttackReport, attack_arrays, score
 
@@ -46,6 +47,19 @@ def trial_z0(result: SimResult, trial: int) -> dict[str, FloatArray]:
         group: np.concatenate([z[off : off + h], z[total + off : total + off + h]])
         for group, z in result.z0.items()
     }
+
+
+def adversary_z0(result: SimResult, trial: int, corrupted: Sequence[int] = ()) -> dict[str, FloatArray]:
+    """The z^(0) of one trial as the adversary knows them: NaN for a secret (sealed, random) group's
+    duals, except on the edges of the ``corrupted`` nodes, which forward them."""
+    cfg = result.config
+    secret = secret_groups_of(cfg, result.phases)
+    layout = EdgeLayout.from_graphs(cfg.n, [result.graphs[trial]])
+    out: dict[str, FloatArray] = {}
+    for group, z in trial_z0(result, trial).items():
+        known = known_duals(group in secret, layout.src, layout.dst, [int(c) for c in corrupted])
+        out[group] = np.where(known, z, np.nan)
+    return out
 
 
 def trial_x(result: SimResult, trial: int) -> FloatArray:
@@ -72,7 +86,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         result.phases,
         [phase_c(cfg, ph) for ph in result.phases],
         cfg.theta,
-        trial_z0(result, trial),
+        adversary_z0(result, trial, corrupted),
         trial_x(result, trial),
         op=cfg.op,
         epsilon=cfg.epsilon,
@@ -100,11 +114,13 @@ def write_sim_transcript(
     """Write trial ``trial`` of a simulation as an eavesdropper transcript (SQLite).
 
     Messages are those a testbed run publishes, encoded by the wire protocol: the
-    retained config, z^(0) of every directed edge and dual group, x_i^(t) of every node
-    and iteration, a ``done`` status per node with its final x per phase and its output,
-    and for every corrupted node one forwarded state at t = 0 (its value and duals; later
-    duals follow from the public recursion). The simulation must record every iteration
-    (``record='all'``). An existing file is refused rather than mixed with another run.
+    retained config, z^(0) of every directed edge and dual group (in plaintext; a sealed
+    group's are left out, as the wire never shows them), x_i^(t) of every node and iteration,
+    a ``done`` status per node with its final x per phase and its output, and for every
+    corrupted node its forwarded state at the first iteration of each dual group (its value
+    and that group's z^(0); the duals between follow from the public recursion). The
+    simulation must record every iteration (``record='all'``). An existing file is refused
+    rather than mixed with another run.
     The ground truth (values the dynamics used, first matching events) goes to a
     separate ``<path>.truth.json`` for scoring. Returns the transcript's path.
     """
@@ -132,7 +148,10 @@ def write_sim_transcript(
     with Transcript(out, run_id=rid, prefix=prefix) as tr:
         tr.set_meta("source", f"nlagg simulator, trial {trial}, seed {cfg.seed}")
         tr.add(tp.config, encode(build_config_msg(cfg, rid, edges)), retained=True, received=0.0)
+        sealed = sealed_groups_of(cfg, result.phases)
         for group, z in z0.items():
+            if group in sealed:
+                continue
             for e in range(len(z)):
                 i, j = int(layout.src[e]), int(layout.dst[e])
                 if np.isnan(z[e]):
@@ -159,14 +178,18 @@ def write_sim_transcript(
                     encode(XMsg(node=i, t=t, phase=str(names[t]), x=float(x[i, t]))),
                     received=float(t),
                 )
-        first = next(iter(z0.values()))
+        starts: dict[str, int] = {}
+        for ph, t0 in zip(result.phases, np.cumsum([0] + [p.t_len for p in result.phases]), strict=False):
+            starts.setdefault(ph.group, int(t0))
         scale = scale_for(cfg)
         for i, s_user in corrupt.items():
             s = scale.protocol_float(s_user)  # a node forwards the value it runs the protocol on
-            out_e = np.flatnonzero(layout.src == i)
-            zs = {str(int(layout.dst[e])): float(first[e]) for e in out_e}
-            zin = {str(int(layout.src[e])): float(first[e]) for e in np.flatnonzero(layout.dst == i)}
-            tr.add(tp.adv(i), encode(AdvStateMsg(node=i, t=0, s=s, z=zs, z_in=zin)), received=0.0)
+            for group, t0 in starts.items():
+                zg = z0[group]
+                zs = {str(int(layout.dst[e])): float(zg[e]) for e in np.flatnonzero(layout.src == i)}
+                zin = {str(int(layout.src[e])): float(zg[e]) for e in np.flatnonzero(layout.dst == i)}
+                adv = AdvStateMsg(node=i, t=t0, s=s, z=zs, z_in=zin)
+                tr.add(tp.adv(i), encode(adv), received=float(t0))
         for i in range(n):
             final_told = {str(j): t for j, t in sorted(gone.items()) if j in nbrs[i]} or None
             status = (

@@ -30,6 +30,7 @@ from nlagg_node.graphs import EdgeLayout
 from nlagg_node.runtime.wire import (
     AdvStateMsg,
     ConfigMsg,
+    SealedZ0Msg,
     StatusMsg,
     TopicInfo,
     WireMessage,
@@ -81,6 +82,8 @@ def row_fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | Non
         return msg.t, msg.phase, msg.x
     if isinstance(msg, Z0Msg):
         return None, msg.group, msg.z
+    if isinstance(msg, SealedZ0Msg):
+        return None, msg.group, None  # the value is sealed: the eavesdropper stores the ciphertext only
     if isinstance(msg, AdvStateMsg):
         return msg.t, None, msg.s
     if isinstance(msg, StatusMsg):

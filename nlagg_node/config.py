@@ -24,6 +24,7 @@ from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
+from .threat import InitChannel
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
 InitName = Literal[
@@ -74,6 +75,7 @@ class RunConfig(BaseModel):
     tolerance: float = Field(1e-9, gt=0)
     early_stop: bool = False
     stop_window: int = Field(100, ge=1, le=MAX_T_MAX)
+    init_channel: InitChannel = "auto"
 
     @field_validator(
         "c", "mu_z", "theta", "sigma_z", "sigma_s", "quantile", "epsilon", "prior_median", "radius"

@@ -13,8 +13,8 @@ simulator, the node's entry points (``nlagg node``, the testbed) and the adversa
 * :func:`check_values` refuses a value outside the declared range;
 * :func:`check_start` refuses a one-sided initialization whose start does not lie on the
   protected side of the value (of the whole range, when one is declared);
-* :func:`leak_warning` names operator/init pairs that expose every value under the current
-  threat model (protocol v1: every z^(0) is published).
+* :func:`leak_warning` names operator/init pairs that expose every value under the run's
+  threat model (:mod:`nlagg_node.threat`: which z^(0) the eavesdropper knows).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from numpy.typing import NDArray
 
 from .config import RunConfig
 from .errors import ConfigError
-from .threat import AVERAGE_DUALS_PUBLIC
 from .valuemap import ValueScale, scale_for
 
 FloatArray = NDArray[np.float64]
@@ -149,19 +148,25 @@ def leak_warning(cfg: RunConfig) -> str | None:
     """One line when the operator/init pair exposes every value under the current threat model.
 
     * Average consensus (``average``, the trimmed mean's average part): while the eavesdropper
-      sees its z^(0) (:data:`AVERAGE_DUALS_PUBLIC`), it solves ``s_i = x_i (1 + c d_i) + v_i``
-      for every node at the first average iteration, whatever the initialization.
+      knows its z^(0) (plaintext, ``--init-channel plain``, or sealed but not random), it solves
+      ``s_i = x_i (1 + c d_i) + v_i`` for every node at the first average iteration.
     * A zero (``none``) start of a piecewise operator whose first x-update returns s_i for every
       value of the domain (the declared range, else the real line).
     """
-    from .schedule import phase_c, plan_phases
+    from .schedule import phase_c, plan_phases, secret_groups_of
 
     cfg = cfg.resolved()
     phases = plan_phases(cfg)
-    if AVERAGE_DUALS_PUBLIC and any(ph.objective.kind == "quadratic" for ph in phases):
+    secret = secret_groups_of(cfg, phases)
+    if any(ph.objective.kind == "quadratic" and ph.group not in secret for ph in phases):
+        why = (
+            "is public (--init-channel plain, protocol v1)"
+            if cfg.init_channel == "plain"
+            else "is not random, so the public config fixes it"
+        )
         return (
-            f"warning: --op {cfg.op} --init {cfg.init} exposes every value: the average part's z^(0) is"
-            " public in protocol v1, so s_i = x_i (1 + c d_i) + v_i at its first iteration"
+            f"warning: --op {cfg.op} --init {cfg.init} exposes every value: the average part's z^(0)"
+            f" {why}, so s_i = x_i (1 + c d_i) + v_i at its first iteration"
         )
     first = phases[0]
     if first.init.kind != "zero" or cfg.init != "none":

@@ -20,6 +20,7 @@ from .arrays import FloatArray
 from .config import PROPOSED_INIT, RunConfig
 from .init import DualInit, DualInitSpec, ValueNoise
 from .pdmm import Objective, paper_q
+from .threat import sealed_groups, secret_groups
 
 Bypass = Literal["none", "max", "min"]
 
@@ -201,3 +202,14 @@ def true_aggregate(cfg: RunConfig, s: FloatArray) -> tuple[FloatArray, FloatArra
 def distance_to(x: FloatArray, lo: FloatArray, hi: FloatArray) -> FloatArray:
     """Distance of x from the interval [lo, hi] (0 inside)."""
     return np.maximum(np.maximum(lo - x, x - hi), 0.0)
+
+
+def sealed_groups_of(cfg: RunConfig, phases: list[Phase]) -> frozenset[str]:
+    """The dual groups whose z^(0) travel sealed under ``cfg.init_channel`` (:mod:`nlagg_node.threat`)."""
+    return sealed_groups(cfg.init_channel, ((p.group, p.objective.kind) for p in phases))
+
+
+def secret_groups_of(cfg: RunConfig, phases: list[Phase]) -> frozenset[str]:
+    """The sealed groups whose z^(0) are random, so that an eavesdropper does not know them."""
+    info = ((p.group, p.objective.kind, p.init.kind != "zero" and p.init.sigma_z > 0) for p in phases)
+    return secret_groups(cfg.init_channel, info)

@@ -1,17 +1,29 @@
 """The threat model as data: which initial duals the eavesdropper knows, and what that determines.
 
-Protocol v1 publishes every z^(0) (:data:`AVERAGE_DUALS_PUBLIC`), so an eavesdropper replays the
-public z-recursion and knows ``v_i^(t)`` of every node. In an average-consensus phase the x-update
-``x_i = (s_i - v_i) / (1 + c d_i)`` is then a linear equation in s_i alone: the value used is
-recovered exactly at the phase's first iteration. A node stays hidden only while some dual on
-one of its edges is unknown (the unknown part never decays: for theta = 1/2 it persists in v_i).
+An eavesdropper that knows every z^(0) of a dual group replays the public z-recursion and knows
+``v_i^(t)`` of every node. In an average-consensus phase the x-update ``x_i = (s_i - v_i) / (1 + c
+d_i)`` is then a linear equation in s_i alone: the value used is recovered exactly at the phase's
+first iteration. A node stays hidden while some dual on one of its edges is unknown (the unknown
+part never decays: for theta = 1/2 it persists in v_i).
 
-The per-directed-edge ``known`` mask is the plug-in point for a protocol that hides z^(0) (sealed
-initialization): the simulator, ``nlagg sim``'s leakage figures and the warnings all go through
-:func:`known_duals` and :func:`solvable`.
+Which duals are known depends on the initialization channel (``init_channel``, wire protocol v2):
+
+* ``plain`` (protocol v1): every z^(0) is published, so every dual is known;
+* ``sealed``: every z^(0) travels encrypted per edge (:mod:`nlagg_node.runtime.seal`); the
+  adversary knows only the duals of the edges that touch a corrupted node (it forwards them);
+* ``auto`` (the default): sealed for the dual groups whose privacy needs secret duals (the
+  average-consensus group: ``--op average``, the trimmed mean's middle part, protected by subspace
+  perturbation [Jane2020TIFS]), plain for the paper's nonlinear operators, as in its threat model.
+
+A sealed group whose z^(0) is not random (``init none``, ``sigma_z = 0``) is known all the same:
+the public configuration determines it. The simulator, ``nlagg sim``'s leakage figures and the
+warnings all go through :func:`secret_groups`, :func:`known_duals` and :func:`solvable`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,16 +31,42 @@ from numpy.typing import NDArray
 BoolArray = NDArray[np.bool_]
 IntArray = NDArray[np.int64]
 
-__all__ = ["AVERAGE_DUALS_PUBLIC", "known_duals", "solvable"]
+__all__ = ["InitChannel", "group_sealed", "known_duals", "sealed_groups", "secret_groups", "solvable"]
 
-AVERAGE_DUALS_PUBLIC = True
-"""Protocol v1: every z^(0), the average group's included, is published in plaintext."""
+InitChannel = Literal["plain", "sealed", "auto"]
 
 
-def known_duals(group: str, n_directed_edges: int) -> BoolArray:
-    """Which z_{i|j}^(0) of dual group ``group`` the eavesdropper knows, per directed edge."""
-    del group  # protocol v1 publishes every group alike
-    return np.full(n_directed_edges, AVERAGE_DUALS_PUBLIC, dtype=bool)
+def group_sealed(channel: InitChannel, objective_kind: str) -> bool:
+    """Whether a dual group whose phases have ``objective_kind`` exchanges its z^(0) sealed."""
+    if channel == "auto":
+        return objective_kind == "quadratic"
+    return channel == "sealed"
+
+
+def sealed_groups(channel: InitChannel, phases: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """The dual groups exchanged sealed, from ``(group, objective kind)`` of every phase."""
+    return frozenset(g for g, kind in phases if group_sealed(channel, kind))
+
+
+def secret_groups(channel: InitChannel, phases: Iterable[tuple[str, str, bool]]) -> frozenset[str]:
+    """The groups whose z^(0) an eavesdropper does not know: sealed, and random.
+
+    ``phases`` gives ``(group, objective kind, random)`` per phase; ``random`` is whether the
+    group's z^(0) has a random part (``sigma_z > 0``), without which the public config fixes it.
+    """
+    return frozenset(g for g, kind, rnd in phases if rnd and group_sealed(channel, kind))
+
+
+def known_duals(secret: bool, src: IntArray, dst: IntArray, corrupted: Collection[int] = ()) -> BoolArray:
+    """Which z_{i|j}^(0) of one dual group the adversary knows, per directed edge ``src -> dst``.
+
+    All of them when the group is not ``secret``; else those on an edge with a corrupted end.
+    """
+    if not secret:
+        return np.ones(len(src), dtype=bool)
+    bad = np.zeros(int(max(np.max(src, initial=-1), np.max(dst, initial=-1))) + 1, dtype=bool)
+    bad[[c for c in corrupted if c < len(bad)]] = True
+    return np.asarray(bad[src] | bad[dst], dtype=bool)
 
 
 def solvable(src: IntArray, dst: IntArray, n_nodes: int, known: BoolArray) -> BoolArray:

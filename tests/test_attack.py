@@ -20,6 +20,7 @@ CASES: dict[str, dict[str, object]] = {
     "median": {"op": "median"},
     "quantile": {"op": "quantile", "quantile": 5 / 7},
     "trimmed-mean": {"op": "trimmed-mean", "k": 2},
+    "trimmed-mean-plain": {"op": "trimmed-mean", "k": 2, "init_channel": "plain"},
     "max-leaky": {"op": "max", "c": 1.0, "mu_z": 10.0},
     "median-nonprivate": {"op": "median", "init": "none"},
     "max-dp": {"op": "max", "init": "dp-laplace"},
@@ -75,10 +76,17 @@ def test_median_places_unexposed_nodes_on_their_side() -> None:
             assert (res.values[0, f.node] > med) == (f.side == "above")
 
 
-def test_trimmed_mean_average_part_solves_every_value() -> None:
-    # With z^(0) of the average part captured in plaintext, x_i (1 + c d_i) + v_i is s_i.
-    report = attack_simulation(_run("trimmed-mean"), 0)
-    assert len(report.exposed) == 15
+@pytest.mark.parametrize(
+    ("name", "ranks"),
+    [("trimmed-mean-plain", list(range(15))), ("trimmed-mean", [0, 1, 13, 14])],
+    ids=["plain", "sealed"],
+)
+def test_trimmed_mean_exposes_every_value_only_with_plaintext_duals(name: str, ranks: list[int]) -> None:
+    # With z^(0) of the average part captured in plaintext, x_i (1 + c d_i) + v_i is s_i; sealed
+    # (the default channel), only the four trimmed extremes' matching events remain.
+    res = _run(name)
+    report = attack_simulation(res, 0)
+    assert sorted(int(res.rank[0, i]) for i in report.exposed) == ranks
     assert report.precision == 1.0
 
 

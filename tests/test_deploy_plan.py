@@ -118,12 +118,14 @@ def test_acl_follows_the_graph(tmp_path: Path) -> None:
     assert acl["launcher"] == {("readwrite", f"{root}/config")}
     for i in range(6):
         nbrs = [(i - 1) % 6, (i + 1) % 6]
-        writes = {f"{root}/node/{i}/x", f"{root}/node/{i}/status", *(f"{root}/edge/{i}/{j}/z0" for j in nbrs)}
+        writes = {f"{root}/node/{i}/x", f"{root}/node/{i}/status", f"{root}/node/{i}/key"}
+        writes |= {f"{root}/edge/{i}/{j}/z0" for j in nbrs}
         if i == 3:
             writes.add(f"{root}/adv/3/state")
         reads = {f"{root}/config"}
         for j in nbrs:
-            reads |= {f"{root}/node/{j}/x", f"{root}/node/{j}/status", f"{root}/edge/{j}/{i}/z0"}
+            reads |= {f"{root}/node/{j}/x", f"{root}/node/{j}/status", f"{root}/node/{j}/key"}
+            reads.add(f"{root}/edge/{j}/{i}/z0")
         assert {t for a, t in acl[f"node{i}"] if a == "write"} == writes
         assert {t for a, t in acl[f"node{i}"] if a == "read"} == reads
         assert all("#" not in t and "+" not in t for _, t in acl[f"node{i}"])

@@ -150,8 +150,9 @@ def test_average_without_init_leaks_every_value_in_sim_json(capsys, monkeypatch)
 
 def test_trimmed_mean_counts_every_value_the_attack_recovers() -> None:
     cfg = RunConfig(
-        op="trimmed-mean", n=9, graph="ring", k=2, trials=3, t_max=300, avg_t_max=50, record="none"
-    )
+        op="trimmed-mean", n=9, graph="ring", k=2, trials=3, t_max=300, avg_t_max=50, record="none",
+        init_channel="plain",
+    )  # fmt: skip
     res = simulate(cfg)
     assert res.exposed.all()  # the average part's z^(0) is public: every value is solved
     assert np.all(res.leakage_probability() == 1.0)
@@ -172,12 +173,18 @@ def test_known_dual_mask_hides_the_nodes_on_unknown_edges() -> None:
         ("max", "none", True),
         ("max", "proposed", False),
         ("median", "proposed", False),
-        ("average", "proposed", True),
+        ("average", "proposed", False),
+        ("average", "proposed-plain", True),
+        ("average", "none", True),
     ],
-    ids=["max-none", "max-proposed", "median-proposed", "average-proposed"],
+    ids=["max-none", "max-proposed", "median-proposed", "average-proposed", "average-plain", "average-none"],
 )
 def test_warning_for_pairs_that_leak_every_value(op: str, init: str, warns: bool) -> None:
-    cfg = RunConfig(op=op, init=init, value_range=(0.0, 10.0))  # type: ignore[arg-type]
+    # Sealed (the default channel for averages) and random, the average's duals stay unknown; in
+    # plaintext, or zero, the eavesdropper knows them.
+    channel = "plain" if init.endswith("-plain") else "auto"
+    init = init.removesuffix("-plain")
+    cfg = RunConfig(op=op, init=init, value_range=(0.0, 10.0), init_channel=channel)  # type: ignore[arg-type]
     assert (leak_warning(cfg) is not None) == warns
 
 

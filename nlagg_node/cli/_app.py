@@ -169,6 +169,13 @@ EarlyStopOpt = Annotated[
         help="end each phase once the network is quiet, t_max a cap (docs/protocol.md) [default: off]",
     ),
 ]
+InitChannelOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="how z^(0) travel: sealed (encrypted per edge), plain, or auto: sealed for the average"
+        " group (average, trimmed mean), plain for the nonlinear operators [default: auto]",
+    ),
+]
 StopWindowOpt = Annotated[
     int | None, typer.Option(help="early stop: iterations x must stay within tolerance [default: 100]")
 ]

@@ -17,6 +17,7 @@ from ._app import (
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
+    InitChannelOpt,
     InitOpt,
     KOpt,
     MuZOpt,
@@ -79,6 +80,7 @@ def sim(
     ] = None,
     early_stop: EarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    init_channel: InitChannelOpt = None,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
     out: Annotated[
@@ -132,6 +134,7 @@ def sim(
         record=record,
         early_stop=early_stop,
         stop_window=stop_window,
+        init_channel=init_channel,
     )
     warnings = config_warnings(cfg)
     for line in warnings:

@@ -20,6 +20,7 @@ from ._app import (
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
+    InitChannelOpt,
     InitOpt,
     KOpt,
     MuZOpt,
@@ -93,6 +94,7 @@ def run_testbed_command(
     values: ValuesOpt = None,
     early_stop: EarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    init_channel: InitChannelOpt = None,
     value_range: ValueRangeOpt = None,
     values_file: ValuesFileOpt = None,
     config: ConfigOpt = None,
@@ -151,6 +153,7 @@ def run_testbed_command(
         trials=1,
         early_stop=early_stop,
         stop_window=stop_window,
+        init_channel=init_channel,
     )
     for line in config_warnings(cfg):
         print(f"nlagg: {line}", file=sys.stderr)

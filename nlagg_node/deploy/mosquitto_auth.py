@@ -2,8 +2,9 @@
 
 The password file uses the format Mosquitto 2 writes with ``mosquitto_passwd``:
 ``user:$7$<iterations>$<base64 salt>$<base64 PBKDF2-HMAC-SHA512 digest>``.
-The ACL follows the wire protocol v1 topics (``P/R/config``, ``P/R/edge/i/j/z0``,
-``P/R/node/i/x``, ``P/R/node/i/status``, ``P/R/adv/i/state``): a node writes only its own
+The ACL follows the wire protocol topics (``P/R/config``, ``P/R/edge/i/j/z0``,
+``P/R/node/i/x``, ``P/R/node/i/status``, ``P/R/node/i/key`` of the sealed initialization,
+``P/R/adv/i/state``): a node writes only its own
 topics and reads only what its neighbours address to it plus the run configuration.
 """
 
@@ -155,12 +156,13 @@ def acl_text(
         if i not in hosted:
             continue
         out += ["", f"user {node_user(i)}", f"topic read {t.config}", f"topic write {t.x(i)}"]
-        out.append(f"topic write {t.status(i)}")
+        out += [f"topic write {t.status(i)}", f"topic write {t.key(i)}"]
         out += [f"topic write {t.z0(i, j)}" for j in nbrs]
         if i in corrupt_set:
             out.append(f"topic write {t.adv(i)}")
         for j in nbrs:
-            out += [f"topic read {t.x(j)}", f"topic read {t.status(j)}", f"topic read {t.z0(j, i)}"]
+            out += [f"topic read {t.x(j)}", f"topic read {t.status(j)}", f"topic read {t.key(j)}"]
+            out.append(f"topic read {t.z0(j, i)}")
     return "\n".join(out) + "\n"
 
 

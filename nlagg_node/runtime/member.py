@@ -22,14 +22,15 @@ from numpy.typing import NDArray
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NlaggError
 from ..graphs import IntArray, neighbours
-from ..schedule import Phase, combine, plan_phases
+from ..schedule import Phase, combine, plan_phases, sealed_groups_of
 from ..termination import NO_STOP
 from .barrier import Barrier, NeighbourTimeoutError, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .peers import Neighbours, Outbox
 from .public import build_config_msg, config_mismatch, run_edges
+from .seal import KeyRing, load_or_create_key, new_key
 from .transport import Transport
-from .wire import AdvStateMsg, ConfigMsg, StatusMsg, Z0Msg, encode, topics
+from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireError, Z0Msg, encode, topics
 
 __all__ = ["DepartedError", "Member", "NodeResult"]
 
@@ -122,6 +123,7 @@ class Member:
         groups = [p.group for p in self.phases]
         self.exchanges = [g for k, g in enumerate(groups) if not k or g != groups[k - 1]]
         self.exchange_of = {g: k for k, g in enumerate(self.exchanges)}
+        self.sealed = sealed_groups_of(self.cfg, self.phases)  # groups whose z^(0) travel sealed (v2)
         self.public = build_config_msg(self.cfg, run_id, self.edges)
         self.peers = Neighbours(self.neighbours)
         self.outbox = Outbox(transport, self.topics, node_id)
@@ -152,8 +154,16 @@ class Member:
                 run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
             )
             self.resumed = checkpoint.load(self.fingerprint)
-            if self.resumed is not None:
-                self._restore(self.resumed)
+        # Sealed initialization: an ephemeral key pair per run from the OS (kept with the checkpoint,
+        # so a resumed node keeps its key); sealed z^(0) from a neighbour whose key has not come yet wait.
+        self.keys: KeyRing | None = None
+        self._early: dict[int, list[SealedZ0Msg]] = {}
+        self._resend_plain: dict[str, list[float]] = {}  # restored sealed groups, sealed once keys come
+        if self.sealed:
+            key = new_key() if checkpoint is None else load_or_create_key(checkpoint.path.with_suffix(".key"))
+            self.keys = KeyRing(node_id, self.neighbours, key, prefix=prefix, run_id=run_id)
+        if self.resumed is not None:
+            self._restore(self.resumed)
 
     def _restore(self, ck: Checkpoint) -> None:
         """Before any message flows: the barriers' positions and the z^(0) sent, from the checkpoint."""
@@ -167,14 +177,17 @@ class Member:
         group = self.phases[ck.phase].group
         self.z0_in.resume(self.exchange_of[group] + (0 if ck.stage == "z0" else 1))
         for g, zs in ck.z0_sent.items():
-            self.outbox.keep_z0(g, self.z0_payloads(g, zs))
+            if g in self.sealed:
+                self._resend_plain[g] = zs
+            else:
+                self.outbox.keep_z0(g, self.z0_payloads(g, zs))
 
     def subscriptions(self) -> list[str]:
         """Topic filters this node needs: the retained config, its neighbours' x and status, z^(0) to it."""
         t = self.topics
         subs = [t.config, t.z0("+", self.id)]
         for j in self.neighbours:
-            subs += [t.x(j), t.status(j)]
+            subs += [t.x(j), t.status(j)] + ([t.key(j)] if self.keys is not None else [])
         return subs
 
     # What the router hands over -------------------------------------------------------------
@@ -221,21 +234,78 @@ class Member:
         else:
             self.reject(f"x from node {j} for t={t}, outside the window {nxt}..{nxt + 1}")
 
-    def on_z0(self, msg: Z0Msg) -> None:
+    def _z0_slot(self, msg: Z0Msg | SealedZ0Msg) -> tuple[int, int] | None:
+        """``(neighbour slot, exchange)`` of a z^(0) addressed to this node; None (rejected) otherwise."""
         j = msg.from_
         slot = self.slot.get(j)
         if msg.to != self.id or slot is None:
             self.reject(f"z0 from node {j} to node {msg.to}: not an edge of node {self.id}")
-            return
+            return None
         key = self.exchange_of.get(msg.group)
         if key is None:
             self.reject(f"z0 from node {j} for unknown dual group {msg.group!r}")
-            return
-        outcome = self.z0_in.put(key, slot, msg.z)
+            return None
+        sealed = isinstance(msg, SealedZ0Msg)
+        if sealed != (msg.group in self.sealed):
+            how = "sealed (protocol v2)" if sealed else "plaintext (protocol v1)"
+            want = "sealed" if msg.group in self.sealed else "in plaintext"
+            self.reject(
+                f"z0 {j}->{self.id} of group {msg.group!r} is {how}, but this run exchanges that group"
+                f" {want} (init_channel={self.cfg.init_channel}); refused"
+            )
+            return None
+        return slot, key
+
+    def _put_z0(self, j: int, slot: int, key: int, group: str, z: float) -> None:
+        outcome = self.z0_in.put(key, slot, z)
         if outcome in ("dup", "stale"):  # stale: an exchange already done (a resent copy)
             self.duplicates += 1
         elif outcome == "conflict":
-            self.reject(f"second, different z0 {j}->{self.id} ({msg.group}); the first one is kept")
+            self.reject(f"second, different z0 {j}->{self.id} ({group}); the first one is kept")
+
+    def on_z0(self, msg: Z0Msg) -> None:
+        where = self._z0_slot(msg)
+        if where is not None:
+            self._put_z0(msg.from_, *where, msg.group, msg.z)
+
+    def on_sealed_z0(self, msg: SealedZ0Msg) -> None:
+        """A sealed z^(0) (v2): opened with the edge's key, or kept until the sender's key comes."""
+        where = self._z0_slot(msg)
+        if where is None or self.keys is None:
+            return
+        j = msg.from_
+        if j not in self.keys.peers:
+            early = self._early.setdefault(j, [])
+            if len(early) >= 2 * len(self.exchanges):
+                self.reject(f"sealed z0 from node {j} before its key, more than the run needs; dropped")
+            else:
+                early.append(msg)
+            return
+        try:
+            z = self.keys.open(j, msg.nonce, msg.ct, self.topics.z0(j, self.id), msg.group)
+        except WireError as exc:
+            self.reject(str(exc))
+            return
+        self._put_z0(j, *where, msg.group, z)
+
+    def on_key(self, msg: KeyMsg) -> None:
+        """Neighbour j's public key of the run: open what waited for it, seal what we may resend to it."""
+        j = msg.node
+        if j not in self.slot or self.keys is None:
+            self.reject(f"key of node {j}: {'not a neighbour' if self.keys else 'this run seals nothing'}")
+            return
+        try:
+            new = self.keys.add(j, msg.key)
+        except WireError as exc:
+            self.reject(str(exc))
+            return
+        if not new:
+            self.duplicates += 1
+            return
+        for early in self._early.pop(j, []):
+            self.on_sealed_z0(early)
+        for g, zs in self._resend_plain.items():
+            self.outbox.z0.setdefault(g, {})[j] = self._sealed_payload(g, j, zs[self.slot[j]])
 
     def on_status(self, msg: StatusMsg) -> None:
         j = msg.node
@@ -325,13 +395,35 @@ class Member:
         await self.outbox.send_status(encode(msg))
 
     def z0_payloads(self, group: str, z_out: list[float]) -> dict[int, bytes]:
+        """The z0 messages of ``group``: plaintext (v1), or sealed per edge (v2, every key known)."""
+        if group in self.sealed:
+            return {j: self._sealed_payload(group, j, z) for j, z in zip(self.neighbours, z_out, strict=True)}
         return {
             j: encode(Z0Msg.model_validate({"from": self.id, "to": j, "group": group, "z": z}))
             for j, z in zip(self.active, z_out, strict=True)
         }
 
+    def _sealed_payload(self, group: str, j: int, z: float) -> bytes:
+        assert self.keys is not None
+        nonce, ct = self.keys.seal(j, z, self.topics.z0(self.id, j), group)
+        return encode(
+            SealedZ0Msg.model_validate({"from": self.id, "to": j, "group": group, "nonce": nonce, "ct": ct})
+        )
+
     async def exchange_z0(self, group: str, z_out: list[float]) -> list[float]:
-        """Publish z_{i|j}^(0) (awaiting the broker) and wait for every z_{j|i}^(0) of ``group``."""
+        """Publish z_{i|j}^(0) (awaiting the broker) and wait for every z_{j|i}^(0) of ``group``.
+
+        A sealed group first waits for every neighbour's public key (``startup_timeout``).
+        """
+        if group in self.sealed and self.keys is not None and not self.keys.complete.is_set():
+            try:
+                async with asyncio.timeout(self.startup_timeout):
+                    await self.keys.complete.wait()
+            except TimeoutError:
+                missing, within = self.keys.missing(), self.startup_timeout
+                raise NeighbourTimeoutError(
+                    f"node {self.id}: no public key from neighbour(s) {missing} within {within:g} s"
+                ) from None
         await self.outbox.send_z0(group, self.z0_payloads(group, z_out))
         return await self.z0_in.take(self.exchange_of[group])
 
@@ -397,7 +489,9 @@ class Member:
         return res
 
     async def announce(self) -> None:
-        """Publish ``online`` and wait until every neighbour is live (or ``startup_timeout``)."""
+        """Publish our public key (sealed runs) and ``online``; wait until every neighbour is live."""
+        if self.keys is not None:
+            await self.outbox.send_key(encode(KeyMsg(node=self.id, key=self.keys.public)))
         await self.status("online")
         try:
             async with asyncio.timeout(self.startup_timeout):

@@ -7,8 +7,9 @@ duplicate. So whenever a neighbour may have lost something, the node simply publ
   again (it republished after a session loss, see below): our z^(0) to it, of every dual group
   so far, and our last two x's (:meth:`Outbox.resend_to`);
 * our own connection came back without its session (a broker that crashed without persistence
-  lost its queues, subscriptions and retained messages): our last two x's, the z^(0) of the
-  exchange in progress, our last adversary state and our status (:meth:`Outbox.republish`).
+  lost its queues, subscriptions and retained messages): our public key (sealed runs), our last
+  two x's, the z^(0) of the exchange in progress, our last adversary state and our status
+  (:meth:`Outbox.republish`).
 """
 
 from __future__ import annotations
@@ -56,12 +57,14 @@ class Outbox:
         self.x_topic = names.x(node)
         self.adv_topic = names.adv(node)
         self.status_topic = names.status(node)
+        self.key_topic = names.key(node)
         self._z0_topic = names.z0
         self.z0: dict[str, dict[int, bytes]] = {}  # group -> neighbour -> payload
         self.z0_open: str | None = None  # the group whose exchange is in progress
         self.x: dict[int, bytes] = {}  # the last two x payloads by iteration
         self.adv: bytes | None = None
         self.status: bytes | None = None
+        self.key: bytes | None = None
 
     def send_x(self, t: int, phase: str, x: float, quiet: int | None = None, stop: int | None = None) -> None:
         """Publish x_i^(t) (with early stopping: its quiet counter and stop) without waiting (hot path)."""
@@ -92,6 +95,11 @@ class Outbox:
         self.status = payload
         self.transport.publish_nowait(self.status_topic, payload, qos=1, retain=True)
 
+    async def send_key(self, payload: bytes) -> None:
+        """Publish our public key of the run (retained), awaiting the broker."""
+        self.key = payload
+        await self.transport.publish(self.key_topic, payload, qos=1, retain=True)
+
     async def send_status(self, payload: bytes) -> None:
         self.status = payload
         await self.transport.publish(self.status_topic, payload, qos=1, retain=True)
@@ -111,6 +119,8 @@ class Outbox:
 
     def republish(self) -> None:
         """Our connection lost its session: everything a neighbour (or the eavesdropper) may miss."""
+        if self.key is not None:
+            self.transport.publish_nowait(self.key_topic, self.key, qos=1, retain=True)
         if self.status is not None:
             self.transport.publish_nowait(self.status_topic, self.status, qos=1, retain=True)
         if self.z0_open is not None:

@@ -3,7 +3,8 @@
 The same router serves a lone node (one member, its own connection, subscribed to exactly its
 topics) and an in-process host (every member of the process, one shared connection, subscribed
 with wildcards). Dispatch is by sender: an x or a status of node j goes to the members that
-have j as a neighbour, a z^(0) to its addressee, the retained run config to every member.
+have j as a neighbour (so does its public key in a sealed run), a z^(0) to its addressee, the
+retained run config to every member.
 The schedule check of an x (its iteration and phase) is made once per message, then each
 listening member's barrier decides (window, duplicate, conflict).
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from ..errors import NlaggError
 from .member import Member
 from .transport import Message, Transport
-from .wire import ConfigMsg, StatusMsg, WireError, XMsg, Z0Msg, decode, topics
+from .wire import ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireError, XMsg, Z0Msg, decode, topics
 
 __all__ = ["Router"]
 
@@ -62,7 +63,8 @@ class Router:
         if len(self.members) == 1:
             return self.members[0].subscriptions()
         t = topics(self.prefix, self.run_id)
-        return [t.x("+"), t.status("+"), t.z0("+", "+")]
+        keys = [t.key("+")] if self.members[0].keys is not None else []
+        return [t.x("+"), t.status("+"), t.z0("+", "+"), *keys]
 
     def _unrouted(self, why: str) -> None:
         if self.on_unrouted is not None:
@@ -91,12 +93,21 @@ class Router:
                 return
             for m in listeners:
                 m.accept_x(msg.node, t, msg.x, msg.quiet, msg.stop)
-        elif isinstance(msg, Z0Msg):
+        elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:
                 self._unrouted(f"z0 from node {msg.from_} to node {msg.to}, not hosted here")
-            else:
+            elif isinstance(msg, Z0Msg):
                 target.on_z0(msg)
+            else:
+                target.on_sealed_z0(msg)
+        elif isinstance(msg, KeyMsg):
+            listeners = self.listeners.get(msg.node)
+            if listeners is None:
+                self._unrouted(f"key of node {msg.node}, not a neighbour of {sorted(self.by_id)}")
+                return
+            for m in listeners:
+                m.on_key(msg)
         elif isinstance(msg, StatusMsg):
             listeners = self.listeners.get(msg.node)
             if listeners is None:

@@ -1,4 +1,4 @@
-"""Wire protocol v1: topics, message models, exact-float JSON encoding (see ``docs/protocol.md``).
+"""Wire protocol v1 and v2: topics, message models, exact-float JSON encoding (see ``docs/protocol.md``).
 
 Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
 
@@ -6,9 +6,12 @@ Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
     P/R/edge/{i}/{j}/z0         z_{i|j}^(0), once per dual group, node i -> neighbour j
     P/R/node/{i}/x              x_i^(t), every iteration t
     P/R/node/{i}/status         retained; online | running | done | leaving | offline (the last will)
+    P/R/node/{i}/key            retained, v2: node i's ephemeral X25519 public key of the run
     P/R/adv/{i}/state           only from a corrupted node: s_i and its duals, every iteration
 
-Payloads are UTF-8 JSON objects with ``"v": 1``. Floats are written by :func:`json.dumps`,
+Payloads are UTF-8 JSON objects with ``"v": 1``, except the two messages of the sealed
+initialization (``"v": 2``, :mod:`nlagg_node.runtime.seal`): the key and the sealed z^(0)
+``{"v":2, "from", "to", "group", "nonce", "ct"}``. Floats are written by :func:`json.dumps`,
 i.e. with Python's shortest round-trip ``repr``, so a transcript holds the exact doubles;
 NaN and infinities are refused on both sides.
 """
@@ -32,6 +35,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AdvStateMsg",
     "ConfigMsg",
+    "KeyMsg",
+    "SealedZ0Msg",
     "StatusMsg",
     "TopicInfo",
     "WireError",
@@ -51,7 +56,7 @@ MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a config with a few thousand edges fits, g
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 
-Kind = Literal["config", "z0", "x", "status", "adv"]
+Kind = Literal["config", "z0", "x", "status", "adv", "key"]
 NodeState = Literal["online", "running", "done", "leaving", "offline"]
 
 
@@ -88,6 +93,43 @@ class Z0Msg(_Msg):
     to: NodeId
     group: str
     z: Finite
+
+
+class _Msg2(_Msg):
+    v: Literal[2] = 2  # type: ignore[assignment]
+
+
+def _b64_of(size: int) -> AfterValidator:
+    def check(text: str) -> str:
+        if len(text) != 4 * ((size + 2) // 3) or not _B64_RE.match(text):
+            raise ValueError(f"must be the standard base64 of {size} bytes")
+        return text
+
+    return AfterValidator(check)
+
+
+_B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+
+
+class KeyMsg(_Msg2):
+    """``P/R/node/{i}/key`` (retained, v2): node i's X25519 public key of this run, base64."""
+
+    node: NodeId
+    key: Annotated[str, _b64_of(32)]
+
+
+class SealedZ0Msg(_Msg2):
+    """``P/R/edge/{i}/{j}/z0`` (v2): ``z_{i|j}^(0)`` of ``group`` sealed with the edge's key.
+
+    ``ct`` is the ChaCha20-Poly1305 ciphertext of the 8 little-endian bytes of the double,
+    ``nonce`` its 96-bit nonce, both base64; the topic and the group are the associated data.
+    """
+
+    from_: NodeId = Field(alias="from")
+    to: NodeId
+    group: str
+    nonce: Annotated[str, _b64_of(12)]
+    ct: Annotated[str, _b64_of(24)]
 
 
 class XMsg(_Msg):
@@ -131,14 +173,16 @@ class AdvStateMsg(_Msg):
     z_in: dict[str, Finite]
 
 
-WireMessage = ConfigMsg | Z0Msg | XMsg | StatusMsg | AdvStateMsg
+WireMessage = ConfigMsg | Z0Msg | SealedZ0Msg | XMsg | StatusMsg | AdvStateMsg | KeyMsg
 _MODELS: dict[str, type[_Msg]] = {
     "config": ConfigMsg,
     "z0": Z0Msg,
     "x": XMsg,
     "status": StatusMsg,
     "adv": AdvStateMsg,
+    "key": KeyMsg,
 }
+_V2 = re.compile(rb'"v"\s*:\s*2\s*[,}]')  # a z0 has no nested object: this is its version field
 
 
 @dataclass(frozen=True)
@@ -190,6 +234,9 @@ class topics:  # noqa: N801 - a namespace of topic builders, read as topics.x(..
     def adv(self, i: int | str) -> str:
         return f"{self.base}/adv/{i}/state"
 
+    def key(self, i: int | str) -> str:
+        return f"{self.base}/node/{i}/key"
+
 
 def _node_id(part: str, field: str, topic: str) -> int:
     if not part.isdigit() or (len(part) > 1 and part[0] == "0") or len(part) > 9:
@@ -208,12 +255,12 @@ def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
         return TopicInfo("config")
     if len(parts) == 4 and parts[0] == "edge" and parts[3] == "z0":
         return TopicInfo("z0", _node_id(parts[1], "topic", topic), _node_id(parts[2], "topic", topic))
-    if len(parts) == 3 and parts[0] == "node" and parts[2] in ("x", "status"):
-        kind: Kind = "x" if parts[2] == "x" else "status"
+    if len(parts) == 3 and parts[0] == "node" and parts[2] in ("x", "status", "key"):
+        kind: Kind = "x" if parts[2] == "x" else "status" if parts[2] == "status" else "key"
         return TopicInfo(kind, _node_id(parts[1], "topic", topic))
     if len(parts) == 3 and parts[0] == "adv" and parts[2] == "state":
         return TopicInfo("adv", _node_id(parts[1], "topic", topic))
-    raise WireError("topic", topic, "not a topic of wire protocol v1")
+    raise WireError("topic", topic, "not a topic of wire protocol v1 or v2")
 
 
 def encode_x(
@@ -260,6 +307,8 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise WireError("payload", f"<{len(payload)} bytes>", f"larger than {MAX_PAYLOAD_BYTES} bytes")
     model = _MODELS[info.kind]
+    if info.kind == "z0" and _V2.search(payload):  # the sealed z^(0) of protocol v2
+        model = SealedZ0Msg
     try:
         # pydantic's own JSON parser: exact doubles (shortest-repr input round-trips), no NaN/inf tokens.
         msg: WireMessage = model.model_validate_json(payload)  # type: ignore[assignment]
@@ -268,7 +317,7 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
         loc = ".".join(str(p) for p in err["loc"])
         if not loc or err["type"] in ("json_invalid", "json_type", "model_type", "model_attributes_type"):
             raise WireError(
-                "payload", payload[:60], f"not a JSON object of protocol v1 ({err['msg']})"
+                "payload", payload[:60], f"not a JSON object of protocol v1/v2 ({err['msg']})"
             ) from None
         raise WireError(loc, err.get("input"), err["msg"].removeprefix("Value error, ")) from None
     _check_agrees(info, msg, topic)
@@ -276,12 +325,12 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
 
 
 def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:
-    if isinstance(msg, Z0Msg):
+    if isinstance(msg, Z0Msg | SealedZ0Msg):
         if (msg.from_, msg.to) != (info.node, info.peer):
             raise WireError("from/to", (msg.from_, msg.to), f"disagrees with topic {topic}")
         if msg.from_ == msg.to:
             raise WireError("to", msg.to, "a node has no edge to itself")
-    elif isinstance(msg, XMsg | StatusMsg | AdvStateMsg):
+    elif isinstance(msg, XMsg | StatusMsg | AdvStateMsg | KeyMsg):
         if msg.node != info.node:
             raise WireError("node", msg.node, f"disagrees with topic {topic}")
     elif isinstance(msg, ConfigMsg) and msg.run_id != topic.split("/")[-2]:

@@ -33,6 +33,7 @@ from ..schedule import (
     phase_c,
     phase_targets,
     plan_phases,
+    secret_groups_of,
     true_aggregate,
     value_noise,
 )
@@ -165,6 +166,7 @@ def simulate(
     )
     layout = EdgeLayout.from_graphs(n, graphs)
     phases = plan_phases(cfg)
+    secret = secret_groups_of(cfg, phases)
     t_total = sum(p.t_len for p in phases)
     dep = SimDepartures(cfg, departures, t_total, graphs) if departures else None
     kept = survivors(n, dep.at) if dep is not None else list(range(n))
@@ -212,7 +214,8 @@ def simulate(
             identified = []
         if phase.objective.kind == "quadratic":
             # The first x of an average phase solves for s_i wherever the duals are known.
-            ok = solvable(layout.src, layout.dst, N, known_duals(group, E)) & (solved_at < 0)
+            known = known_duals(group in secret, layout.src, layout.dst)  # the simulator corrupts no node
+            ok = solvable(layout.src, layout.dst, N, known) & (solved_at < 0)
             solved_at[ok] = t0
         skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
         s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
