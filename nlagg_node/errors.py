@@ -29,6 +29,7 @@ __all__ = [
     "MqttProtocolError",
     "NeighbourTimeoutError",
     "NlaggError",
+    "SealError",
     "TestbedError",
     "WireError",
 ]
@@ -74,6 +75,11 @@ class WireError(_FieldError):
     def _shown(value: Any) -> str:
         shown = repr(value)
         return shown[:77] + "..." if len(shown) > 80 else shown
+
+
+class SealError(WireError):
+    """A sealed z^(0) (protocol v2) that does not open: wrong key, tampered, or replayed from another
+    run, edge or dual group (:mod:`nlagg_node.runtime.seal`)."""
 
 
 class BrokerError(NlaggError):

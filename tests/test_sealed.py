@@ -10,6 +10,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from adversary.attack import attack_transcript
 from adversary.simulated import write_sim_transcript
@@ -19,7 +20,7 @@ from nlagg_node.runtime.member import Member
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.routing import Router
-from nlagg_node.runtime.seal import EdgeCipher, SealError, new_key, public_bytes
+from nlagg_node.runtime.seal import EdgeCipher, SealError, new_key, public_bytes, shared_secret
 from nlagg_node.runtime.transport import Message
 from nlagg_node.runtime.wire import KeyMsg, SealedZ0Msg, Z0Msg, decode, encode, topics
 from nlagg_node.sim import simulate
@@ -33,10 +34,11 @@ def any_key() -> KeyMsg:
     return KeyMsg(node=2, key=base64.b64encode(public_bytes(new_key())).decode())
 
 
-def cipher(own: object, peer: object, run_id: str = RUN, edge: tuple[int, int] = (1, 0)) -> EdgeCipher:
-    return EdgeCipher(
-        own, public_bytes(peer), prefix="nlagg", run_id=run_id, sender=edge[0], receiver=edge[1]
-    )  # type: ignore[arg-type]
+def cipher(
+    own: X25519PrivateKey, peer: X25519PrivateKey, run_id: str = RUN, edge: tuple[int, int] = (1, 0)
+) -> EdgeCipher:
+    shared = shared_secret(own, public_bytes(peer))
+    return EdgeCipher(shared, prefix="nlagg", run_id=run_id, sender=edge[0], receiver=edge[1])
 
 
 @pytest.mark.parametrize("z", [0.1, -0.0, 5e-324, -1.7976931348623157e308, 123.456], ids=str)

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..errors import ConfigError, WireError
+from ..errors import ConfigError, SealError, WireError
 
 __all__ = [
     "KEY_BYTES",
@@ -39,15 +39,12 @@ __all__ = [
     "load_or_create_key",
     "new_key",
     "public_bytes",
+    "shared_secret",
 ]
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
 SEALED_BYTES = 8 + 16  # one float64 and the Poly1305 tag
-
-
-class SealError(WireError):
-    """A sealed z^(0) that does not open: wrong key, tampered, or from another run, edge or group."""
 
 
 def b64decode_exact(text: str, size: int, field: str) -> bytes:
@@ -96,31 +93,25 @@ def load_or_create_key(path: Path) -> X25519PrivateKey:
     return X25519PrivateKey.from_private_bytes(raw)
 
 
+def shared_secret(own: X25519PrivateKey, peer_public: bytes) -> bytes:
+    """The X25519 shared secret with ``peer_public`` (both directions of an edge derive from it)."""
+    try:
+        return own.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError as exc:  # an all-zero shared secret (a low-order public key)
+        raise WireError("key", b64(peer_public), f"unusable X25519 public key ({exc})") from None
+
+
 class EdgeCipher:
     """The AEAD of one directed edge ``sender -> receiver`` of one run.
 
     Parameters
     ----------
-    own : this node's private key.
-    peer_public : the other end's raw public key (32 bytes).
+    shared : the X25519 shared secret of the edge's two ends (:func:`shared_secret`).
     prefix, run_id : the run's topic root, bound into the key.
     sender, receiver : the ordered edge.
     """
 
-    def __init__(
-        self,
-        own: X25519PrivateKey,
-        peer_public: bytes,
-        *,
-        prefix: str,
-        run_id: str,
-        sender: int,
-        receiver: int,
-    ) -> None:
-        try:
-            shared = own.exchange(X25519PublicKey.from_public_bytes(peer_public))
-        except ValueError as exc:  # an all-zero shared secret (a low-order public key)
-            raise WireError("key", b64(peer_public), f"unusable X25519 public key ({exc})") from None
+    def __init__(self, shared: bytes, *, prefix: str, run_id: str, sender: int, receiver: int) -> None:
         info = f"nlagg-z0-v2|{prefix}|{run_id}|{sender}->{receiver}".encode()
         secret = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
         self._aead = ChaCha20Poly1305(secret)
@@ -179,9 +170,9 @@ class KeyRing:
             if known != key:
                 raise WireError("key", key, f"node {j}'s key changed mid-run; the first one is kept")
             return False
-        raw = b64decode_exact(key, KEY_BYTES, "key")
-        self._out[j] = EdgeCipher(self._key, raw, sender=self.node, receiver=j, **self._where)
-        self._in[j] = EdgeCipher(self._key, raw, sender=j, receiver=self.node, **self._where)
+        shared = shared_secret(self._key, b64decode_exact(key, KEY_BYTES, "key"))
+        self._out[j] = EdgeCipher(shared, sender=self.node, receiver=j, **self._where)
+        self._in[j] = EdgeCipher(shared, sender=j, receiver=self.node, **self._where)
         self.peers[j] = key
         if all(k in self.peers for k in self.neighbours):
             self.complete.set()
