@@ -491,7 +491,7 @@ class Member:
     async def announce(self) -> None:
         """Publish our public key (sealed runs) and ``online``; wait until every neighbour is live."""
         if self.keys is not None:
-            await self.outbox.send_key(encode(KeyMsg(node=self.id, key=self.keys.public)))
+            self.outbox.send_key(encode(KeyMsg(node=self.id, key=self.keys.public)))
         await self.status("online")
         try:
             async with asyncio.timeout(self.startup_timeout):

@@ -95,10 +95,11 @@ class Outbox:
         self.status = payload
         self.transport.publish_nowait(self.status_topic, payload, qos=1, retain=True)
 
-    async def send_key(self, payload: bytes) -> None:
-        """Publish our public key of the run (retained), awaiting the broker."""
+    def send_key(self, payload: bytes) -> None:
+        """Publish our public key of the run (retained) without waiting: the ``online`` status that
+        follows on the same connection reaches every subscriber after it (QoS 1 keeps the order)."""
         self.key = payload
-        await self.transport.publish(self.key_topic, payload, qos=1, retain=True)
+        self.transport.publish_nowait(self.key_topic, payload, qos=1, retain=True)
 
     async def send_status(self, payload: bytes) -> None:
         self.status = payload
