@@ -112,6 +112,7 @@ class AckingSubscriber:
         self.keepalive = keepalive
         self.reconnects = 0
         self.last_failure = ""  # why the latest connection attempt failed, for the error message
+        self.sessions_lost = 0  # reconnections that found no session: what was queued is gone
         self.acked = 0
         self._connect_frame = encode_connect(
             client_id, keepalive=keepalive, username=username, password=password
@@ -212,6 +213,7 @@ class AckingSubscriber:
             self._orphans = []
             session.write(encode_subscribe(pid, self._filters))
         if self._connection > 1 and not session_present:
+            self.sessions_lost += 1
             log.warning(
                 "broker %s kept no session for %r: messages queued meanwhile are lost",
                 self.url,
@@ -323,6 +325,10 @@ class AckingSubscriber:
                 f"broker {self.url} did not acknowledge the subscription to {list(filters)} "
                 f"within {self.connect_timeout:g} s"
             ) from None
+
+    def lost_sessions(self) -> int:
+        """Reconnections that found no session (a broker crash): what it had queued is gone."""
+        return self.sessions_lost
 
     def backlog(self) -> int:
         """Messages received but not yet taken by :meth:`messages`."""

@@ -166,7 +166,14 @@ class Eavesdropper:
 
     async def _read(self) -> None:
         acking, order, handle = self._acking, self.order, self.handle
+        lost = 0
         async for raw in self.transport.messages():
+            if acking is not None and acking.lost_sessions() != lost:
+                lost = acking.lost_sessions()
+                log.warning(
+                    "the broker lost this capture's session: the window waits until every node is seen"
+                )
+                self.transcript.resync()
             if order is None:  # one broker: the hot path
                 handle(raw.topic, raw.payload, raw.retain)
                 if acking is not None:

@@ -38,6 +38,10 @@ class Acknowledging(Protocol):
 
     def backlog(self) -> int: ...
 
+    def lost_sessions(self) -> int:
+        """Reconnections that found no session (a broker crash): what it had queued is gone."""
+        ...
+
 
 @dataclass(frozen=True)
 class SiteDelivery(Message):
@@ -86,6 +90,10 @@ class MergedSubscriber:
     def backlog(self) -> int:
         """Deliveries received from any broker and not yet taken by :meth:`messages`."""
         return len(self._inbox) + sum(sub.backlog() for sub in self.subscribers)
+
+    def lost_sessions(self) -> int:
+        """Sessions lost at any broker (each a crash that took what it had queued)."""
+        return sum(sub.lost_sessions() for sub in self.subscribers)
 
     def ack(self, deliveries: Iterable[Message]) -> None:
         """Acknowledge committed deliveries, each to the broker it came from (one write per broker)."""

@@ -5,16 +5,21 @@ t, and only inside its barrier window ``t <= t_now + 1``; it drops an x outside 
 j's honest x_j^(t) is computed from x_k^(t-1) of every neighbour k, so by the time it is published
 every x_k^(t-1) has gone through the broker before it; Mosquitto forwards the messages of one run
 to every subscriber in the order it received them, so the eavesdropper sees them first too. The
-transcript therefore counts x_j^(t) as valid only when every neighbour's x^(t-1) is already
-stored as valid (t = 0 needs nothing): a forged x_j^(t_now + 1500), which every node rejects, is
-rejected here too, while the real one that comes later is kept. Inside the window the first
-message wins, as at the nodes (see :mod:`adversary.transcript`). In a run with early stopping an
-x carries ``quiet`` (and ``stop``), as the nodes require, and the first x of a phase may follow
-the gap a phase that stopped early leaves, so it needs nothing before it.
+transcript therefore counts x_j^(t) as valid only when every neighbour has been seen at iteration
+t - 1 or later (t = 0 needs nothing): a forged x_j^(t_now + 1500), which every node rejects, is
+rejected here too, while the real one that comes later is kept. Like a node, the transcript judges
+an identical copy sent again later anew (a node that resends it once its neighbours caught up).
+Inside the window the first message wins, as at the nodes (see :mod:`adversary.transcript`). In a
+run with early stopping an x carries ``quiet`` (and ``stop``), as the nodes require, and the first
+x of a phase may follow the gap a phase that stopped early leaves, so it needs nothing before it.
 
 A node that departs at T (:mod:`nlagg_node.departure`) is announced in its neighbours' statuses
 before they publish x^(T+1) (they say so first): from then on its x^(T-1) is the last one its
 neighbours' x's wait for, and an x of it from T on is refused, as the nodes refuse it.
+
+When the broker lost the capture's session (a broker crash), the messages queued for it are gone
+and the window has nothing to stand on: :meth:`RunRules.resync` suspends it until every node has
+been seen again.
 
 z^(0) must travel along an edge of the graph and belong to a dual group of the schedule, sealed
 (protocol v2) exactly where the run seals that group (a node refuses the other form); statuses,
@@ -42,7 +47,9 @@ from nlagg_node.runtime.wire import (
 )
 from nlagg_node.schedule import plan_phases, sealed_groups_of
 
-__all__ = ["RunRules"]
+__all__ = ["OUTSIDE_WINDOW", "RunRules", "rules_for"]
+
+OUTSIDE_WINDOW = "outside every neighbour's window"  # a rejection a later identical copy may undo
 
 
 class RunRules:
@@ -71,8 +78,8 @@ class RunRules:
             nbrs[b].append(a)
         self.neighbours = [np.array(sorted(v), dtype=np.int64) for v in nbrs]
         self.directed = {(a, b) for a, b in edges.tolist()} | {(b, a) for a, b in edges.tolist()}
-        # x_i^(t) stored as valid; n * t_total is bounded by the validated config (limits.py).
-        self.have: NDArray[np.bool_] = np.zeros((self.n, self.t_total), dtype=np.bool_)
+        self.latest: NDArray[np.int64] = np.full(self.n, -1, dtype=np.int64)  # latest valid t per node
+        self._resync: set[int] = set()  # nodes not seen since the capture lost its session
         self.gone_from = np.full(self.n, self.t_total, dtype=np.int64)  # departures, from statuses
 
     def inside(self, node: int, t: int) -> bool:
@@ -134,37 +141,46 @@ class RunRules:
             )
         if t >= self.gone_from[i]:
             return f"x_{i}^({t}): node {i} departed at t={self.gone_from[i]}"
-        if t > 0 and t not in self._jumps:
+        if t > 0 and t not in self._jumps and not self._resync:
             nbrs = self.neighbours[i]
-            missing = nbrs[~self.have[nbrs, t - 1] & (self.gone_from[nbrs] > t - 1)]
-            if len(missing):
-                return (
-                    f"x_{i}^({t}) outside every neighbour's window: no x^({t - 1}) yet from "
-                    f"node(s) {missing.tolist()[:8]}"
-                )
+            behind = nbrs[(self.latest[nbrs] < t - 1) & (self.gone_from[nbrs] > t - 1)]
+            if len(behind):
+                return f"x_{i}^({t}) {OUTSIDE_WINDOW}: node(s) {behind.tolist()[:8]} not yet at t={t - 1}"
         return None
 
     def waits(self, msg: WireMessage) -> bool:
-        """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour's x^(t-1) is
-        not stored). Captured from one broker that x is out of its window for good; captured from
+        """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour not yet seen
+        at t-1). Captured from one broker that x is out of its window for good; captured from
         several bridged brokers, the x's before it may still be on their way over another one."""
         if (
             not isinstance(msg, XMsg)
             or not self.inside(msg.node, msg.t)
             or msg.t == 0
             or msg.t in self._jumps
+            or self._resync
         ):
             return False
-        return not bool(self.have[self.neighbours[msg.node], msg.t - 1].all())
+        nbrs = self.neighbours[msg.node]
+        return bool(((self.latest[nbrs] < msg.t - 1) & (self.gone_from[nbrs] > msg.t - 1)).any())
 
     def accepted(self, msg: WireMessage) -> None:
         """Record a message stored as valid (the window moves on)."""
         if isinstance(msg, XMsg):
-            self.have[msg.node, msg.t] = True
+            self.saw_x(msg.node, msg.t)
         elif isinstance(msg, StatusMsg) and msg.departed:
             for j, t in msg.departed.items():
                 if 0 <= int(j) < self.n:
                     self.gone_from[int(j)] = min(int(t), int(self.gone_from[int(j)]))
+
+    def saw_x(self, node: int, t: int) -> None:
+        if t > self.latest[node]:
+            self.latest[node] = t
+        if self._resync:
+            self._resync.discard(node)
+
+    def resync(self) -> None:
+        """The capture may have missed messages: no window until every node has been seen again."""
+        self._resync = set(range(self.n))
 
 
 def rules_for(config: ConfigMsg) -> tuple[RunRules | None, str | None]:

@@ -47,7 +47,7 @@ from nlagg_node.runtime.wire import (
     decode,
 )
 
-from .rules import RunRules, rules_for
+from .rules import OUTSIDE_WINDOW, RunRules, rules_for
 from .transcript_db import (
     MAX_INVALID_PAYLOAD,
     NO_FIELDS,
@@ -187,7 +187,8 @@ class Transcript(TranscriptReader):
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
         why = self._judge(key, topic, info, msg)
-        self._seen[key] = why is None
+        if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
+            self._seen[key] = why is None
         if why is not None:
             self._rows.append((topic, payload, when, int(retained), 0, why, *NO_FIELDS, key))
             return None
@@ -224,6 +225,12 @@ class Transcript(TranscriptReader):
         if self.rules is None:
             self._set_rules(config)
 
+    def resync(self) -> None:
+        """The capture lost its session (the broker crashed): messages may be missing, so the
+        barrier window is suspended until every node has been seen again (see :mod:`adversary.rules`)."""
+        if self.rules is not None:
+            self.rules.resync()
+
     def _set_rules(self, config: ConfigMsg, rules: RunRules | None = None) -> None:
         """Adopt the run's rules and judge again, in arrival order, what came before them."""
         self._candidate = None
@@ -247,7 +254,8 @@ class Transcript(TranscriptReader):
             if key in self._seen:
                 continue
             why = self._judge(key, str(topic), info, msg)
-            self._seen[key] = why is None
+            if why is None or OUTSIDE_WINDOW not in why:
+                self._seen[key] = why is None
             if (why is None) != bool(valid) or (why is not None and why != error):
                 fields = (
                     (info.kind, info.node, info.peer, *row_fields(info, msg)) if why is None else NO_FIELDS
@@ -275,12 +283,14 @@ class Transcript(TranscriptReader):
 
     def _load_writer_state(self) -> None:
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
-        sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload FROM messages ORDER BY id"
+        sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload, error FROM messages ORDER BY id"
         self._seen = {}
-        for key, valid, kind, topic, node, t, phase, payload in self.db.execute(sql).fetchall():
-            self._seen[str(key)] = bool(valid)
+        for key, valid, kind, topic, node, t, phase, payload, error in self.db.execute(sql).fetchall():
             if not valid:
+                if OUTSIDE_WINDOW not in str(error):
+                    self._seen.setdefault(str(key), False)
                 continue
+            self._seen[str(key)] = True
             if kind in ("x", "z0", "adv"):
                 self._slots.setdefault((str(kind), str(topic), phase if kind == "z0" else t), str(key))
             if kind == "config" and self.rules is None:
@@ -288,7 +298,7 @@ class Transcript(TranscriptReader):
                 if isinstance(msg, ConfigMsg):
                     self.rules, _ = rules_for(msg)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
-                self.rules.have[int(node), int(t)] = True
+                self.rules.saw_x(int(node), int(t))
 
     def commit(self) -> None:
         """Write and make durable everything added so far (one transaction).

@@ -6,8 +6,14 @@ the run (a fraction of the x's already captured):
 
 * ``node``: SIGKILL one node, restart it with the same command (it resumes from its checkpoint);
 * ``broker``: stop Mosquitto (persistence on) and start it again on the same port;
+* ``broker-kill``: SIGKILL Mosquitto (no persistence flush: sessions, queues and the retained
+  messages are gone) and start it again on the same port; the nodes recover on their own;
 * ``eavesdropper``: SIGKILL the eavesdropper, restart it (the broker kept its session);
-* ``garbage``: publish every kind of hostile message on the run's topics.
+* ``garbage``: publish every kind of hostile message on the run's topics;
+* ``hostile``: the run as ``nlagg deploy plan`` deploys it (its Mosquitto configuration: ACL,
+  sessions bound to users, payload cap) and one node's own credentials in hostile hands
+  (``tests/hostile.py``): t = 2^64 and 10^12 before the configuration, forged windows and phases,
+  10 and 100 MiB payloads, three session takeovers; the attack's precision must stay 1.0.
 
 The seeds are the first ones (from ``--seed``) whose simulated run converges to the exact maximum
 within ``--t-max``, checked with the simulator before the soak starts. A run is *identical* when every
@@ -38,7 +44,7 @@ from nlagg_node.sim import simulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.faults import FaultBed, Verdict, hostile_messages
 
-FAULTS = ("node", "broker", "eavesdropper", "garbage")
+FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile")
 
 
 def exact_seeds(base: RunConfig, first: int, count: int) -> list[int]:
@@ -53,7 +59,54 @@ def exact_seeds(base: RunConfig, first: int, count: int) -> list[int]:
     return seeds
 
 
+async def hostile_run(cfg: RunConfig, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
+    """The plan's deployment with one node's credentials in hostile hands (see tests/test_hostile.py)."""
+    from tests.hostile import Intruder
+    from tests.planbed import PlanBed
+
+    corrupt, node, victim = (int(v) for v in rng.choice(cfg.n, size=3, replace=False))
+
+    def intruder(bed: PlanBed) -> Intruder:
+        user = f"node{node}"
+        return Intruder(
+            bed.url,
+            "nlagg",
+            bed.run_id,
+            node,
+            victim,
+            user,
+            bed.password(user),
+            bed.t_total,
+            bed.phase_at,
+            bed.db,
+        )
+
+    async def early(bed: PlanBed) -> None:
+        await intruder(bed).before_config()
+
+    run_id = f"soak-{cfg.seed}"
+    async with PlanBed(cfg, workdir, run_id=run_id, corrupt=str(corrupt), early=early) as bed:
+        await bed.start_nodes()
+        await bed.wait_t(at)
+        await intruder(bed).strike()
+        v = await bed.finish()
+    detail = list(v.detail)
+    if v.precision != 1.0:
+        detail.append(f"attack precision {v.precision}")
+    return Verdict(
+        completed=v.completed,
+        identical=v.identical and v.precision == 1.0,
+        lost=v.lost,
+        extra=v.extra,
+        rejected_by_nodes=v.rejected_by_nodes,
+        rejected_by_eavesdropper=v.rejected_by_eavesdropper,
+        detail=detail,
+    )
+
+
 async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
+    if fault == "hostile":
+        return await hostile_run(cfg, at, rng, workdir)
     corrupt = {int(rng.integers(cfg.n))}
     async with FaultBed(cfg, workdir, run_id=f"soak-{cfg.seed}", corrupt=corrupt) as bed:
         await bed.start_nodes()
@@ -65,6 +118,8 @@ async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generato
             await bed.restart_node(victim)
         elif fault == "broker":
             await bed.restart_broker(pause=float(rng.uniform(0.1, 1.0)))
+        elif fault == "broker-kill":
+            await bed.kill_broker(pause=float(rng.uniform(0.1, 1.0)))
         elif fault == "eavesdropper":
             await bed.kill_eavesdropper()
             await asyncio.sleep(float(rng.uniform(0.0, 1.0)))

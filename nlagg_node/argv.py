@@ -49,6 +49,7 @@ def node_argv(
     password_file: str | None = None,
     neighbour_timeout: float | None = None,
     seed: int | None = None,
+    seed_file: str | None = None,
     state_dir: str | None = None,
     ca_file: str | None = None,
     cert_file: str | None = None,
@@ -66,7 +67,11 @@ def node_argv(
     argv += ["--broker", broker, *_opt("--run-id", run_id), *_opt("--prefix", prefix)]
     argv += _opt("--username", username) + _opt("--password-file", password_file)
     argv += _opt("--neighbour-timeout", neighbour_timeout) + _opt("--seed", seed)
-    argv += _opt("--state-dir", state_dir) + tls_args(ca_file, cert_file, key_file)
+    argv += (
+        _opt("--seed-file", seed_file)
+        + _opt("--state-dir", state_dir)
+        + tls_args(ca_file, cert_file, key_file)
+    )
     argv += _opt("--leave-after", leave_after) + _opt("--leave-by", leave_by)
     return argv + ["--json"] * as_json + ["--corrupt"] * corrupt
 

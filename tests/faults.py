@@ -18,8 +18,10 @@ Examples
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +149,21 @@ class FaultBed:
         assert self.broker is not None
         port = self.broker.port
         await self._stop_broker()
+        await asyncio.sleep(pause)
+        await self._start_broker(port)
+        self.restarts["broker"] += 1
+
+    async def kill_broker(self, pause: float = 0.5) -> None:
+        """SIGKILL Mosquitto (no persistence flush: sessions, queues and retained messages are gone),
+        wait ``pause`` s, start it on the same port. The nodes must recover on their own."""
+        assert self.broker is not None
+        assert self.broker.pid is not None
+        port = self.broker.port
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.broker.pid, signal.SIGKILL)
+        await self._stop_broker()
+        for stale in (self.workdir / "broker").glob("mosquitto.db*"):
+            stale.unlink()  # what an earlier clean stop saved is not what a crash leaves
         await asyncio.sleep(pause)
         await self._start_broker(port)
         self.restarts["broker"] += 1

@@ -10,13 +10,16 @@ import asyncio
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.lab.children import Child
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
@@ -57,9 +60,25 @@ def empty_files(folder: Path, pattern: str) -> list[Path]:
 
 
 @needs_mosquitto
-async def test_separate_processes_with_corrupted_node(mosquitto_url: str, tmp_path: Path) -> None:
+async def test_separate_processes_with_corrupted_node(
+    mosquitto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = RunConfig(op="max", n=5, graph="ring", trials=1, t_max=60, seed=3)
+    started: list[list[str]] = []
+    start = Child.start
+
+    async def recording(argv: Sequence[str], **kwargs: Any) -> Child:
+        started.append(list(argv))
+        return await start(argv, **kwargs)
+
+    monkeypatch.setattr(Child, "start", recording)
     summary = await run_testbed(cfg, broker_url=mosquitto_url, corrupt={1}, out_dir=tmp_path)
+    nodes = [argv for argv in started if "node" in argv]
+    assert len(nodes) == 5
+    for argv in nodes:  # the private value and the seed come from 0600 files, not the command line (ps)
+        assert {"--value", "--seed"}.isdisjoint(argv), argv
+        assert {"--value-file", "--seed-file"} <= set(argv), argv
+    assert not (tmp_path / "private").exists()  # and those files are gone once the nodes are done
     assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
     assert summary["corrupted"] == [1]
     assert summary["iterations"] == 60

@@ -128,3 +128,23 @@ def test_a_reopened_transcript_keeps_the_window(tmp_path: Path) -> None:
     with Transcript(path, run_id=RUN) as tr:
         assert tr.add(TP.x(0), x_payload(0, 3, 1.5)) is not None  # every neighbour's x^(2) is stored
         assert tr.add(TP.x(0), x_payload(0, 9, 1.5)) is None
+
+
+def test_a_copy_outside_the_window_counts_when_it_comes_again_in_time(tmp_path: Path) -> None:
+    with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        feed_rounds(tr, range(2))
+        early = x_payload(1, 3, 7.0)
+        assert tr.add(TP.x(1), early) is None  # node 0 and 2 are not at t=2 yet
+        feed_rounds(tr, range(2, 3))
+        assert tr.add(TP.x(1), early) is not None  # the same message, resent once they are
+
+
+def test_after_a_lost_session_the_window_waits_for_every_node(tmp_path: Path) -> None:
+    with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        feed_rounds(tr, range(2))
+        tr.resync()  # rounds 2..9 were lost with the broker's queues
+        for i in range(4):
+            assert tr.add(TP.x(i), x_payload(i, 10, 0.5)) is not None
+        assert tr.add(TP.x(0), x_payload(0, 15, 0.5)) is None  # every node seen again: the window is back

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -106,10 +108,22 @@ class _Nodes:
     departures: dict[int, int]  # node -> T: killed (SIGKILL) once its neighbours hold its x^(T-1)
 
 
+def _private_file(path: Path, text: str) -> Path:
+    """``text`` in ``path``, created 0600 (a private value or the seed, never on a command line)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return path
+
+
 async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     cfg = run.cfg
     cfg_path = workdir / "run-config.json"
     cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
+    # The private value and the seed travel in 0600 files: neither shows in ps.
+    private = workdir / "private"
+    private.mkdir(mode=0o700, exist_ok=True)
+    seed_file = _private_file(private / "seed", f"{cfg.seed}\n")
     procs: list[Child] = []
     try:
         for i in range(cfg.n):
@@ -117,11 +131,11 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                 i,
                 str(cfg_path),
                 run.url,
-                value=float(run.values[i]),
+                value_file=str(_private_file(private / f"value-{i}", f"{float(run.values[i])!r}\n")),
                 run_id=run.run_id,
                 prefix=run.prefix,
                 neighbour_timeout=run.timeout,
-                seed=cfg.seed,  # its z^(0) are those of the simulator
+                seed_file=str(seed_file),  # its z^(0) are those of the simulator
                 as_json=True,
                 corrupt=i in run.corrupt,
                 leave_after=run.departures.get(i),
@@ -133,6 +147,7 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     finally:
         for p in procs:
             await p.kill()
+        shutil.rmtree(private, ignore_errors=True)  # read at start; nothing private stays in the run folder
     results = []
     try:
         for i, (p, rc) in enumerate(zip(procs, codes, strict=True)):
