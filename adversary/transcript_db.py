@@ -290,12 +290,19 @@ class TranscriptReader:
         return [int(r[0]) for r in rows]
 
     def statuses(self) -> dict[int, StatusMsg]:
-        """The last captured status of every node."""
+        """The last captured status of every node; ``done`` is final.
+
+        A node's ``offline`` last will may come after its ``done`` (a connection that ended
+        without a clean DISCONNECT): the node has finished, and its ``done`` (with its output)
+        stays its status.
+        """
         out: dict[int, StatusMsg] = {}
         for topic, payload in self._payloads("status"):
             msg = self._decode(topic, payload)
             if isinstance(msg, StatusMsg):
-                out[msg.node] = msg
+                seen = out.get(msg.node)
+                if seen is None or seen.state != "done" or msg.state == "done":
+                    out[msg.node] = msg
         return out
 
 

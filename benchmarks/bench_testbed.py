@@ -1,7 +1,7 @@
 """Rounds per second of the networked testbed against a raw MQTT round baseline, in one run.
 
     python benchmarks/bench_testbed.py [--n 15] [--rounds 1000] [--repeat 3] [--layouts processes,in-process]
-                                       [--eavesdropper-nice 10]
+                                       [--eavesdropper-nice 10] [--tls]
 
 Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
 run's RGG), the same process layout and the same transport (MqttTransport: paho, QoS 1,
@@ -16,23 +16,34 @@ TCP_NODELAY):
 Rounds per second are measured from the first round to the last (startup excluded) on both
 sides. Target: testbed >= 80% of the baseline. The machine is shared, so the two are run
 back to back, alternately, ``--repeat`` times, and the medians compared.
+
+``--tls`` also reports the TLS overhead: the same raw rounds over ``mqtts://`` (TLS 1.2+, a
+private CA made as ``nlagg deploy plan --tls`` makes it, the server verified) against plain
+``mqtt://``, on one Mosquitto with a plain and a TLS listener, alternately, ``--repeat`` times.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from nlagg_node.config import RunConfig
+from nlagg_node.deploy.tls import new_ca
 from nlagg_node.graphs import neighbours
 from nlagg_node.lab.testbed import new_run_id, run_testbed
-from nlagg_node.runtime.brokers import start_mosquitto
+from nlagg_node.runtime.brokers import free_port, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import run_edges
+from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Transport
 
 SELF = __file__
@@ -91,7 +102,11 @@ async def _reader(tr: Transport, route: dict[int, list[RawRound]]) -> None:
             node.feed(msg.topic, msg.payload)
 
 
-async def raw_in_process(url: str, cfg: RunConfig, rounds: int) -> float:
+def _tls(ca: str | None) -> TlsSettings | None:
+    return None if ca is None else TlsSettings(ca_file=Path(ca))
+
+
+async def raw_in_process(url: str, cfg: RunConfig, rounds: int, ca: str | None = None) -> float:
     run = new_run_id()
     nb = neighbours(cfg.n, run_edges(cfg))
     nodes = [RawRound(i, nb[i], run) for i in range(cfg.n)]
@@ -99,7 +114,7 @@ async def raw_in_process(url: str, cfg: RunConfig, rounds: int) -> float:
     for node in nodes:
         for j in node.nbrs:
             route.setdefault(j, []).append(node)
-    async with MqttTransport(url, client_id=f"bench-{run}-host") as tr:
+    async with MqttTransport(url, client_id=f"bench-{run}-host", tls=_tls(ca)) as tr:
         await tr.subscribe(f"bench/{run}/#")
         reader = asyncio.create_task(_reader(tr, route))
         rates = await asyncio.gather(*(node.run_rounds(tr, rounds) for node in nodes))
@@ -107,9 +122,11 @@ async def raw_in_process(url: str, cfg: RunConfig, rounds: int) -> float:
     return min(rates)
 
 
-async def raw_one_node(url: str, run: str, i: int, nbrs: list[int], rounds: int) -> float:
+async def raw_one_node(
+    url: str, run: str, i: int, nbrs: list[int], rounds: int, ca: str | None = None
+) -> float:
     node = RawRound(i, nbrs, run)
-    async with MqttTransport(url, client_id=f"bench-{run}-{i}") as tr:
+    async with MqttTransport(url, client_id=f"bench-{run}-{i}", tls=_tls(ca)) as tr:
         await tr.subscribe(*(node.topic(j, "+") for j in nbrs))
         reader = asyncio.create_task(_reader(tr, {j: [node] for j in nbrs}))
         rate = await node.run_rounds(tr, rounds)
@@ -118,7 +135,7 @@ async def raw_one_node(url: str, run: str, i: int, nbrs: list[int], rounds: int)
     return rate
 
 
-async def raw_processes(url: str, cfg: RunConfig, rounds: int) -> float:
+async def raw_processes(url: str, cfg: RunConfig, rounds: int, ca: str | None = None) -> float:
     run = new_run_id()
     nb = neighbours(cfg.n, run_edges(cfg))
     procs = [
@@ -126,7 +143,7 @@ async def raw_processes(url: str, cfg: RunConfig, rounds: int) -> float:
             sys.executable,
             SELF,
             "--raw-node",
-            json.dumps({"url": url, "run": run, "i": i, "nbrs": nb[i], "rounds": rounds}),
+            json.dumps({"url": url, "run": run, "i": i, "nbrs": nb[i], "rounds": rounds, "ca": ca}),
             stdout=asyncio.subprocess.PIPE,
         )
         for i in range(cfg.n)
@@ -142,30 +159,73 @@ async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int) ->
     return float(summary["rounds_per_second"])
 
 
+@contextlib.asynccontextmanager
+async def plain_and_tls_mosquitto() -> AsyncIterator[tuple[str, str, str]]:
+    """One Mosquitto with a plain and a TLS listener: (plain URL, mqtts:// URL, CA file)."""
+    with tempfile.TemporaryDirectory(prefix="nlagg-bench-tls-") as tmp:
+        root = Path(tmp)
+        ca = new_ca("bench")
+        server = ca.server(["localhost", "127.0.0.1"])
+        (root / "ca.pem").write_bytes(ca.pair.cert_pem)
+        (root / "server.pem").write_bytes(server.cert_pem)
+        (root / "server.key").write_bytes(server.key_pem)
+        port = free_port()
+        lines = [f"listener {port} 127.0.0.1", f"cafile {root / 'ca.pem'}", f"certfile {root / 'server.pem'}"]
+        lines += [f"keyfile {root / 'server.key'}", "tls_version tlsv1.2"]
+        lines += ["user root"] if os.geteuid() == 0 else []  # else it drops to a user who cannot read them
+        async with start_mosquitto(extra_lines=lines, workdir=root) as broker:
+            yield broker.url, f"mqtts://localhost:{port}", str(root / "ca.pem")
+
+
+async def tls_overhead(cfg: RunConfig, layouts: list[str], rounds: int, repeat: int) -> None:
+    async with plain_and_tls_mosquitto() as (plain, tls, ca):
+        for layout in layouts:
+            raw = raw_in_process if layout == "in-process" else raw_processes
+            base, secured = [], []
+            for _ in range(repeat):
+                base.append(await raw(plain, cfg, rounds))
+                secured.append(await raw(tls, cfg, rounds, ca))
+            b, s = statistics.median(base), statistics.median(secured)
+            print(
+                f"{layout:>11}: raw MQTT rounds plain {b:7.1f}/s   over TLS {s:7.1f}/s   "
+                f"TLS costs {1 - s / b:6.1%}  (runs: plain {[round(x) for x in base]}, "
+                f"TLS {[round(x) for x in secured]})"
+            )
+
+
 async def main(args: argparse.Namespace) -> None:
     cfg = RunConfig(op="max", n=args.n, trials=1, t_max=args.rounds, seed=args.seed)
     layouts = args.layouts.split(",")
-    async with start_mosquitto() as broker:
-        print(f"Mosquitto at {broker.url}; n = {cfg.n}, {args.rounds} rounds, RGG seed {cfg.seed}")
-        for layout in layouts:
-            in_process = layout == "in-process"
-            base, ours = [], []
-            for _ in range(args.repeat):
-                raw = raw_in_process if in_process else raw_processes
-                base.append(await raw(broker.url, cfg, args.rounds))
-                ours.append(await testbed_rate(broker.url, cfg, in_process, args.eavesdropper_nice))
-            b, o = statistics.median(base), statistics.median(ours)
-            print(
-                f"{layout:>11}: raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
-                f"ratio {o / b:5.2f}  (target >= 0.80; runs: raw {[round(x) for x in base]}, "
-                f"testbed {[round(x) for x in ours]})"
-            )
+    if not args.tls_only:
+        async with start_mosquitto() as broker:
+            print(f"Mosquitto at {broker.url}; n = {cfg.n}, {args.rounds} rounds, RGG seed {cfg.seed}")
+            for layout in layouts:
+                await testbed_ratio(broker.url, cfg, layout, args)
+    if args.tls or args.tls_only:
+        print(f"TLS overhead (mqtts:// against mqtt://, n = {cfg.n}, {args.rounds} raw rounds):")
+        await tls_overhead(cfg, layouts, args.rounds, args.repeat)
+
+
+async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Namespace) -> None:
+    in_process = layout == "in-process"
+    raw = raw_in_process if in_process else raw_processes
+    base, ours = [], []
+    for _ in range(args.repeat):
+        base.append(await raw(url, cfg, args.rounds))
+        ours.append(await testbed_rate(url, cfg, in_process, args.eavesdropper_nice))
+    b, o = statistics.median(base), statistics.median(ours)
+    print(
+        f"{layout:>11}: raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
+        f"ratio {o / b:5.2f}  (target >= 0.80; runs: raw {[round(x) for x in base]}, "
+        f"testbed {[round(x) for x in ours]})"
+    )
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--raw-node":
         spec = json.loads(sys.argv[2])
-        print(asyncio.run(raw_one_node(spec["url"], spec["run"], spec["i"], spec["nbrs"], spec["rounds"])))
+        rate = raw_one_node(spec["url"], spec["run"], spec["i"], spec["nbrs"], spec["rounds"], spec["ca"])
+        print(asyncio.run(rate))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=15)
@@ -174,4 +234,6 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layouts", default="processes,in-process")
     parser.add_argument("--eavesdropper-nice", type=int, default=10, help="the testbed's default: 10")
+    parser.add_argument("--tls", action="store_true", help="also measure the TLS overhead (raw rounds)")
+    parser.add_argument("--tls-only", action="store_true", help="only the TLS overhead")
     asyncio.run(main(parser.parse_args()))

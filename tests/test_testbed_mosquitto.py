@@ -7,7 +7,9 @@ z^(0), every x_i^(t)); an independent ``mosquitto_sub`` must see exactly protoco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
 from nlagg_node.runtime.public import run_edges
-from nlagg_node.runtime.wire import decode, encode, parse_topic, topics
+from nlagg_node.runtime.wire import StatusMsg, decode, encode, parse_topic, topics
 from nlagg_node.sim import simulate
 
 needs_mosquitto = pytest.mark.mosquitto
@@ -213,11 +215,12 @@ class CuttableProxy:
 async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path) -> None:
     from adversary.eavesdropper import Eavesdropper
     from nlagg_node.runtime.hosted import host_nodes
-    from nlagg_node.runtime.node import Node
+    from nlagg_node.runtime.node import Node, node_will
     from nlagg_node.runtime.public import build_config_msg
     from nlagg_node.sim import draw_values
 
     cfg = RunConfig(op="median", n=6, trials=1, t_max=1500, seed=12)
+    seen: list[str] = []  # node 0's statuses as the broker delivers them
     host, port = parse_broker_url(mosquitto_url)
     proxy = CuttableProxy(host, port)
     proxy_url = f"mqtt://127.0.0.1:{await proxy.start()}"
@@ -231,7 +234,14 @@ async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path
             eve_task = asyncio.create_task(eaves.run())
             await eaves.subscribed.wait()
             s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
-            async with MqttTransport(proxy_url, client_id="flaky-host", backoff_base=0.01) as tr:
+            # The host's connection carries node 0's last will, as a node process's does.
+            will = node_will("nlagg", "flaky", 0)
+            async with (
+                MqttTransport(mosquitto_url, client_id="status-watch") as watch,
+                MqttTransport(proxy_url, client_id="flaky-host", backoff_base=0.01, will=will) as tr,
+            ):
+                await watch.subscribe(t.status(0))
+                watching = asyncio.create_task(collect_states(watch, seen))
                 nodes = [
                     Node(cfg, i, s[i], tr, run_id="flaky", prefix="nlagg", edges=edges, own_transport=False)
                     for i in range(cfg.n)
@@ -242,11 +252,26 @@ async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path
                 proxy.cut()
                 await run
                 assert tr.reconnects >= 1
+                async with asyncio.timeout(20):
+                    await watching
             async with asyncio.timeout(20):
                 await eve_task
         await proxy.close()
     assert proxy.cuts >= 1
     assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
+    # The cut made the broker publish the will; back with its session, the node restored its status.
+    after = seen[seen.index("offline") :]
+    assert after == ["offline", "running", "done"], seen
+
+
+async def collect_states(tr: MqttTransport, into: list[str]) -> None:
+    """Append every status state delivered on ``tr`` until ``done``."""
+    async for msg in tr.messages():
+        _, status = decode(msg.topic, msg.payload, "nlagg", "flaky")
+        assert isinstance(status, StatusMsg)
+        into.append(status.state)
+        if into[-1] == "done":
+            return
 
 
 REQUIRED_SUMMARY_FIELDS = {
@@ -300,15 +325,53 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
 
 @needs_mosquitto
 @pytest.mark.slow
-async def test_default_max_testbed_is_exact_with_one_process_per_node(mosquitto_url: str) -> None:
+async def test_default_max_testbed_is_exact_with_one_process_per_node(
+    mosquitto_url: str, tmp_path: Path
+) -> None:
     """The issue's acceptance run: ``nlagg testbed --n 15 --op max`` at its defaults (7000 iterations)."""
     cfg = RunConfig(op="max", n=15, trials=1)
-    summary = await run_testbed(cfg, broker_url=mosquitto_url)
+    summary = await run_testbed(cfg, broker_url=mosquitto_url, out_dir=tmp_path)
     assert summary["exact"]
     assert abs(summary["final_x"]["0"] - summary["true_value"]) <= 1e-9
-    assert (
-        summary["messages_captured"] == 1 + 15 * cfg.resolved().t_max_value + 2 * len(run_edges(cfg)) + 15 * 3
+    kinds, states, invalid = captured_by_kind(tmp_path / "transcript.sqlite")
+    expected = {"config": 1, "x": 15 * cfg.resolved().t_max_value, "z0": 2 * len(run_edges(cfg))}
+    assert {k: kinds.get(k, 0) for k in expected} == expected
+    assert not invalid, invalid
+    # Every node: online, running, done. The only other status a run may show is a node's last will
+    # ('offline', retained), which the broker publishes when a connection ends without a clean
+    # DISCONNECT (a keepalive lapse on a loaded machine); it is a real message, so it is counted.
+    wills = {i: got.count("offline") for i, got in states.items() if "offline" in got}
+    others = {
+        i: got for i, got in states.items() if sorted(set(got) - {"offline"}) != ["done", "online", "running"]
+    }
+    assert len(states) == 15, states
+    assert not others, states
+    assert summary["messages_captured"] == sum(expected.values()) + 15 * 3 + sum(wills.values()), (
+        kinds,
+        wills,
     )
+    assert all(st == "done" for st in summary_states(tmp_path / "transcript.sqlite").values())
+
+
+def captured_by_kind(db: Path) -> tuple[dict[str, int], dict[int, list[str]], list[tuple[str, str]]]:
+    """Valid rows per kind, every node's captured status states in order, and every invalid row."""
+    with Transcript(db) as tr:
+        invalid = tr.rejected()
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        kinds = dict(
+            con.execute("SELECT kind, COUNT(*) FROM messages WHERE valid = 1 GROUP BY kind").fetchall()
+        )
+        states: dict[int, list[str]] = {}
+        for node, state in con.execute(
+            "SELECT node, phase FROM messages WHERE valid = 1 AND kind = 'status' ORDER BY id"
+        ):
+            states.setdefault(int(node), []).append(str(state))
+    return {str(k): int(v) for k, v in kinds.items()}, states, invalid
+
+
+def summary_states(db: Path) -> dict[int, str]:
+    with Transcript(db) as tr:
+        return {i: st.state for i, st in tr.statuses().items()}
 
 
 @pytest.mark.parametrize(

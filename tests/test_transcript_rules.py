@@ -148,3 +148,15 @@ def test_after_a_lost_session_the_window_waits_for_every_node(tmp_path: Path) ->
         for i in range(4):
             assert tr.add(TP.x(i), x_payload(i, 10, 0.5)) is not None
         assert tr.add(TP.x(0), x_payload(0, 15, 0.5)) is None  # every node seen again: the window is back
+
+
+def test_a_will_after_done_leaves_the_node_done(tmp_path: Path) -> None:
+    """A node's ``offline`` will after its ``done`` (an unclean end) is stored, but it stays done."""
+    with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        done = StatusMsg(node=1, state="done", final=[1.0], output=[1.0], iterations=20)
+        assert tr.add(TP.status(1), encode(done)) is not None
+        assert tr.add(TP.status(1), encode(StatusMsg(node=1, state="offline"))) is not None
+        assert tr.add(TP.status(2), encode(StatusMsg(node=2, state="offline"))) is not None
+        assert {i: st.state for i, st in tr.statuses().items()} == {1: "done", 2: "offline"}
+        assert tr.statuses()[1].output == [1.0]

@@ -63,6 +63,8 @@ class MqttTransport:
     keepalive : seconds of silence before a ping; no answer within as long again drops the connection.
     tls : CA file and client certificate for ``mqtts://`` (None: the system's CAs).
     connect_timeout : seconds for one attempt's TCP/TLS connect and CONNACK.
+    close_timeout : seconds :meth:`close` waits for its DISCONNECT to go out (on a loaded machine
+        it can take seconds); a connection that ends without it makes the broker publish the will.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class MqttTransport:
         keepalive: int = 30,
         tls: TlsSettings | None = None,
         connect_timeout: float = 10.0,
+        close_timeout: float = 30.0,
     ) -> None:
         where = broker_endpoint(url)
         if tls is not None and not where.tls:
@@ -93,6 +96,7 @@ class MqttTransport:
         self.backoff_max = backoff_max
         self.keepalive = keepalive
         self.connect_timeout = connect_timeout
+        self.close_timeout = close_timeout
         self.reconnects = 0
         self.session_losses = 0
         client = paho.Client(
@@ -420,10 +424,14 @@ class MqttTransport:
             self._lost.clear()
             self._paho.disconnect()  # queued after what is not written yet; paho closes once it is
             try:
-                async with asyncio.timeout(5.0):
+                async with asyncio.timeout(self.close_timeout):
                     await self._lost.wait()
             except TimeoutError:
-                log.debug("disconnect from %s: no clean close within 5 s", self.url)
+                log.warning(
+                    "disconnect from %s: no clean close within %g s; the broker will publish the last will",
+                    self.url,
+                    self.close_timeout,
+                )
         self._up.clear()
         self._wake()
 

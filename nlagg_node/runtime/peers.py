@@ -9,7 +9,10 @@ duplicate. So whenever a neighbour may have lost something, the node simply publ
 * our own connection came back without its session (a broker that crashed without persistence
   lost its queues, subscriptions and retained messages): our public key (sealed runs), our last
   two x's, the z^(0) of the exchange in progress, our last adversary state and our status
-  (:meth:`Outbox.republish`).
+  (:meth:`Outbox.republish`);
+* our own connection came back with its session: the broker published our last will
+  (``offline``, retained) when the connection broke, so our status goes out again
+  (:meth:`Outbox.republish_status`), or it would read ``offline`` while we run.
 """
 
 from __future__ import annotations
