@@ -44,8 +44,8 @@ def assert_identical(v: Verdict) -> None:
 @needs_mosquitto
 @pytest.mark.parametrize(
     ("fault", "at"),
-    [("node", 0.3), ("node-twice", 0.5), ("broker", 0.4), ("eavesdropper", 0.5)],
-    ids=["node-killed", "node-killed-twice", "broker-restarted", "eavesdropper-killed"],
+    [("node", 0.3), ("node-twice", 0.5), ("broker", 0.4), ("broker-kill", 0.4), ("eavesdropper", 0.5)],
+    ids=["node-killed", "node-killed-twice", "broker-restarted", "broker-sigkilled", "eavesdropper-killed"],
 )
 async def test_run_survives_the_fault_with_identical_numbers(fault: str, at: float, tmp_path: Path) -> None:
     async with FaultBed(CFG, tmp_path, corrupt={2}) as bed:
@@ -60,6 +60,10 @@ async def test_run_survives_the_fault_with_identical_numbers(fault: str, at: flo
                 await asyncio.sleep(0.4)
         elif fault == "broker":
             await bed.restart_broker(pause=0.5)
+        elif fault == "broker-kill":
+            # Sessions and queues die with it: what was queued for the capture comes again from
+            # the nodes (their last x's and states, republished after the capture is back).
+            await bed.kill_broker(pause=0.5)
         else:
             await bed.kill_eavesdropper()
             await asyncio.sleep(0.5)  # the run goes on; the broker queues for the persistent session

@@ -5,8 +5,9 @@ A :class:`Barrier` collects one value per *slot* (a neighbour, in ascending orde
 order (0, 1, 2, ...); the node uses one barrier per kind of exchange:
 
 * ``x``: key t, the iteration; the window is the key being waited for and the next one (a
-  neighbour may be one iteration ahead, never more), and the last two keys taken are kept so
-  that a resent x is told apart from a forged or corrupted one.
+  neighbour may be one iteration ahead, never more), and the last keys taken are kept (the
+  node keeps :data:`~nlagg_node.runtime.peers.HISTORY`, what a neighbour sends again after a
+  broker crash) so that a resent x is told apart from a forged or corrupted one.
 * ``z0``: key k, the k-th z^(0) exchange of the run (one per dual group, in schedule order);
   every later exchange is in the window.
 

@@ -26,7 +26,7 @@ from ..schedule import Phase, combine, plan_phases, sealed_groups_of
 from ..termination import NO_STOP
 from .barrier import Barrier, NeighbourTimeoutError, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
-from .peers import Neighbours, Outbox
+from .peers import HISTORY, Neighbours, Outbox
 from .public import build_config_msg, config_mismatch, run_edges
 from .seal import KeyRing, load_or_create_key, new_key
 from .transport import Transport
@@ -128,8 +128,9 @@ class Member:
         self.peers = Neighbours(self.neighbours)
         self.outbox = Outbox(transport, self.topics, node_id)
         self.x_in = Barrier(
-            node_id, self.neighbours, "x^({})", timeout=neighbour_timeout, end=self.t_total, window=2, keep=2
-        )
+            node_id, self.neighbours, "x^({})", timeout=neighbour_timeout, end=self.t_total, window=2,
+            keep=HISTORY,  # a neighbour's x's sent again after a broker crash are duplicates, not stale
+        )  # fmt: skip
         self.z0_in = Barrier(
             node_id, self.neighbours, "z0 ({})", timeout=startup_timeout,
             end=len(self.exchanges), window=len(self.exchanges), keep=None,
@@ -503,6 +504,7 @@ class Member:
             ) from None
 
     def close(self) -> None:
+        self.outbox.cancel_resends()
         self.x_in.close()
         self.z0_in.close()
         for timer in self._expiry.values():

@@ -7,9 +7,11 @@ duplicate. So whenever a neighbour may have lost something, the node simply publ
   again (it republished after a session loss, see below): our z^(0) to it, of every dual group
   so far, and our last two x's (:meth:`Outbox.resend_to`);
 * our own connection came back without its session (a broker that crashed without persistence
-  lost its queues, subscriptions and retained messages): our public key (sealed runs), our last
-  two x's, the z^(0) of the exchange in progress, our last adversary state and our status
-  (:meth:`Outbox.republish`);
+  lost its queues, subscriptions and retained messages): our public key (sealed runs), our
+  status, our z^(0), and our x's and adversary states of the last :data:`HISTORY` iterations
+  (:meth:`Outbox.republish`), at once for the neighbours and again :data:`RESEND_AFTER` seconds
+  later for a subscriber (the eavesdropper) that resubscribes after us: the broker lost what it
+  had queued for it, and it hears nothing published before its new subscription;
 * our own connection came back with its session: the broker published our last will
   (``offline``, retained) when the connection broke, so our status goes out again
   (:meth:`Outbox.republish_status`), or it would read ``offline`` while we run.
@@ -18,13 +20,17 @@ duplicate. So whenever a neighbour may have lost something, the node simply publ
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
+from ..errors import NlaggError
 from .transport import Transport
 from .wire import encode_x, topics
 
-__all__ = ["LIVE", "Neighbours", "Outbox"]
+__all__ = ["HISTORY", "LIVE", "RESEND_AFTER", "Neighbours", "Outbox"]
 
 LIVE = ("online", "running", "done")
+HISTORY = 2048  # x's a node keeps to publish again after its session was lost (about 150 KB)
+RESEND_AFTER = (2.0, 6.0, 15.0)  # seconds after a lost session at which it publishes them again
 
 
 class Neighbours:
@@ -65,6 +71,9 @@ class Outbox:
         self.z0: dict[str, dict[int, bytes]] = {}  # group -> neighbour -> payload
         self.z0_open: str | None = None  # the group whose exchange is in progress
         self.x: dict[int, bytes] = {}  # the last two x payloads by iteration
+        # The last HISTORY iterations' x's (and adversary states): (topic, payload).
+        self.history: deque[tuple[str, bytes]] = deque(maxlen=2 * HISTORY)
+        self._later: list[asyncio.TimerHandle] = []
         self.adv: bytes | None = None
         self.status: bytes | None = None
         self.key: bytes | None = None
@@ -74,10 +83,12 @@ class Outbox:
         payload = encode_x(self.node, t, phase, x, quiet, stop)
         self.x[t] = payload
         self.x.pop(t - 2, None)
+        self.history.append((self.x_topic, payload))
         self.transport.publish_nowait(self.x_topic, payload, qos=1)
 
     def send_adv(self, payload: bytes) -> None:
         self.adv = payload
+        self.history.append((self.adv_topic, payload))
         self.transport.publish_nowait(self.adv_topic, payload, qos=1)
 
     def keep_z0(self, group: str, payloads: dict[int, bytes]) -> None:
@@ -122,15 +133,34 @@ class Outbox:
             self.transport.publish_nowait(self.status_topic, self.status, qos=1, retain=True)
 
     def republish(self) -> None:
-        """Our connection lost its session: everything a neighbour (or the eavesdropper) may miss."""
+        """Our connection lost its session: everything a neighbour or the eavesdropper may miss.
+
+        Now (the neighbours are waiting for it) and again at :data:`RESEND_AFTER` (a subscriber
+        that resubscribed after us heard nothing of the first time). Receivers drop copies.
+        """
+        self.cancel_resends()
+        self._publish_all()
+        loop = asyncio.get_running_loop()
+        self._later = [loop.call_later(delay, self._resend) for delay in RESEND_AFTER]
+
+    def _resend(self) -> None:
+        try:
+            self._publish_all()
+        except NlaggError:  # the transport closed meanwhile (the run ended): nothing to do
+            self.cancel_resends()
+
+    def _publish_all(self) -> None:
         if self.key is not None:
             self.transport.publish_nowait(self.key_topic, self.key, qos=1, retain=True)
         if self.status is not None:
             self.transport.publish_nowait(self.status_topic, self.status, qos=1, retain=True)
-        if self.z0_open is not None:
-            for j, payload in self.z0[self.z0_open].items():
+        for payloads in self.z0.values():
+            for j, payload in payloads.items():
                 self.transport.publish_nowait(self._z0_topic(self.node, j), payload, qos=1)
-        for t in sorted(self.x):
-            self.transport.publish_nowait(self.x_topic, self.x[t], qos=1)
-        if self.adv is not None:
-            self.transport.publish_nowait(self.adv_topic, self.adv, qos=1)
+        for topic, payload in self.history:
+            self.transport.publish_nowait(topic, payload, qos=1)
+
+    def cancel_resends(self) -> None:
+        for handle in self._later:
+            handle.cancel()
+        self._later = []
