@@ -26,27 +26,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from nlagg_node.config import RunConfig
-from nlagg_node.deploy.tls import new_ca
 from nlagg_node.graphs import neighbours
 from nlagg_node.lab.testbed import new_run_id, run_testbed
-from nlagg_node.runtime.brokers import free_port, start_mosquitto
+from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Transport
 
 SELF = __file__
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class RawRound:
@@ -159,26 +155,11 @@ async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int) ->
     return float(summary["rounds_per_second"])
 
 
-@contextlib.asynccontextmanager
-async def plain_and_tls_mosquitto() -> AsyncIterator[tuple[str, str, str]]:
-    """One Mosquitto with a plain and a TLS listener: (plain URL, mqtts:// URL, CA file)."""
-    with tempfile.TemporaryDirectory(prefix="nlagg-bench-tls-") as tmp:
-        root = Path(tmp)
-        ca = new_ca("bench")
-        server = ca.server(["localhost", "127.0.0.1"])
-        (root / "ca.pem").write_bytes(ca.pair.cert_pem)
-        (root / "server.pem").write_bytes(server.cert_pem)
-        (root / "server.key").write_bytes(server.key_pem)
-        port = free_port()
-        lines = [f"listener {port} 127.0.0.1", f"cafile {root / 'ca.pem'}", f"certfile {root / 'server.pem'}"]
-        lines += [f"keyfile {root / 'server.key'}", "tls_version tlsv1.2"]
-        lines += ["user root"] if os.geteuid() == 0 else []  # else it drops to a user who cannot read them
-        async with start_mosquitto(extra_lines=lines, workdir=root) as broker:
-            yield broker.url, f"mqtts://localhost:{port}", str(root / "ca.pem")
-
-
 async def tls_overhead(cfg: RunConfig, layouts: list[str], rounds: int, repeat: int) -> None:
-    async with plain_and_tls_mosquitto() as (plain, tls, ca):
+    from tests.tlsbroker import tls_lab_broker  # a test fixture, not part of the installed package
+
+    async with tls_lab_broker() as broker:
+        plain, tls, ca = broker.plain_url, broker.tls_url, str(broker.ca_file)
         for layout in layouts:
             raw = raw_in_process if layout == "in-process" else raw_processes
             base, secured = [], []

@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
 from adversary.capture import AckingSubscriber, accepts_anonymous
+from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, NlaggError
@@ -21,6 +23,7 @@ from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosqui
 from nlagg_node.runtime.tls import TlsSettings
 from tests.planbed import PlanBed
 from tests.sniff import sniffing
+from tests.tlsbroker import tls_lab_broker
 
 pytestmark = [
     pytest.mark.mosquitto,
@@ -201,3 +204,41 @@ def _plain_connect(port: int, user: str, password: str) -> None:
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["processes", "in-process"])
+async def test_testbed_over_tls_equals_the_simulator(in_process: bool, tmp_path: Path) -> None:
+    """``nlagg testbed --broker mqtts://... --ca-file``: launcher, eavesdropper and nodes over TLS."""
+    from nlagg_node.lab.testbed import run_testbed
+    from nlagg_node.runtime.public import run_edges
+    from nlagg_node.sim import simulate
+
+    cfg = RunConfig(op="max", n=4, graph="ring", trials=1, t_max=60, seed=3)
+    async with tls_lab_broker() as broker:
+        summary = await run_testbed(
+            cfg, broker_url=broker.tls_url, ca_file=broker.ca_file, in_process=in_process, out_dir=tmp_path
+        )
+    sim = simulate(cfg.model_copy(update={"record": "all"}))
+    with Transcript(tmp_path / "transcript.sqlite") as tr:
+        assert np.array_equal(tr.x(cfg.n), sim.recorded_x[:, 0, :].T)
+        assert tr.z0(cfg.n, run_edges(cfg)).keys() == sim.z0.keys()
+    assert summary["iterations"] == 60
+    assert [summary["final_x"][str(i)] for i in range(cfg.n)] == [float(v) for v in sim.output[0].ravel()]
+
+
+def test_testbed_ca_file_needs_an_mqtts_broker(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from nlagg_node.cli import main
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    for argv, why in (
+        (["--ca-file", str(ca)], "needs an mqtts:// --broker"),
+        (["--ca-file", str(ca), "--broker", "mqtt://127.0.0.1:1"], "mqtts://"),
+    ):
+        monkeypatch.setattr("sys.argv", ["nlagg", "testbed", "--n", "3", *argv])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert why in err
+        assert len(err.strip().splitlines()) == 1, err

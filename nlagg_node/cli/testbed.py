@@ -41,6 +41,7 @@ from ._app import (
     parse_corrupt,
     setup_logging,
 )
+from .net import CaFile, tls_settings
 
 if TYPE_CHECKING:
     from ..lab.summary import TestbedSummary
@@ -72,8 +73,11 @@ def run_testbed_command(
     prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
     broker: Annotated[
         str | None,
-        typer.Option(help="use this broker, mqtt://host[:port] [default: a private one on a free port]"),
+        typer.Option(
+            help="use this broker, mqtt:// or mqtts://host[:port] [default: a private one on a free port]"
+        ),
     ] = None,
+    ca_file: CaFile = None,
     broker_kind: Annotated[str, typer.Option(help="private broker: auto, mosquitto or amqtt")] = "auto",
     in_process: Annotated[
         bool | None,
@@ -161,6 +165,10 @@ def run_testbed_command(
         raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")
     corrupted = parse_corrupt(corrupt, cfg.n)
     departures = parse_departures(depart)
+    if ca_file is not None and broker is None:
+        raise ConfigError("ca_file", str(ca_file), "needs an mqtts:// --broker (the private broker is plain)")
+    if broker is not None:
+        tls_settings(broker, ca_file, None, None)  # a CA file without mqtts://, or a missing one: exit 2
     if out is not None:
         claim_out(out, TESTBED_FILES, force=force)
     console = Console(stderr=as_json)
@@ -183,6 +191,7 @@ def run_testbed_command(
             corrupt=corrupted,
             out_dir=out_dir,
             neighbour_timeout=neighbour_timeout,
+            ca_file=ca_file,
             on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
             departures=departures,
         )

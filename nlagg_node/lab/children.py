@@ -137,14 +137,18 @@ async def start_eavesdropper(
     verbose: bool = False,
     on_event: Callable[[Event], None] | None = None,
     within: float = 30.0,
+    ca_file: Path | None = None,
 ) -> Child:
     """``nlagg eavesdrop --events --no-live`` as a child, returned once it has subscribed.
+
+    ``ca_file`` verifies an ``mqtts://`` broker.
 
     Raises :class:`TestbedError` (after stopping it) when it has not subscribed within ``within`` s.
     """
     argv = eavesdrop_argv(
-        url, run_id, str(db), prefix=prefix, events=True, live=False, verbose=verbose, program=this_python()
-    )
+        url, run_id, str(db), prefix=prefix, ca_file=None if ca_file is None else str(ca_file),
+        events=True, live=False, verbose=verbose, program=this_python(),
+    )  # fmt: skip
     child = await Child.start(argv, log=log, nice=nice, on_event=on_event)
     try:
         async with asyncio.timeout(within):

@@ -35,6 +35,7 @@ from ..runtime.hosted import host_nodes
 from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
+from ..runtime.tls import TlsSettings
 from ..runtime.wire import check_run_id, encode, topics
 from ..scale import check_node_value, check_start, scale_for
 from ..schedule import plan_phases, true_aggregate
@@ -67,10 +68,14 @@ class _Eavesdropper:
         self.exposures: list[dict[str, Any]] = []
         self.child: Child | None = None
 
-    async def start(self, url: str, run_id: str, prefix: str, db: Path, nice: int) -> None:
+    async def start(
+        self, url: str, run_id: str, prefix: str, db: Path, nice: int, ca_file: Path | None = None
+    ) -> None:
         # A passive observer must not slow the run it watches (on a real network it is another
         # machine): on a shared CPU it yields to the nodes (``nice``) and catches up in their idle time.
-        self.child = await start_eavesdropper(url, run_id, prefix, db, nice=nice, on_event=self._event)
+        self.child = await start_eavesdropper(
+            url, run_id, prefix, db, nice=nice, on_event=self._event, ca_file=ca_file
+        )
 
     def _event(self, event: dict[str, Any]) -> None:
         if event.get("event") == "exposure":
@@ -106,6 +111,11 @@ class _Nodes:
     corrupt: set[int]
     timeout: float  # seconds a node waits at a barrier
     departures: dict[int, int]  # node -> T: killed (SIGKILL) once its neighbours hold its x^(T-1)
+    ca_file: Path | None = None  # verifies an mqtts:// broker
+
+
+def _tls(ca_file: Path | None) -> TlsSettings | None:
+    return None if ca_file is None else TlsSettings(ca_file=ca_file)
 
 
 def _private_file(path: Path, text: str) -> Path:
@@ -136,6 +146,7 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                 prefix=run.prefix,
                 neighbour_timeout=run.timeout,
                 seed_file=str(seed_file),  # its z^(0) are those of the simulator
+                ca_file=None if run.ca_file is None else str(run.ca_file),
                 as_json=True,
                 corrupt=i in run.corrupt,
                 leave_after=run.departures.get(i),
@@ -171,7 +182,9 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
 
 async def _run_in_process(run: _Nodes) -> list[NodeReport]:
     edges = run_edges(run.cfg)
-    async with MqttTransport(run.url, client_id=f"nlagg-{run.run_id}-host") as transport:
+    async with MqttTransport(
+        run.url, client_id=f"nlagg-{run.run_id}-host", tls=_tls(run.ca_file)
+    ) as transport:
         nodes = [
             Node(
                 run.cfg,
@@ -220,6 +233,7 @@ async def run_testbed(
     eavesdropper_nice: int = 10,
     on_event: Callable[[str], None] | None = None,
     departures: dict[int, int] | None = None,
+    ca_file: Path | None = None,
 ) -> TestbedSummary:
     """Run one testbed and return its summary (see the issue's ``--json`` fields).
 
@@ -235,6 +249,9 @@ async def run_testbed(
     ``departures`` ``{node: T}``: that node process is killed (SIGKILL, no clean leave) once its
     neighbours hold its x^(T-1) (:mod:`nlagg_node.departure`); the survivors' outputs are checked
     against the aggregate of their own connected component.
+
+    ``ca_file`` is the CA that verifies an ``mqtts://`` ``broker_url`` (TLS for the launcher, the
+    eavesdropper and every node).
     """
     from ..sim.values import run_values
 
@@ -289,14 +306,16 @@ async def run_testbed(
             in_process = kind == "amqtt"
             if in_process:
                 say("embedded broker: hosting the nodes in one process (--processes to override)")
-        launcher = await stack.enter_async_context(MqttTransport(url, client_id=f"nlagg-{run_id}-launcher"))
+        launcher = await stack.enter_async_context(
+            MqttTransport(url, client_id=f"nlagg-{run_id}-launcher", tls=_tls(ca_file))
+        )
         await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
         eaves = _Eavesdropper(say)
         stack.push_async_callback(eaves.stop)
-        await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice)
+        await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice, ca_file)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures)
+        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file)
         results = await (_run_in_process(nodes) if in_process else _run_processes(nodes, workdir))
         node_wall = time.perf_counter() - t_nodes
         finished = await eaves.wait_finished(30.0)
