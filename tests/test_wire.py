@@ -6,17 +6,20 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nlagg_node.limits import MAX_ITERATIONS, MAX_NODES
 from nlagg_node.runtime.transport import topic_matches, valid_filter
 from nlagg_node.runtime.wire import (
     MAX_PAYLOAD_BYTES,
     AdvStateMsg,
+    HotDecoder,
     StatusMsg,
     TopicInfo,
     WireError,
     XMsg,
+    XWire,
     Z0Msg,
     check_run_id,
     decode,
@@ -27,6 +30,12 @@ from nlagg_node.runtime.wire import (
 )
 
 T = topics("nlagg", "r1")
+HOT = HotDecoder("nlagg", "r1")
+
+
+def decode_hot(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicInfo, object]:
+    assert (prefix, run_id) == (HOT.prefix, HOT.run_id)
+    return HOT.decode(topic, payload)
 
 
 @given(st.floats(allow_nan=False, allow_infinity=False))
@@ -41,6 +50,75 @@ def test_x_roundtrip_is_bit_exact(x: float) -> None:
 @given(st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 10**6))
 def test_fast_x_encoder_matches_model(x: float, t: int) -> None:
     assert encode_x(4, t, "max-2", x) == encode(XMsg(node=4, t=t, phase="max-2", x=x))
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False), st.integers(0, MAX_ITERATIONS - 1))
+def test_hot_x_decode_is_bit_exact(x: float, t: int) -> None:
+    payload = encode_x(3, t, "max", x, 7, t + 5)
+    decode_hot(T.x(3), payload, "nlagg", "r1")  # a topic's first x goes through the models
+    _, msg = decode_hot(T.x(3), payload, "nlagg", "r1")
+    assert isinstance(msg, XWire)
+    assert (msg.node, msg.t, msg.phase, msg.quiet, msg.stop) == (3, t, "max", 7, t + 5)
+    assert math.copysign(1.0, msg.x) == math.copysign(1.0, x)
+    assert msg.x == x
+
+
+_HOT_VALUES = st.one_of(
+    st.integers(-2, 3),
+    st.sampled_from(
+        [MAX_NODES - 1, MAX_NODES, MAX_ITERATIONS - 1, MAX_ITERATIONS, MAX_ITERATIONS + MAX_NODES, 2**70]
+    ),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.integers(0, 2), max_size=2),
+)
+_HOT_KEYS = ["v", "node", "t", "phase", "x", "quiet", "stop"]
+
+
+def _outcome(topic: str, payload: bytes, fn: object) -> tuple[object, ...]:
+    try:
+        _, msg = fn(topic, payload, "nlagg", "r1")  # type: ignore[operator]
+    except WireError as exc:
+        return ("error", str(exc))
+    return ("ok", *(repr(getattr(msg, k)) for k in _HOT_KEYS))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.dictionaries(st.sampled_from([*_HOT_KEYS, "s"]), _HOT_VALUES),
+    st.fixed_dictionaries(
+        {"node": st.just(3), "t": st.integers(0, 9), "phase": st.just("max"), "x": st.floats()}
+    ),
+    st.booleans(),
+)
+def test_hot_x_decode_agrees_with_the_models(
+    noise: dict[str, object], base: dict[str, object], dup: bool
+) -> None:
+    """Whatever the payload, the hot path accepts what the pydantic models accept, or names the same error."""
+    body = {**base, **noise}
+    text = json.dumps(body, separators=(",", ":"))
+    if dup:  # a repeated key: the last one wins on both paths
+        text = text[:-1] + ',"t":4}'
+    payload = text.encode()
+    assert _outcome(T.x(3), payload, decode_hot) == _outcome(T.x(3), payload, decode)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"v":1.0,"node":3,"t":0,"phase":"max","x":1.0}',
+        b'{"v":1,"node":3,"t":0,"phase":"m\xffax","x":1.0}',
+        b'{"v":1,"node":3,"t":0,"phase":"\\ud800","x":1.0}',
+        b'{"v":1,"node":3,"t":0,"phase":"max","x":1e999}',
+        b'{"v":1,"node":3,"t":0,"phase":"max","x":1} x',
+        b'\xef\xbb\xbf{"v":1,"node":3,"t":0,"phase":"max","x":1}',
+    ],
+    ids=["float-version", "bad-utf8", "lone-surrogate", "overflow", "trailing", "bom"],
+)
+def test_hot_x_decode_edge_cases_agree(payload: bytes) -> None:
+    assert _outcome(T.x(3), payload, decode_hot) == _outcome(T.x(3), payload, decode)
 
 
 def test_floats_use_shortest_repr() -> None:

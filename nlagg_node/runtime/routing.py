@@ -20,7 +20,18 @@ from collections.abc import Callable
 from ..errors import NlaggError
 from .member import Member
 from .transport import Message, Transport
-from .wire import ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireError, XMsg, Z0Msg, decode, topics
+from .wire import (
+    ConfigMsg,
+    HotDecoder,
+    KeyMsg,
+    SealedZ0Msg,
+    StatusMsg,
+    WireError,
+    XMsg,
+    XWire,
+    Z0Msg,
+    topics,
+)
 
 __all__ = ["Router"]
 
@@ -50,6 +61,7 @@ class Router:
         self.prefix, self.run_id = first.prefix, first.run_id
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
+        self.decode = HotDecoder(self.prefix, self.run_id).decode
         self.phase_at = first.phase_at
         self.early = first.cfg.early_stop
         self.by_id = {m.id: m for m in members}
@@ -73,11 +85,11 @@ class Router:
     def feed(self, raw: Message) -> None:
         """Decode one raw message and dispatch it (raises only for a contradicting run config)."""
         try:
-            info, msg = decode(raw.topic, raw.payload, self.prefix, self.run_id)
+            info, msg = self.decode(raw.topic, raw.payload)
         except WireError as exc:
             self.on_reject(raw.topic, exc)
             return
-        if isinstance(msg, XMsg):
+        if isinstance(msg, XWire | XMsg):
             t = msg.t
             if t >= len(self.phase_at) or msg.phase != self.phase_at[t]:
                 bad = WireError("t/phase", (t, msg.phase), "does not fit the run's schedule")

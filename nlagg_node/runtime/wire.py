@@ -14,6 +14,11 @@ initialization (``"v": 2``, :mod:`nlagg_node.runtime.seal`): the key and the sea
 ``{"v":2, "from", "to", "group", "nonce", "ct"}``. Floats are written by :func:`json.dumps`,
 i.e. with Python's shortest round-trip ``repr``, so a transcript holds the exact doubles;
 NaN and infinities are refused on both sides.
+
+The pydantic models are the validation boundary. The x messages, the only per-iteration traffic,
+are read on the hot path by :class:`HotDecoder` with msgspec (:class:`XWire`, the same fields and
+bounds); a payload msgspec does not take goes through :func:`decode`, so a hot-path error is
+:func:`decode`'s error, word for word (``benchmarks/bench_wire.py`` measures the two).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from math import isfinite as _isfinite
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import WireError
@@ -35,6 +42,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "AdvStateMsg",
     "ConfigMsg",
+    "HotDecoder",
     "KeyMsg",
     "SealedZ0Msg",
     "StatusMsg",
@@ -42,6 +50,7 @@ __all__ = [
     "WireError",
     "WireMessage",
     "XMsg",
+    "XWire",
     "Z0Msg",
     "check_run_id",
     "decode",
@@ -145,6 +154,21 @@ class XMsg(_Msg):
     x: Finite
     quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
+
+
+class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """:class:`XMsg` as :class:`HotDecoder` reads it: the same fields, types and bounds, in msgspec."""
+
+    node: Annotated[int, msgspec.Meta(ge=0, lt=MAX_NODES)]
+    t: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS)]
+    phase: str
+    x: float  # msgspec refuses NaN tokens and out-of-range numbers; HotDecoder checks finiteness too
+    v: Literal[1] = 1
+    quiet: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] | None = None
+    stop: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
+
+
+_decode_x = msgspec.json.Decoder(XWire).decode
 
 
 class StatusMsg(_Msg):
@@ -322,6 +346,36 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
         raise WireError(loc, err.get("input"), err["msg"].removeprefix("Value error, ")) from None
     _check_agrees(info, msg, topic)
     return info, msg
+
+
+class HotDecoder:
+    """:func:`decode` for one run, with x messages read by msgspec into :class:`XWire` (the hot path).
+
+    ``decode(topic, payload)`` accepts what :func:`decode` accepts, with the same values: an x
+    payload msgspec does not take, or that disagrees with its topic, is handed to :func:`decode`,
+    which raises its own :class:`WireError` or returns the pydantic model; every other kind is
+    :func:`decode`'s. The x topics already seen are remembered (at most :data:`MAX_NODES`).
+    """
+
+    def __init__(self, prefix: str, run_id: str) -> None:
+        self.prefix, self.run_id = prefix, run_id
+        self._x_topics: dict[str, TopicInfo] = {}
+
+    def decode(self, topic: str, payload: bytes) -> tuple[TopicInfo, WireMessage | XWire]:
+        """Parse and validate one message (see the class)."""
+        info = self._x_topics.get(topic)
+        if info is not None and len(payload) <= MAX_PAYLOAD_BYTES:
+            try:
+                msg = _decode_x(payload)
+            except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
+                pass
+            else:
+                if msg.node == info.node and _isfinite(msg.x):
+                    return info, msg
+        info, full = decode(topic, payload, self.prefix, self.run_id)
+        if info.kind == "x" and len(self._x_topics) < MAX_NODES:
+            self._x_topics[topic] = info
+        return info, full
 
 
 def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:
