@@ -13,6 +13,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +27,11 @@ from nlagg_node.sim import SimResult
 from nlagg_node.threat import known_duals
 
 from .attack import AttackReport, attack_arrays, score
+
+if TYPE_CHECKING:
+    from nlagg_node.runtime.wire import topics
+
+    from .transcript import Transcript
 
 
 def _check_trial(result: SimResult, trial: int) -> None:
@@ -125,7 +131,7 @@ def write_sim_transcript(
     separate ``<path>.truth.json`` for scoring. Returns the transcript's path.
     """
     from nlagg_node.runtime.public import build_config_msg
-    from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, XMsg, Z0Msg, encode, topics
+    from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, Z0Msg, encode, encode_x, topics
 
     from .transcript import Transcript
 
@@ -160,7 +166,9 @@ def write_sim_transcript(
                 tr.add(tp.z0(i, j), encode(msg), received=0.0)
         gone = result.departed
         nbrs = neighbours(n, edges)
-        for t in range(x.shape[1]):
+        # Early stopping: the x's of the iterations run, with their fields (departures are refused there).
+        ran = _write_x(tr, tp, result, trial, x, names) if cfg.early_stop else int(x.shape[1])
+        for t in range(0 if cfg.early_stop else x.shape[1]):
             for j in sorted(k for k, at in gone.items() if at + 1 == t):  # as on a network, the will
                 offline = encode(StatusMsg(node=j, state="offline"))
                 tr.add(tp.status(j), offline, retained=True, received=t - 0.5)
@@ -175,7 +183,7 @@ def write_sim_transcript(
                     continue  # departed
                 tr.add(
                     tp.x(i),
-                    encode(XMsg(node=i, t=t, phase=str(names[t]), x=float(x[i, t]))),
+                    encode_x(i, t, str(names[t]), float(x[i, t])),
                     received=float(t),
                 )
         starts: dict[str, int] = {}
@@ -200,7 +208,7 @@ def write_sim_transcript(
                     state="done",
                     final=[float(x[i, e]) for e in ends],
                     output=[float(v) for v in np.atleast_1d(output[i])],
-                    iterations=int(x.shape[1]),
+                    iterations=ran,
                     departed=final_told,
                 )
             )
@@ -214,6 +222,28 @@ def write_sim_transcript(
     }
     truth_path(out).write_text(json.dumps(truth, indent=2))
     return out
+
+
+def _write_x(tr: Transcript, tp: topics, result: SimResult, trial: int, x: FloatArray, names: Any) -> int:
+    """Every x_i^(t) the nodes of an early-stopping run publish: up to each phase's stop, with the
+    quiet counter and stop iteration (:func:`nlagg_node.termination.fields_along`); the iterations run."""
+    from nlagg_node.runtime.wire import encode_x
+    from nlagg_node.termination import NO_STOP, diameter, fields_along
+
+    cfg = result.config
+    diam = diameter(cfg.n, result.graphs[trial])
+    start = 0
+    for p, phase in enumerate(result.phases):
+        ran = int(result.phase_iterations[trial, p])
+        seg = x[:, start : start + ran].T
+        rows = fields_along(seg, result.graphs[trial], start, cfg.stop_window, diam, cfg.tolerance)
+        for lt, row in enumerate(rows):
+            t = start + lt
+            for i, (k, e) in enumerate(row):
+                payload = encode_x(i, t, phase.name, float(x[i, t]), k, None if e == NO_STOP else e)
+                tr.add(tp.x(i), payload, received=float(t))
+        start += phase.t_len
+    return int(result.phase_iterations[trial].sum())
 
 
 def truth_path(transcript: Path) -> Path:

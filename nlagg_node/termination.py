@@ -30,9 +30,9 @@ from collections import deque
 
 import numpy as np
 
-from .arrays import IntArray
+from .arrays import FloatArray, IntArray
 
-__all__ = ["NO_STOP", "diameter", "is_quiet", "next_quiet", "next_stop", "stop_threshold"]
+__all__ = ["NO_STOP", "diameter", "fields_along", "is_quiet", "next_quiet", "next_stop", "stop_threshold"]
 
 NO_STOP = 1 << 62
 """``e`` before any proposal (larger than every iteration; never on the wire)."""
@@ -61,6 +61,36 @@ def next_stop(e_min: int, k: int, t: int, threshold: int, diam: int) -> int:
 def stop_threshold(diam: int, window: int) -> int:
     """``D + W``: a counter this high proves W quiet iterations of every node (see module docs)."""
     return diam + window
+
+
+def fields_along(
+    xs: FloatArray, edges: IntArray, t0: int, window: int, diam: int, tolerance: float
+) -> list[list[tuple[int, int]]]:
+    """Every node's ``(k_i^(t), e_i^(t))`` along one phase's trajectory ``xs`` (iterations x nodes).
+
+    What the nodes publish with their x's (``e`` is :data:`NO_STOP` until known), recomputed from the
+    x's of a phase that started at iteration ``t0``: the simulator's transcripts carry them. The
+    rows stop at the phase's stop iteration (or at the end of ``xs``).
+    """
+    n = xs.shape[1]
+    nbrs: list[list[int]] = [[] for _ in range(n)]
+    for a, b in np.asarray(edges).tolist():
+        nbrs[a].append(b)
+        nbrs[b].append(a)
+    threshold = stop_threshold(diam, window)
+    rows: list[list[tuple[int, int]]] = []
+    k, e = [0] * n, [NO_STOP] * n
+    x = np.asarray(xs, dtype=np.float64).tolist()
+    for lt, row in enumerate(x):
+        quiet = [lt >= window and is_quiet(row[i], x[lt - window][i], tolerance) for i in range(n)]
+        k_min = [min([k[i]] + [k[j] for j in nbrs[i]]) for i in range(n)]
+        e_min = [min([e[i]] + [e[j] for j in nbrs[i]]) for i in range(n)]
+        k = [next_quiet(quiet[i], k_min[i]) for i in range(n)]
+        e = [next_stop(e_min[i], k[i], t0 + lt, threshold, diam) for i in range(n)]
+        rows.append(list(zip(k, e, strict=True)))
+        if t0 + lt in e:
+            break
+    return rows
 
 
 def diameter(n: int, edges: IntArray) -> int:

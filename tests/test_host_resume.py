@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,10 +19,33 @@ from nlagg_node.sim import simulate
 RUN = "host-resume"
 
 
-async def test_checkpointed_host_resumes_bit_for_bit(tmp_path: Path) -> None:
-    """Trimmed mean (three dual groups); the host is cancelled in the second group."""
-    cfg = RunConfig(op="trimmed-mean", n=7, k=1, trials=1, record="all", t_max=80, avg_t_max=60, seed=3)
+@pytest.mark.parametrize(
+    ("params", "crash_after"),
+    [
+        pytest.param({"op": "trimmed-mean", "k": 1, "t_max": 80, "avg_t_max": 60}, 120, id="trimmed-mean"),
+        pytest.param(
+            {"op": "topk", "k": 2, "t_max": 1500, "early_stop": True, "stop_window": 20},
+            300,
+            id="topk-early-stop",
+        ),
+        pytest.param(
+            {"op": "topk", "k": 2, "t_max": 1500, "early_stop": True, "stop_window": 20},
+            700,
+            id="topk-early-stop-2",
+        ),
+    ],
+)
+async def test_checkpointed_host_resumes_bit_for_bit(
+    params: dict[str, Any], crash_after: int, tmp_path: Path
+) -> None:
+    """The host is cancelled mid-run (trimmed mean: in its second dual group; top-K with early
+    stopping: in its first phase, or in its second after the first stopped early) and restarted."""
+    cfg = RunConfig(n=7, trials=1, record="all", seed=3, **params)
     sim = simulate(cfg)
+    # The x's each node published: every phase up to its stop.
+    starts = np.cumsum([0] + [p.t_len for p in sim.phases])
+    runs = [sim.recorded_x[s : s + r, 0, :] for s, r in zip(starts, sim.phase_iterations[0], strict=False)]
+    expected = np.concatenate(runs)
     values = sim.values[0]
     edges = run_edges(cfg)
     broker = MemoryBroker()
@@ -40,7 +64,7 @@ async def test_checkpointed_host_resumes_bit_for_bit(tmp_path: Path) -> None:
         run = asyncio.create_task(host_nodes(nodes, tr, "nlagg", RUN))
         async with asyncio.timeout(120):
             while True:
-                if run.done() or min(nd.store.writes for nd in nodes if nd.store is not None) >= 120:
+                if run.done() or min(nd.store.writes for nd in nodes if nd.store is not None) >= crash_after:
                     break
                 await asyncio.sleep(0.005)
         assert not run.done()  # the crash hits a running network
@@ -51,5 +75,6 @@ async def test_checkpointed_host_resumes_bit_for_bit(tmp_path: Path) -> None:
         nodes = build(tr)
         assert all(nd.resumed is not None for nd in nodes)
         results: list[NodeResult] = await host_nodes(nodes, tr, "nlagg", RUN)
-    assert np.array_equal(np.array([r.x for r in results]).T, sim.recorded_x[:, 0, :])
+    assert np.array_equal(np.array([r.x for r in results]).T, expected)
+    assert all(r.iterations == sim.phase_iterations[0].sum() and r.rejected == 0 for r in results)
     assert np.array_equal(np.array([r.output for r in results]).reshape(sim.output[0].shape), sim.output[0])

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node import load_config, simulate
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.limits import MAX_ITERATIONS, MAX_NODES
 from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
-from nlagg_node.termination import NO_STOP, diameter, is_quiet, next_quiet, next_stop, stop_threshold
+from nlagg_node.termination import diameter, fields_along
 
 WINDOW = 20
 
@@ -36,26 +39,13 @@ def test_diameter_refuses_disconnected() -> None:
 
 
 def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float) -> tuple[int, np.ndarray]:
-    """The rule applied node by node to a fixed-schedule trajectory ``xs`` (T, n) of one phase.
+    """The rule applied node by node to a fixed-schedule trajectory ``xs`` (T, n) of one phase
+    (:func:`~nlagg_node.termination.fields_along`, as the simulator's transcripts do).
 
     Returns the iterations the phase runs and every node's stop iteration ``e`` at the stop.
     """
-    n = xs.shape[1]
-    nbrs: list[list[int]] = [[] for _ in range(n)]
-    for a, b in edges.tolist():
-        nbrs[a].append(b)
-        nbrs[b].append(a)
-    diam = diameter(n, edges)
-    k, e = [0] * n, [NO_STOP] * n
-    for lt in range(xs.shape[0]):
-        quiet = [lt >= WINDOW and is_quiet(xs[lt, i], xs[lt - WINDOW, i], tol) for i in range(n)]
-        k_min = [min([k[i]] + [k[j] for j in nbrs[i]]) for i in range(n)]
-        e_min = [min([e[i]] + [e[j] for j in nbrs[i]]) for i in range(n)]
-        k = [next_quiet(quiet[i], k_min[i]) for i in range(n)]
-        e = [next_stop(e_min[i], k[i], t0 + lt, stop_threshold(diam, WINDOW), diam) for i in range(n)]
-        if any(v == t0 + lt for v in e):
-            return lt + 1, np.array(e)
-    return xs.shape[0], np.array(e)
+    rows = fields_along(xs, edges, t0, WINDOW, diameter(xs.shape[1], edges), tol)
+    return len(rows), np.array([e for _, e in rows[-1]])
 
 
 @pytest.mark.parametrize(
@@ -139,6 +129,16 @@ async def test_testbed_stops_where_the_simulator_does(
     assert summary["exact"]
     finals = np.array([summary["final_x"][str(i)] for i in range(cfg.n)]).reshape(sim.output[0].shape)
     np.testing.assert_array_equal(finals, sim.output[0])
+    # nlagg sim --transcript writes the same x messages, byte for byte (quiet counters and stops too)
+    simulate_transcript(cfg, tmp_path / "sim.sqlite")
+    assert _x_payloads(tmp_path / "sim.sqlite") == _x_payloads(tmp_path / "transcript.sqlite")
+
+
+def _x_payloads(path: Path) -> list[tuple[str, bytes]]:
+    """Every valid x message of a transcript file: (node/i/x, payload), sorted."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT topic, payload FROM messages WHERE valid = 1 AND kind = 'x'").fetchall()
+    return sorted(("/".join(str(t).split("/")[-3:]), bytes(p)) for t, p in rows)
 
 
 @pytest.mark.parametrize(

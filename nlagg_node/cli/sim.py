@@ -143,8 +143,6 @@ def sim(
     departures = parse_departures(depart)
     if corrupted and transcript is None:
         raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
-    if transcript is not None and cfg.early_stop:
-        raise ConfigError("transcript", str(transcript), "follows the fixed schedule; add --no-early-stop")
     if out is not None:
         claim_out(out, RUN_FILES, force=force)
     if transcript is not None:

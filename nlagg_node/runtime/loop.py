@@ -115,6 +115,7 @@ class _Track:
         self.z_out: list[float] = []
         self.got: list[float] = []  # the neighbours' x's last taken
         self.adv: str | None = None
+        self.sent: list[int] = []  # early stop: [t, quiet, stop or NO_STOP] of the last x published
         ck = self.ck
         if ck is None:
             cfg = member.cfg
@@ -125,6 +126,7 @@ class _Track:
             self.finals, self.identified, self.xs = list(ck.finals), list(ck.identified), list(ck.xs)
             self.z0_sent, self.z_out, self.adv = dict(ck.z0_sent), list(ck.z_out), ck.prev_adv
             self.got = [ck.prev_got[str(j)] for j in member.neighbours] if ck.prev_got else []
+            self.sent = list(ck.last_sent)
 
 
 class PdmmLoop:
@@ -148,6 +150,7 @@ class PdmmLoop:
         # z_update call per iteration updates both (element-wise the same operations, same bits).
         self.w = np.zeros(2 * self.d)
         self.diam = diameter(first.cfg.n, first.edges) if first.cfg.early_stop else 0
+        self.stopping: Stopping | None = None
 
     def _layout(self) -> None:
         """Each member's slice of the flat duals, their owners and reverses, from the slots still here."""
@@ -194,7 +197,7 @@ class PdmmLoop:
         ck = self.start
         if ck is not None and ck.stage == "done":  # killed after finishing: announce it again
             for m in members:
-                await m.status("done", final=ck.finals, output=ck.output, iterations=m.t_total)
+                await m.status("done", final=ck.finals, output=ck.output, iterations=m.iterations_run)
             return [m.result(ck.finals, ck.output, ck.xs, ck.z0_sent, 0.0) for m in members]
         await gather_first_error([m.status("running") for m in members])
         for m in members:
@@ -232,7 +235,9 @@ class PdmmLoop:
                     z_out=[] if in_x else tr.z0_sent[group], z0_sent=tr.z0_sent, finals=tr.finals,
                     identified=tr.identified if in_x else [], xs=tr.xs,
                     prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False) if v == v},
-                    prev_adv=tr.adv if in_x else None,
+                    prev_adv=tr.adv if in_x else None, last_sent=tr.sent,
+                    prev_quiet=[list(f) for f in self.stopping.nbr[k]] if in_x and self.stopping else [],
+                    skipped=m.t_total - m.iterations_run,
                 )
             )  # fmt: skip
 
@@ -257,7 +262,11 @@ class PdmmLoop:
         """Resumed mid-phase: what we may have published just before the crash goes out again."""
         phase = self.members[0].phase_at[t - 1]
         for m, tr in zip(self.members, self.tracks, strict=True):
-            m.outbox.send_x(t - 1, phase, tr.xs[-1])
+            if tr.sent:  # early stop: the last x may precede t - 1 (its phase stopped early)
+                last, quiet, stop = tr.sent
+                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], quiet, None if stop == NO_STOP else stop)
+            else:
+                m.outbox.send_x(t - 1, phase, tr.xs[-1])
             if tr.adv is not None:
                 m.outbox.send_adv(tr.adv.encode())
 
@@ -290,6 +299,7 @@ class PdmmLoop:
                 first_round = t
             elif resuming and t > 0:
                 self._republish_last(t)
+            resumed_at = t if resuming else -1
             resuming = False
             own, owner, swap, d = self.own, self.owner, self.swap, self.d  # the exchange may follow a drop
             x_dst = np.empty(2 * d)
@@ -302,6 +312,9 @@ class PdmmLoop:
             early = (
                 Stopping(members, self.cfg.stop_window, self.diam, cfg.tolerance) if cfg.early_stop else None
             )
+            if early is not None and resumed_at > phase_start[p_idx]:
+                early.restore(resumed_at - phase_start[p_idx], tracks)
+            self.stopping = early
             for t in range(t, end):  # noqa: B020 - t carries on across phases
                 if leave_at is not None and t >= leave_at:
                     return t
@@ -327,6 +340,7 @@ class PdmmLoop:
                         m.outbox.send_x(t, name, x_list[k])
                     else:
                         m.outbox.send_x(t, name, x_list[k], *fields[k])
+                        tr.sent = [t, early.k[k], early.e[k]]  # type: ignore[union-attr]
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
                     got_flat += self._here(k, got)
@@ -388,6 +402,16 @@ class Stopping:
             self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.diam)
             out.append((self.k[k], None if self.e[k] == NO_STOP else self.e[k]))
         return out
+
+    def restore(self, lt: int, tracks: list[_Track]) -> None:
+        """Resumed at phase-local iteration ``lt > 0``: the state after iteration ``lt - 1``, from the
+        x's run (the window), the fields last published and the neighbours' (the checkpoint)."""
+        for k, tr in enumerate(tracks):
+            xs = tr.xs[len(tr.xs) - lt :]
+            for lt_past in range(max(0, lt - self.window), lt):
+                self.hist[k][lt_past % self.window] = xs[lt_past]
+            _, self.k[k], self.e[k] = tr.sent
+            self.nbr[k] = [(q, e) for q, e in tr.ck.prev_quiet] if tr.ck is not None else []
 
     def received(self, t: int) -> bool:
         """After taking x^(t): keep the neighbours' fields; whether the phase ends with iteration t."""

@@ -146,10 +146,6 @@ class Member:
         self.store = checkpoint
         self.resumed: Checkpoint | None = None
         self.fingerprint = ""
-        if checkpoint is not None and self.cfg.early_stop:
-            raise NlaggError(
-                "a node with a state directory cannot resume an early-stopping run yet: use --no-early-stop"
-            )
         if checkpoint is not None:
             self.fingerprint = fingerprint(
                 run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
@@ -175,6 +171,7 @@ class Member:
             )
         prev = [ck.prev_got[str(j)] for j in self.neighbours] if ck.prev_got else None
         self.x_in.resume(ck.t, prev)
+        self.iterations_run = self.t_total - ck.skipped
         group = self.phases[ck.phase].group
         self.z0_in.resume(self.exchange_of[group] + (0 if ck.stage == "z0" else 1))
         for g, zs in ck.z0_sent.items():
@@ -458,6 +455,7 @@ class Member:
             last = self.resumed
             assert last is not None  # the loop saved at least one checkpoint
             last.stage, last.finals, last.xs, last.output = "done", finals, xs, out_list
+            last.skipped = self.t_total - self.iterations_run
             self.store.save(last)
         await self.status(
             "done",
