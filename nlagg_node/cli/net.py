@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def node(
     setup_logging(verbose)
     if leave_by not in ("status", "kill"):
         raise ConfigError("leave_by", leave_by, "use status or kill")
+    logging.getLogger("nlagg.progress").setLevel(logging.INFO)  # a line every few seconds (stderr)
     cfg = load_config(config, value_range=value_range)
     net = _network_table(config)
     rid = check_run_id(run_id or str(net.get("run_id", "")) or "default")

@@ -44,6 +44,7 @@ from ._app import (
 from .net import CaFile, tls_settings
 
 if TYPE_CHECKING:
+    from ..lab.progress import ProgressFn
     from ..lab.summary import TestbedSummary
 
 __all__ = ["TESTBED_FILES", "print_summary", "run_testbed_command"]
@@ -132,6 +133,7 @@ def run_testbed_command(
 
     from ..config import load_config
     from ..departure import parse_departures
+    from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
     from ..scale import config_warnings
 
@@ -180,7 +182,7 @@ def run_testbed_command(
             print_summary(console, summary)
         return summary
 
-    async def run(out_dir: Path | None) -> TestbedSummary:
+    async def run(out_dir: Path | None, on_progress: ProgressFn | None = None) -> TestbedSummary:
         summary = await run_testbed(
             cfg,
             run_id=run_id,
@@ -194,11 +196,14 @@ def run_testbed_command(
             ca_file=ca_file,
             on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
             departures=departures,
+            on_progress=on_progress,
         )
         return report(summary)
 
     if dashboard is None:
-        asyncio.run(run(out))
+        # The live line goes to stderr, and only to a terminal: --json output and logs stay clean.
+        with progress_line(sys.stderr.isatty()) as on_progress:
+            asyncio.run(run(out, on_progress))
         return
     from adversary.dashboard import parse_listen, serve_beside
 

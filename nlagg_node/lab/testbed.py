@@ -41,6 +41,7 @@ from ..scale import check_node_value, check_start, scale_for
 from ..schedule import plan_phases, true_aggregate
 from ..sim.departures import survivor_truth
 from .children import Child, start_eavesdropper
+from .progress import RunProgress, Snapshot
 from .summary import (
     NodeReport,
     TestbedSummary,
@@ -97,6 +98,26 @@ class _Eavesdropper:
     async def stop(self) -> None:
         if self.child is not None:
             await self.child.stop()
+
+    async def guard(self, nodes: asyncio.Future[list[NodeReport]]) -> list[NodeReport]:
+        """The nodes' results; if the eavesdropper dies first (without having seen every node done),
+        the nodes are stopped at once and :class:`TestbedError` says so."""
+        assert self.child is not None
+        child = self.child
+        died: asyncio.Future[Any] = asyncio.ensure_future(child.wait())
+        try:
+            await asyncio.wait([nodes, died], return_when=asyncio.FIRST_COMPLETED)
+            if not nodes.done() and not (child.last_event("finished") or {}).get("complete"):
+                nodes.cancel()
+                await asyncio.gather(nodes, return_exceptions=True)
+                said = " | ".join(child.lines[-3:]) or "nothing on stdout; see stderr"
+                raise TestbedError(
+                    f"the eavesdropper exited with code {child.returncode} while the nodes were running;"
+                    f" the run was stopped (its last output: {said})"
+                )
+            return await nodes
+        finally:
+            died.cancel()
 
 
 @dataclass(frozen=True)
@@ -234,6 +255,7 @@ async def run_testbed(
     on_event: Callable[[str], None] | None = None,
     departures: dict[int, int] | None = None,
     ca_file: Path | None = None,
+    on_progress: Callable[[Snapshot], None] | None = None,
 ) -> TestbedSummary:
     """Run one testbed and return its summary (see the issue's ``--json`` fields).
 
@@ -252,6 +274,10 @@ async def run_testbed(
 
     ``ca_file`` is the CA that verifies an ``mqtts://`` ``broker_url`` (TLS for the launcher, the
     eavesdropper and every node).
+
+    ``on_progress`` receives a :class:`~nlagg_node.lab.progress.Snapshot` a few times a second
+    (the launcher then also subscribes to node 0's x and the statuses). An eavesdropper that dies
+    during the run stops it at once (:class:`TestbedError`).
     """
     from ..sim.values import run_values
 
@@ -316,7 +342,13 @@ async def run_testbed(
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
         nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file)
-        results = await (_run_in_process(nodes) if in_process else _run_processes(nodes, workdir))
+        if on_progress is not None:
+            cap = sum(p.t_len for p in plan_phases(cfg))
+            watch = RunProgress(prefix, run_id, cfg.n, cap, lambda: len(eaves.exposures), on_progress)
+            follower = asyncio.create_task(watch.follow(launcher))
+            stack.callback(follower.cancel)
+        run_nodes = _run_in_process(nodes) if in_process else _run_processes(nodes, workdir)
+        results = await eaves.guard(asyncio.ensure_future(run_nodes))
         node_wall = time.perf_counter() - t_nodes
         finished = await eaves.wait_finished(30.0)
         if not finished.get("complete"):

@@ -43,6 +43,7 @@ from ..schedule import bypassed, effective_values, phase_c, value_noise
 from ..termination import NO_STOP, diameter, is_quiet, next_quiet, next_stop, stop_threshold
 from .checkpoint import Checkpoint, Stage
 from .member import Member, NodeResult
+from .pace import Pace
 from .routing import Router
 from .transport import Transport
 
@@ -151,6 +152,7 @@ class PdmmLoop:
         self.w = np.zeros(2 * self.d)
         self.diam = diameter(first.cfg.n, first.edges) if first.cfg.early_stop else 0
         self.stopping: Stopping | None = None
+        self.pace = Pace([m.id for m in members], first.t_total)
 
     def _layout(self) -> None:
         """Each member's slice of the flat duals, their owners and reverses, from the slots still here."""
@@ -318,6 +320,8 @@ class PdmmLoop:
             for t in range(t, end):  # noqa: B020 - t carries on across phases
                 if leave_at is not None and t >= leave_at:
                     return t
+                if not t & 63:
+                    self.pace.tick(t, name)
                 if saving:
                     self.w = w
                     self.checkpoint("x", t, p_idx, group)
