@@ -200,6 +200,23 @@ def _read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _departures_html(departed: dict[int, int], summary: dict[str, Any]) -> str:
+    """Who left the run and when (the statuses say so), and each surviving component's result."""
+    if not departed:
+        return ""
+    who = ", ".join(f"node {j} at t={t}" for j, t in sorted(departed.items()))
+    parts = [f"<p>Departed for good: {html.escape(who)}; the truth is the survivors' aggregate."]
+    comps = summary.get("components") or []
+    if summary.get("graph_split"):
+        parts.append(" The departures split the graph: one result per component.")
+    for c in comps:
+        ok = "exact" if c.get("exact") else "NOT exact"
+        parts.append(
+            f" Component {html.escape(str(c.get('members')))}: {html.escape(str(c.get('true_value')))}, {ok}."
+        )
+    return "".join(parts) + "</p>"
+
+
 def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
     from .attack import attack_transcript, load_transcript_arrays
@@ -253,6 +270,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         f"{report.iterations} iterations, exact output: {summary.get('exact')}, "
         f"{summary.get('messages_captured')} messages captured. "
         f"Corrupted: {sorted(data['corrupted']) or 'none'}.</p>"
+        f"{_departures_html(data['departed'], summary)}"
         f"<p><img src='report.png' alt='trajectories'></p>"
         f"<p>Attack: precision {_fmt(report.precision)}, recall of matching events {_fmt(report.recall)}, "
         f"intervals sound {_fmt(report.interval_soundness)}. {avoidable} honest node(s) leaked beyond the "

@@ -14,6 +14,8 @@ the run (a fraction of the x's already captured):
   sessions bound to users, payload cap) and one node's own credentials in hostile hands
   (``tests/hostile.py``): t = 2^64 and 10^12 before the configuration, forged windows and phases,
   10 and 100 MiB payloads, three session takeovers; the attack's precision must stay 1.0.
+* ``depart``: SIGKILL one node for good (never restarted): its neighbours count it as departed and
+  the survivors finish; the run is judged against the simulator with the departure they report.
 
 The seeds are the first ones (from ``--seed``) whose simulated run converges to the exact maximum
 within ``--t-max``, checked with the simulator before the soak starts. A run is *identical* when every
@@ -44,7 +46,7 @@ from nlagg_node.sim import simulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.faults import FaultBed, Verdict, hostile_messages
 
-FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile")
+FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile", "depart")
 
 
 def exact_seeds(base: RunConfig, first: int, count: int) -> list[int]:
@@ -120,6 +122,8 @@ async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generato
             await bed.restart_broker(pause=float(rng.uniform(0.1, 1.0)))
         elif fault == "broker-kill":
             await bed.kill_broker(pause=float(rng.uniform(0.1, 1.0)))
+        elif fault == "depart":
+            await bed.kill_for_good(int(rng.integers(cfg.n)))
         elif fault == "eavesdropper":
             await bed.kill_eavesdropper()
             await asyncio.sleep(float(rng.uniform(0.0, 1.0)))

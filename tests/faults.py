@@ -120,6 +120,7 @@ class FaultBed:
         self.broker: BrokerHandle | None = None
         self._broker_cm: AbstractAsyncContextManager[BrokerHandle] | None = None
         self.restarts: dict[str, int] = {"node": 0, "broker": 0, "eavesdropper": 0}
+        self.gone: set[int] = set()  # nodes killed for good (they depart, issue 16)
 
     # Broker -----------------------------------------------------------------------------------
     async def _start_broker(self, port: int | None) -> None:
@@ -237,6 +238,11 @@ class FaultBed:
         """SIGKILL: no clean disconnect, no last words (the broker publishes the will)."""
         await self.nodes[i].kill()
 
+    async def kill_for_good(self, i: int) -> None:
+        """SIGKILL, never restarted: its neighbours count it as departed and finish without it."""
+        await self.nodes[i].kill()
+        self.gone.add(i)
+
     async def restart_node(self, i: int) -> None:
         """The same command again: it resumes from its checkpoint."""
         self.nodes[i] = await Child.start(self.node_command(i), log=self.workdir / f"node-{i}.log")
@@ -268,6 +274,8 @@ class FaultBed:
             async with asyncio.timeout(within):
                 for i, proc in self.nodes.items():
                     rc = await proc.wait()
+                    if i in self.gone:
+                        continue
                     if rc != 0:
                         detail.append(f"node {i} exited with {rc}")
                     elif proc.events:
@@ -282,12 +290,18 @@ class FaultBed:
         return self.verdict(results, detail)
 
     def verdict(self, results: dict[int, dict[str, Any]], detail: list[str]) -> Verdict:
-        sim = simulate(self.cfg.model_copy(update={"record": "all"}))
-        completed = len(results) == self.cfg.n and not detail
+        """Against the simulator's run; with nodes killed for good, the one with the departures the
+        survivors report (``departed`` of their results)."""
+        departed = {int(j): int(t) for r in results.values() for j, t in r.get("departed", {}).items()}
+        if set(departed) != self.gone:
+            detail.append(f"departures reported {departed}, nodes killed for good {sorted(self.gone)}")
+        sim = simulate(self.cfg.model_copy(update={"record": "all"}), departures=departed)
+        here = [i for i in range(self.cfg.n) if i not in departed]
+        completed = len(results) == len(here) and not detail
         identical = completed
         if completed:
-            out = np.array([results[i]["output"] for i in range(self.cfg.n)], dtype=float)
-            if not np.array_equal(out.reshape(sim.output[0].shape), sim.output[0]):
+            out = np.array([results[i]["output"] for i in here], dtype=float)
+            if not np.array_equal(out.reshape(sim.output[0, here].shape), sim.output[0, here]):
                 identical = False
                 detail.append("node outputs differ from the simulator's")
         finished = (self.eavesdropper.last_event("finished") if self.eavesdropper else None) or {}
@@ -298,22 +312,22 @@ class FaultBed:
             counts = tr.valid_counts(sim.z0)
         want_x = sim.recorded_x[:, 0, :].T
         have = ~np.isnan(x)
-        lost = int((~have).sum())
+        lost = int((~have & ~np.isnan(want_x)).sum())  # a departed node's x's end at its departure
         if not np.array_equal(x[have], want_x[have]):
             identical = False
             detail.append("captured x's differ from the simulator's")
         n_z0 = 0
         for group, arr in sim.z0.items():
             got = z0.get(group, np.full_like(arr, np.nan))
-            ok = ~np.isnan(got)
-            lost += int((~ok).sum())
-            n_z0 += arr.size
+            ok = ~np.isnan(got) & ~np.isnan(arr)
+            lost += int((np.isnan(got) & ~np.isnan(arr)).sum())
+            n_z0 += int((~np.isnan(arr)).sum())
             if not np.array_equal(got[ok], arr[ok]):
                 identical = False
                 detail.append(f"captured z0 ({group}) differ from the simulator's")
-        want_adv = {(i, t) for i in self.corrupt for t in range(self.t_total)}
+        want_adv = {(i, t) for i in self.corrupt for t in range(departed.get(i, self.t_total))}
         lost += len(want_adv - adv)
-        expected = {"x": self.cfg.n * self.t_total, "z0": n_z0, "adv": len(want_adv)}
+        expected = {"x": int((~np.isnan(want_x)).sum()), "z0": n_z0, "adv": len(want_adv)}
         extra = sum(max(0, int(counts.get(k, 0)) - v) for k, v in expected.items())
         if lost:
             detail.append(f"{lost} expected messages missing from the transcript")

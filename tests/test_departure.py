@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from adversary.attack import attack_transcript
+from adversary.report import render_testbed_report
 from nlagg_node.cli import main
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components, kept_edges, parse_departures
@@ -163,6 +164,8 @@ async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(tmp_
     assert summary["messages_rejected"] == 0
     report = attack_transcript(tmp_path / "run" / "transcript.sqlite")
     assert report.extra["departed"] == {"0": 200, "4": 300}
+    page = render_testbed_report(tmp_path / "run").read_text()
+    assert "Departed for good: node 0 at t=200, node 4 at t=300" in page
 
 
 def test_sim_cli_departure_and_its_transcript_attacked(
