@@ -157,7 +157,7 @@ def node(
         float | None,
         typer.Option(
             help="seconds a neighbour's last will must stay before it counts as departed for good "
-            "(README 'Nodes that leave') [default: a third of --neighbour-timeout]"
+            "(README 'Nodes that leave') [default: 3/4 of --neighbour-timeout]"
         ),
     ] = None,
     leave_after: Annotated[

@@ -102,7 +102,7 @@ class Member:
         self.neighbour_timeout = neighbour_timeout
         self.startup_timeout = startup_timeout
         # Departures (nlagg_node.departure): a neighbour whose last will stays longer than this has left.
-        self.departure_timeout = neighbour_timeout / 3 if departure_timeout is None else departure_timeout
+        self.departure_timeout = 0.75 * neighbour_timeout if departure_timeout is None else departure_timeout
         if not 0 < self.departure_timeout < neighbour_timeout:
             raise ConfigError(
                 "departure_timeout",

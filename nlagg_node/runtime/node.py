@@ -72,7 +72,7 @@ class Node(Member):
     checkpoint : where to keep the local checkpoint (written before every publish that depends on the
         node's state); a node restarted with the same store resumes from it with the same numbers.
     departure_timeout : seconds a neighbour's last will (``offline``) must stay before the neighbour
-        counts as departed for good (:mod:`nlagg_node.departure`); a third of ``neighbour_timeout``
+        counts as departed for good (:mod:`nlagg_node.departure`); three quarters of ``neighbour_timeout``
         by default.
     leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T) (so
