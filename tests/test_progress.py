@@ -12,6 +12,7 @@ import pytest
 
 from nlagg_node import load_config
 from nlagg_node.errors import TestbedError
+from nlagg_node.lab.children import start_eavesdropper
 from nlagg_node.lab.progress import RunProgress, Snapshot
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.pace import Pace
@@ -75,3 +76,12 @@ async def test_testbed_reports_progress_and_stops_when_its_eavesdropper_dies(
         with pytest.raises(TestbedError, match="eavesdropper exited with code -9 while the nodes"):
             await run_testbed(long, broker_url=mosquitto_url, in_process=True, on_progress=kill_once)
     assert killed == [True]
+
+
+async def test_an_eavesdropper_exiting_before_it_subscribes_fails_at_once(tmp_path: Path) -> None:
+    """No wait for the (generous) subscribe deadline: its exit and last log line come back at once."""
+    with pytest.raises(TestbedError, match=r"exited with \d+ before subscribing: .*run_id='bad id'"):
+        async with asyncio.timeout(60):
+            await start_eavesdropper(
+                "mqtt://127.0.0.1:1", "bad id", "nlagg", tmp_path / "t.sqlite", log=tmp_path / "e.log"
+            )

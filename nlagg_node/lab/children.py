@@ -126,6 +126,13 @@ class Child:
         await asyncio.gather(self._reader, return_exceptions=True)
 
 
+def _log_tail(log: Path | None, lines: int = 3) -> str:
+    """The last ``lines`` lines of a child's log, joined on one line ('' if there is none)."""
+    if log is None or not log.is_file():
+        return ""
+    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+
+
 async def start_eavesdropper(
     url: str,
     run_id: str,
@@ -136,24 +143,37 @@ async def start_eavesdropper(
     nice: int = 0,
     verbose: bool = False,
     on_event: Callable[[Event], None] | None = None,
-    within: float = 30.0,
+    within: float = 180.0,
     ca_file: Path | None = None,
 ) -> Child:
     """``nlagg eavesdrop --events --no-live`` as a child, returned once it has subscribed.
 
     ``ca_file`` verifies an ``mqtts://`` broker.
 
-    Raises :class:`TestbedError` (after stopping it) when it has not subscribed within ``within`` s.
+    Raises :class:`TestbedError` at once when the child exits before subscribing (with the last
+    lines of its log), and (after stopping it) when it has not subscribed within ``within`` s. The
+    deadline is generous on purpose: on a loaded machine a niced child's imports alone can take
+    half a minute, and a slow start is not a failure.
     """
     argv = eavesdrop_argv(
         url, run_id, str(db), prefix=prefix, ca_file=None if ca_file is None else str(ca_file),
         events=True, live=False, verbose=verbose, program=this_python(),
     )  # fmt: skip
     child = await Child.start(argv, log=log, nice=nice, on_event=on_event)
+    subscribed = asyncio.ensure_future(child.subscribed.wait())
+    exited = asyncio.ensure_future(child.proc.wait())
     try:
         async with asyncio.timeout(within):
-            await child.subscribed.wait()
+            await asyncio.wait((subscribed, exited), return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
         await child.stop()
         raise TestbedError(f"the eavesdropper did not subscribe within {within:g} s") from None
+    finally:
+        for waiter in (subscribed, exited):
+            waiter.cancel()
+    if not child.subscribed.is_set():
+        rc = await child.wait()
+        last = _log_tail(log)
+        why = f": {last}" if last else ""
+        raise TestbedError(f"the eavesdropper exited with {rc} before subscribing{why}")
     return child
