@@ -22,13 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from .config import RunConfig
 from .errors import ConfigError
 from .valuemap import ValueScale, scale_for
-
-FloatArray = NDArray[np.float64]
 
 __all__ = [
     "ValueScale",

@@ -26,10 +26,8 @@ from collections.abc import Collection, Iterable
 from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
-BoolArray = NDArray[np.bool_]
-IntArray = NDArray[np.int64]
+from .arrays import BoolArray, IntArray
 
 __all__ = ["InitChannel", "group_sealed", "known_duals", "sealed_groups", "secret_groups", "solvable"]
 

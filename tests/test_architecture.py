@@ -116,10 +116,6 @@ def test_every_lazy_export_of_adversary_resolves() -> None:
     assert missing == []
 
 
-# Defined outside errors.py until the protocol-loop rework imports it from there (issue 12).
-PENDING_ERRORS = {("nlagg_node.runtime.barrier", "NeighbourTimeoutError")}
-
-
 def test_every_error_class_lives_in_the_one_tree() -> None:
     from nlagg_node import errors
 
@@ -134,5 +130,20 @@ def test_every_error_class_lives_in_the_one_tree() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.ClassDef) and any(is_error(b) for b in node.bases)
     }
-    assert found - PENDING_ERRORS == set()
+    assert found == set()
     assert all(issubclass(getattr(errors, name), errors.NlaggError) for name in errors.__all__)
+
+
+def test_array_aliases_are_defined_once() -> None:
+    """``FloatArray``, ``IntArray`` and ``BoolArray`` are assigned in nlagg_node.arrays only."""
+    aliases = {"FloatArray", "IntArray", "BoolArray"}
+    found = {
+        (module, target.id)
+        for module, (path, _) in MODULES.items()
+        if module != "nlagg_node.arrays"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name) and target.id in aliases
+    }
+    assert found == set()

@@ -217,15 +217,35 @@ def test_input_messages_say_what_is_wrong(
     assert expected in err
 
 
-def test_eavesdrop_timeout_bounds_the_connection_and_names_the_cause(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (
+            ["eavesdrop", "--run-id", "r", "--timeout", "1"],
+            "no connection to broker {url} within 1 s (last attempt:",
+        ),
+        (["node", "--id", "0", "--value", "0.5"], "cannot connect to broker {url} after 10 tries: "),
+    ],
+    ids=["eavesdrop-timeout", "node-gives-up"],
+)
+def test_an_unreachable_broker_is_one_line_naming_it(
+    command: list[str],
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    args = ["eavesdrop", "--broker", f"mqtt://127.0.0.1:{port}", "--run-id", "r", "--timeout", "1"]
-    code, _, err = run_cli([*args, "--transcript", str(tmp_path / "t.sqlite")], capsys, monkeypatch)
+    url = f"mqtt://127.0.0.1:{port}"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('[run]\nop = "max"\nn = 3\ngraph = "ring"\n[network]\nrun_id = "r"\n')
+    where = (
+        ["--transcript", str(tmp_path / "t.sqlite")] if command[0] == "eavesdrop" else ["--config", str(cfg)]
+    )
+    code, _, err = run_cli([*command, "--broker", url, *where], capsys, monkeypatch)
     assert code == 1
     (line,) = err.strip().splitlines()
-    assert f"no connection to broker mqtt://127.0.0.1:{port} within 1 s" in line
-    assert "last attempt:" in line
+    assert line.startswith("nlagg: error: ")
+    assert expected.format(url=url) in line

@@ -30,15 +30,11 @@ import asyncio
 import math
 from typing import Literal
 
-from ..errors import NlaggError
+from ..errors import NeighbourTimeoutError, NlaggError
 
-__all__ = ["Barrier", "NeighbourTimeoutError", "Outcome"]
+__all__ = ["Barrier", "Outcome"]
 
 Outcome = Literal["new", "dup", "conflict", "stale", "ahead", "gone"]
-
-
-class NeighbourTimeoutError(NlaggError):
-    """A neighbour did not deliver what the barrier waits for within the configured timeout."""
 
 
 class _Round:

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
+from ..arrays import FloatArray
 from ..config import RunConfig
-from ..errors import ConfigError, DepartedError, NlaggError
+from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, combine, plan_phases, sealed_groups_of
 from ..termination import NO_STOP
-from .barrier import Barrier, NeighbourTimeoutError, Outcome
+from .barrier import Barrier, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .peers import HISTORY, Neighbours, Outbox
 from .public import build_config_msg, config_mismatch, run_edges
@@ -35,7 +35,6 @@ from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireEr
 __all__ = ["DepartedError", "Member", "NodeResult"]
 
 log = logging.getLogger("nlagg.node")
-FloatArray = NDArray[np.float64]
 
 
 @dataclass

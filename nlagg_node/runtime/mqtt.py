@@ -36,9 +36,9 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from ..errors import ConfigError, NlaggError
+from ..errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, NlaggError
 from ..rng import rng_for
-from .mqtt_settings import FATAL_CONNACK, BrokerRefusedError, jittered_backoff, parse_broker_url
+from .mqtt_settings import FATAL_CONNACK, jittered_backoff, parse_broker_url
 from .tls import TlsSettings, broker_endpoint
 from .transport import Message, Will, valid_filter
 
@@ -58,7 +58,7 @@ class MqttTransport:
     username, password : broker credentials.
     clean_session : False (default) keeps subscriptions and queued QoS 1 messages across reconnects.
     max_inflight : paho's in-flight window for QoS > 0.
-    reconnect_tries : consecutive failed attempts before giving up with :class:`NlaggError`.
+    reconnect_tries : consecutive failed attempts before giving up with :class:`BrokerUnreachableError`.
     backoff_base, backoff_max : the jittered exponential backoff, ``uniform(0, min(max, base 2^k))``.
     keepalive : seconds of silence before a ping; no answer within as long again drops the connection.
     tls : CA file and client certificate for ``mqtts://`` (None: the system's CAs).
@@ -218,7 +218,10 @@ class MqttTransport:
             return
         refused = [c for c in codes if c.is_failure]
         if refused:
-            fut.set_exception(NlaggError(f"broker {self.url} refused a subscription of {self.client_id!r}"))
+            code = refused[0].value
+            fut.set_exception(
+                BrokerRefusedError(self.url, self.client_id, code, f"subscription refused ({refused[0]})")
+            )
         else:
             fut.set_result(None)
 
@@ -271,7 +274,7 @@ class MqttTransport:
                 last = f"CONNACK code {code}" if code >= 0 else "connection closed before the CONNACK"
             self._paho.disconnect()  # drop the half-open attempt before the next one
             log.info("connect to %s failed (%s); retrying", self.url, last)
-        raise NlaggError(f"cannot connect to broker {self.url} after {self.reconnect_tries} tries: {last}")
+        raise BrokerUnreachableError(self.url, self.reconnect_tries, last)
 
     async def _supervise(self) -> None:
         """Keep the connection up: reconnect after every loss, resubscribe if the session is gone."""
@@ -310,7 +313,8 @@ class MqttTransport:
             self._paho.loop_misc()
 
     async def connect(self) -> None:
-        """Connect (retrying with backoff); :class:`NlaggError` names the broker if it stays unreachable."""
+        """Connect (retrying with backoff); :class:`BrokerUnreachableError` names the broker if it stays
+        unreachable, :class:`BrokerRefusedError` the return code if it refuses this client."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._closing = False

@@ -18,9 +18,8 @@ from types import TracebackType
 from typing import Literal, Self
 
 from ..config import RunConfig
-from ..errors import NlaggError
+from ..errors import NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray
-from .barrier import NeighbourTimeoutError
 from .checkpoint import CheckpointStore
 from .loop import run_members
 from .member import Member, NodeResult
