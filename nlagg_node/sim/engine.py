@@ -150,7 +150,7 @@ def simulate(
     """
     import numba
 
-    from .kernel import run_phase, run_phase_serial  # numba: compiled (or loaded from cache) on first use
+    from .kernel import run_phase  # numba: compiled (or loaded from cache) on first use
 
     started = time.perf_counter()
     cfg = cfg.resolved()
@@ -194,7 +194,7 @@ def simulate(
     # One kernel call per phase, or about fifty when someone watches the progress; a parallel
     # region only for enough trials to share out.
     chunk = max(1, t_total // 50) if progress is not None else max(1, t_total)
-    kernel = run_phase if cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1 else run_phase_serial
+    parallel = cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1
     loop_seconds = 0.0
     early = cfg.early_stop
     window = cfg.stop_window
@@ -235,7 +235,7 @@ def simulate(
                 break
             steps = stop - start
             tick = time.perf_counter()
-            rec_ptr = kernel(
+            rec_ptr = run_phase(
                 u,
                 layout.src,
                 layout.dst,
@@ -269,6 +269,7 @@ def simulate(
                 kq,
                 ev,
                 ran,
+                parallel,
             )
             loop_seconds += time.perf_counter() - tick
             gone = dep.due(t0 + stop) if dep is not None else []

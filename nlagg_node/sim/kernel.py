@@ -179,6 +179,52 @@ def run_trial(
             x[g0 + i] = xl[i]
 
 
+@njit(nogil=True)
+def _run_trial_of(b: int, st: Any) -> None:
+    """Trial ``b`` of :func:`run_phase` (``st``: its arguments, in order, as one tuple)."""
+    (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
+     target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
+     early, window, diam, hist, kq, ev, ran) = st  # fmt: skip
+    run_trial(
+        b,
+        u,
+        src,
+        dst,
+        pair_start[b],
+        pair_start[b + 1],
+        s_eff,
+        s_used,
+        cd,
+        c,
+        theta,
+        quadratic,
+        alpha,
+        beta,
+        n,
+        t0,
+        local0,
+        t_len,
+        target_lo[b] - tolerance,
+        target_hi[b] + tolerance,
+        matched,
+        first_match,
+        last_bad,
+        record_t,
+        recorded,
+        rec_ptr,
+        x,
+        early,
+        tolerance,
+        window,
+        _stop_threshold(diam[b], window),
+        diam[b],
+        hist,
+        kq,
+        ev,
+        ran,
+    )
+
+
 @njit(parallel=True)
 def run_phase(
     u: Any,
@@ -214,6 +260,7 @@ def run_phase(
     kq: Any,
     ev: Any,
     ran: Any,
+    parallel: bool,
 ) -> int:
     """Run ``t_len`` iterations of every trial in place on ``u`` (signed duals) and ``x``.
 
@@ -226,134 +273,23 @@ def run_phase(
     and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place, and so
     are the early-stop state ``hist``/``kq``/``ev`` (per node) and ``ran`` (per trial, -1 while
     running) when ``early`` (``diam``: each trial's graph diameter).
+
+    With ``parallel`` the trials are shared out over numba's threads (``prange``); without,
+    they run one after the other on the calling thread and no thread pool is woken, which
+    for a handful of trials (or on a busy machine) is faster. A trial's arithmetic is the same
+    either way, so every bit of the result is too.
     """
     n_trials = last_bad.shape[0]
     rec_end = rec_ptr
     while rec_end < record_t.shape[0] and record_t[rec_end] < t0 + t_len:
         rec_end += 1
-    for b in numba.prange(n_trials):
-        run_trial(
-            b,
-            u,
-            src,
-            dst,
-            pair_start[b],
-            pair_start[b + 1],
-            s_eff,
-            s_used,
-            cd,
-            c,
-            theta,
-            quadratic,
-            alpha,
-            beta,
-            n,
-            t0,
-            local0,
-            t_len,
-            target_lo[b] - tolerance,
-            target_hi[b] + tolerance,
-            matched,
-            first_match,
-            last_bad,
-            record_t,
-            recorded,
-            rec_ptr,
-            x,
-            early,
-            tolerance,
-            window,
-            _stop_threshold(diam[b], window),
-            diam[b],
-            hist,
-            kq,
-            ev,
-            ran,
-        )
-    return rec_end
-
-
-def run_phase_serial(
-    u: Any,
-    src: Any,
-    dst: Any,
-    pair_start: Any,
-    s_eff: Any,
-    s_used: Any,
-    cd: Any,
-    c: float,
-    theta: float,
-    quadratic: bool,
-    alpha: float,
-    beta: float,
-    n: int,
-    t0: int,
-    local0: int,
-    t_len: int,
-    target_lo: Any,
-    target_hi: Any,
-    tolerance: float,
-    matched: Any,
-    first_match: Any,
-    last_bad: Any,
-    record_t: Any,
-    recorded: Any,
-    rec_ptr: int,
-    x: Any,
-    early: bool,
-    window: int,
-    diam: Any,
-    hist: Any,
-    kq: Any,
-    ev: Any,
-    ran: Any,
-) -> int:
-    """:func:`run_phase` without a parallel region: the trials one after the other, from Python.
-
-    For a handful of trials, waking numba's thread pool costs more than it saves (and
-    much more on a busy machine); the arithmetic, and so every bit, is the same.
-    """
-    n_trials = last_bad.shape[0]
-    rec_end = rec_ptr
-    while rec_end < record_t.shape[0] and record_t[rec_end] < t0 + t_len:
-        rec_end += 1
-    for b in range(n_trials):
-        run_trial(
-            b,
-            u,
-            src,
-            dst,
-            pair_start[b],
-            pair_start[b + 1],
-            s_eff,
-            s_used,
-            cd,
-            c,
-            theta,
-            quadratic,
-            alpha,
-            beta,
-            n,
-            t0,
-            local0,
-            t_len,
-            target_lo[b] - tolerance,
-            target_hi[b] + tolerance,
-            matched,
-            first_match,
-            last_bad,
-            record_t,
-            recorded,
-            rec_ptr,
-            x,
-            early,
-            tolerance,
-            window,
-            _stop_threshold(diam[b], window),
-            diam[b],
-            hist,
-            kq,
-            ev,
-            ran,
-        )
+    st = (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
+          target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
+          early, window, diam, hist, kq, ev, ran)  # fmt: skip
+    if parallel:
+        for b in numba.prange(n_trials):
+            _run_trial_of(b, st)
+    else:
+        for b in range(n_trials):
+            _run_trial_of(b, st)
     return rec_end
