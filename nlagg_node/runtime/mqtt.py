@@ -17,7 +17,8 @@ module owns:
   messages, and paho resends the QoS 1 messages not yet acknowledged. When the broker has lost
   the session (it crashed without persistence), the adapter subscribes again and tells its
   listeners (:meth:`MqttTransport.on_reconnect`), so the node can republish what its neighbours
-  may have missed.
+  may have missed. After ``reconnect_tries`` failed attempts in a row it gives up with
+  :class:`BrokerUnreachableError`, naming the broker and the last attempt's failure.
 * paho allows 20 in-flight QoS 1 messages by default; a node publishing every iteration needs more.
 """
 
