@@ -89,9 +89,11 @@ async def hostile_run(cfg: RunConfig, at: float, rng: np.random.Generator, workd
     run_id = f"soak-{cfg.seed}"
     async with PlanBed(cfg, workdir, run_id=run_id, corrupt=str(corrupt), early=early) as bed:
         await bed.start_nodes()
-        await bed.wait_t(at)
+        await bed.wait_t(
+            at, within=900.0
+        )  # a plan's nodes checkpoint every iteration: slow on a loaded machine
         await intruder(bed).strike()
-        v = await bed.finish()
+        v = await bed.finish(within=900.0)
     detail = list(v.detail)
     if v.precision != 1.0:
         detail.append(f"attack precision {v.precision}")
