@@ -19,6 +19,7 @@ from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
+from nlagg_node.runtime.wire import topics
 from nlagg_node.sim import draw_values, simulate
 
 RUN = "dep"
@@ -194,3 +195,42 @@ def test_sim_cli_departure_and_its_transcript_attacked(
     exposed = {f.node: f.t for f in report.findings if f.status == "exposed"}
     assert exposed == {i: int(t) for i, t in enumerate(sim.first_match[0]) if t >= 0}
     assert np.isnan(sim.recorded_x[100:, 0, 2]).all()  # x_2^(100) on is never published
+
+
+async def test_a_node_told_to_leave_mid_run_says_leaving_and_the_rest_match_the_simulator() -> None:
+    """What SIGTERM does to ``nlagg node`` (``Node.leave``): it leaves before its next x with a clean
+    ``leaving``; the survivors drop it at the iteration it names, bit for bit the simulator's run."""
+    cfg = RunConfig(op="median", n=8, trials=1, record="all", t_max=400, seed=5)
+    s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+    edges = run_edges(cfg)
+    broker = MemoryBroker()
+    nodes = [
+        Node(cfg, i, s[i], MemoryTransport(broker, f"node-{i}", will=node_will("nlagg", RUN, i)), run_id=RUN,
+             edges=edges, neighbour_timeout=10.0)
+        for i in range(cfg.n)
+    ]  # fmt: skip
+
+    async def one(node: Node) -> NodeResult:
+        async with node:
+            return await node.run()
+
+    async def stop_later() -> None:  # once node 3 has published x^(50)
+        async with MemoryTransport(broker, "watch") as watch:
+            await watch.subscribe(topics("nlagg", RUN).x(3))
+            async for msg in watch.messages():
+                if b'"t":50,' in msg.payload:
+                    break
+        nodes[3].leave()
+
+    results, _ = await asyncio.gather(asyncio.gather(*(one(nd) for nd in nodes)), stop_later())
+    t_left = results[3].left_at
+    assert t_left is not None
+    assert 0 < t_left < 400
+    sim = simulate(cfg, departures={3: t_left})
+    here = [r for r in results if r.node != 3]
+    assert np.array_equal(np.array([r.x for r in here]).T, sim.recorded_x[:, 0, [r.node for r in here]])
+    assert all(r.departed.get(3) == t_left for r in here if 3 in neighbours_of(edges, r.node))
+
+
+def neighbours_of(edges: np.ndarray, i: int) -> set[int]:
+    return {int(b if a == i else a) for a, b in edges.tolist() if i in (a, b)}

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -248,6 +249,8 @@ def node(
                     f"(stage {nd.resumed.stage}, t = {nd.resumed.t})",
                     flush=True,
                 )
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, nd.leave)
             r = await nd.run()
             if r.left_at is not None and leave_by == "kill":
                 print(json.dumps({"node": r.node, "left_at": r.left_at}), flush=True)

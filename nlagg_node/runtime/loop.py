@@ -280,7 +280,7 @@ class PdmmLoop:
         cfg, members, tracks = self.cfg, self.members, self.tracks
         own, owner, swap = self.own, self.owner, self.swap
         h, d = len(members), self.d
-        leave_at = members[0].leave_at if h == 1 else None
+        lone = members[0] if h == 1 else None  # may leave (leave_after, or a SIGTERM mid-run)
         saving = any(m.store is not None for m in members)
         ck = self.start
         p_first, t, group, resuming = (0, 0, "", False) if ck is None else (ck.phase, ck.t, ck.group, True)
@@ -318,7 +318,7 @@ class PdmmLoop:
                 early.restore(resumed_at - phase_start[p_idx], tracks)
             self.stopping = early
             for t in range(t, end):  # noqa: B020 - t carries on across phases
-                if leave_at is not None and t >= leave_at:
+                if lone is not None and lone.leave_at is not None and t >= lone.leave_at:
                     return t
                 if not t & 63:
                     self.pace.tick(t, name)

@@ -479,6 +479,11 @@ class Member:
             departed=dict(self.departed),
         )  # fmt: skip
 
+    def leave(self) -> None:
+        """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output."""
+        if self.leave_at is None:
+            self.leave_at = 0
+
     def left(self, t: int) -> NodeResult:
         """This node has left the run cleanly at t: no output."""
         self.has_left, self.running = True, False
