@@ -26,7 +26,7 @@ from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import XMsg, decode, encode, encode_x, topics
+from nlagg_node.runtime.wire import StatusMsg, XMsg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
 from tests.faults import FaultBed, Verdict, hostile_messages
 
@@ -80,9 +80,18 @@ async def test_restarting_a_finished_node_announces_done_again(tmp_path: Path) -
     async with FaultBed(cfg, tmp_path) as bed:
         await bed.start_nodes()
         assert_identical(await bed.finish())
+        # A neighbour whose close broke after its 'done' leaves its will retained: the restarted
+        # node must not wait for it (it did, and failed after its start-up timeout under load).
+        names = topics(bed.prefix, bed.run_id)
+        async with MqttTransport(bed.url, client_id="nlagg-faults-will") as tr:
+            for j in range(1, cfg.n):
+                will = encode(StatusMsg(node=j, state="offline"))
+                await tr.publish(names.status(j), will, qos=1, retain=True)
         await bed.restart_node(0)  # the same command after the end: answered from the checkpoint
-        rc = await bed.nodes[0].wait()
-    assert rc == 0
+        async with asyncio.timeout(30):
+            rc = await bed.nodes[0].wait()
+    log = (tmp_path / "node-0.log").read_text(errors="replace")
+    assert rc == 0, log
     assert json.loads(bed.nodes[0].lines[-1])["iterations"] == 40
 
 

@@ -195,12 +195,14 @@ class PdmmLoop:
     async def run(self) -> list[NodeResult]:
         """Announce, wait for the neighbours, run every phase, publish ``done``; the results."""
         members, tracks = self.members, self.tracks
-        await gather_first_error([m.announce() for m in members])
         ck = self.start
-        if ck is not None and ck.stage == "done":  # killed after finishing: announce it again
+        if ck is not None and ck.stage == "done":
+            # Restarted after finishing: announce the result again at once. The neighbours are not
+            # waited for: they may have finished and gone, a broken close leaving their will retained.
             for m in members:
                 await m.status("done", final=ck.finals, output=ck.output, iterations=m.iterations_run)
             return [m.result(ck.finals, ck.output, ck.xs, ck.z0_sent, 0.0) for m in members]
+        await gather_first_error([m.announce() for m in members])
         await gather_first_error([m.status("running") for m in members])
         for m in members:
             m.start_running()
