@@ -29,16 +29,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 import numpy as np
 
 from nlagg_node.arrays import FloatArray, IntArray
-from nlagg_node.config import RunConfig
-from nlagg_node.departure import announced
 from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
+from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
 
 if TYPE_CHECKING:
-    from nlagg_node.runtime.wire import StatusMsg
+    pass
 
 Status = Literal["exposed", "interval", "corrupted"]
 
@@ -107,24 +106,6 @@ class AttackJson(AttackExtra):
     truth: str
     value_range: list[float] | None  # values, intervals and the output are in its units
     nodes: list[FindingJson]
-
-
-class TranscriptData(TypedDict):
-    """What the attack reads from a transcript file (:func:`load_transcript_arrays`)."""
-
-    cfg: RunConfig
-    run_id: str
-    n: int
-    edges: IntArray
-    phases: list[Phase]
-    cs: list[float]  # c of every phase
-    theta: float
-    z0: dict[str, FloatArray]  # per dual group, EdgeLayout order
-    x: FloatArray  # (n, T), NaN where not captured
-    corrupted: dict[int, float]  # corrupted node -> its forwarded s_i, in the user's units
-    statuses: dict[int, StatusMsg]
-    departed: dict[int, int]  # node -> the iteration it left at (its neighbours' statuses)
-    scale: ValueScale  # the run's public value range (x and z0 are on the protocol's scale)
 
 
 @dataclass
@@ -373,63 +354,6 @@ def report_json(report: AttackReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
 
-def load_transcript_arrays(path: str | Path) -> TranscriptData:
-    """Read what the attack needs from a transcript file (``adversary.transcript`` format)."""
-    from nlagg_node.runtime.public import config_from_msg
-    from nlagg_node.scale import scale_for
-    from nlagg_node.schedule import phase_c, plan_phases
-
-    from .live import forwarded_z0
-    from .transcript import Transcript
-
-    p = Path(path)
-    with Transcript.open_read_only(p) as tr:
-        msg = tr.config()
-        if msg is None:
-            raise ConfigError("transcript", str(p), "holds no run configuration (no config message)")
-        cfg, edges = config_from_msg(msg)
-        phases = plan_phases(cfg)
-        t_total = sum(ph.t_len for ph in phases)
-        scale = scale_for(cfg)
-        states = tr.adv_states()
-        corrupted = {m.node: scale.user_float(float(m.s)) for m in states}
-        # What the wire showed, what the config fixes, and what the corrupted nodes forwarded.
-        z0 = forwarded_z0(cfg.n, edges, phases, public_z0(cfg, edges, phases, tr.z0(cfg.n, edges)), states)
-        return {
-            "scale": scale,
-            "cfg": cfg,
-            "run_id": tr.run_id,
-            "n": cfg.n,
-            "edges": edges,
-            "phases": phases,
-            "cs": [phase_c(cfg, ph) for ph in phases],
-            "theta": cfg.theta,
-            "z0": z0,
-            "x": tr.x(cfg.n, t_total),
-            "corrupted": corrupted,
-            "statuses": (statuses := tr.statuses()),
-            "departed": announced(st.departed for st in statuses.values()),
-        }
-
-
-def public_z0(
-    cfg: RunConfig, edges: IntArray, phases: Sequence[Phase], captured: Mapping[str, FloatArray]
-) -> dict[str, FloatArray]:
-    """The captured z^(0), plus those the public configuration fixes: a sealed group without a
-    random part (``init none``, ``sigma_z = 0``) is ``a_ij`` times its mean on every edge."""
-    from nlagg_node.graphs import EdgeLayout
-    from nlagg_node.schedule import sealed_groups_of, secret_groups_of
-
-    layout = EdgeLayout.from_graphs(cfg.n, [edges])
-    out = {g: np.asarray(z, dtype=np.float64).copy() for g, z in captured.items()}
-    fixed = sealed_groups_of(cfg, list(phases)) - secret_groups_of(cfg, list(phases))
-    for ph in phases:
-        if ph.group in fixed and ph.group not in out:
-            mean = 0.0 if ph.init.kind == "zero" else ph.init.mean_per_sign()
-            out[ph.group] = layout.sign * mean
-    return out
-
-
 def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackReport:
     """Attack a transcript file; score it when ground truth is at hand.
 
@@ -468,7 +392,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
     for cand in candidates:
         if cand is None or (truth is None and not cand.is_file()):
             continue
-        doc = _read_truth(cand)
+        doc = read_truth(cand)
         if doc.get("run_id") not in (None, data["run_id"]) or "private_values" not in doc:
             if truth is not None:
                 raise ConfigError("truth", str(cand), f"holds no private_values of run {data['run_id']}")
@@ -485,26 +409,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
             report.truth_note = f"{cand}: DP baseline (exposures are perturbed inputs), not scored"
             break
         else:
-            first = _first_matches(data["x"], np.asarray(data["scale"].to_protocol(vals)))
+            first = first_matches(data["x"], np.asarray(data["scale"].to_protocol(vals)))
         score(report, vals, first, note=f"ground truth from {cand}")
         break
     return report
-
-
-def _read_truth(path: Path) -> dict[str, Any]:
-    """A ground-truth JSON object (a testbed summary.json), or a one-line error naming the file."""
-    from nlagg_node.inputs import read_input_text
-
-    try:
-        doc = json.loads(read_input_text(path, "truth"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError("truth", str(path), f"invalid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError("truth", str(path), "expected a JSON object (a testbed summary.json)")
-    return doc
-
-
-def _first_matches(x: FloatArray, s: FloatArray) -> IntArray:
-    """First t with ``x_i^(t) = s_i`` per node (-1 if none)."""
-    eq = x == s[:, None]
-    return np.asarray(np.where(eq.any(axis=1), eq.argmax(axis=1), -1), dtype=np.int64)

@@ -219,8 +219,9 @@ def _departures_html(departed: dict[int, int], summary: dict[str, Any]) -> str:
 
 def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
-    from .attack import attack_transcript, load_transcript_arrays
+    from .attack import attack_transcript
     from .plots import draw_testbed, params_line
+    from .transcript_arrays import load_transcript_arrays
 
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"

@@ -324,7 +324,7 @@ def eavesdrop(
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
     import asyncio
 
-    from adversary.eavesdropper import run_eavesdropper
+    from adversary.eavesdrop import run_eavesdropper
 
     setup_logging(verbose)
     password = _read_password(password_file)

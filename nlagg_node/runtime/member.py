@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -28,6 +27,7 @@ from .barrier import Barrier, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .peers import HISTORY, Neighbours, Outbox
 from .public import build_config_msg, config_mismatch, run_edges
+from .result import NodeResult
 from .seal import KeyRing, load_or_create_key, new_key
 from .transport import Transport
 from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireError, Z0Msg, encode, topics
@@ -35,28 +35,6 @@ from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireEr
 __all__ = ["DepartedError", "Member", "NodeResult"]
 
 log = logging.getLogger("nlagg.node")
-
-
-@dataclass
-class NodeResult:
-    """What one node ended with (``value`` is private; it never leaves the node)."""
-
-    node: int
-    value: float
-    finals: list[float]  # final x of every phase
-    output: list[float]  # combine(): the k values of top-K, else one value
-    iterations: int
-    seconds: float
-    z0_sent: dict[str, list[float]] = field(default_factory=dict)  # group -> z_{i|j}^(0), j ascending
-    x: list[float] = field(default_factory=list)  # x_i^(t), t = 0..iterations-1
-    rejected: int = 0
-    duplicates: int = 0
-    departed: dict[int, int] = field(default_factory=dict)  # neighbour -> T (nlagg_node.departure)
-    left_at: int | None = None  # this node left the run cleanly at T (no output)
-
-    @property
-    def rounds_per_second(self) -> float:
-        return self.iterations / self.seconds if self.seconds > 0 else 0.0
 
 
 class Member:
