@@ -147,3 +147,13 @@ def test_array_aliases_are_defined_once() -> None:
         if isinstance(target, ast.Name) and target.id in aliases
     }
     assert found == set()
+
+
+def test_no_module_over_500_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert long == {}
