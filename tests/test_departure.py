@@ -14,7 +14,7 @@ from adversary.report import render_testbed_report
 from nlagg_node.cli import main
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components, kept_edges, parse_departures
-from nlagg_node.errors import ConfigError
+from nlagg_node.errors import ConfigError, DepartedError
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -38,11 +38,11 @@ class DyingTransport(MemoryTransport):
 
 
 async def run_with_departures(
-    cfg: RunConfig, departures: dict[int, int], *, killed: bool
+    cfg: RunConfig, departures: dict[int, int], *, killed: bool, broker: MemoryBroker | None = None
 ) -> list[NodeResult]:
     s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
     edges = run_edges(cfg)
-    broker = MemoryBroker()
+    broker = MemoryBroker() if broker is None else broker
 
     async def one(i: int) -> NodeResult:
         will = node_will("nlagg", RUN, i)
@@ -100,6 +100,30 @@ async def test_survivors_equal_the_simulator_bit_for_bit(
     if op == "max" and t_max > 1000:  # converged: the departed maximum is gone from the result
         for comp in comps:
             assert np.allclose(sim.output[0, comp], sim.values[0, comp].max(), rtol=0, atol=cfg.tolerance)
+
+
+REFUSED = r"^node 2: neighbour \d+ counts this node as departed at t=40; .*refused for the rest of the run"
+
+
+async def test_a_departed_node_that_comes_back_is_refused_for_the_run() -> None:
+    """Issue 16: node 2, killed at t=40, restarts on the same broker after the survivors finished; its
+    neighbours' retained statuses count it as departed, so it is refused (DepartedError) with a
+    message naming the node and the iteration it left at, and publishes no x."""
+    cfg = RunConfig(op="max", n=8, graph="rgg", trials=1, record="all", t_max=200, seed=5)
+    broker = MemoryBroker()
+    results = await run_with_departures(cfg, {2: 40}, killed=True, broker=broker)
+    assert results[2].left_at == 40
+    assert all(2 in r.departed for r in results if 2 in neighbours_of(run_edges(cfg), r.node))
+    s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+    async with MemoryTransport(broker, "watch") as watch:
+        await watch.subscribe(topics("nlagg", RUN).x(2))
+        back = MemoryTransport(broker, "node-2-again", will=node_will("nlagg", RUN, 2))
+        node = Node(cfg, 2, s[2], back, run_id=RUN, edges=run_edges(cfg), neighbour_timeout=5.0)
+        async with node:
+            with pytest.raises(DepartedError, match=REFUSED):
+                await asyncio.wait_for(node.run(), timeout=10.0)
+        with pytest.raises(TimeoutError):  # not one x of the refused node reached the broker
+            await asyncio.wait_for(anext(aiter(watch.messages())), timeout=0.2)
 
 
 def test_ring_split_reports_two_components_with_their_own_results() -> None:
