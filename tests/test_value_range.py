@@ -134,18 +134,33 @@ def test_sim_values_file_outside_the_range_exits_2(tmp_path: Path, capsys, monke
     )
 
 
-def test_average_without_init_leaks_every_value_in_sim_json(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("args", "leak"),
+    [(["--init", "none"], 1.0), (["--init-channel", "plain"], 1.0), ([], 0.0)],
+    ids=["init-none", "plain-channel", "auto-sealed"],
+)
+def test_average_leakage_in_sim_json(
+    args: list[str], leak: float, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zero or public duals expose every value; sealed (``--init-channel auto``, issue 14) every rank
+    stays at the ideal-world level: with no corrupted node the ideal world reveals only the output,
+    the mean of all 15 values, which determines none of them (0.0 for every rank)."""
     code, out, err = run_cli(
-        ["sim", "--op", "average", "--init", "none", "--trials", "20", "--json"], capsys, monkeypatch
+        ["sim", "--op", "average", *args, "--trials", "20", "--json"], capsys, monkeypatch
     )
     assert code == 0, err
-    assert err.count("\n") == 1
-    assert "exposes every value" in err
     summary = json.loads(out)
-    assert summary["leakage_probability"] == [1.0] * 15
+    assert summary["n"] == 15
+    assert summary["leakage_probability"] == [leak] * 15
     assert summary["matching_probability"] == [0.0] * 15  # none of it is a matching event
     assert summary["sigma_z"] == 100.0  # the README's sigma_z of the average
-    assert any("exposes every value" in w for w in summary["warnings"])
+    if leak:
+        assert err.count("\n") == 1
+        assert "exposes every value" in err
+        assert any("exposes every value" in w for w in summary["warnings"])
+    else:
+        assert err == ""
+        assert summary["warnings"] == []
 
 
 def test_trimmed_mean_counts_every_value_the_attack_recovers() -> None:
