@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import queue
 import socket
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from adversary.capture import AckingSubscriber, accepts_anonymous
+from adversary.eavesdrop import ANONYMOUS_WARNING, run_eavesdropper
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
@@ -49,6 +53,13 @@ class TlsBroker:
 
 @pytest.fixture
 async def tls_broker(tmp_path: Path) -> AsyncIterator[TlsBroker]:
+    async with plan_tls_broker(tmp_path) as broker:
+        yield broker
+
+
+@asynccontextmanager
+async def plan_tls_broker(tmp_path: Path) -> AsyncIterator[TlsBroker]:
+    """Mosquitto as ``nlagg deploy plan --tls`` configures it: TLS listener, per-user ACL, no anonymous."""
     port = free_port()
     spec = PlanSpec(
         run=load_config(None, op="max", n=3, graph="ring"),
@@ -127,6 +138,42 @@ async def test_plaintext_mqtt_gets_no_connack_from_the_tls_listener(tls_broker: 
 
 async def test_the_anonymous_probe_sees_an_open_broker(mosquitto_url: str) -> None:
     assert await accepts_anonymous(mosquitto_url) is True
+
+
+@pytest.mark.parametrize("anonymous", [True, False], ids=["anonymous-warns", "acl-tls-silent"])
+async def test_eavesdropper_warns_at_start_when_the_broker_admits_anonymous_clients(
+    anonymous: bool,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 13: ``nlagg eavesdrop --events`` on a broker that lets anyone in logs a warning naming
+    the broker and emits it as the first JSON event; a broker with per-user ACLs (the plan's TLS
+    broker, logged in as the eavesdropper) gets none."""
+    user = password = None
+    tls = None
+    async with AsyncExitStack() as stack:
+        if anonymous:
+            url = (await stack.enter_async_context(start_mosquitto())).url
+        else:
+            broker = await stack.enter_async_context(plan_tls_broker(tmp_path))
+            url, user, password = broker.url, "eavesdropper", broker.password("eavesdropper")
+            tls = TlsSettings(ca_file=broker.ca)
+        with caplog.at_level(logging.WARNING, logger="nlagg.eavesdropper"):
+            await run_eavesdropper(
+                url, RUN, tmp_path / "t.sqlite", username=user, password=password, tls=tls,
+                live=False, events=True, stop_after=0.5,
+            )  # fmt: skip
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    logged = [r.getMessage() for r in caplog.records if r.name == "nlagg.eavesdropper"]
+    if anonymous:
+        assert [e["event"] for e in events] == ["warning", "subscribed", "finished"]
+        assert events[0]["message"] == ANONYMOUS_WARNING % url
+        assert events[0]["message"].startswith(f"broker {url} admits anonymous clients")
+        assert logged == [ANONYMOUS_WARNING % url]
+    else:
+        assert [e["event"] for e in events] == ["subscribed", "finished"]
+        assert logged == []
 
 
 def test_tls_files_need_an_mqtts_url(tmp_path: Path) -> None:
