@@ -17,7 +17,19 @@ function el(tag, attrs, parent) {
   if (parent) parent.appendChild(e);
   return e;
 }
-const fmt = (v) => (v === null || v === undefined ? "–" : Number(v).toPrecision(6).replace(/\.?0+$/, ""));
+// Six significant digits without trailing zeros, in the mantissa of an exponent form too.
+const fmt = (v) => {
+  if (v === null || v === undefined) return "–";
+  const [mant, exp] = Number(v).toPrecision(6).split("e");
+  const m = mant.includes(".") ? mant.replace(/\.?0+$/, "") : mant;
+  return exp === undefined ? m : `${m}e${exp}`;
+};
+// An axis tick: rounding residue of the span's arithmetic reads 0, and a label fits the margin.
+const tickLabel = (v, span) => {
+  if (Math.abs(v) <= 1e-9 * span) return "0";
+  const s = String(Number(v.toPrecision(3)));
+  return s.length <= 7 ? s : v.toExponential(1);
+};
 
 function onSnapshot(doc) {
   S.cfg = doc.config || null;
@@ -153,7 +165,7 @@ function drawTraj() {
   for (let k = 0; k <= 4; k++) {
     const v = lo + ((hi - lo) * k) / 4;
     el("line", { class: "grid", x1: L, x2: W - R, y1: Y(v), y2: Y(v) }, svg);
-    el("text", { x: 2, y: Y(v) + 4 }, svg).textContent = fmt(v).slice(0, 7);
+    el("text", { x: 2, y: Y(v) + 4 }, svg).textContent = tickLabel(v, hi - lo);
     const t = k === 4 ? tmax : niceTick((tmax * k) / 4);
     const label = el("text", { x: X(t), y: H - 6, "text-anchor": k === 0 ? "start" : k === 4 ? "end" : "middle" }, svg);
     label.textContent = `t=${t}`;
