@@ -37,7 +37,7 @@ from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode_x, topics
-from nlagg_node.schedule import phase_targets, plan_phases
+from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
 from tests.planbed import PlanBed
 
@@ -70,13 +70,22 @@ def test_bridges_carry_exactly_the_cut_edges_topics_one_way_each() -> None:
         (b, a) for a, b in cut_edges(plan.edges, plan.site_of)
     ]:
         to = plan.site_of[j]
-        want |= {(to, t.x(i)), (to, t.status(i)), (to, t.z0(i, j))}
+        want |= {(to, t.x(i)), (to, t.status(i)), (to, t.key(i)), (to, t.z0(i, j))}
     got: list[tuple[int, str]] = []
     for b in plan.bridges:
         assert b.local < b.remote
         got += [(b.remote, topic) for topic in b.out_topics] + [(b.local, topic) for topic in b.in_topics]
     assert len(got) == len(set(got))
     assert set(got) == want
+    # the public keys (sealed runs) of exactly the boundary nodes cross, each to every other site
+    # holding a neighbour of it; no other node's key leaves its site
+    boundary = {i for edge in cut_edges(plan.edges, plan.site_of) for i in edge}
+    assert 0 < len(boundary) < 24
+    assert {(to, topic) for to, topic in got if topic.endswith("/key")} == {
+        (s, t.key(i))
+        for i in boundary
+        for s in {plan.site_of[j] for j in plan.neighbours[i]} - {plan.site_of[i]}
+    }
     assert plan.bridges == plan_bridges("nlagg", RUN, plan.neighbours, plan.site_of)
 
 
@@ -140,11 +149,11 @@ class _Client:
 
     def __init__(self, url: str, user: str, password: str) -> None:
         self.port = int(url.rsplit(":", 1)[1])
-        self.got: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.got: queue.Queue[tuple[str, bool]] = queue.Queue()
         self.refused: int | None = None
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
         self.client.username_pw_set(user, password)
-        self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, m.payload))
+        self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, bool(m.retain)))
         connected = queue.Queue[int]()
         self.client.on_connect = lambda _c, _u, _f, rc, _p: connected.put(rc.value)
         self.client.connect("127.0.0.1", self.port)
@@ -162,14 +171,19 @@ class _Client:
             _, mid = self.client.subscribe(f, qos=1)
             assert acked.get(timeout=10) == mid
 
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.client.publish(topic, payload, qos=1).wait_for_publish(timeout=5)
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(timeout=5)
 
     def received(self, within: float = 1.5) -> set[str]:
-        out: set[str] = set()
+        return set(self.retain_flags(within))
+
+    def retain_flags(self, within: float = 1.5) -> dict[str, bool]:
+        """Each topic received (until ``within`` s pass without one) and the retain flag it came with."""
+        out: dict[str, bool] = {}
         try:
             while True:
-                out.add(self.got.get(timeout=within)[0])
+                topic, retained = self.got.get(timeout=within)
+                out[topic] = retained
         except queue.Empty:
             return out
 
@@ -198,6 +212,12 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
         inner = inner_nodes(here, there)
         a = next(i for i in range(24) if site_of[i] == here)  # a node of site `here`
         shown = next(j for j in range(24) if site_of[j] == there and j not in inner)  # a boundary node
+        # and one of site `here` with a neighbour `far` at site `there`: their keys cross the bridge
+        # the other way (one of the two ways is the bridge's `out`, the other its `in`)
+        back, far = next(
+            (i, j) for i in range(24) for j in plan.neighbours[i] if (site_of[i], site_of[j]) == (here, there)
+        )
+        near = next(i for i in plan.neighbours[shown] if site_of[i] == here)
 
         def as_node(i: int) -> _Client:
             return _Client(bed.site_urls[site_of[i]], f"node{i}", bed.password(f"node{i}"))
@@ -207,24 +227,36 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
             # node a at another site's broker: not a user there
             out["foreign"] = _Client(bed.site_urls[there], f"node{a}", bed.password(f"node{a}")).refused
             spy = as_node(a)
-            spy.subscribe(t.x("+"), t.status("+"), t.z0("+", "+"))
+            spy.subscribe(t.x("+"), t.status("+"), t.z0("+", "+"), t.key("+"))
             eaves0 = _Client(bed.site_urls[here], "eavesdropper", bed.password("eavesdropper"))
-            eaves0.subscribe(t.x("+"))
-            for j in [inner[0], shown]:
+            eaves0.subscribe(t.x("+"), t.key("+"))
+            for j in [inner[0], shown, back]:
                 pub = as_node(j)
                 pub.publish(t.x(j), b"{}")
+                pub.publish(t.key(j), b"{}", retain=True)  # as a sealed run's node does, before `online`
                 pub.close()
             out["spy"] = spy.received()
             out["eaves0"] = eaves0.received(0.5)
+            # a neighbour that subscribes later still gets the bridged key, retained, both ways
+            late = {}
+            for reader, j in [(near, shown), (far, back)]:
+                sub = as_node(reader)
+                sub.subscribe(t.key(j))
+                late[reader] = sub.retain_flags(1.0)
+                sub.close()
+            out["late"] = late
             # a bridge account may relay only its own topics: anything else it sends is dropped
             bridge = next(b for b in plan.bridges if {b.local, b.remote} == {here, there})
             relay = _Client(bed.site_urls[bridge.remote], bridge.user, bed.password(bridge.user))
             eaves1 = _Client(bed.site_urls[bridge.remote], "eavesdropper", bed.password("eavesdropper"))
-            eaves1.subscribe(t.x("+"))
-            # forging the x of a node at the bridge's remote site: not a topic the bridge relays
+            eaves1.subscribe(t.x("+"), t.key("+"))
+            eaves1.received(0.5)  # the keys retained there so far
+            # forging the x or key of a node at the bridge's remote site: not topics the bridge relays
             victim = next(j for j in range(24) if site_of[j] == bridge.remote)
             assert t.x(victim) not in bridge.out_topics
+            assert t.key(victim) not in bridge.out_topics
             relay.publish(t.x(victim), b"{}")
+            relay.publish(t.key(victim), b"{}", retain=True)
             out["forged"] = eaves1.received(1.0)
             for c in (spy, eaves0, relay, eaves1):
                 c.close()
@@ -234,8 +266,11 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
     assert out["foreign"] == 135  # refused: not authorized (CONNACK code 5 in MQTT 3.1.1)
     assert t.x(inner[0]) not in out["eaves0"]  # never bridged to site 0
     assert t.x(shown) in out["eaves0"]  # a boundary node's x is
+    assert t.key(inner[0]) not in out["eaves0"]  # and so is its key, an inner node's not
+    assert t.key(shown) in out["eaves0"]
+    assert out["late"] == {near: {t.key(shown): True}, far: {t.key(back): True}}
     assert t.x(inner[0]) not in out["spy"]
-    assert out["spy"] <= {t.x(j) for j in plan.neighbours[a]}
+    assert out["spy"] <= {t.x(j) for j in plan.neighbours[a]} | {t.key(j) for j in plan.neighbours[a]}
     assert out["forged"] == set()
 
 
@@ -259,6 +294,29 @@ async def test_three_bridged_sites_are_exact_and_captured_once(tmp_path: Path, o
         sim = simulate(bed.cfg)
         (lo, hi), *_ = reversed(phase_targets(bed.cfg, plan_phases(bed.cfg), sim.values))
         assert np.all((lo[0] <= sim.output[0]) & (sim.output[0] <= hi[0]))  # = every node's output
+
+
+@pytest.mark.slow
+@pytest.mark.mosquitto
+@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
+async def test_a_sealed_run_across_three_bridged_sites_is_exact(tmp_path: Path) -> None:
+    # op average with init_channel auto: every z^(0) is sealed, so each node first needs every
+    # neighbour's public key (retained on node/i/key), those of its other-site neighbours bridged
+    # in. c = 0.3: the average is exact (to 1e-9) by t = 60.
+    cfg = load_config(None, op="average", n=10, graph="rgg", seed=5, t_max=60, c=0.3)
+    async with PlanBed(cfg, tmp_path, sites=3) as bed:
+        assert sealed_groups_of(bed.cfg, bed.phases) == {"average"}
+        assert len(bed.plan.bridges) == 3
+        await bed.start_nodes()
+        verdict = await bed.finish(within=90)
+    assert verdict.completed, (verdict.detail, bed.report())
+    assert verdict.identical, (verdict.detail, bed.report())
+    # every x is captured once; no z^(0) is (each is sealed, at every site)
+    assert (verdict.extra, verdict.rejected_by_eavesdropper) == (0, 0)
+    assert verdict.lost == 2 * len(bed.plan.edges)
+    sim = simulate(bed.cfg)
+    ((mean, _),) = phase_targets(bed.cfg, bed.phases, sim.values)
+    assert np.all(np.abs(sim.output[0] - mean[0]) <= 1e-9 * np.ptp(sim.values[0]))  # = every node's output
 
 
 @pytest.mark.mosquitto

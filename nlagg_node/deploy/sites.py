@@ -7,13 +7,16 @@ brokers with Mosquitto's own bridges. A bridge carries exactly the topics of cut
 one explicit direction::
 
        site 0 broker  ==== bridge0-1 (dialled by site 0) ====  site 1 broker
-       nodes of site 0      out: x, status of site-0 nodes        nodes of site 1
+       nodes of site 0      out: x, key, status of site-0 nodes   nodes of site 1
                                  with a neighbour at site 1,
                                  z0 from them to it
                             in:  the same of site-1 nodes
 
 Site ``a`` dials every site ``b > a`` it shares a cut edge with, as the user ``bridge<a>-<b>`` of
-``b`` (whose ACL allows exactly those topics: read the ``in`` ones, write the ``out`` ones). No
+``b`` (whose ACL allows exactly those topics: read the ``in`` ones, write the ``out`` ones). A
+boundary node's public key (``node/i/key``, retained; a sealed z^(0) exchange needs every
+neighbour's) crosses like its status: bridges keep the retain flag (``try_private``, and Mosquitto
+forwards ``out`` messages as published), so a node that subscribes later still gets it. No
 topic is bridged in both directions and no bridge forwards what another bridge brought in (a
 bridge only carries topics of its own two sites' nodes), so nothing loops. The run's retained
 configuration is published at every site by the launcher; an ``adv`` state stays at its site.
@@ -173,9 +176,11 @@ def plan_bridges(
 ) -> list[Bridge]:
     """One bridge per pair of sites sharing a cut edge, configured on the lower-numbered site.
 
-    Each carries the x and status topics of the boundary nodes of its two sites and the z^(0)
-    topics of their cut edges, x's and z^(0)'s before statuses (a node starts once its
-    neighbours' statuses are in, by then the bridge subscribes to their x's already).
+    Each carries the x, key and status topics of the boundary nodes of its two sites and the
+    z^(0) topics of their cut edges, x's, z^(0)'s and keys before statuses (a node starts once its
+    neighbours' statuses are in, by then the bridge subscribes to their x's already; a sealed
+    z^(0) needs the receiver's key, retained on ``node/j/key``, which a node publishes before its
+    ``online`` status).
     """
     t = topics(prefix, run_id)
     # (a, b) -> the cut edges i -> j with i at a, j at b (both directions of every cut edge)
@@ -191,6 +196,7 @@ def plan_bridges(
         return [
             *(t.x(i) for i in senders),
             *(t.z0(i, j) for i, j in directed),
+            *(t.key(i) for i in senders),
             *(t.status(i) for i in senders),
         ]
 
