@@ -201,3 +201,39 @@ def test_testbed_table_explains_what_was_learned() -> None:
     assert "NOT exact" in text
     assert "raise --t-max" in text
     assert "(avoidable: [1])" in text
+    assert "true aggregate 2.0: NOT exact" in text
+
+
+def test_testbed_table_gives_an_even_median_its_interval() -> None:
+    """An even-n median is exact anywhere between the two middle values: the line says so."""
+    from rich.console import Console
+
+    from nlagg_node.cli.testbed import print_summary
+
+    values = {"0": 3.0, "1": -1.0, "2": 0.5, "3": -0.25}
+    summary = {
+        "run_id": "r",
+        "op": "median",
+        "n": 4,
+        "graph": "ring",
+        "edges": 4,
+        "private_values": values,
+        "final_x": dict.fromkeys(values, 0.0),
+        "corrupted": [],
+        "exposures": {},
+        "exposed_nodes": [],
+        "true_value": [-0.25],
+        "true_interval": [[-0.25, 0.5]],
+        "exact": True,
+        "mse": 0.0,
+        "iterations": 10,
+        "rounds_per_second": 100.0,
+        "wall_seconds": 1.0,
+        "broker": "mosquitto",
+        "messages_captured": 60,
+        "messages_rejected": 0,
+        "transcript": None,
+    }
+    console = Console(record=True, width=240)
+    print_summary(console, summary)
+    assert "true aggregate any of [-0.25, 0.5]: exact" in console.export_text()

@@ -268,7 +268,13 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
             for comp in s["components"]:
                 ok = "exact" if comp["exact"] else "NOT exact"
                 console.print(f"  component {comp['members']}: true aggregate {comp['true_value']}, {ok}")
-    console.print(f"true aggregate {s['true_value']}: {verdict} (MSE {s['mse']:.3g}){hint}")
+    # An even-n median (or a quantile between two values) is exact anywhere in an interval.
+    if any(lo != hi for lo, hi in s["true_interval"]):
+        parts = [str(lo) if lo == hi else f"any of [{lo}, {hi}]" for lo, hi in s["true_interval"]]
+        truth = parts[0] if len(parts) == 1 else f"[{', '.join(parts)}]"
+    else:
+        truth = str(s["true_value"])
+    console.print(f"true aggregate {truth}: {verdict} (MSE {s['mse']:.3g}){hint}")
     console.print(
         f"{s['iterations']} iterations, {s['rounds_per_second']:.1f} rounds/s, "
         f"wall {s['wall_seconds']:.1f} s; broker {s['broker']}; "
