@@ -18,13 +18,14 @@ import os
 import queue
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+import pytest_asyncio
 
 import nlagg_node.lab.children as children
 import nlagg_node.lab.testbed as testbed
@@ -39,11 +40,20 @@ if TYPE_CHECKING:  # a name starting with Test in the module would be collected
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),  # one cluster (its start takes 20-40 s) for the module
     pytest.mark.skipif(
         rabbitmq_scripts() is None, reason="rabbitmq-server not installed (apt-get install rabbitmq-server)"
     ),
     pytest.mark.skipif(os.geteuid() != 0, reason="the cluster runs RabbitMQ as this user: root only"),
 ]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RabbitCluster]:
+    started = time.perf_counter()
+    async with start_rabbitmq_cluster(2, workdir=tmp_path_factory.mktemp("rabbitmq")) as c:
+        print(f"RabbitMQ {c.version}: 2-member cluster up in {time.perf_counter() - started:.1f} s")
+        yield c
 
 
 class _Client:
@@ -54,7 +64,7 @@ class _Client:
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv311
         )
-        self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, m.payload, bool(m.retain)))
+        self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, bytes(m.payload), bool(m.retain)))
         connected = queue.Queue[int]()
         self.client.on_connect = lambda _c, _u, _f, rc, _p: connected.put(rc.value)
         host, port = url.removeprefix("mqtt://").rsplit(":", 1)
@@ -109,10 +119,9 @@ def _probe_retained(a: str, b: str) -> dict[str, Any]:
     return out
 
 
-async def test_retained_messages_stay_on_their_member_and_skip_wildcards() -> None:
-    async with start_rabbitmq_cluster(2) as cluster:
-        a, b = cluster.urls
-        got = await asyncio.to_thread(_probe_retained, a, b)
+async def test_retained_messages_stay_on_their_member_and_skip_wildcards(cluster: RabbitCluster) -> None:
+    a, b = cluster.urls
+    got = await asyncio.to_thread(_probe_retained, a, b)
     topic = "probe/run/node/1/status"
     assert got["b_exact"] == []  # node-local retained store: member B never saw it
     assert got["a_wildcard"] == []  # no retained message for a wildcard filter, even on its own member
@@ -177,16 +186,13 @@ def _check(cfg: RunConfig, summary: TestbedSummary, out: Path) -> None:
     ids=["max-n6-median-n8"],
 )
 async def test_nodes_spread_over_two_members_are_exact_and_bit_equal(
-    runs: Sequence[RunConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: RabbitCluster, runs: Sequence[RunConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started = time.perf_counter()
-    async with start_rabbitmq_cluster(2, workdir=tmp_path / "rabbitmq") as cluster:
-        up = time.perf_counter() - started
-        results = []
-        for k, cfg in enumerate(runs):
-            out = tmp_path / f"run{k}-{cfg.op}"
-            summary, dialled = await _spread_run(cluster, cfg, out, monkeypatch)
-            assert dialled == set(cluster.urls)
-            _check(cfg, summary, out)
-            results.append(f"{cfg.op} n={cfg.n}: {summary['rounds_per_second']:.1f} rounds/s")
-    print(f"{cluster.version}: cluster up in {up:.1f} s; {'; '.join(results)}")
+    results = []
+    for k, cfg in enumerate(runs):
+        out = tmp_path / f"run{k}-{cfg.op}"
+        summary, dialled = await _spread_run(cluster, cfg, out, monkeypatch)
+        assert dialled == set(cluster.urls)
+        _check(cfg, summary, out)
+        results.append(f"{cfg.op} n={cfg.n}: {summary['rounds_per_second']:.1f} rounds/s")
+    print("; ".join(results))
