@@ -72,17 +72,26 @@ HOSTILE: dict[str, Callable[[Path], None]] = {
 }
 
 DEAD = ["--broker", "mqtt://127.0.0.1:9"]  # nothing listens: a command that got this far would fail
+DEAD_TLS = ["--broker", "mqtts://127.0.0.1:9"]
 
 # (id, argv with {f} for the hostile path, hostile kinds that are valid input there)
 COMMANDS: list[tuple[str, list[str], set[str]]] = [
     ("sim-config", ["sim", "--config", "{f}"], set()),
     ("sim-graph-file", ["sim", "--graph-file", "{f}", "--n", "4", "--trials", "2"], set()),
+    ("sim-values-file", ["sim", "--values-file", "{f}", "--n", "4", "--trials", "2", "--t-max", "5"], set()),
     ("sim-transcript-out", ["sim", "--trials", "2", "--t-max", "5", "--transcript", "{f}"], {"directory"}),
     ("testbed-config", ["testbed", "--config", "{f}", *DEAD], set()),
     ("testbed-graph-file", ["testbed", "--graph-file", "{f}", "--n", "4", *DEAD], set()),
+    ("testbed-values-file", ["testbed", "--values-file", "{f}", "--n", "4", *DEAD], set()),
+    ("testbed-ca-file", ["testbed", "--n", "4", "--ca-file", "{f}", *DEAD_TLS], set()),
     ("testbed-out", ["testbed", "--n", "4", "--out", "{f}", *DEAD], {"directory"}),
     ("node-config", ["node", "--id", "0", "--config", "{f}", "--value", "1", *DEAD], set()),
     ("node-value-file", ["node", "--id", "0", "--config", "{cfg}", "--value-file", "{f}", *DEAD], set()),
+    (
+        "node-seed-file",
+        ["node", "--id", "0", "--config", "{cfg}", "--value", "1", "--seed-file", "{f}", *DEAD],
+        set(),
+    ),
     (
         "node-password-file",
         ["node", "--id", "0", "--config", "{cfg}", "--value", "1", "--password-file", "{f}", *DEAD],
@@ -94,15 +103,28 @@ COMMANDS: list[tuple[str, list[str], set[str]]] = [
         ["eavesdrop", "--run-id", "r", "--transcript", "{f}", *DEAD],
         {"empty-sqlite", "empty-file"},  # a new transcript may be written there
     ),
+    ("eavesdrop-ca-file", ["eavesdrop", "--run-id", "r", "--ca-file", "{f}", *DEAD_TLS], set()),
     ("attack", ["attack", "{f}"], set()),
     ("attack-truth", ["attack", "{good}", "--truth", "{f}"], set()),
     ("report", ["report", "{f}"], set()),
     ("report-transcript", ["report", "{run}"], set()),
+    ("dashboard", ["dashboard", "{f}", "--port", "0"], set()),
+    (
+        "tune-graph-file",
+        ["tune", "--graph-file", "{f}", "--n", "4", "--trials", "2", "--out", "{tmp}/t.toml"],
+        set(),
+    ),
     ("experiment-out", ["experiment", "min", "--trials", "10", "--out", "{f}"], {"directory"}),
     ("plan-out", ["deploy", "plan", "--run-id", "r", "--n", "4", "--out", "{f}"], {"directory"}),
     ("plan-graph", ["deploy", "plan", "--run-id", "r", "--out", "{tmp}/p", "--graph-file", "{f}"], set()),
+    (
+        "plan-sites-file",
+        ["deploy", "plan", "--run-id", "r", "--n", "4", "--out", "{tmp}/p", "--sites-file", "{f}"],
+        set(),
+    ),
     ("compose", ["deploy", "compose", "--plan", "{f}"], set()),
     ("bundle", ["deploy", "bundle", "--plan", "{f}", "--node", "0", "--out", "{tmp}/b.tgz"], set()),
+    ("truth", ["deploy", "truth", "--plan", "{f}", "--out", "{tmp}/s.json"], set()),
     ("deploy-node", ["deploy", "node", "{f}", "--dry-run"], set()),
     ("publish-config", ["deploy", "publish-config", "--config", "{f}", "--password-file", "{pw}"], set()),
     (

@@ -63,9 +63,7 @@ def _read_value(value: float | None, value_file: Path | None, value_cmd: str | N
 
 
 def _read_seed(seed_file: Path) -> int:
-    if not seed_file.is_file():
-        raise ConfigError("seed_file", str(seed_file), "no such file")
-    lines = seed_file.read_text().splitlines()
+    lines = read_input_text(seed_file, "seed_file").splitlines()
     text = lines[0].strip() if lines else ""
     if not text.isdigit() or len(text) > 20:
         raise ConfigError("seed_file", str(seed_file), "the first line must be a non-negative integer")

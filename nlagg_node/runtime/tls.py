@@ -38,7 +38,10 @@ class TlsSettings:
 
     def context(self) -> ssl.SSLContext:
         """A client context: TLS 1.2+, the server verified against ``ca_file`` (host name included)."""
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
+        except ssl.SSLError as exc:
+            raise ConfigError("ca_file", str(self.ca_file), f"not a usable CA certificate ({exc})") from None
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.certfile is not None:
             try:

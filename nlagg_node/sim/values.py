@@ -10,6 +10,7 @@ import numpy as np
 
 from ..arrays import FloatArray
 from ..errors import ConfigError
+from ..inputs import read_input_text
 from ..rng import rng_for_each
 
 if TYPE_CHECKING:
@@ -60,10 +61,8 @@ def read_values_file(path: Path, n: int, trials: int) -> FloatArray:
     One row of n values per trial, or a single row (or n lines of one value) reused for
     every trial. Blank lines and lines starting with ``#`` are skipped.
     """
-    if not path.is_file():
-        raise ConfigError("values_file", str(path), "no such file")
     rows: list[list[float]] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_input_text(path, "values_file").splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
