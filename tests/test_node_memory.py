@@ -46,16 +46,30 @@ async def run_nodes(
     ("op", "shared"),
     [
         ("max", False),
+        ("min", False),
         ("median", False),
+        ("quantile", False),
         ("topk", False),
+        ("average", False),
         ("max", True),
         ("topk", True),
         ("trimmed-mean", True),
     ],
-    ids=["max", "median", "topk", "max-shared", "topk-shared", "trimmed-shared"],
+    ids=[
+        "max",
+        "min",
+        "median",
+        "quantile",
+        "topk",
+        "average",
+        "max-shared",
+        "topk-shared",
+        "trimmed-shared",
+    ],
 )
 async def test_nodes_reproduce_simulator_bit_for_bit(op: str, shared: bool) -> None:
-    cfg = RunConfig(op=op, n=8, trials=1, record="all", t_max=150, seed=11)
+    level = 0.3 if op == "quantile" else 0.5  # a quantile other than the median
+    cfg = RunConfig(op=op, n=8, trials=1, record="all", t_max=150, seed=11, quantile=level)
     sim = simulate(cfg)
     results = await run_nodes(cfg, MemoryBroker(), shared=shared)
     x_net = np.array([r.x for r in results]).T  # (T, n)
