@@ -8,7 +8,9 @@
 # copies the sensor scripts, installs the nlagg-node@.service template, and unpacks a node bundle
 # (from `nlagg deploy bundle`) into /etc/nlagg. Needs Python >= 3.11 with venv (Raspberry Pi OS
 # bookworm: sudo apt-get install python3-venv) and a 64-bit OS (aarch64): numpy, scipy, numba and
-# friends publish aarch64 wheels, not 32-bit ARM ones.
+# friends publish aarch64 wheels, not 32-bit ARM ones. Running it again is a no-op unless something
+# changed (the source tree, a sensor script, the unit, the bundle); without a running systemd (a
+# chroot, a container, an image build) the unit is installed and enabled but not started.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,17 +20,20 @@ etc=/etc/nlagg
 systemd_dir=/etc/systemd/system
 user=nlagg
 bundle=""
+wheelhouse=""
 enable=0
 systemd=1
 venv_args=()
 python="${PYTHON:-python3}"
 
 usage() {
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     cat <<USAGE
 Options:
   --bundle FILE            node bundle from 'nlagg deploy bundle' to unpack into the config dir
   --enable                 enable and start nlagg-node@<id> for the bundle's node
+  --wheelhouse DIR         install offline from this folder of wheels (pip --no-index --find-links),
+                           e.g. one made elsewhere with pip download --platform manylinux2014_aarch64
   --source DIR             nlagg source tree to install (default: $source_dir)
   --prefix DIR             install prefix (default: $prefix)
   --etc DIR                configuration directory (default: $etc)
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bundle) bundle="$2"; shift 2 ;;
         --enable) enable=1; shift ;;
+        --wheelhouse) wheelhouse="$(cd "$2" && pwd)"; shift 2 ;;
         --source) source_dir="$2"; shift 2 ;;
         --prefix) prefix="$2"; shift 2 ;;
         --etc) etc="$2"; shift 2 ;;
@@ -76,45 +82,102 @@ if ! id -u "$user" >/dev/null 2>&1; then
     useradd --system --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin "$user"
 fi
 
-say "virtual environment in $prefix/venv"
-mkdir -p "$prefix"
-"$python" -m venv "${venv_args[@]}" "$prefix/venv"
-pip=("$prefix/venv/bin/python" -m pip --disable-pip-version-check --no-input)
-# nlagg itself is pure Python (pip builds it without compiling anything); every dependency must
-# come as a binary wheel, so a missing wheel fails here instead of compiling for an hour.
-"${pip[@]}" install --quiet --only-binary=:all: "$source_dir"
-"$prefix/venv/bin/nlagg" --help >/dev/null || die "the installed nlagg does not start"
+# put MODE SRC DEST: install a file only when it differs, so a second run changes nothing.
+put() {
+    if ! cmp -s "$2" "$3"; then
+        install -m "$1" "$2" "$3"
+        say "installed $3"
+    fi
+    chmod "$1" "$3"
+}
 
-say "sensor scripts in $prefix/sensors"
+# What the venv was built from: the package sources (relative paths and contents), the Python
+# version and the wheelhouse's file names. Unchanged -> pip is not run again.
+stamp="$(
+    cd "$source_dir"
+    { "$python" --version; find pyproject.toml nlagg_node adversary -type f ! -name '*.pyc' -print0 \
+        | sort -z | xargs -0 sha256sum; [ -z "$wheelhouse" ] || ls "$wheelhouse"; } | sha256sum | cut -c1-32
+)"
+venv="$prefix/venv"
+mkdir -p "$prefix"
+if [ -x "$venv/bin/nlagg" ] && [ "$(cat "$prefix/.installed" 2>/dev/null)" = "$stamp" ]; then
+    say "virtual environment in $venv: up to date"
+else
+    if [ ! -x "$venv/bin/python" ]; then
+        say "virtual environment in $venv"
+        "$python" -m venv ${venv_args[@]+"${venv_args[@]}"} "$venv"
+    fi
+    pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+    if [ -n "$wheelhouse" ]; then
+        pip_from=(--no-index --find-links "$wheelhouse")
+    else
+        pip_from=()
+    fi
+    # nlagg itself is pure Python (pip builds it without compiling anything); every dependency must
+    # come as a binary wheel, so a missing wheel fails here instead of compiling for an hour.
+    say "installing nlagg from $source_dir${wheelhouse:+ (wheels from $wheelhouse)}"
+    "${pip[@]}" install --quiet --only-binary=:all: ${pip_from[@]+"${pip_from[@]}"} "$source_dir"
+    "$venv/bin/nlagg" --help >/dev/null || die "the installed nlagg does not start"
+    echo "$stamp" > "$prefix/.installed"
+fi
+
 mkdir -p "$prefix/sensors"
-install -m 0755 "$here"/sensors/* "$prefix/sensors/"
-install -m 0644 "$source_dir/deploy/README.md" "$prefix/README-deploy.md"
+for sensor in "$here"/sensors/*; do
+    put 0755 "$sensor" "$prefix/sensors/$(basename "$sensor")"
+done
+put 0644 "$source_dir/deploy/README.md" "$prefix/README-deploy.md"
 
 mkdir -p "$etc"
 chown "root:$user" "$etc"
 chmod 0750 "$etc"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
 node_id=""
 if [ -n "$bundle" ]; then
-    say "unpacking $bundle into $etc"
-    tar -xzf "$bundle" -C "$etc" --no-same-owner
+    say "node bundle $bundle into $etc"
+    mkdir "$work/bundle"
+    tar -xzf "$bundle" -C "$work/bundle" --no-same-owner
+    node_files=("$work"/bundle/nodes/*.toml)
+    [ "${#node_files[@]}" = 1 ] && [ -f "${node_files[0]}" ] \
+        || die "$bundle must hold exactly one nodes/<id>.toml"
+    node_id="$(basename "${node_files[0]}" .toml)"
+    # Readable by the service's group, nothing for others (the node file and password are private).
+    (cd "$work/bundle" && find . -type f) | while read -r rel; do
+        mkdir -p "$(dirname "$etc/$rel")"
+        put 0640 "$work/bundle/$rel" "$etc/$rel"
+    done
     chown -R "root:$user" "$etc"
     find "$etc" -type d -exec chmod 0750 {} +
-    find "$etc" -type f -exec chmod g+r,o-rwx {} +
-    node_files=("$etc"/nodes/*.toml)
-    [ "${#node_files[@]}" = 1 ] || die "$bundle must hold exactly one nodes/<id>.toml"
-    node_id="$(basename "${node_files[0]}" .toml)"
 fi
 
 if [ "$systemd" = 1 ]; then
-    say "systemd unit $systemd_dir/nlagg-node@.service"
+    unit="$systemd_dir/nlagg-node@.service"
+    mkdir -p "$systemd_dir"
+    tmp_unit="$work/nlagg-node@.service"
     sed -e "s#/opt/nlagg#$prefix#g" -e "s#/etc/nlagg#$etc#g" -e "s#^User=nlagg#User=$user#" \
-        -e "s#^Group=nlagg#Group=$user#" "$here/nlagg-node@.service" > "$systemd_dir/nlagg-node@.service"
-    chmod 0644 "$systemd_dir/nlagg-node@.service"
-    systemctl daemon-reload
+        -e "s#^Group=nlagg#Group=$user#" "$here/nlagg-node@.service" > "$tmp_unit"
+    changed=0
+    cmp -s "$tmp_unit" "$unit" || changed=1
+    put 0644 "$tmp_unit" "$unit"
+    # systemd runs the machine (a booted Pi) or not (a chroot, a container, an image being built):
+    # then only the files and the enablement symlink are written, and the node starts at boot.
+    running=0
+    [ -d /run/systemd/system ] && running=1
+    if [ "$running" = 1 ] && [ "$changed" = 1 ]; then
+        systemctl daemon-reload
+    fi
     if [ "$enable" = 1 ]; then
         [ -n "$node_id" ] || die "--enable needs --bundle (which node?)"
-        systemctl enable --now "nlagg-node@$node_id"
-        say "started nlagg-node@$node_id: journalctl -fu nlagg-node@$node_id"
+        if systemctl is-enabled --quiet "nlagg-node@$node_id" 2>/dev/null; then
+            # Not started again: a node that finished its run stays down until you start it.
+            say "nlagg-node@$node_id already enabled"
+        elif [ "$running" = 1 ]; then
+            systemctl enable --now --quiet "nlagg-node@$node_id"
+            say "started nlagg-node@$node_id: journalctl -fu nlagg-node@$node_id"
+        else
+            systemctl enable --quiet "nlagg-node@$node_id"
+            say "enabled nlagg-node@$node_id; systemd is not running here, so it starts at the next boot"
+        fi
     fi
 fi
 say "done. Check a node file with: $prefix/venv/bin/nlagg deploy node $etc/nodes/<id>.toml --dry-run"
