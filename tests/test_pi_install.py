@@ -113,6 +113,10 @@ def test_installer_sets_up_a_runnable_node(plan: Path, tmp_path: Path) -> None:
     if done.returncode != 0 and "No matching distribution" in done.stderr + done.stdout:
         pytest.skip("pip could not reach a package index for the build backend")
     assert done.returncode == 0, done.stderr[-3000:]
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "up to date" in again.stdout, again.stdout  # pip is not run again
+    assert "installed " not in again.stdout, again.stdout  # and no file is rewritten
     assert os.access(prefix / "sensors" / "soc-temperature", os.X_OK)
     for path in etc.rglob("*"):
         assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0, path  # nothing for others
