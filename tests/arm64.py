@@ -154,6 +154,9 @@ def installed_rootfs(base: Path, timeout: float = 1800) -> tuple[Path, dict[str,
     (part / _MARK).write_text(json.dumps(info))
     shutil.rmtree(root, ignore_errors=True)
     part.rename(root)
+    for stale in CACHE.glob("pi-installed-*"):  # earlier installers' or dependencies' (~900 MB each)
+        if stale != root:
+            shutil.rmtree(stale, ignore_errors=True)
     return root, {**info, "cached": False}
 
 

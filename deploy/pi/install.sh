@@ -27,11 +27,12 @@ venv_args=()
 python="${PYTHON:-python3}"
 
 usage() {
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
     cat <<USAGE
 Options:
   --bundle FILE            node bundle from 'nlagg deploy bundle' to unpack into the config dir
-  --enable                 enable and start nlagg-node@<id> for the bundle's node
+  --enable                 enable and start nlagg-node@<id> for the bundle's node (again: restarted
+                           only if the bundle changed)
   --wheelhouse DIR         install offline from this folder of wheels (pip --no-index --find-links),
                            e.g. one made elsewhere with pip download --platform manylinux2014_aarch64
   --source DIR             nlagg source tree to install (default: $source_dir)
@@ -83,10 +84,12 @@ if ! id -u "$user" >/dev/null 2>&1; then
 fi
 
 # put MODE SRC DEST: install a file only when it differs, so a second run changes nothing.
+wrote=0
 put() {
     if ! cmp -s "$2" "$3"; then
         install -m "$1" "$2" "$3"
         say "installed $3"
+        wrote=$((wrote + 1))
     fi
     chmod "$1" "$3"
 }
@@ -133,6 +136,7 @@ chmod 0750 "$etc"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 node_id=""
+bundle_changed=0
 if [ -n "$bundle" ]; then
     say "node bundle $bundle into $etc"
     mkdir "$work/bundle"
@@ -142,10 +146,12 @@ if [ -n "$bundle" ]; then
         || die "$bundle must hold exactly one nodes/<id>.toml"
     node_id="$(basename "${node_files[0]}" .toml)"
     # Readable by the service's group, nothing for others (the node file and password are private).
-    (cd "$work/bundle" && find . -type f) | while read -r rel; do
+    before=$wrote
+    while read -r rel; do
         mkdir -p "$(dirname "$etc/$rel")"
         put 0640 "$work/bundle/$rel" "$etc/$rel"
-    done
+    done < <(cd "$work/bundle" && find . -type f)
+    bundle_changed=$((wrote - before))
     chown -R "root:$user" "$etc"
     find "$etc" -type d -exec chmod 0750 {} +
 fi
@@ -169,8 +175,13 @@ if [ "$systemd" = 1 ]; then
     if [ "$enable" = 1 ]; then
         [ -n "$node_id" ] || die "--enable needs --bundle (which node?)"
         if systemctl is-enabled --quiet "nlagg-node@$node_id" 2>/dev/null; then
-            # Not started again: a node that finished its run stays down until you start it.
-            say "nlagg-node@$node_id already enabled"
+            if [ "$running" = 1 ] && [ "$bundle_changed" -gt 0 ]; then
+                systemctl restart "nlagg-node@$node_id"  # a new bundle: a new run
+                say "restarted nlagg-node@$node_id with the new bundle"
+            else
+                # Not started again: a node that finished its run stays down until you start it.
+                say "nlagg-node@$node_id already enabled"
+            fi
         elif [ "$running" = 1 ]; then
             systemctl enable --now --quiet "nlagg-node@$node_id"
             say "started nlagg-node@$node_id: journalctl -fu nlagg-node@$node_id"
