@@ -181,9 +181,11 @@ class PlanBed:
                         break
                     await asyncio.sleep(0.05)
 
-    async def start_nodes(self) -> None:
+    async def start_nodes(self, skip: frozenset[int] = frozenset()) -> None:
+        """Start every node's commands.txt line but those in ``skip`` (run elsewhere, e.g. on a Pi)."""
         for i, argv in enumerate(self._lines("node")):
-            self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log")
+            if i not in skip:
+                self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log")
 
     def current_t(self) -> int:
         """The latest iteration with a valid x in the transcript."""

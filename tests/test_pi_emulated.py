@@ -182,9 +182,7 @@ async def test_arm64_node_joins_an_x86_network_bit_for_bit(
                         stderr=log,
                     )
                 launched = time.monotonic()
-                for i, argv in enumerate(bed._lines("node")):
-                    if i != PI:
-                        bed.nodes[i] = await bed._start([*argv, "--json"], f"node{i}.log")
+                await bed.start_nodes(skip=frozenset({PI}))
                 follow = asyncio.create_task(
                     _follow_cpu(bed, {"arm64": arm.pid, "x86": bed.nodes[0].pid}, cpu)
                 )
