@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nlagg_node.errors import BrokerError
-from nlagg_node.runtime.brokers import LOOPBACK, free_port
+from nlagg_node.runtime.brokers import LOOPBACK, free_port, port_open
 
 __all__ = ["RabbitCluster", "rabbitmq_scripts", "start_rabbitmq_cluster"]
 
@@ -130,17 +130,6 @@ async def _kill_leftovers(marker: str, within: float = 10.0) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _port_open(port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(LOOPBACK, port)
-    except OSError:
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
-
-
 @contextlib.asynccontextmanager
 async def start_rabbitmq_cluster(
     members: int = 2,
@@ -215,7 +204,7 @@ async def start_rabbitmq_cluster(
                 await _await_startup(cluster, k, ready_timeout)
             for k, port in enumerate(mqtt_ports):
                 deadline = time.monotonic() + ready_timeout
-                while not await _port_open(port):
+                while not await port_open(LOOPBACK, port):
                     if time.monotonic() > deadline:
                         raise BrokerError(f"{names[k]}: MQTT port {port} never opened: {cluster.log(k)}")
                     await asyncio.sleep(0.2)

@@ -156,8 +156,8 @@ def test_force_replaces_a_sim_run(tmp_path: Path, capsys, monkeypatch) -> None: 
     assert (out / "arrays.npz").is_file()
 
 
-def test_testbed_table_explains_what_was_learned() -> None:
-    """The maximizer's exposure is unavoidable, any other avoidable; a legend; a hint when not exact."""
+def _printed_summary(**fields: object) -> str:
+    """What ``nlagg testbed`` prints for a summary of a 3-node max run, with ``fields`` replaced."""
     from rich.console import Console
 
     from nlagg_node.cli.testbed import print_summary
@@ -171,15 +171,12 @@ def test_testbed_table_explains_what_was_learned() -> None:
         "private_values": {"0": 2.0, "1": 1.0, "2": 0.5},
         "final_x": {"0": 2.0, "1": 2.0, "2": 1.9},
         "corrupted": [],
-        "exposures": {
-            "0": {"t": 5, "value": 2.0, "how": "=s", "correct": True},
-            "1": {"t": 9, "value": 1.0, "how": "=s", "correct": True},
-        },
-        "exposed_nodes": [0, 1],
+        "exposures": {},
+        "exposed_nodes": [],
         "true_value": 2.0,
         "true_interval": [[2.0, 2.0]],
-        "exact": False,
-        "mse": 0.003,
+        "exact": True,
+        "mse": 0.0,
         "iterations": 10,
         "rounds_per_second": 100.0,
         "wall_seconds": 1.0,
@@ -187,10 +184,20 @@ def test_testbed_table_explains_what_was_learned() -> None:
         "messages_captured": 60,
         "messages_rejected": 0,
         "transcript": None,
+        **fields,
     }
     console = Console(record=True, width=240)
     print_summary(console, summary)
-    lines = console.export_text().splitlines()
+    return console.export_text()
+
+
+def test_testbed_table_explains_what_was_learned() -> None:
+    """The maximizer's exposure is unavoidable, any other avoidable; a legend; a hint when not exact."""
+    exposures = {
+        "0": {"t": 5, "value": 2.0, "how": "=s", "correct": True},
+        "1": {"t": 9, "value": 1.0, "how": "=s", "correct": True},
+    }
+    lines = _printed_summary(exposures=exposures, exposed_nodes=[0, 1], exact=False, mse=0.003).splitlines()
     row = {ln.split("│")[1].strip(): ln for ln in lines if ln.count("│") >= 4 and ln.split("│")[1].strip()}
     assert "unavoidable" in row["0"]
     assert "avoidable leak" in row["1"]
@@ -206,34 +213,14 @@ def test_testbed_table_explains_what_was_learned() -> None:
 
 def test_testbed_table_gives_an_even_median_its_interval() -> None:
     """An even-n median is exact anywhere between the two middle values: the line says so."""
-    from rich.console import Console
-
-    from nlagg_node.cli.testbed import print_summary
-
     values = {"0": 3.0, "1": -1.0, "2": 0.5, "3": -0.25}
-    summary = {
-        "run_id": "r",
-        "op": "median",
-        "n": 4,
-        "graph": "ring",
-        "edges": 4,
-        "private_values": values,
-        "final_x": dict.fromkeys(values, 0.0),
-        "corrupted": [],
-        "exposures": {},
-        "exposed_nodes": [],
-        "true_value": [-0.25],
-        "true_interval": [[-0.25, 0.5]],
-        "exact": True,
-        "mse": 0.0,
-        "iterations": 10,
-        "rounds_per_second": 100.0,
-        "wall_seconds": 1.0,
-        "broker": "mosquitto",
-        "messages_captured": 60,
-        "messages_rejected": 0,
-        "transcript": None,
-    }
-    console = Console(record=True, width=240)
-    print_summary(console, summary)
-    assert "true aggregate any of [-0.25, 0.5]: exact" in console.export_text()
+    text = _printed_summary(
+        op="median",
+        n=4,
+        edges=4,
+        private_values=values,
+        final_x=dict.fromkeys(values, 0.0),
+        true_value=[-0.25],
+        true_interval=[[-0.25, 0.5]],
+    )
+    assert "true aggregate any of [-0.25, 0.5]: exact" in text

@@ -32,6 +32,7 @@ __all__ = [
     "BrokerKind",
     "free_port",
     "mosquitto_binary",
+    "port_open",
     "start_amqtt",
     "start_broker",
     "start_mosquitto",
@@ -87,7 +88,8 @@ def mosquitto_binary() -> str | None:
     return None
 
 
-async def _port_open(host: str, port: int) -> bool:
+async def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
     try:
         _reader, writer = await asyncio.open_connection(host, port)
     except OSError:
@@ -225,7 +227,7 @@ async def _wait_ready(proc: asyncio.subprocess.Process, port: int, within: float
     while loop.time() < deadline:
         if proc.returncode is not None:
             return False
-        if await _port_open(LOOPBACK, port):
+        if await port_open(LOOPBACK, port):
             return proc.returncode is None
         await asyncio.sleep(0.02)
     return False
