@@ -144,6 +144,16 @@ def test_out_never_replaces_an_earlier_run_without_force(
     assert (out / existing).read_text() == "{}"
 
 
+def test_tune_never_replaces_its_run_toml_without_force(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run.toml"
+    out.write_text("# mine\n")
+    code, _, err = run_cli(["tune", "--n", "4", "--trials", "2", "--out", str(out)], capsys, monkeypatch)
+    assert code == 2
+    assert str(out) in err
+    assert "--force" in err
+    assert out.read_text() == "# mine\n"
+
+
 def test_force_replaces_a_sim_run(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out"
     db = tmp_path / "t.sqlite"

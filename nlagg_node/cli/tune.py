@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigError
-from ._app import app
+from ._app import ForceOpt, app, claim_file
 
 
 @app.command()
@@ -37,6 +37,7 @@ def tune(
     seed: Annotated[int, typer.Option(help="seed of the evaluation runs (written to run.toml)")] = 0,
     out: Annotated[Path, typer.Option(help="where to write the chosen run config")] = Path("run.toml"),
     as_json: Annotated[bool, typer.Option("--json", help="print the table and the choice as JSON")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Search the initialization's parameters with the simulator; print the Pareto table, write run.toml."""
     from ..config import load_config
@@ -47,6 +48,7 @@ def tune(
         raise ConfigError("max_leak", max_leak, "must lie in (0, 1]")
     if budget < 1:
         raise ConfigError("budget", budget, "must be at least 1 iteration")
+    claim_file(out, force=force, field="out")  # before the search, like every --out
     base = load_config(
         None,
         op=op,
