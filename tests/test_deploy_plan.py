@@ -340,3 +340,14 @@ def test_plan_value_range_flag_wins_over_the_sensor(
     code, text = run_cli(args, capsys, monkeypatch)
     assert code == 0, text
     assert tomllib.loads((out / "run.toml").read_text())["run"]["value_range"] == [10.0, 40.0]
+
+
+def test_public_config_names_no_private_values_file(tmp_path: Path) -> None:
+    values = tmp_path / "private-values.csv"
+    values.write_text("21.5 22.0 20.7 24.1\n")
+    run = load_config(None, op="max", n=4, graph="ring", values_file=values)
+    out = tmp_path / "plan"
+    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7)), out)
+    public = (out / "run.toml").read_text()
+    assert "values_file" not in tomllib.loads(public)["run"]
+    assert str(values) not in public

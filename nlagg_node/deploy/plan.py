@@ -169,7 +169,10 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     n = run.n
     public = validate_config(
         {
-            **run.resolved().model_dump(exclude={"seed", "graph_file", "radius", "edge_probability"}),
+            # values_file names a private file of the operator: never in the public config
+            **run.resolved().model_dump(
+                exclude={"seed", "graph_file", "radius", "edge_probability", "values_file"}
+            ),
             "graph": "file",
             "graph_file": "graph.json",
         }
