@@ -335,15 +335,24 @@ class Eavesdropper:
                 early_stop=bool(self.config.run.get("early_stop", False)),
             )
             self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config)
-            if self.missing != (0, 0):
+            # A corrupted node's forwarded states count too: after a lost session the nodes
+            # publish them again a few seconds later, and a capture that stopped first lost them.
+            adv = self.transcript.missing_adv(self.config.n, self.replay.t_total)
+            if self.missing != (0, 0) or adv:
                 now = time.monotonic()
                 if self._all_done_since is None:
                     self._all_done_since = now
-                    log.info("every node is done; waiting for %d x and %d z0 still missing", *self.missing)
+                    log.info(
+                        "every node is done; waiting for %d x, %d z0 and %d adversary states still missing",
+                        *self.missing,
+                        adv,
+                    )
                 if now - self._all_done_since < self.complete_grace:
                     return  # redeliveries of the persistent session may still be on their way
                 log.warning(
-                    "every node is done but %d x and %d z0 messages are missing; stopping", *self.missing
+                    "every node is done but %d x, %d z0 and %d adversary states are missing; stopping",
+                    *self.missing,
+                    adv,
                 )
             if self.replay is not None:
                 for found in self.replay.advance(force=True):

@@ -207,6 +207,17 @@ class TranscriptReader:
         expected = n * (int(t_total_seen) if early_stop else t_total)
         return expected - int(xs), len(wanted) * len(groups) - len(z0)
 
+    def missing_adv(self, n: int, t_total: int) -> int:
+        """Adversary states missing of the corrupted nodes (those that forwarded any): every
+        iteration of which a node's x was captured must have its state too."""
+        row = self._query(
+            "SELECT COUNT(*) FROM (SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'x'"
+            " AND node < ? AND t < ? AND node IN (SELECT node FROM messages WHERE valid = 1 AND kind = 'adv')"
+            " EXCEPT SELECT DISTINCT node, t FROM messages WHERE valid = 1 AND kind = 'adv')",
+            (n, t_total),
+        ).fetchone()
+        return int(row[0])
+
     def done_nodes(self) -> set[int]:
         """Nodes of which a valid ``done`` status was captured."""
         rows = self._query(

@@ -16,7 +16,7 @@ from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import build_config_msg, run_edges
-from nlagg_node.runtime.wire import XMsg, encode, topics
+from nlagg_node.runtime.wire import AdvStateMsg, XMsg, encode, topics
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate
 
@@ -104,3 +104,21 @@ async def test_eavesdropper_captures_a_run_and_stops_when_all_done(tmp_path: Pat
     expected = sorted(int(i) for i in np.flatnonzero(sim.first_match[0] >= 0))
     assert sorted(found) == expected
     assert eaves.honest_exposed() == expected
+
+
+def test_transcript_counts_the_missing_states_of_corrupted_nodes(tmp_path: Path) -> None:
+    """A corrupted node's state is due at every iteration of which its x was captured (a capture
+    that stopped on complete x's and z^(0)'s alone lost one after a broker SIGKILL)."""
+    t = topics("nlagg", "r1")
+    with Transcript(tmp_path / "t.sqlite", run_id="r1") as tr:
+        for it in range(3):
+            for node in (0, 1):
+                tr.add(t.x(node), encode(XMsg(node=node, t=it, phase="max", x=0.5)))
+        for it in (0, 2):  # node 1 is corrupted; node 0 forwards nothing
+            tr.add(t.adv(1), encode(AdvStateMsg(node=1, t=it, s=0.25, z={"0": 1.0}, z_in={"0": -1.0})))
+        tr.commit()
+        assert tr.missing_adv(2, 3) == 1
+        tr.add(t.adv(1), encode(AdvStateMsg(node=1, t=1, s=0.25, z={"0": 1.0}, z_in={"0": -1.0})))
+        tr.commit()
+        assert tr.missing_adv(2, 3) == 0
+        assert tr.missing_adv(2, 2) == 0
