@@ -11,6 +11,7 @@ import pytest
 
 from nlagg_node.config import RunConfig
 from nlagg_node.graphs import EdgeLayout, neighbours
+from nlagg_node.runtime import peers
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import NeighbourTimeoutError, Node, NodeResult, node_will, run_edges
@@ -179,3 +180,21 @@ async def test_last_will_marks_node_offline() -> None:
     _, msg = decode(T.status(3), broker.retained[T.status(3)], "nlagg", RUN)
     assert isinstance(msg, StatusMsg)
     assert msg.state == "offline"
+
+
+async def test_outbox_settles_its_resends_after_a_lost_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a lost session a node publishes its history at once and again later, for a capture that
+    resubscribes after it; a node that finishes meanwhile waits for those resends before it exits
+    (it exited first, and the capture missed an x and a state lost with the broker)."""
+    monkeypatch.setattr(peers, "RESEND_AFTER", (0.05, 0.1, 0.2))
+    broker = MemoryBroker()
+    transport = MemoryTransport(broker, "n0")
+    await transport.connect()
+    outbox = peers.Outbox(transport, topics("nlagg", "r"), 0)
+    outbox.send_x(0, "max", 1.0)
+    before = broker.published
+    outbox.republish()
+    assert broker.published - before == 1  # at once
+    await outbox.settle()
+    assert broker.published - before == 4  # and at each of the three resends
+    await outbox.settle()  # nothing pending: returns at once

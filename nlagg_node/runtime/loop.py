@@ -91,6 +91,7 @@ async def run_members(members: list[Member], router: Router, transport: Transpor
             reader = tg.create_task(router.read(transport))
             try:
                 done = await gather_first_error([lp.run() for lp in loops])
+                await gather_first_error([m.outbox.settle() for m in members])
             finally:
                 reader.cancel()
                 for m in members:

@@ -11,7 +11,8 @@ duplicate. So whenever a neighbour may have lost something, the node simply publ
   status, our z^(0), and our x's and adversary states of the last :data:`HISTORY` iterations
   (:meth:`Outbox.republish`), at once for the neighbours and again :data:`RESEND_AFTER` seconds
   later for a subscriber (the eavesdropper) that resubscribes after us: the broker lost what it
-  had queued for it, and it hears nothing published before its new subscription;
+  had queued for it, and it hears nothing published before its new subscription (a node that
+  finishes meanwhile waits for these resends before it exits, :meth:`Outbox.settle`);
 * our own connection came back with its session: the broker published our last will
   (``offline``, retained) when the connection broke, so our status goes out again
   (:meth:`Outbox.republish_status`), or it would read ``offline`` while we run.
@@ -159,6 +160,16 @@ class Outbox:
                 self.transport.publish_nowait(self._z0_topic(self.node, j), payload, qos=1)
         for topic, payload in self.history:
             self.transport.publish_nowait(topic, payload, qos=1)
+
+    async def settle(self) -> None:
+        """Wait until the resends after a lost session have gone out (at most the last of
+        :data:`RESEND_AFTER`): a node that finished meanwhile and exited at once took them with it,
+        and a subscriber that resubscribed after its first republish never got what it had lost."""
+        if not self._later:
+            return
+        loop = asyncio.get_running_loop()
+        last = max(handle.when() for handle in self._later)
+        await asyncio.sleep(max(0.0, last - loop.time()) + 0.05)
 
     def cancel_resends(self) -> None:
         for handle in self._later:
