@@ -156,6 +156,7 @@ async def run_eavesdropper(
             rejected=eaves.rejected,
             missing_x=eaves.missing[0],
             missing_z0=eaves.missing[1],
+            missing_adv=eaves.missing_adv,
             exposed=eaves.honest_exposed(),
             departed={str(j): t for j, t in sorted(eaves.departed().items())},
         )

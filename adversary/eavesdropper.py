@@ -116,6 +116,7 @@ class Eavesdropper:
         self.started = time.time()
         self.complete_grace = complete_grace
         self.missing: tuple[int, int] = (0, 0)  # x's and z^(0)'s missing when the capture stopped
+        self.missing_adv = 0  # corrupted nodes' forwarded states missing when it stopped
         self._all_done_since: float | None = None
         self._unacked: list[Message] = []
         # Over several bridged brokers an x may overtake those it was computed from: hold it back.
@@ -337,7 +338,7 @@ class Eavesdropper:
             self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config)
             # A corrupted node's forwarded states count too: after a lost session the nodes
             # publish them again a few seconds later, and a capture that stopped first lost them.
-            adv = self.transcript.missing_adv(self.config.n, self.replay.t_total)
+            adv = self.missing_adv = self.transcript.missing_adv(self.config.n, self.replay.t_total)
             if self.missing != (0, 0) or adv:
                 now = time.monotonic()
                 if self._all_done_since is None:
@@ -361,7 +362,11 @@ class Eavesdropper:
                         self.exposures.append(exp)
                         if self.on_exposure is not None:
                             self.on_exposure(exp)
-            log.info("every node is done and the transcript is complete (missing: %s)", self.missing)
+            log.info(
+                "every node is done and the transcript is complete (missing: %s, adversary states %d)",
+                self.missing,
+                adv,
+            )
             self.finished.set()
 
     def departed(self) -> dict[int, int]:
