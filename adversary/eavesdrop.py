@@ -72,6 +72,7 @@ async def run_eavesdropper(
     events: bool = False,
     config: ConfigMsg | None = None,
     tls: TlsSettings | None = None,
+    broker_cluster: bool = False,
 ) -> Eavesdropper:
     """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary.
 
@@ -80,6 +81,8 @@ async def run_eavesdropper(
     ``tls`` verifies an ``mqtts://`` broker (and gives a client certificate when it asks for one).
     ``broker`` may list several brokers (the bridged site brokers of one run): the capture then
     subscribes at every one of them, into one transcript that holds each message once.
+    ``broker_cluster``: the broker is a cluster whose members may forward the messages of different
+    nodes out of causal order; an x that overtook those it was computed from waits for them.
     At start it asks the broker whether it admits anonymous clients and warns when it does:
     without per-node ACLs nothing protects the run's integrity (anyone can publish as any node;
     the transcript keeps what the nodes kept, which may be forged).
@@ -120,7 +123,7 @@ async def run_eavesdropper(
                 elif not live:
                     console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
 
-            eaves = Eavesdropper(tr, transcript, on_exposure=report, config=config)
+            eaves = Eavesdropper(tr, transcript, on_exposure=report, config=config, reorder=broker_cluster)
             task = asyncio.create_task(eaves.run())
             # SIGTERM/SIGINT stop the capture through the normal path: everything is committed.
             loop = asyncio.get_running_loop()

@@ -83,8 +83,11 @@ class Eavesdropper:
     on_exposure : called with each :class:`Exposure` the moment the replay finds it.
     commit_every : seconds between SQLite commits.
     complete_grace : seconds to wait, once every node is done, for x's and z^(0)'s still missing.
-    reorder_grace : over several brokers (a :class:`~adversary.merged.MergedSubscriber`), the longest
-        an x waits for the x's it was computed from (:class:`~adversary.merged.CausalOrder`).
+    reorder : hold back an x captured before the x's it was computed from, even from one broker:
+        for a broker cluster (RabbitMQ, EMQX, VerneMQ), whose members forward messages from
+        different publishers on different paths, so one subscriber may see them out of causal
+        order. Always on over several brokers (a :class:`~adversary.merged.MergedSubscriber`).
+    reorder_grace : with ``reorder``, the longest such an x waits (:class:`~adversary.merged.CausalOrder`).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Eavesdropper:
         commit_every: float = 0.25,
         config: ConfigMsg | None = None,
         complete_grace: float = 10.0,
+        reorder: bool = False,
         reorder_grace: float = 5.0,
     ) -> None:
         self.transport = transport
@@ -119,11 +123,12 @@ class Eavesdropper:
         self.missing_adv = 0  # corrupted nodes' forwarded states missing when it stopped
         self._all_done_since: float | None = None
         self._unacked: list[Message] = []
-        # Over several bridged brokers an x may overtake those it was computed from: hold it back.
         # Checked once: a Protocol's isinstance is slow, and this one is per message.
         self._acking: Acknowledging | None = transport if isinstance(transport, Acknowledging) else None
-        merged = isinstance(transport, MergedSubscriber)
-        self.order = CausalOrder(transcript, reorder_grace) if merged else None
+        # Over several bridged brokers, or cluster members, an x may overtake those it was computed
+        # from: hold it back. One Mosquitto keeps causal order; then the hot path skips this.
+        reorder = reorder or isinstance(transport, MergedSubscriber)
+        self.order = CausalOrder(transcript, reorder_grace) if reorder else None
         self._committed = time.monotonic()
         if config is not None:  # known in advance (a run.toml): no need to wait for the retained one
             transcript.set_config(config)

@@ -106,6 +106,39 @@ async def test_eavesdropper_captures_a_run_and_stops_when_all_done(tmp_path: Pat
     assert eaves.honest_exposed() == expected
 
 
+@pytest.mark.parametrize("reorder", [False, True], ids=["one-ordered-broker", "broker-cluster"])
+async def test_an_x_that_overtook_its_predecessors_waits_for_them_only_on_a_cluster(
+    tmp_path: Path, reorder: bool
+) -> None:
+    # One Mosquitto forwards x_1^(1) after the x^(0)'s it was computed from, so an x ahead of them
+    # is out of every window for good; a cluster's members may deliver it first (seen on RabbitMQ).
+    cfg = RunConfig(op="max", n=3, graph="ring", trials=1, t_max=5, seed=1).resolved()
+    phase = plan_phases(cfg)[0].name
+    t = topics("nlagg", "cl")
+    broker = MemoryBroker()
+    with Transcript(tmp_path / "t.sqlite", run_id="cl") as transcript:
+        eve_tr = MemoryTransport(broker, "eve")
+        await eve_tr.connect()
+        config = build_config_msg(cfg, "cl", run_edges(cfg))
+        eaves = Eavesdropper(eve_tr, transcript, config=config, reorder=reorder, reorder_grace=30.0)
+        task = asyncio.create_task(eaves.run())
+        await eaves.subscribed.wait()
+        async with MemoryTransport(broker, "nodes") as tr:
+            for i, step in [(1, 1), (0, 0), (1, 0), (2, 0)]:
+                await tr.publish(t.x(i), encode(XMsg(node=i, t=step, phase=phase, x=1.0 + i)))
+            async with asyncio.timeout(10):
+                while True:  # polled: the capture runs in its own task
+                    if eaves.captured == 4:  # a held-back x counts once handled
+                        break
+                    await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        x = transcript.x(3, 5)
+    assert np.all(~np.isnan(x[:, 0]))
+    assert bool(x[1, 1] == 2.0) is reorder
+    assert eaves.rejected == (0 if reorder else 1)
+
+
 def test_transcript_counts_the_missing_states_of_corrupted_nodes(tmp_path: Path) -> None:
     """A corrupted node's state is due at every iteration of which its x was captured (a capture
     that stopped on complete x's and z^(0)'s alone lost one after a broker SIGKILL)."""

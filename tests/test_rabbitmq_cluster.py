@@ -8,6 +8,9 @@ it only, and is never sent for a wildcard filter. The nodes start anyway (a node
 neighbour's retained ``online`` on the other member hears its ``running`` live, which it publishes
 only after seeing every neighbour), but the eavesdropper's ``P/R/#`` never gets the retained
 ``config``: it is given the run's config file (``nlagg eavesdrop --config``), as deploy/README.md says.
+Nor does a cluster keep causal order across members: once in CI (2 cores, loaded) the eavesdropper on
+member A got 25 x's before the x's of the other member they were computed from, and rejected them;
+it runs with ``--broker-cluster``, which holds such an x back until they arrive.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ async def _spread_run(
         return node_argv(i, config, a if i % 2 == 0 else b, **kw)
 
     def with_config(*args: Any, **kw: Any) -> list[str]:
-        return [*eavesdrop_argv(*args, **kw), "--config", str(public)]
+        return [*eavesdrop_argv(*args, **kw), "--config", str(public), "--broker-cluster"]
 
     with monkeypatch.context() as m:
         m.setattr(testbed, "node_argv", spread)

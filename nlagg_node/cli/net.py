@@ -307,6 +307,13 @@ def eavesdrop(
     config: Annotated[
         Path | None, typer.Option(help="the run's config file, if the retained P/R/config is not published")
     ] = None,
+    broker_cluster: Annotated[
+        bool,
+        typer.Option(
+            help="the broker is a cluster (RabbitMQ, EMQX, VerneMQ) whose members may forward messages"
+            " out of causal order: an x that overtook the x's it was computed from waits for them (5 s)"
+        ),
+    ] = False,
     ca_file: CaFile = None,
     cert_file: CertFile = None,
     key_file: KeyFile = None,
@@ -350,6 +357,7 @@ def eavesdrop(
         events=events,
         config=public,
         tls=tls,
+        broker_cluster=broker_cluster,
     )
     if dashboard is None:
         asyncio.run(capture)
