@@ -184,6 +184,7 @@ def attack_arrays(
     replayed: Exposures | None = None,
     departed: Mapping[int, int] | None = None,
     scale: ValueScale | None = None,
+    early_stop: bool = False,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
 
@@ -214,6 +215,9 @@ def attack_arrays(
         (the replay is causal: iteration t depends on nothing later).
     scale
         The run's public value range (:func:`nlagg_node.scale.scale_for`).
+    early_stop
+        The run stops phases early (its public config says so): the iterations a phase skipped
+        are skipped by the replay too (:func:`~adversary.live.replay_exposures`).
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != n:
@@ -223,7 +227,7 @@ def attack_arrays(
     if bad:
         raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
     if replayed is None:
-        rep = replay_exposures(n, edges, phases, cs, theta, z0, x, departed)
+        rep = replay_exposures(n, edges, phases, cs, theta, z0, x, departed, early_stop=early_stop)
     else:
         T = x.shape[1]
         if replayed.branch.shape[0] != n or replayed.branch.shape[1] < T:
@@ -235,7 +239,7 @@ def attack_arrays(
     T = rep.branch.shape[1]
     lower = np.full(n, -np.inf)
     upper = np.full(n, np.inf)
-    t0 = 0
+    t0, final_t = 0, T - 1
     ends: dict[str, list[int]] = {}
     for phase in phases:
         t1 = min(t0 + phase.t_len, T)
@@ -254,11 +258,12 @@ def attack_arrays(
                 upper[i] = min(upper[i], float(lows.min()))
             if len(highs):
                 lower[i] = max(lower[i], float(highs.max()))
-        ends.setdefault(phase.group, []).append(t1 - 1)
+        final_t = _phase_end(x, t0, t1, early_stop)
+        ends.setdefault(phase.group, []).append(final_t)
         t0 = t1
     sc = scale or ValueScale()
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
-    last = x[:, T - 1] if T else np.full(n, np.nan)
+    last = x[:, final_t] if T else np.full(n, np.nan)
     output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
     findings: list[NodeFinding] = []
     for i in range(n):
@@ -350,6 +355,16 @@ def score(
     return report
 
 
+def _phase_end(x: FloatArray, t0: int, t1: int, early_stop: bool) -> int:
+    """The last iteration of the phase on ``[t0, t1)``: ``t1 - 1``, or with early stopping the last
+    one with any captured x (the phase may have stopped before)."""
+    if early_stop:
+        seen = np.flatnonzero(np.isfinite(x[:, t0:t1]).any(axis=0))
+        if len(seen):
+            return t0 + int(seen[-1])
+    return t1 - 1
+
+
 def report_json(report: AttackReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
@@ -375,6 +390,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         corrupted=data["corrupted"],
         scale=data["scale"],
         departed=data["departed"],
+        early_stop=cfg.early_stop,
     )
     report.extra["run_id"] = data["run_id"]
     if data["departed"]:

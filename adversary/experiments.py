@@ -171,8 +171,9 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 
 def panel_config(params: dict[str, Any], trials: int, seed: int) -> RunConfig:
-    """The run of one panel: the paper's setup, the panel's fields, ~300 recorded iterations."""
-    cfg = validate_config({"trials": trials, "seed": seed, **params}).resolved()
+    """The run of one panel: the paper's setup (its fixed schedule), the panel's fields, ~300
+    recorded iterations."""
+    cfg = validate_config({"trials": trials, "seed": seed, "early_stop": False, **params}).resolved()
     t_total = sum(p.t_len for p in plan_phases(cfg))
     return cfg.model_copy(update={"record": f"every:{max(1, t_total // RECORDED_POINTS)}"})
 

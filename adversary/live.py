@@ -244,6 +244,20 @@ class LiveReplay:
         return Exposures(self.branch.copy(), self.first.copy(), self.value.copy())
 
 
+def iterations_run(phases: Sequence[Phase], x: FloatArray) -> list[int]:
+    """The iterations an early-stopping run ran, from its ``(n, T)`` x's: in each phase, those up
+    to its last iteration with any x (the rest of the phase was skipped by every node)."""
+    any_x = np.asarray(np.isfinite(x).any(axis=0), dtype=bool)
+    out: list[int] = []
+    start = 0
+    for ph in phases:
+        seen = np.flatnonzero(any_x[start : start + ph.t_len])
+        if len(seen):
+            out += range(start, start + int(seen[-1]) + 1)
+        start += ph.t_len
+    return out
+
+
 def forwarded_z0(
     n: int,
     edges: IntArray,
@@ -273,6 +287,8 @@ def replay_exposures(
     z0: Mapping[str, FloatArray],
     x: FloatArray,
     departed: Mapping[int, int] | None = None,
+    *,
+    early_stop: bool = False,
 ) -> Exposures:
     """Classify every published x_i^(t) from the transcript alone.
 
@@ -288,6 +304,10 @@ def replay_exposures(
     x : ``(n, T)`` published x's (``Transcript.x``), NaN where not captured; T may be shorter than
         the schedule (the replay stops there).
     departed : ``{node: T}`` departures (:func:`nlagg_node.departure.announced` of the statuses).
+    early_stop : the run stops its phases early: a phase's iterations after its last captured x
+        were never run (the nodes skipped them), so the duals go on from there into the next
+        phase, as :meth:`LiveReplay.advance` does live. Without it every iteration is stepped and
+        missing x's make the nodes unknown.
 
     Returns
     -------
@@ -302,7 +322,7 @@ def replay_exposures(
         replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
     t_len = min(x.shape[1], replay.t_total)
     replay.x[:, :t_len] = x[:, :t_len]
-    for t in range(t_len):
+    for t in iterations_run(phases, x[:, :t_len]) if early_stop else range(t_len):
         replay.t_next = t
         replay._step(t)
     out = replay.result()

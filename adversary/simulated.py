@@ -69,9 +69,16 @@ def adversary_z0(result: SimResult, trial: int, corrupted: Sequence[int] = ()) -
 
 
 def trial_x(result: SimResult, trial: int) -> FloatArray:
-    """Every x of one trial as ``(n, T)`` (needs ``record='all'``)."""
+    """Every x of one trial as ``(n, T)`` (needs ``record='all'``); with early stopping, NaN at the
+    iterations a phase skipped (nothing was published there; the simulator records its final x)."""
     _check_trial(result, trial)
-    return np.ascontiguousarray(result.recorded_x[:, trial, :].T)
+    x = np.ascontiguousarray(result.recorded_x[:, trial, :].T)
+    if result.config.early_stop:
+        start = 0
+        for ph, ran in zip(result.phases, result.phase_iterations[trial], strict=True):
+            x[:, start + int(ran) : start + ph.t_len] = np.nan
+            start += ph.t_len
+    return x
 
 
 def _corrupted_values(result: SimResult, trial: int, corrupted: Sequence[int]) -> dict[int, float]:
@@ -99,6 +106,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         corrupted=_corrupted_values(result, trial, corrupted),
         scale=scale_for(cfg),
         departed=result.departed,
+        early_stop=cfg.early_stop,
     )
     return score(
         report,
@@ -149,7 +157,8 @@ def write_sim_transcript(
     x = trial_x(result, trial)
     corrupt = _corrupted_values(result, trial, corrupted)
     names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
-    ends = np.cumsum([ph.t_len for ph in result.phases]) - 1
+    # Each phase's last iteration run (its final x): t_len - 1, or earlier where it stopped early.
+    ends = np.cumsum([0] + [ph.t_len for ph in result.phases])[:-1] + result.phase_iterations[trial] - 1
     output = np.asarray(result.output[trial], dtype=np.float64)
     with Transcript(out, run_id=rid, prefix=prefix) as tr:
         tr.set_meta("source", f"nlagg simulator, trial {trial}, seed {cfg.seed}")
@@ -236,7 +245,7 @@ def _write_x(tr: Transcript, tp: topics, result: SimResult, trial: int, x: Float
     for p, phase in enumerate(result.phases):
         ran = int(result.phase_iterations[trial, p])
         seg = x[:, start : start + ran].T
-        rows = fields_along(seg, result.graphs[trial], start, cfg.stop_window, diam, cfg.tolerance)
+        rows = fields_along(seg, result.graphs[trial], start, cfg.stop_window_value, diam, cfg.tolerance)
         for lt, row in enumerate(rows):
             t = start + lt
             for i, (k, e) in enumerate(row):

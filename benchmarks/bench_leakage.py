@@ -47,7 +47,7 @@ def main() -> int:
 
     t_total = RunConfig(op=args.op).resolved().t_max_value
     step = max(1, t_total // args.recorded)
-    cfg = RunConfig(op=args.op, trials=args.trials, record=f"every:{step}")
+    cfg = RunConfig(op=args.op, trials=args.trials, record=f"every:{step}", early_stop=False)
     t0 = time.perf_counter()
     res = simulate(cfg)
     x = res.recorded_by_rank()[: args.recorded]

@@ -38,7 +38,17 @@ C, MU_Z = 10.0, 100.0
 def _config(trials: int, t_max: int):  # type: ignore[no-untyped-def]
     from nlagg_node import load_config
 
-    return load_config(op="max", n=15, graph="rgg", trials=trials, t_max=t_max, c=C, mu_z=MU_Z, record="none")
+    return load_config(
+        op="max",
+        n=15,
+        graph="rgg",
+        trials=trials,
+        t_max=t_max,
+        c=C,
+        mu_z=MU_Z,
+        record="none",
+        early_stop=False,
+    )
 
 
 def numpy_model(trials: int, t_max: int, seed: int = 0) -> tuple[float, float]:
@@ -120,7 +130,18 @@ def whole_process(trials: int, t_max: int, repeat: int) -> int:
     }
     env.pop("NUMBA_NUM_THREADS", None)
     cli = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
-    args = ["sim", "--op", "max", "--n", "15", "--trials", str(trials), "--t-max", str(t_max)]
+    args = [
+        "sim",
+        "--op",
+        "max",
+        "--n",
+        "15",
+        "--trials",
+        str(trials),
+        "--t-max",
+        str(t_max),
+        "--no-early-stop",
+    ]
     args += ["--c", "10", "--mu-z", "100", "--json"]
     for warm in ("2", "16"):  # the serial and the parallel kernel in the cache
         warm_args = [*cli, "sim", "--trials", warm, "--t-max", "10", "--json"]

@@ -175,7 +175,7 @@ async def tls_overhead(cfg: RunConfig, layouts: list[str], rounds: int, repeat: 
 
 
 async def main(args: argparse.Namespace) -> None:
-    cfg = RunConfig(op="max", n=args.n, trials=1, t_max=args.rounds, seed=args.seed)
+    cfg = RunConfig(op="max", n=args.n, trials=1, t_max=args.rounds, seed=args.seed, early_stop=False)
     layouts = args.layouts.split(",")
     if not args.tls_only:
         async with start_mosquitto() as broker:

@@ -139,7 +139,7 @@ async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generato
 async def soak(
     runs: int, n: int, t_max: int, c: float, mu_z: float, seed: int, faults: tuple[str, ...] = FAULTS
 ) -> int:
-    base = RunConfig(op="max", n=n, trials=1, t_max=t_max, c=c, mu_z=mu_z, seed=seed)
+    base = RunConfig(op="max", n=n, trials=1, t_max=t_max, c=c, mu_z=mu_z, seed=seed, early_stop=False)
     seeds = exact_seeds(base, seed, runs)
     rng = rng_for(seed, "soak")
     # Every fault kind equally often, in random order.

@@ -20,6 +20,7 @@ from .defaults import NORMALIZED_DEFAULTS as NORMALIZED_DEFAULTS
 from .defaults import OPERATOR_DEFAULTS as OPERATOR_DEFAULTS
 from .defaults import OPERATORS as OPERATORS
 from .defaults import PROPOSED_INIT as PROPOSED_INIT
+from .defaults import STOP_WINDOW
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import read_input_text
@@ -39,9 +40,10 @@ class RunConfig(BaseModel):
     ``t_max`` is the number of iterations of one phase; top-K runs ``k`` phases
     and the trimmed mean ``2k + 1`` (see :mod:`nlagg_node.schedule`).
     ``None`` for ``c``, ``mu_z`` or ``t_max`` means the operator's default.
-    With ``early_stop`` a phase ends at the first iteration where the network is detected quiet
-    (every x within ``tolerance`` of its value ``stop_window`` iterations earlier, see
-    :mod:`nlagg_node.termination`); ``t_max`` is then a cap.
+    With ``early_stop`` (the default) a phase ends at the first iteration where the network is
+    detected quiet (every x within ``tolerance`` of its value ``stop_window`` iterations earlier,
+    see :mod:`nlagg_node.termination`); ``t_max`` is then a cap. ``early_stop=False`` runs the
+    paper's fixed schedule (its figures, and runs that must survive departures).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -73,8 +75,8 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     record: str = "every:10"
     tolerance: float = Field(1e-9, gt=0)
-    early_stop: bool = False
-    stop_window: int = Field(100, ge=1, le=MAX_T_MAX)
+    early_stop: bool = True
+    stop_window: int | None = Field(None, ge=1, le=MAX_T_MAX)
     init_channel: InitChannel = "auto"
 
     @field_validator(
@@ -140,6 +142,11 @@ class RunConfig(BaseModel):
         return int(self.t_max if self.t_max is not None else self.default("t_max"))
 
     @property
+    def stop_window_value(self) -> int:
+        """Early stopping's window W: ``stop_window``, or the operator's (:data:`STOP_WINDOW`)."""
+        return int(self.stop_window if self.stop_window is not None else STOP_WINDOW[self.op])
+
+    @property
     def values_value(self) -> str:
         """The value distribution: ``uniform-range`` when a range is declared, else ``normal``."""
         if self.values is not None:
@@ -180,6 +187,7 @@ class RunConfig(BaseModel):
                 "t_max": self.t_max_value,
                 "values": self.values_value,
                 "prior_median": self.prior_median_value,
+                "stop_window": self.stop_window_value,
             }
         )
 

@@ -35,6 +35,20 @@ NORMALIZED_DEFAULTS: dict[str, dict[str, float | int]] = {
     "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
 }
 
+# Early stopping's window W per operator (docs/protocol.md, "Early stopping"): W = 100 keeps every
+# one-phase operator as exact as the fixed schedule (1000 trials, seed 0, defaults); a multi-phase
+# operator can stop a phase on a plateau and carry the error into the next one, and needs W = 200
+# (top-K) or 400 (trimmed mean) to match it; both get 400.
+STOP_WINDOW: dict[str, int] = {
+    "max": 100,
+    "min": 100,
+    "topk": 400,
+    "median": 100,
+    "quantile": 100,
+    "trimmed-mean": 400,
+    "average": 100,
+}
+
 # What ``--init proposed`` means per operator: the dual initialization with the least measured
 # leakage among those exact at the defaults (docs/experiments.md, "Default initializations").
 # ``prior`` starts x near the public prior median (the range's midpoint, or --prior-median); the

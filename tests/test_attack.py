@@ -24,6 +24,9 @@ CASES: dict[str, dict[str, object]] = {
     "max-leaky": {"op": "max", "c": 1.0, "mu_z": 10.0},
     "median-nonprivate": {"op": "median", "init": "none"},
     "max-dp": {"op": "max", "init": "dp-laplace"},
+    # the rest run early stopping (the default); these the fixed schedule, every iteration published
+    "max-fixed": {"op": "max", "early_stop": False},
+    "topk-fixed": {"op": "topk", "k": 3, "early_stop": False},
 }
 
 

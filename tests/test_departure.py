@@ -80,7 +80,7 @@ SLOW = pytest.mark.slow
 async def test_survivors_equal_the_simulator_bit_for_bit(
     op: str, graph: str, t_max: int, departures: dict[int | str, int], killed: bool
 ) -> None:
-    cfg = RunConfig(op=op, n=8, graph=graph, trials=1, record="all", t_max=t_max, seed=5)
+    cfg = RunConfig(early_stop=False, op=op, n=8, graph=graph, trials=1, record="all", t_max=t_max, seed=5)
     top = int(np.argmax(simulate(cfg).values[0]))
     dep = {top if j == "top" else int(j): t for j, t in departures.items()}
     sim = simulate(cfg, departures=dep)
@@ -109,7 +109,7 @@ async def test_a_departed_node_that_comes_back_is_refused_for_the_run() -> None:
     """Issue 16: node 2, killed at t=40, restarts on the same broker after the survivors finished; its
     neighbours' retained statuses count it as departed, so it is refused (DepartedError) with a
     message naming the node and the iteration it left at, and publishes no x."""
-    cfg = RunConfig(op="max", n=8, graph="rgg", trials=1, record="all", t_max=200, seed=5)
+    cfg = RunConfig(early_stop=False, op="max", n=8, graph="rgg", trials=1, record="all", t_max=200, seed=5)
     broker = MemoryBroker()
     results = await run_with_departures(cfg, {2: 40}, killed=True, broker=broker)
     assert results[2].left_at == 40
@@ -127,7 +127,7 @@ async def test_a_departed_node_that_comes_back_is_refused_for_the_run() -> None:
 
 
 def test_ring_split_reports_two_components_with_their_own_results() -> None:
-    cfg = RunConfig(op="max", n=8, graph="ring", trials=1, seed=3)
+    cfg = RunConfig(early_stop=False, op="max", n=8, graph="ring", trials=1, seed=3)
     sim = simulate(cfg, departures={0: 100, 4: 150})
     assert sim.components == [[[1, 2, 3], [5, 6, 7]]]
     s = sim.values[0]
@@ -149,11 +149,11 @@ def test_bad_departure_specs_name_the_part(spec: str, why: str) -> None:
 @pytest.mark.parametrize(
     ("cfg", "dep", "why"),
     [
-        (RunConfig(op="max", n=6, trials=1, t_max=100), {9: 10}, "0..5"),
-        (RunConfig(op="max", n=6, trials=1, t_max=100), {1: 100}, "1..99"),
+        (RunConfig(early_stop=False, op="max", n=6, trials=1, t_max=100), {9: 10}, "0..5"),
+        (RunConfig(early_stop=False, op="max", n=6, trials=1, t_max=100), {1: 100}, "1..99"),
         (RunConfig(op="max", n=6, trials=1, t_max=100, early_stop=True), {1: 10}, "no-early-stop"),
-        (RunConfig(op="trimmed-mean", n=6, trials=1, k=1), {1: 10}, "every node"),
-        (RunConfig(op="topk", n=6, graph="ring", trials=1, k=3), {0: 10, 3: 10}, "too few"),
+        (RunConfig(early_stop=False, op="trimmed-mean", n=6, trials=1, k=1), {1: 10}, "every node"),
+        (RunConfig(early_stop=False, op="topk", n=6, graph="ring", trials=1, k=3), {0: 10, 3: 10}, "too few"),
     ],
     ids=["unknown-node", "too-late", "early-stop", "trimmed-mean", "topk-too-few"],
 )
@@ -173,7 +173,9 @@ async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(tmp_
     """``nlagg testbed --depart``: two node processes SIGKILLed at fixed iterations split a ring of 8;
     each component ends exact with its own maximum, bit for bit the simulator, and the eavesdropper's
     transcript and the attack know who left."""
-    cfg = RunConfig(op="max", n=8, graph="ring", trials=1, seed=3, t_max=1000, c=10.0, mu_z=30.0)
+    cfg = RunConfig(
+        early_stop=False, op="max", n=8, graph="ring", trials=1, seed=3, t_max=1000, c=10.0, mu_z=30.0
+    )
     dep = {0: 200, 4: 300}
     summary = await run_testbed(cfg, departures=dep, out_dir=tmp_path / "run", broker_kind="mosquitto")
     sim = simulate(cfg, departures=dep)
@@ -206,7 +208,7 @@ def test_sim_cli_departure_and_its_transcript_attacked(
         main()
     assert exc.value.code in (0, None)
     summary = json.loads(capsys.readouterr().out)
-    cfg = RunConfig(op="max", n=8, trials=1, t_max=1000, c=10.0, mu_z=30.0, record="all")
+    cfg = RunConfig(early_stop=False, op="max", n=8, trials=1, t_max=1000, c=10.0, mu_z=30.0, record="all")
     sim = simulate(cfg, departures={2: 100})
     assert summary["departed"] == {"2": 100}
     assert summary["survivors"] == [0, 1, 3, 4, 5, 6, 7]
@@ -224,7 +226,7 @@ def test_sim_cli_departure_and_its_transcript_attacked(
 async def test_a_node_told_to_leave_mid_run_says_leaving_and_the_rest_match_the_simulator() -> None:
     """What SIGTERM does to ``nlagg node`` (``Node.leave``): it leaves before its next x with a clean
     ``leaving``; the survivors drop it at the iteration it names, bit for bit the simulator's run."""
-    cfg = RunConfig(op="median", n=8, trials=1, record="all", t_max=400, seed=5)
+    cfg = RunConfig(early_stop=False, op="median", n=8, trials=1, record="all", t_max=400, seed=5)
     s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
     edges = run_edges(cfg)
     broker = MemoryBroker()

@@ -10,6 +10,7 @@ import pytest
 
 from adversary.eavesdropper import Eavesdropper
 from adversary.live import replay_exposures
+from adversary.simulated import trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.hosted import host_nodes
@@ -21,11 +22,16 @@ from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate
 
 
+@pytest.mark.parametrize("early_stop", [True, False], ids=["early-stop", "fixed-schedule"])
 @pytest.mark.parametrize("op", ["max", "median", "topk"], ids=["max", "median", "topk"])
-def test_replay_finds_exactly_the_simulators_matching_events(op: str) -> None:
-    cfg = RunConfig(op=op, n=12, trials=1, record="all", seed=4, t_max=2500).resolved()
-    sim = simulate(cfg)
+def test_replay_finds_exactly_the_simulators_matching_events(op: str, early_stop: bool) -> None:
+    # With early stopping the x's end where each phase stopped (NaN after), and the replay skips
+    # to the next phase there, as the nodes do: top-K's later phases go on from those duals.
+    cfg = RunConfig(op=op, n=12, trials=1, record="all", seed=4, t_max=2500, early_stop=early_stop)
+    sim = simulate(cfg.resolved())
     phases = plan_phases(cfg)
+    x = trial_x(sim, 0)
+    assert np.isnan(x).any() == early_stop
     ex = replay_exposures(
         cfg.n,
         run_edges(cfg),
@@ -33,12 +39,15 @@ def test_replay_finds_exactly_the_simulators_matching_events(op: str) -> None:
         [phase_c(cfg, p) for p in phases],
         cfg.theta,
         sim.z0,
-        sim.recorded_x[:, 0, :].T,
+        x,
+        early_stop=early_stop,
     )
     assert np.array_equal(ex.first, sim.first_match[0])
     exposed = ex.first >= 0
     assert np.array_equal(ex.value[exposed], sim.values[0][exposed])
-    assert (ex.branch >= 0).all()
+    ran = ~np.isnan(x).all(axis=0)
+    assert (ex.branch[:, ran] >= 0).all()  # every iteration run is classified
+    assert (ex.branch[:, ~ran] == -1).all()  # and none of those skipped
 
 
 def test_replay_marks_missing_data_unknown() -> None:
@@ -112,7 +121,7 @@ async def test_an_x_that_overtook_its_predecessors_waits_for_them_only_on_a_clus
 ) -> None:
     # One Mosquitto forwards x_1^(1) after the x^(0)'s it was computed from, so an x ahead of them
     # is out of every window for good; a cluster's members may deliver it first (seen on RabbitMQ).
-    cfg = RunConfig(op="max", n=3, graph="ring", trials=1, t_max=5, seed=1).resolved()
+    cfg = RunConfig(op="max", n=3, graph="ring", trials=1, t_max=5, seed=1, early_stop=False).resolved()
     phase = plan_phases(cfg)[0].name
     t = topics("nlagg", "cl")
     broker = MemoryBroker()

@@ -114,7 +114,8 @@ def test_checkpoint_is_atomic_and_refuses_another_run(tmp_path: Path) -> None:
 # 4: hostile input -----------------------------------------------------------------------------------
 @needs_mosquitto
 async def test_hostile_messages_are_rejected_counted_and_change_nothing(tmp_path: Path) -> None:
-    async with FaultBed(CFG, tmp_path) as bed:
+    # tests/hostile.py forges x's of a fixed-schedule run (no early-stop fields)
+    async with FaultBed(CFG.model_copy(update={"early_stop": False}), tmp_path) as bed:
         a, b = (int(v) for v in bed.edges[0])
         junk = hostile_messages(bed.prefix, bed.run_id, a, b)
         await bed.start_nodes()

@@ -322,7 +322,7 @@ async def test_a_sealed_run_across_three_bridged_sites_is_exact(tmp_path: Path) 
 @pytest.mark.mosquitto
 @pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_order(tmp_path: Path) -> None:
-    cfg = load_config(None, op="max", n=3, graph="ring", t_max=5, seed=1).resolved()
+    cfg = load_config(None, op="max", n=3, graph="ring", t_max=5, seed=1, early_stop=False).resolved()
     phase = plan_phases(cfg)[0].name
     t = topics("nlagg", "two")
 

@@ -166,7 +166,8 @@ EarlyStopOpt = Annotated[
     bool | None,
     typer.Option(
         "--early-stop/--no-early-stop",
-        help="end each phase once the network is quiet, t_max a cap (docs/protocol.md) [default: off]",
+        help="end each phase once the network is quiet, t_max a cap (docs/protocol.md); --no-early-stop"
+        " runs the paper's fixed schedule, and lets a run go on when nodes leave for good [default: on]",
     ),
 ]
 InitChannelOpt = Annotated[
@@ -177,7 +178,11 @@ InitChannelOpt = Annotated[
     ),
 ]
 StopWindowOpt = Annotated[
-    int | None, typer.Option(help="early stop: iterations x must stay within tolerance [default: 100]")
+    int | None,
+    typer.Option(
+        help="early stop: iterations x must stay within tolerance"
+        " [default: 100; 400 for topk and trimmed-mean]"
+    ),
 ]
 TMaxOpt = Annotated[int | None, typer.Option(help=f"iterations per phase [default: {op_defaults('t_max')}]")]
 COpt = Annotated[

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..defaults import DEFAULT_BROKER
-from ._app import CorruptOpt, ForceOpt, app
+from ._app import CorruptOpt, EarlyStopOpt, ForceOpt, StopWindowOpt, app
 from .net import CaFile, CertFile, KeyFile, tls_settings
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ def _plan_spec(
     quantile: float | None,
     values: str | None,
     broker: str,
+    early_stop: bool | None = None,
+    stop_window: int | None = None,
     value_range: tuple[float, float] | None = None,
     listen_host: str | None = None,
     listen_port: int = 1883,
@@ -115,6 +117,8 @@ def _plan_spec(
         quantile=quantile,
         values=values,
         value_range=value_range if value_range is not None else _sensor_range(value_cmd),
+        early_stop=early_stop,
+        stop_window=stop_window,
     )
     given = [
         (name, v)
@@ -197,6 +201,8 @@ def plan_cmd(
     mu_z: MuZOpt = None,
     k: KOpt = None,
     quantile: QuantileOpt = None,
+    early_stop: EarlyStopOpt = None,
+    stop_window: StopWindowOpt = None,
     values: ValuesOpt = None,
     value_range: ValueRangeOpt = None,
     tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
@@ -260,6 +266,8 @@ def plan_cmd(
         mu_z=mu_z,
         k=k,
         quantile=quantile,
+        early_stop=early_stop,
+        stop_window=stop_window,
         values=values,
         value_range=value_range,
         broker=broker,
@@ -322,6 +330,8 @@ def compose_cmd(
     mu_z: MuZOpt = None,
     k: KOpt = None,
     quantile: QuantileOpt = None,
+    early_stop: EarlyStopOpt = None,
+    stop_window: StopWindowOpt = None,
     values: ValuesOpt = None,
     value_range: ValueRangeOpt = None,
     force: ForceOpt = False,
@@ -359,6 +369,8 @@ def compose_cmd(
             mu_z=mu_z,
             k=k,
             quantile=quantile,
+            early_stop=early_stop,
+            stop_window=stop_window,
             values=values,
             value_range=value_range,
             broker=COMPOSE_BROKER_URL,

@@ -132,7 +132,8 @@ def sim(
         values_file=values_file,
         value_range=value_range,
         record=record,
-        early_stop=early_stop,
+        # Departures need the fixed schedule (docs/protocol.md): planned ones choose it by default.
+        early_stop=False if early_stop is None and depart else early_stop,
         stop_window=stop_window,
         init_channel=init_channel,
     )

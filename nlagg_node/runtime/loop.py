@@ -179,10 +179,13 @@ class PdmmLoop:
             return None
         if self.cfg.early_stop or self.cfg.op == "trimmed-mean":
             gone = {m.id: sorted(j for j, u in m.departed.items() if u == t) for m in self.members}
-            raise NlaggError(
-                f"neighbours departed at t={t} ({gone}): an early-stopping run or a trimmed mean "
-                "cannot go on without them"
+            why = (
+                "an early-stopping run cannot go on without them (plan a run whose nodes may leave"
+                " for good with --no-early-stop)"
+                if self.cfg.early_stop
+                else "a trimmed mean cannot go on without them"
             )
+            raise NlaggError(f"neighbours departed at t={t} ({gone}): {why}")
         mask = np.array(keep)
         self.signs = self.signs[mask]
         self._layout()
@@ -315,7 +318,9 @@ class PdmmLoop:
             end = phase_start[p_idx] + phase.t_len
             w = self.w
             early = (
-                Stopping(members, self.cfg.stop_window, self.diam, cfg.tolerance) if cfg.early_stop else None
+                Stopping(members, self.cfg.stop_window_value, self.diam, cfg.tolerance)
+                if cfg.early_stop
+                else None
             )
             if early is not None and resumed_at > phase_start[p_idx]:
                 early.restore(resumed_at - phase_start[p_idx], tracks)

@@ -79,5 +79,6 @@ def config_from_msg(msg: ConfigMsg) -> tuple[RunConfig, IntArray]:
     """Rebuild the run configuration (seed 0, graph from the message's edges) and the canonical edges."""
     from ..config import validate_config
 
-    cfg = validate_config({**msg.run, "trials": 1, "record": "none"})
+    # A config without early_stop predates early stopping: it ran the fixed schedule.
+    cfg = validate_config({"early_stop": False, **msg.run, "trials": 1, "record": "none"})
     return cfg, normalize_edges(msg.n, msg.edges, source="config.edges")

@@ -197,7 +197,7 @@ def simulate(
     parallel = cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1
     loop_seconds = 0.0
     early = cfg.early_stop
-    window = cfg.stop_window
+    window = cfg.stop_window_value
     diam = np.array([diameter(n, g) for g in graphs] if early else [0] * B, dtype=np.int64)
     hist = np.zeros((N, window if early else 1))
     kq = np.zeros(N, dtype=np.int64)
