@@ -30,6 +30,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from adversary.simulated import trial_x
 from adversary.transcript import Transcript, captured_count
 from nlagg_node.argv import node_argv, this_python
 from nlagg_node.config import RunConfig
@@ -310,7 +311,7 @@ class FaultBed:
             z0 = tr.z0(self.cfg.n, self.edges)
             adv = {(s.node, s.t) for s in tr.adv_states()}
             counts = tr.valid_counts(sim.z0)
-        want_x = sim.recorded_x[:, 0, :].T
+        want_x = trial_x(sim, 0)  # NaN where a departed node published nothing, or a phase stopped
         have = ~np.isnan(x)
         lost = int((~have & ~np.isnan(want_x)).sum())  # a departed node's x's end at its departure
         if not np.array_equal(x[have], want_x[have]):
@@ -325,7 +326,7 @@ class FaultBed:
             if not np.array_equal(got[ok], arr[ok]):
                 identical = False
                 detail.append(f"captured z0 ({group}) differ from the simulator's")
-        want_adv = {(i, t) for i in self.corrupt for t in range(departed.get(i, self.t_total))}
+        want_adv = {(i, int(t)) for i in self.corrupt for t in np.flatnonzero(~np.isnan(want_x[i]))}
         lost += len(want_adv - adv)
         expected = {"x": int((~np.isnan(want_x)).sum()), "z0": n_z0, "adv": len(want_adv)}
         extra = sum(max(0, int(counts.get(k, 0)) - v) for k, v in expected.items())

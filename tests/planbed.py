@@ -24,6 +24,7 @@ from typing import Any, Self
 import numpy as np
 
 from adversary.attack import attack_transcript
+from adversary.simulated import trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
@@ -252,9 +253,10 @@ class PlanBed:
             valid_x = int(
                 db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = 'x'").fetchone()[0]
             )
+        want_x = trial_x(sim, 0)  # NaN at the iterations a phase skipped (early stopping)
         have = ~np.isnan(x)
-        lost = int((~have).sum())
-        if not np.array_equal(x[have], sim.recorded_x[:, 0, :].T[have]):
+        lost = int((~have & ~np.isnan(want_x)).sum())
+        if not np.array_equal(x[have], want_x[have]):
             identical = False
             detail.append("captured x's differ from the simulator's")
         for group, arr in sim.z0.items():
@@ -268,7 +270,7 @@ class PlanBed:
         values = {str(i): float(v) for i, v in enumerate(sim.values[0])}
         truth.write_text(json.dumps({"run_id": self.run_id, "private_values": values}))
         precision = attack_transcript(self.db, truth=truth).precision
-        extra = valid_x - n * self.t_total
+        extra = valid_x - int((~np.isnan(want_x)).sum())
         return PlanVerdict(completed, identical, lost, extra, precision, self.node_rejected, refused, detail)
 
     def report(self) -> dict[str, Any]:

@@ -109,6 +109,7 @@ def test_compose_testbed_is_exact_resumes_a_killed_node_and_replays_the_simulato
             str(C),
             "--mu-z",
             str(MU_Z),
+            "--no-early-stop",  # every node runs T_MAX iterations: the kill comes mid-run
         ],
         env,
         timeout=120,
@@ -168,7 +169,17 @@ def test_compose_testbed_is_exact_resumes_a_killed_node_and_replays_the_simulato
 
     sim = simulate(
         load_config(
-            None, op="max", n=N, graph="rgg", trials=1, t_max=T_MAX, c=C, mu_z=MU_Z, seed=SEED, record="all"
+            None,
+            op="max",
+            n=N,
+            graph="rgg",
+            trials=1,
+            t_max=T_MAX,
+            c=C,
+            mu_z=MU_Z,
+            seed=SEED,
+            record="all",
+            early_stop=False,
         )
     )
     edges = np.array(json.loads((work / "plan" / "graph.json").read_text())["edges"])

@@ -261,7 +261,7 @@ def error_lines(stderr: str) -> list[str]:
 async def test_a_neighbour_killed_for_good_departs_and_the_survivors_finish_exact(tmp_path: Path) -> None:
     """SIGKILL, never restarted: the survivors drop it at the same iteration and end with their own
     maximum, bit for bit ``simulate(cfg, departures={node: T})`` with the T they report."""
-    cfg = CFG.model_copy(update={"t_max": 2000})
+    cfg = CFG.model_copy(update={"t_max": 2000, "early_stop": False})  # departures: the fixed schedule
     async with FaultBed(cfg, tmp_path, neighbour_timeout=6.0) as bed:
         top = int(np.argmax(bed.values))
         await bed.start_nodes()

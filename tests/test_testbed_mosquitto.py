@@ -335,13 +335,16 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
 async def test_default_max_testbed_is_exact_with_one_process_per_node(
     mosquitto_url: str, tmp_path: Path
 ) -> None:
-    """The issue's acceptance run: ``nlagg testbed --n 15 --op max`` at its defaults (7000 iterations)."""
+    """The issue's acceptance run: ``nlagg testbed --n 15 --op max`` at its defaults (early stopping,
+    t_max = 7000 a cap): exact, and stopped at the simulator's iteration."""
     cfg = RunConfig(op="max", n=15, trials=1)
     summary = await run_testbed(cfg, broker_url=mosquitto_url, out_dir=tmp_path)
     assert summary["exact"]
     assert abs(summary["final_x"]["0"] - summary["true_value"]) <= 1e-9
+    ran = int(simulate(cfg).phase_iterations[0].sum())
+    assert summary["iterations"] == ran < cfg.resolved().t_max_value
     kinds, states, invalid = captured_by_kind(tmp_path / "transcript.sqlite")
-    expected = {"config": 1, "x": 15 * cfg.resolved().t_max_value, "z0": 2 * len(run_edges(cfg))}
+    expected = {"config": 1, "x": 15 * ran, "z0": 2 * len(run_edges(cfg))}
     assert {k: kinds.get(k, 0) for k in expected} == expected
     assert not invalid, invalid
     # Every node: online, running, done. The only other status a run may show is a node's last will
