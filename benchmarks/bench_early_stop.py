@@ -2,8 +2,8 @@
 
     python benchmarks/bench_early_stop.py [--n 15] [--ops max,median,topk] [--seed 0]
 
-For each operator: ``nlagg testbed --n N --op OP --json`` with ``--early-stop`` and with
-``--no-early-stop``, back to back (the machine is shared: compare the ratio, not the seconds),
+For each operator: ``nlagg testbed --n N --op OP --json`` at its defaults (early stopping on) and
+with ``--no-early-stop``, back to back (the machine is shared: compare the ratio, not the seconds),
 then the simulator's stop iteration for the same configuration. Prints one JSON line per
 operator: both walls, their ratio (target <= 0.4), the CPU seconds of each (the testbed process
 and all it started), the load average before and after, exactness and whether the testbed ran
@@ -31,10 +31,10 @@ def _children_cpu() -> float:
 
 def _testbed(n: int, op: str, seed: int, early: bool) -> tuple[float, float, dict[str, object]]:
     """Wall and CPU seconds (the testbed and every process it started, broker included) and the summary."""
-    flag = "--early-stop" if early else "--no-early-stop"
+    flags = [] if early else ["--no-early-stop"]  # early stopping is the default
     cmd = [sys.executable, "-m", "nlagg_node", "testbed", "--n", str(n), "--op", op, "--seed", str(seed)]
     started, cpu = time.perf_counter(), _children_cpu()
-    out = subprocess.run([*cmd, flag, "--json"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([*cmd, *flags, "--json"], check=True, capture_output=True, text=True).stdout
     wall = time.perf_counter() - started
     return wall, _children_cpu() - cpu, json.loads(out.strip().splitlines()[-1])
 
@@ -49,7 +49,7 @@ def main() -> None:
         load = os.getloadavg()[0]
         wall_early, cpu_early, early = _testbed(args.n, op, args.seed, True)
         wall_fixed, cpu_fixed, fixed = _testbed(args.n, op, args.seed, False)
-        cfg = load_config(op=op, n=args.n, seed=args.seed, trials=1, record="none", early_stop=True)
+        cfg = load_config(op=op, n=args.n, seed=args.seed, trials=1, record="none")
         sim_iterations = int(simulate(cfg).phase_iterations[0].sum())
         print(
             json.dumps(
