@@ -1,11 +1,11 @@
-"""Network namespaces for the multi-host test: a bridge, one namespace per host, impaired node links.
+"""Network namespaces for the multi-host and multi-site tests: a bridge, one namespace per host.
 
 Topology: a switch namespace holding a Linux bridge, and one namespace per host joined to it by a
 veth pair. Addresses are chosen inside these namespaces only (10.213.77.0/24); nothing is configured
-in the root namespace. Node links get 5 ms +- 2 ms of delay and 1 % loss in each direction: ``tc
-netem`` when the kernel has it, otherwise the same impairment built from what minimal kernels do
-have (iptables ``statistic`` drops in the kernel and an NFQUEUE delayer, tests/netem_nfqueue.py, on
-the bridge ports).
+in the root namespace. Impaired links (the multi-host test's node links) get 5 ms +- 2 ms of delay
+and 1 % loss in each direction: ``tc netem`` when the kernel has it, otherwise the same impairment
+built from what minimal kernels do have (iptables ``statistic`` drops in the kernel and an NFQUEUE
+delayer, tests/netem_nfqueue.py, on the bridge ports).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-__all__ = ["BROKER_IP", "EAVES_IP", "SUBNET", "Net", "namespaces", "unavailable"]
+__all__ = ["BROKER_IP", "EAVES_IP", "SUBNET", "Net", "namespaces", "network", "unavailable"]
 
 SUBNET = "10.213.77"
 BROKER_IP = f"{SUBNET}.1"
@@ -74,6 +74,13 @@ class Net:
     def ns(self, role: str) -> str:
         return f"{self.tag}-{role}"
 
+    def address(self, role: str) -> str:
+        return self.hosts[self.ns(role)]
+
+    def argv(self, role: str, argv: list[str]) -> list[str]:
+        """``argv`` run inside host ``role``'s namespace (``ip netns exec`` execs it: same pid)."""
+        return ["ip", "netns", "exec", self.ns(role), *argv]
+
     def popen(
         self,
         role: str,
@@ -86,7 +93,7 @@ class Net:
 
         Output goes to pipes, or both streams to the file ``log`` (for long-running parts).
         """
-        argv = ["ip", "netns", "exec", self.ns(role), "sh", "-c", command]
+        argv = self.argv(role, ["sh", "-c", command])
         with contextlib.ExitStack() as stack:
             sink = stack.enter_context(open(log, "wb")) if log is not None else subprocess.PIPE
             proc = subprocess.Popen(
@@ -102,7 +109,7 @@ class Net:
 
     def run(self, role: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ip", "netns", "exec", self.ns(role), *argv],
+            self.argv(role, argv),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -167,12 +174,17 @@ def impair(net: Net, port: str, host_ns: str) -> None:
 def namespaces(n_nodes: int) -> Iterator[Net]:
     """A switch namespace with a bridge, and the broker, the eavesdropper and ``n_nodes`` nodes each
     in its own namespace, node links impaired; every namespace and process removed on exit."""
+    nodes = {f"n{i}": f"{SUBNET}.{10 + i}" for i in range(n_nodes)}
+    with network({"broker": BROKER_IP, "eaves": EAVES_IP, **nodes}, impaired=nodes) as net:
+        yield net
+
+
+@contextlib.contextmanager
+def network(roles: Mapping[str, str], impaired: Collection[str] = ()) -> Iterator[Net]:
+    """A switch namespace with a bridge, and one namespace per role of ``roles`` (role -> its address
+    in ``SUBNET``.0/24), the links of the roles in ``impaired`` delayed and lossy; every namespace
+    and every process started through the returned Net removed on exit."""
     tag = f"nlg{uuid.uuid4().hex[:5]}"
-    roles = {
-        "broker": BROKER_IP,
-        "eaves": EAVES_IP,
-        **{f"n{i}": f"{SUBNET}.{10 + i}" for i in range(n_nodes)},
-    }
     net = Net(tag, {f"{tag}-{r}": a for r, a in roles.items()}, f"{tag}-sw")
     created: list[str] = []
     try:
@@ -188,9 +200,9 @@ def namespaces(n_nodes: int) -> Iterator[Net]:
             ip("-n", net.switch, "link", "set", port, "master", "br0", "up")
             ip("-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
             ip("-n", name, "link", "set", "eth0", "up")
-        for k, name in enumerate(net.hosts):
-            if name.removeprefix(f"{tag}-").startswith("n"):  # node links only
-                impair(net, f"p{k}", name)
+        for k, role in enumerate(roles):
+            if role in impaired:
+                impair(net, f"p{k}", net.ns(role))
         if net.impairment.startswith("iptables"):
             run("ip", "netns", "exec", net.switch, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
             delayer = net.popen(

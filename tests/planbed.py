@@ -3,7 +3,8 @@
 The plan's own Mosquitto configuration (password file, graph ACL, sessions bound to users, payload
 cap, TLS when asked), and the plan's own ``commands.txt`` lines for the eavesdropper, the launcher
 and every node (replay mode: nodes draw z^(0) from the run seed, so the run is the simulator's
-trial 0). Used by the hostile-client test, the TLS deployment test and ``benchmarks/soak.py``.
+trial 0). Used by the hostile-client test, the TLS deployment test, the site tests and
+``benchmarks/soak.py``; with a ``net`` (tests/netns.py) every part runs in a network namespace.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -28,9 +29,12 @@ from adversary.simulated import trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
-from nlagg_node.runtime.brokers import BrokerHandle, free_port, start_mosquitto
+from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.schedule import plan_phases
 from nlagg_node.sim import simulate
+
+if TYPE_CHECKING:
+    from tests.netns import Net
 
 __all__ = ["PlanBed", "PlanVerdict"]
 
@@ -60,6 +64,11 @@ class PlanBed:
     ``sites`` > 1: that many site brokers on free loopback ports, bridged as the plan says (the
     nodes start once every bridge is connected); the eavesdropper captures from all of them.
     ``capture=False`` starts the brokers only (no eavesdropper, no launcher).
+
+    ``net``: each site s's broker and nodes run in ``net``'s host ``site<s>``, the eavesdropper and
+    the launcher in its host ``eaves``; the brokers listen on ``port`` (default 1883) of every
+    address of their namespace and are dialled at their host's address (bridges included), so only
+    a site's own nodes reach its broker without crossing the namespaces' bridge.
     """
 
     def __init__(
@@ -75,24 +84,34 @@ class PlanBed:
         client_port: int | None = None,
         sites: int = 1,
         capture: bool = True,
+        net: Net | None = None,
     ) -> None:
         self.cfg = cfg.resolved().model_copy(update={"trials": 1})
         self.workdir = workdir
         self.root = workdir / "plan"
         self.run_id = run_id
-        self.port = port or free_port()  # the plan's listener
-        scheme = "mqtts" if tls else "mqtt"
-        # What every client dials: the listener, or a relay in front of it (client_port).
-        self.url = f"{scheme}://{'localhost' if tls else '127.0.0.1'}:{client_port or self.port}"
-        ports = [self.port, *(free_port() for _ in range(sites - 1))] if sites > 1 else []
-        self.site_urls = [f"mqtt://127.0.0.1:{p}" for p in ports]
+        self.net = net
+        if net is not None:
+            if tls or client_port is not None:
+                raise ValueError("PlanBed over namespaces takes neither tls nor client_port")
+            self.port = port or 1883
+            urls = [f"mqtt://{net.address(f'site{s}')}:{self.port}" for s in range(sites)]
+            self.url = urls[0]
+            self.site_urls = urls if sites > 1 else []
+        else:
+            self.port = port or free_port()  # the plan's listener
+            scheme = "mqtts" if tls else "mqtt"
+            # What every client dials: the listener, or a relay in front of it (client_port).
+            self.url = f"{scheme}://{'localhost' if tls else '127.0.0.1'}:{client_port or self.port}"
+            ports = [self.port, *(free_port() for _ in range(sites - 1))] if sites > 1 else []
+            self.site_urls = [f"mqtt://127.0.0.1:{p}" for p in ports]
         self.spec = PlanSpec(
             run=self.cfg,
             run_id=run_id,
             seed=self.cfg.seed,
             replay=True,
             corrupt=corrupt,
-            listen_host="127.0.0.1",
+            listen_host=None if net is not None else "127.0.0.1",
             listen_port=self.port,
             broker_url=self.url,
             make_tls=tls,
@@ -132,18 +151,35 @@ class PlanBed:
             return [a for a in argvs if a[0] == "mosquitto"]
         return [a for a in argvs if a[:2] == ["nlagg", part]]
 
-    async def _start(self, argv: list[str], log: str) -> asyncio.subprocess.Process:
+    def _in(self, role: str, argv: list[str]) -> list[str]:
+        """``argv`` as run in host ``role`` of the bed's ``net`` (unchanged without one)."""
+        return argv if self.net is None else self.net.argv(role, argv)
+
+    async def _start(self, argv: list[str], log: str, role: str = "eaves") -> asyncio.subprocess.Process:
         assert argv[0] == "nlagg"
         with (self.logs / log).open("wb") as err:
             return await asyncio.create_subprocess_exec(
-                *ENTRY, *argv[1:], cwd=self.root, stdout=asyncio.subprocess.PIPE, stderr=err
+                *self._in(role, [*ENTRY, *argv[1:]]),
+                cwd=self.root,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
             )
 
     async def __aenter__(self) -> Self:
+        try:
+            return await self._enter()
+        except BaseException:
+            await self.__aexit__(*sys.exc_info())  # stops what had started
+            raise
+
+    async def _enter(self) -> Self:
         self.logs.mkdir(parents=True, exist_ok=True)
         write_plan(self.plan, self.root)
         await self._stack.__aenter__()
-        for mosquitto in self._lines("mosquitto"):
+        for s, mosquitto in enumerate(self._lines("mosquitto")):
+            if self.net is not None:
+                self.brokers.append(await self._site_broker(s, self.root / mosquitto[-1]))
+                continue
             self.brokers.append(
                 await self._stack.enter_async_context(
                     start_mosquitto(
@@ -171,6 +207,35 @@ class PlanBed:
             assert await proc.wait() == 0, (self.logs / f"launcher{k}.log").read_text()
         return self
 
+    def _as_root(self, s: int, conf: Path) -> Path:
+        """The plan's ``conf`` of site ``s`` plus ``user root``: Mosquitto would otherwise drop to its
+        own user, which cannot enter pytest's 0700 temp dirs."""
+        own = self.workdir / f"site{s}-mosquitto.conf"
+        own.write_text(conf.read_text() + "user root\n")
+        own.chmod(0o600)  # the bridges' passwords
+        return own
+
+    async def _site_broker(self, s: int, conf: Path, within: float = 10.0) -> BrokerHandle:
+        """Site ``s``'s Mosquitto, from the plan's own configuration, in host ``site<s>`` of the net."""
+        assert self.net is not None
+        own = self._as_root(s, conf)
+        log = self.logs / f"mosquitto-site{s}.log"
+        with log.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *self._in(f"site{s}", [mosquitto_binary() or "mosquitto", "-c", str(own)]),
+                cwd=self.root,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
+        self._stack.push_async_callback(_terminate, proc)
+        async with asyncio.timeout(within):
+            while not _listening(proc.pid, self.port):
+                assert proc.returncode is None, log.read_text(errors="replace")
+                await asyncio.sleep(0.05)
+        host = self.net.address(f"site{s}")
+        return BrokerHandle("mosquitto", host, self.port, own, log, proc.pid)
+
     async def _bridges_up(self, within: float = 30.0) -> None:
         """Wait until every bridge of the plan is connected (its remote broker's log says so)."""
         async with asyncio.timeout(within):
@@ -186,7 +251,8 @@ class PlanBed:
         """Start every node's commands.txt line but those in ``skip`` (run elsewhere, e.g. on a Pi)."""
         for i, argv in enumerate(self._lines("node")):
             if i not in skip:
-                self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log")
+                site = f"site{self.plan.site_of[i]}"
+                self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log", site)
 
     def current_t(self) -> int:
         """The latest iteration with a valid x in the transcript."""
@@ -276,3 +342,25 @@ class PlanBed:
     def report(self) -> dict[str, Any]:
         """Log tails, for an assertion message."""
         return {p.name: p.read_text()[-1500:] for p in sorted(self.logs.glob("*.log"))}
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            async with asyncio.timeout(5):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Whether TCP ``port`` listens (IPv4) in the network namespace of process ``pid``: its
+    /proc/<pid>/net/tcp shows that namespace's sockets, seen from here without entering it."""
+    try:
+        rows = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(f[1].endswith(f":{port:04X}") and f[3] == "0A" for f in map(str.split, rows))

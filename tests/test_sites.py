@@ -1,7 +1,9 @@
 """Site brokers bridged along a graph partition (nlagg deploy plan --sites), on real Mosquitto processes.
 
-Three site brokers on loopback, each started from the plan's own broker/site<s>/mosquitto.conf
-(its bridges, password file and ACL), the nodes dialling their site, one eavesdropper on all three.
+Three site brokers, each started from the plan's own broker/site<s>/mosquitto.conf (its bridges,
+password file and ACL), the nodes dialling their site, one eavesdropper on all three: on loopback,
+and (the 24-node runs) each site, broker and nodes, in its own network namespace, the bridges and the
+eavesdropper's sessions crossing the namespaces' network (tests/netns.py).
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import re
 import tomllib
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
+from tests.netns import EAVES_IP, SUBNET, Net, network, unavailable
 from tests.planbed import PlanBed
 
 RUN = "planbed"
@@ -275,7 +280,33 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
     assert out["forged"] == set()
 
 
+@pytest.fixture
+def sites_net() -> Iterator[Net]:
+    """Namespaces site0, site1, site2 (a site broker and its nodes each) and eaves (the eavesdropper
+    and the launcher), joined by a bridge, links unimpaired; removed, with their processes, after."""
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with network({**{f"site{s}": f"{SUBNET}.{10 + s}" for s in range(3)}, "eaves": EAVES_IP}) as net:
+        yield net
+
+
+def _assert_placed(bed: PlanBed, net: Net) -> None:
+    """Each site broker's log shows exactly its own nodes connecting from its namespace, and the
+    eavesdropper, the launcher and the bridges dialled to it from theirs."""
+    for s, broker in enumerate(bed.brokers):
+        assert broker.log_path is not None
+        text = broker.log_path.read_text(errors="replace")
+        seen = set(re.findall(r"New (?:client|bridge) connected from ([\d.]+):\d+ as (\S+) ", text))
+        here = net.address(f"site{s}")
+        want = {(here, f"node{i}") for i, site in enumerate(bed.plan.site_of) if site == s}
+        want |= {(EAVES_IP, "eavesdropper"), (EAVES_IP, "launcher")}
+        want |= {(net.address(f"site{b.local}"), b.user) for b in bed.plan.bridges if b.remote == s}
+        assert seen == want, (s, sorted(seen ^ want))
+
+
 @pytest.mark.slow
+@pytest.mark.netns
 @pytest.mark.mosquitto
 @pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 @pytest.mark.parametrize(
@@ -289,16 +320,17 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
 )
 @pytest.mark.timeout(900)
 async def test_three_bridged_sites_are_exact_and_captured_once(
-    tmp_path: Path, params: dict[str, Any]
+    tmp_path: Path, sites_net: Net, params: dict[str, Any]
 ) -> None:
     cfg = load_config(None, n=24, graph="rgg", **params)
-    async with PlanBed(cfg, tmp_path, sites=3) as bed:
+    async with PlanBed(cfg, tmp_path, sites=3, net=sites_net) as bed:
         assert len(bed.plan.bridges) == 3
         await bed.start_nodes()
         verdict = await bed.finish(within=600)
     assert verdict.completed, (verdict.detail, bed.report())
     assert verdict.identical, (verdict.detail, bed.report())  # every node's output is the simulator's
     assert (verdict.lost, verdict.extra, verdict.rejected_by_eavesdropper) == (0, 0, 0)
+    _assert_placed(bed, sites_net)
     sim = simulate(bed.cfg)
     (lo, hi), *_ = reversed(phase_targets(bed.cfg, plan_phases(bed.cfg), sim.values))
     assert np.all((lo[0] - 1e-9 <= sim.output[0]) & (sim.output[0] <= hi[0] + 1e-9))  # exact
