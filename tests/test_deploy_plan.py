@@ -351,3 +351,31 @@ def test_public_config_names_no_private_values_file(tmp_path: Path) -> None:
     public = (out / "run.toml").read_text()
     assert "values_file" not in tomllib.loads(public)["run"]
     assert str(values) not in public
+
+
+@pytest.mark.parametrize(
+    ("flags", "early_stop", "window"),
+    [
+        ([], False, 100),
+        (["--early-stop"], True, 100),
+        (["--early-stop", "--stop-window", "250"], True, 250),
+    ],
+    ids=["fixed-schedule-by-default", "early-stop", "early-stop-window"],
+)
+def test_plan_runs_the_fixed_schedule_unless_told(
+    flags: list[str],
+    early_stop: bool,
+    window: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Unlike sim and testbed: a device in the field may leave for good, which only the fixed
+    # schedule survives; the nodes read the choice from the public run.toml.
+    out = tmp_path / "p"
+    args = ["deploy", "plan", "--out", str(out), "--run-id", "r1", "--n", "6", "--seed", "1", *flags]
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 0, text
+    cfg = load_config(out / "run.toml")
+    assert cfg.early_stop is early_stop
+    assert cfg.stop_window_value == window  # written in: the nodes need no operator table

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..defaults import DEFAULT_BROKER
-from ._app import CorruptOpt, EarlyStopOpt, ForceOpt, StopWindowOpt, app
+from ._app import CorruptOpt, ForceOpt, StopWindowOpt, app
 from .net import CaFile, CertFile, KeyFile, tls_settings
 
 if TYPE_CHECKING:
@@ -48,6 +48,15 @@ KOpt = Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")]
 QuantileOpt = Annotated[float | None, typer.Option(help="quantile level p in (0, 1)")]
 ValuesOpt = Annotated[
     str | None, typer.Option(help="drawn values: normal, uniform, uniform-range or bimodal")
+]
+PlanEarlyStopOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--early-stop/--no-early-stop",
+        help="end each phase once the network is quiet (t_max a cap). Off by default in a plan: a node in"
+        " the field may leave for good, and only the fixed schedule lets the others finish without it"
+        " [default: off]",
+    ),
 ]
 ValueRangeOpt = Annotated[
     tuple[float, float] | None,
@@ -117,7 +126,8 @@ def _plan_spec(
         quantile=quantile,
         values=values,
         value_range=value_range if value_range is not None else _sensor_range(value_cmd),
-        early_stop=early_stop,
+        # The fixed schedule unless asked: departures in the field are not planned (docs/protocol.md).
+        early_stop=bool(early_stop),
         stop_window=stop_window,
     )
     given = [
@@ -201,7 +211,7 @@ def plan_cmd(
     mu_z: MuZOpt = None,
     k: KOpt = None,
     quantile: QuantileOpt = None,
-    early_stop: EarlyStopOpt = None,
+    early_stop: PlanEarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
     values: ValuesOpt = None,
     value_range: ValueRangeOpt = None,
@@ -330,7 +340,7 @@ def compose_cmd(
     mu_z: MuZOpt = None,
     k: KOpt = None,
     quantile: QuantileOpt = None,
-    early_stop: EarlyStopOpt = None,
+    early_stop: PlanEarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
     values: ValuesOpt = None,
     value_range: ValueRangeOpt = None,
