@@ -54,6 +54,26 @@ def test_finished_transcript_gives_the_attacks_findings(finished: Path) -> None:
     state.close()
 
 
+def test_a_run_that_stopped_early_shows_the_attacks_findings_and_output(tmp_path: Path) -> None:
+    # Early stopping (the default) ends this median run at t = 474 of 3000: the last x's are those of
+    # the stop, not of the schedule's end.
+    path = tmp_path / "median.sqlite"
+    simulate_transcript(RunConfig(op="median", n=8, t_max=3000, seed=3), path, corrupted=[0])
+    report = attack_transcript(path)
+    state = DashboardState(path)
+    _caught_up(state)
+    assert state.finished
+    assert report.output is not None
+    doc = state.snapshot()
+    assert doc["output"] == report.output
+    views = state.nodes_at(state.t)["nodes"]
+    assert [v["state"] for v in views][:1] == ["corrupted"]
+    for f, view in zip(report.findings, views, strict=True):
+        if f.status in ("exposed", "corrupted"):
+            assert (view["state"], view["value"]) == (f.status, f.value)
+    state.close()
+
+
 @pytest.mark.parametrize("t", [0, 150, 399], ids=["first", "middle", "last"])
 def test_slider_findings_equal_the_attack_on_the_cut_transcript(finished: Path, t: int) -> None:
     state = DashboardState(finished)

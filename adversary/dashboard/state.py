@@ -8,12 +8,13 @@ it is complete. Trajectories are kept server-side and sent as at most ``max_colu
 iterations (every ``ceil(T / max_columns)``-th, plus the last), so a page's payload is bounded by
 ``n * max_columns`` numbers whatever the number of messages.
 
-Once every node has published ``done`` (and the transcript holds every x, or ``done_grace``
-seconds have passed), :func:`adversary.attack.attack_arrays` runs once on the whole transcript:
-it gives every node's final finding (exposed value, or the interval the transcript proves). With
-the ground truth at hand (a testbed's ``summary.json``), :func:`adversary.report.leakage_verdicts`
-then puts each node beside the ideal-world bound of its rank. :meth:`DashboardState.nodes_at`
-gives the findings as of any earlier iteration (the attack on the transcript cut there), for the
+Once every node has published ``done`` (and the transcript holds every x, of the iterations run
+when the run stopped early, or ``done_grace`` seconds have passed),
+:func:`adversary.attack.attack_arrays` runs once on the whole transcript: it gives every node's
+final finding (exposed value, or the interval the transcript proves). With the ground truth at
+hand (a testbed's ``summary.json``), :func:`adversary.report.leakage_verdicts` then puts each node
+beside the ideal-world bound of its rank. :meth:`DashboardState.nodes_at` gives the findings as of
+any earlier iteration (the attack on the transcript cut there), for the
 page's time slider.
 """
 
@@ -129,6 +130,7 @@ class DashboardState:
         self.corrupted: dict[int, float] = {}  # forwarded values, on the protocol's scale
         self.scale = ValueScale()  # the run's public value range: what the page shows is in user units
         self.status: dict[int, str] = {}
+        self.early_stop = False  # the run's, once its config is read
         self.exposures: list[Exposure] = []
         self.finished = False
         self.findings: list[NodeFinding] | None = None
@@ -227,6 +229,7 @@ class DashboardState:
         self.config = msg
         self.edges = edges
         self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
+        self.early_stop = cfg.early_stop
         t_total = self.replay.t_total
         stride = max(1, math.ceil(t_total / (self.max_columns - 1)))
         self.sample_t = list(range(0, t_total, stride))
@@ -250,7 +253,9 @@ class DashboardState:
         if len(self.transcript_done()) == replay.n:
             now = time.monotonic()
             self._all_done_since = self._all_done_since or now
-            if replay.t_next >= replay.t_total or now - self._all_done_since >= self.done_grace:
+            # A run that stopped early ends before t_total: once every node is done, its x's are in.
+            stopped = self.early_stop and not np.isfinite(replay.x[:, replay.t_next :]).any()
+            if replay.t_next >= replay.t_total or stopped or now - self._all_done_since >= self.done_grace:
                 self.exposures += self._user_units(replay.advance(force=True))
                 self._finish()
         while len(self.columns) < len(self.sample_t) and self.sample_t[len(self.columns)] < replay.t_next:
@@ -284,6 +289,7 @@ class DashboardState:
             corrupted={i: self.scale.user_float(v) for i, v in self.corrupted.items()},
             replayed=Exposures(replay.branch, replay.first, replay.value),
             scale=self.scale,
+            early_stop=cfg.early_stop,
         )
         return report.findings, report.output
 
