@@ -33,7 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
-from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
+from .live import HIGH, LOW, SOLVED, VALUE, Exposures, iterations_run, replay_exposures
 from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
 
 if TYPE_CHECKING:
@@ -280,7 +280,7 @@ def attack_arrays(
     return AttackReport(
         op=op,
         n=n,
-        iterations=T,
+        iterations=final_t + 1 if early_stop else T,  # up to the last iteration run
         output=output,
         findings=findings,
         value_range=None if sc.identity else (sc.lo, sc.hi),
@@ -396,7 +396,9 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
     if data["departed"]:
         report.extra["departed"] = {str(j): t for j, t in sorted(data["departed"].items())}
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
-    report.extra["expected_x"] = int(data["x"].size)
+    # Early stopping: x's only of the iterations the phases ran (as far as the capture shows them).
+    ran = len(iterations_run(data["phases"], data["x"])) if cfg.early_stop else data["x"].shape[1]
+    report.extra["expected_x"] = int(data["n"] * ran)
     candidates = (
         [truth]
         if truth is not None

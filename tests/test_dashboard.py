@@ -60,9 +60,12 @@ def test_a_run_that_stopped_early_shows_the_attacks_findings_and_output(tmp_path
     path = tmp_path / "median.sqlite"
     simulate_transcript(RunConfig(op="median", n=8, t_max=3000, seed=3), path, corrupted=[0])
     report = attack_transcript(path)
+    assert report.iterations == 474  # the run's, not the schedule's 3000
+    assert report.extra["captured_x"] == report.extra["expected_x"] == 8 * 474
     state = DashboardState(path)
     _caught_up(state)
     assert state.finished
+    assert state.t == report.iterations - 1
     assert report.output is not None
     doc = state.snapshot()
     assert doc["output"] == report.output

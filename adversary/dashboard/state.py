@@ -256,7 +256,8 @@ class DashboardState:
             # A run that stopped early ends before t_total: once every node is done, its x's are in.
             stopped = self.early_stop and not np.isfinite(replay.x[:, replay.t_next :]).any()
             if replay.t_next >= replay.t_total or stopped or now - self._all_done_since >= self.done_grace:
-                self.exposures += self._user_units(replay.advance(force=True))
+                if not stopped:  # step what is left, the missing x's unknown
+                    self.exposures += self._user_units(replay.advance(force=True))
                 self._finish()
         while len(self.columns) < len(self.sample_t) and self.sample_t[len(self.columns)] < replay.t_next:
             col = self.scale.to_user(replay.x[:, self.sample_t[len(self.columns)]])
