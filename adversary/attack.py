@@ -33,7 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
-from .live import HIGH, LOW, SOLVED, VALUE, Exposures, iterations_run, replay_exposures
+from .live import HIGH, LOW, SOLVED, VALUE, Exposures, phase_spans, replay_exposures
 from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class AttackExtra(TypedDict, total=False):
     solved_phase: bool  # an average-consensus phase let the replay solve values
     run_id: str
     captured_x: int  # x messages in the transcript
-    expected_x: int  # n x T
+    expected_x: int  # n x the iterations run (T on the fixed schedule)
     departed: dict[str, int]  # nodes that left the run: node -> the iteration (announced in statuses)
 
 
@@ -239,9 +239,11 @@ def attack_arrays(
     T = rep.branch.shape[1]
     lower = np.full(n, -np.inf)
     upper = np.full(n, np.inf)
+    # With early stopping a phase's final x is where it stopped, not at the end of its t_len.
+    spans = phase_spans(phases, x[:, :T]) if early_stop else None
     t0, final_t = 0, T - 1
     ends: dict[str, list[int]] = {}
-    for phase in phases:
+    for k, phase in enumerate(phases):
         t1 = min(t0 + phase.t_len, T)
         if t1 <= t0:
             break
@@ -258,7 +260,7 @@ def attack_arrays(
                 upper[i] = min(upper[i], float(lows.min()))
             if len(highs):
                 lower[i] = max(lower[i], float(highs.max()))
-        final_t = _phase_end(x, t0, t1, early_stop)
+        final_t = spans[k][1] - 1 if spans is not None and spans[k][1] > spans[k][0] else t1 - 1
         ends.setdefault(phase.group, []).append(final_t)
         t0 = t1
     sc = scale or ValueScale()
@@ -355,16 +357,6 @@ def score(
     return report
 
 
-def _phase_end(x: FloatArray, t0: int, t1: int, early_stop: bool) -> int:
-    """The last iteration of the phase on ``[t0, t1)``: ``t1 - 1``, or with early stopping the last
-    one with any captured x (the phase may have stopped before)."""
-    if early_stop:
-        seen = np.flatnonzero(np.isfinite(x[:, t0:t1]).any(axis=0))
-        if len(seen):
-            return t0 + int(seen[-1])
-    return t1 - 1
-
-
 def report_json(report: AttackReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
@@ -397,7 +389,8 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         report.extra["departed"] = {str(j): t for j, t in sorted(data["departed"].items())}
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
     # Early stopping: x's only of the iterations the phases ran (as far as the capture shows them).
-    ran = len(iterations_run(data["phases"], data["x"])) if cfg.early_stop else data["x"].shape[1]
+    x = data["x"]
+    ran = sum(e - s for s, e in phase_spans(data["phases"], x)) if cfg.early_stop else x.shape[1]
     report.extra["expected_x"] = int(data["n"] * ran)
     candidates = (
         [truth]

@@ -244,18 +244,23 @@ class LiveReplay:
         return Exposures(self.branch.copy(), self.first.copy(), self.value.copy())
 
 
-def iterations_run(phases: Sequence[Phase], x: FloatArray) -> list[int]:
-    """The iterations an early-stopping run ran, from its ``(n, T)`` x's: in each phase, those up
-    to its last iteration with any x (the rest of the phase was skipped by every node)."""
+def phase_spans(phases: Sequence[Phase], x: FloatArray) -> list[tuple[int, int]]:
+    """``[start, end)`` of the iterations each phase of an early-stopping run ran, from its
+    ``(n, T)`` x's: up to the phase's last iteration with any x (every node skipped the rest);
+    ``end == start`` for a phase without any."""
     any_x = np.asarray(np.isfinite(x).any(axis=0), dtype=bool)
-    out: list[int] = []
+    spans: list[tuple[int, int]] = []
     start = 0
     for ph in phases:
         seen = np.flatnonzero(any_x[start : start + ph.t_len])
-        if len(seen):
-            out += range(start, start + int(seen[-1]) + 1)
+        spans.append((start, start + int(seen[-1]) + 1 if len(seen) else start))
         start += ph.t_len
-    return out
+    return spans
+
+
+def iterations_run(phases: Sequence[Phase], x: FloatArray) -> list[int]:
+    """The iterations an early-stopping run ran (:func:`phase_spans`), in order."""
+    return [t for start, end in phase_spans(phases, x) for t in range(start, end)]
 
 
 def forwarded_z0(
