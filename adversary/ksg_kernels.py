@@ -63,9 +63,44 @@ def sweep(ps: FloatArray, qs: FloatArray, k: int, m: int, bound: float, best: Fl
     return kth
 
 
+@njit(nogil=True, inline="always")
+def keep3(b0: float, b1: float, b2: float, d: float) -> tuple[float, float, float]:
+    """The three smallest of ``b0 <= b1 <= b2`` and ``d``, in order, without a branch."""
+    return min(b0, d), min(b1, max(b0, d)), min(b2, max(b1, d))
+
+
+@njit(nogil=True, inline="always")
+def merge3(
+    b0: float, b1: float, b2: float, d0: float, d1: float, d2: float, d3: float
+) -> tuple[float, float, float]:
+    """The three smallest of ``b0 <= b1 <= b2`` and ``d0..d3``, in order, without a branch.
+
+    A sorting network orders the block (independent of the b's), and the merge of two
+    sorted lists then puts three levels of min/max on the b's dependency chain, where
+    one insertion per candidate would put two per candidate.
+    """
+    lo01, hi01 = min(d0, d1), max(d0, d1)
+    lo23, hi23 = min(d2, d3), max(d2, d3)
+    s0, mid0 = min(lo01, lo23), max(lo01, lo23)
+    mid1 = min(hi01, hi23)  # the block's largest is never among the three smallest
+    s1, s2 = min(mid0, mid1), max(mid0, mid1)
+    return (
+        min(b0, s0),
+        min(min(b1, s1), max(b0, s0)),
+        min(min(b2, s2), min(max(b0, s1), max(b1, s0))),
+    )
+
+
 @njit(nogil=True)
 def sweep3(ps: FloatArray, qs: FloatArray, m: int, bound: float) -> float:
-    """:func:`sweep` for k = 3 with the three smallest distances kept branch-free in registers."""
+    """:func:`sweep` for k = 3, the three smallest distances kept branch-free in registers.
+
+    Candidates go four at a time, merged into the three smallest with no branch (a test
+    per candidate mispredicts on fresh data; see :func:`merge3`). The walk ends after a
+    block whose last coordinate gap reaches the third distance. A block may take in up
+    to three points past where a point-by-point walk would stop; their distances are
+    at least that gap, so they change nothing.
+    """
     n = len(ps)
     b0 = bound
     b1 = bound
@@ -73,24 +108,40 @@ def sweep3(ps: FloatArray, qs: FloatArray, m: int, bound: float) -> float:
     pm = ps[m]
     qm = qs[m]
     j = m + 1
+    while j + 4 <= n:
+        d0 = max(ps[j] - pm, abs(qs[j] - qm))
+        d1 = max(ps[j + 1] - pm, abs(qs[j + 1] - qm))
+        d2 = max(ps[j + 2] - pm, abs(qs[j + 2] - qm))
+        gap = ps[j + 3] - pm
+        d3 = max(gap, abs(qs[j + 3] - qm))
+        b0, b1, b2 = merge3(b0, b1, b2, d0, d1, d2, d3)
+        if gap >= b2:
+            j = n
+            break
+        j += 4
     while j < n:
         dp = ps[j] - pm
         if dp >= b2:
             break
-        d = max(dp, abs(qs[j] - qm))
-        b2 = min(b2, max(b1, d))
-        b1 = min(b1, max(b0, d))
-        b0 = min(b0, d)
+        b0, b1, b2 = keep3(b0, b1, b2, max(dp, abs(qs[j] - qm)))
         j += 1
     j = m - 1
+    while j >= 3:
+        d0 = max(pm - ps[j], abs(qs[j] - qm))
+        d1 = max(pm - ps[j - 1], abs(qs[j - 1] - qm))
+        d2 = max(pm - ps[j - 2], abs(qs[j - 2] - qm))
+        gap = pm - ps[j - 3]
+        d3 = max(gap, abs(qs[j - 3] - qm))
+        b0, b1, b2 = merge3(b0, b1, b2, d0, d1, d2, d3)
+        if gap >= b2:
+            j = -1
+            break
+        j -= 4
     while j >= 0:
         dp = pm - ps[j]
         if dp >= b2:
             break
-        d = max(dp, abs(qs[j] - qm))
-        b2 = min(b2, max(b1, d))
-        b1 = min(b1, max(b0, d))
-        b0 = min(b0, d)
+        b0, b1, b2 = keep3(b0, b1, b2, max(dp, abs(qs[j] - qm)))
         j -= 1
     return b2
 
@@ -112,27 +163,39 @@ def typical_spacing(vs: FloatArray, k: int) -> float:
     return float(np.median(gaps))
 
 
-_SCAN = 48
-"""Marginal counts walk this many steps outwards before they switch to bisection."""
+_WINDOW = 64
+"""Marginal counts first count among this many sorted neighbours on each side (most counts fit)."""
+
+
+@njit(nogil=True, inline="always")
+def count_within_above(vs: FloatArray, vi: float, r: float, lo: int, hi: int) -> int:
+    """``#{j in [lo, hi) : vs[j] - vi <= r}``, as one vectorized pass with no branch per element.
+
+    On sorted data a walk or a bisection mispredicts a branch at every step; a count of
+    a short window is a handful of SIMD comparisons.
+    """
+    window = vs[lo:hi]
+    c = 0
+    for j in range(len(window)):
+        c += window[j] - vi <= r
+    return c
+
+
+@njit(nogil=True, inline="always")
+def count_within_below(vs: FloatArray, vi: float, r: float, lo: int, hi: int) -> int:
+    """``#{j in [lo, hi) : vs[j] - vi >= -r}``, vectorized like :func:`count_within_above`."""
+    window = vs[lo:hi]
+    nr = -r
+    c = 0
+    for j in range(len(window)):
+        c += window[j] - vi >= nr
+    return c
 
 
 @njit(nogil=True)
-def first_above(vs: FloatArray, vi: float, r: float, start: int) -> int:
-    """First index j >= ``start`` of sorted ``vs`` with ``vs[j] - vi > r``.
-
-    ``fl(vs[j] - vi)`` is non-decreasing in j, so the predicate switches once, and the
-    caller knows it does not hold before ``start``. The search walks up to ``_SCAN``
-    steps from ``start`` (a count is usually that small, and a walk mispredicts one
-    branch where a bisection mispredicts half of them) and falls back to bisection.
-    """
-    n = len(vs)
-    j = start
-    stop = min(n, start + _SCAN)
-    while j < stop and vs[j] - vi <= r:
-        j += 1
-    if j < stop or j == n:
-        return j
-    a, b = j, n
+def end_of_run(vs: FloatArray, vi: float, r: float, lo: int) -> int:
+    """First j >= ``lo`` of sorted ``vs`` with ``vs[j] - vi > r`` (bisection; the predicate flips once)."""
+    a, b = lo, len(vs)
     while a < b:
         mid = (a + b) >> 1
         if vs[mid] - vi <= r:
@@ -143,18 +206,9 @@ def first_above(vs: FloatArray, vi: float, r: float, start: int) -> int:
 
 
 @njit(nogil=True)
-def first_within(vs: FloatArray, vi: float, r: float, start: int) -> int:
-    """First index j <= ``start`` of sorted ``vs`` with ``vs[j] - vi >= -r``, given it holds at ``start``.
-
-    The mirror of :func:`first_above`: walks down from ``start``, then bisects.
-    """
-    j = start
-    stop = max(0, start - _SCAN)
-    while j > stop and vs[j - 1] - vi >= -r:
-        j -= 1
-    if j > stop or j == 0:
-        return j
-    a, b = 0, j
+def start_of_run(vs: FloatArray, vi: float, r: float, hi: int) -> int:
+    """First j < ``hi`` of sorted ``vs`` with ``vs[j] - vi >= -r``, given it holds at ``hi`` (bisection)."""
+    a, b = 0, hi
     while a < b:
         mid = (a + b) >> 1
         if vs[mid] - vi < -r:
@@ -168,9 +222,11 @@ def first_within(vs: FloatArray, vi: float, r: float, start: int) -> int:
 def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: IntArray) -> None:
     """``out[i] = #{j : |v_j - v_i| <= radius[i]}`` (i included), exactly as a tree query.
 
-    ``vs = v[order]`` is sorted. ``|fl(a - b)| = |fl(b - a)|``, so the predicate holds
-    on one contiguous run of the sorted values around i, whose ends are found with the
-    same floating-point comparisons a tree evaluates.
+    ``vs = v[order]`` is sorted, and ``fl(v_j - v_i)`` is non-decreasing in j, so the
+    predicate ``-r <= fl(v_j - v_i) <= r`` (``|fl(a - b)| = |fl(b - a)|``: the test a tree
+    evaluates) holds on one contiguous run around i. It is counted among the
+    :data:`_WINDOW` sorted neighbours on each side; a run that fills a window is
+    followed past it by bisection.
     """
     n = len(vs)
     for m in range(n):
@@ -180,7 +236,15 @@ def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: In
             out[i] = 0
             continue
         vi = vs[m]
-        out[i] = first_above(vs, vi, r, m + 1) - first_within(vs, vi, r, m)
+        above = min(n, m + 1 + _WINDOW)
+        below = max(0, m - _WINDOW)
+        hi = m + 1 + count_within_above(vs, vi, r, m + 1, above)
+        lo = m + 1 - count_within_below(vs, vi, r, below, m + 1)
+        if hi == above < n:
+            hi = end_of_run(vs, vi, r, above)
+        if lo == below > 0:
+            lo = start_of_run(vs, vi, r, below)
+        out[i] = hi - lo
 
 
 @njit(nogil=True)
@@ -323,25 +387,51 @@ BATCH_BLOCK = 16
 
 @njit(parallel=True)
 def ksg_batch(
-    xs: FloatArray, ys: FloatArray, hints: IntArray, k: int, table: FloatArray, out: FloatArray
+    xs: FloatArray,
+    ys: FloatArray,
+    noise: FloatArray,
+    hints: IntArray,
+    k: int,
+    table: FloatArray,
+    out: FloatArray,
 ) -> None:
     """Per pair ``-<psi(n_x)> - <psi(n_y)>`` (the rest of the formula is a constant).
 
+    ``xs`` has shape ``(P, N)`` or ``(1, N)`` (the same x for every pair), ``ys`` shape
+    ``(P, N)``. ``noise[b]`` is the jitter of pair b, added to its x row (``noise[b, 0]``)
+    and y row (``noise[b, 1]``) here, in parallel, as ``x + noise`` would (shape
+    ``(P, 2, 0)``: no jitter). A pair with a non-finite sample gets ``nan``.
     ``hints`` are nearly sorting orders of the x rows: shape ``(P, N)``, ``(1, N)`` (one for
     every row: the same x up to jitter) or ``(P, 0)`` (none). Blocks of :data:`BATCH_BLOCK`
     consecutive pairs run in parallel; within a block each pair's y sort starts from the
     previous pair's order (consecutive rows are often successive iterations of one state).
     The counts do not depend on the orders, so neither does the result.
     """
-    n_pairs, n = xs.shape
-    shared = hints.shape[0] == 1
+    n_pairs, n = ys.shape
+    shared_x = xs.shape[0] == 1
+    shared_hint = hints.shape[0] == 1
+    jittered = noise.shape[2] > 0
     for block in numba.prange((n_pairs + BATCH_BLOCK - 1) // BATCH_BLOCK):
+        xb = np.empty(n)
+        yb = np.empty(n)
         nx = np.empty(n, dtype=np.int64)
         ny = np.empty(n, dtype=np.int64)
         hint_y = np.empty(0, dtype=np.int64)
         for b in range(block * BATCH_BLOCK, min(n_pairs, (block + 1) * BATCH_BLOCK)):
-            hint_x = hints[0] if shared else hints[b]
-            hint_y = ksg_counts_one(xs[b], ys[b], k, nx, ny, hint_x, hint_y)
+            xr = xs[0] if shared_x else xs[b]
+            yr = ys[b]
+            if jittered:
+                for i in range(n):
+                    xb[i] = xr[i] + noise[b, 0, i]
+                    yb[i] = yr[i] + noise[b, 1, i]
+            else:
+                xb[:] = xr
+                yb[:] = yr
+            if not (np.isfinite(xb).all() and np.isfinite(yb).all()):
+                out[b] = np.nan
+                continue
+            hint_x = hints[0] if shared_hint else hints[b]
+            hint_y = ksg_counts_one(xb, yb, k, nx, ny, hint_x, hint_y)
             out[b] = digamma_mean(nx, ny, table)
 
 

@@ -215,14 +215,14 @@ def mutual_information_many(
         raise ConfigError(
             "y", f"shape {ya.shape}", f"expected (P, N) with x of shape (P, N) or (N,); x has {xa.shape}"
         )
-    if not (np.isfinite(xa).all() and np.isfinite(ya).all()):
-        raise ConfigError("x", "non-finite entries", "samples must be finite numbers")
     _check_k(k, ya.shape[1])
     if jitter < 0 or not math.isfinite(jitter):
         raise ConfigError("jitter", jitter, "must be a finite number >= 0")
     source: RandomSource = rng if rng is not None else _process_rng()
     if xa.ndim == 1:
-        return _batch(np.broadcast_to(xa, ya.shape), ya, k, jitter, source, np.argsort(xa)[None])
+        if not np.isfinite(xa).all():
+            raise ConfigError("x", "non-finite entries", "samples must be finite numbers")
+        return _batch(xa[None], ya, k, jitter, source, np.argsort(xa)[None])
     return _batch(xa, ya, k, jitter, source, None)
 
 
@@ -233,24 +233,31 @@ mutual_information_batch = mutual_information_many
 def _batch(
     xa: FloatArray, ya: FloatArray, k: int, jitter: float, source: RandomSource, x_hint: IntArray | None
 ) -> FloatArray:
-    """The batch estimate; ``x_hint`` are nearly sorting orders of the x rows, (P, N) or (1, N) for all."""
+    """The batch estimate of rows ``xa`` ((P, N), or (1, N) for all) against rows ``ya``.
+
+    ``x_hint`` are nearly sorting orders of the x rows, (P, N) or (1, N) for all.
+    """
     n_pairs, n = ya.shape
     table = _digamma_table(n)
     const = _constant(k, n)
     out = np.empty(n_pairs)
+    shared_x = len(xa) == 1
     for start in range(0, n_pairs, _PAIRS_PER_CHUNK):
         stop = min(n_pairs, start + _PAIRS_PER_CHUNK)
         # One draw in the order separate calls would make: per pair the x row, then the y row.
-        noise = _noise((stop - start, 2, n), jitter, source)
-        xs = xa[start:stop] + noise[:, 0] if jitter else xa[start:stop]
-        ys = ya[start:stop] + noise[:, 1] if jitter else ya[start:stop]
+        noise = _noise((stop - start, 2, n), jitter, source) if jitter else np.empty((stop - start, 2, 0))
         hints = (
             np.empty((stop - start, 0), dtype=np.int64)
             if x_hint is None
             else np.ascontiguousarray(x_hint if len(x_hint) == 1 else x_hint[start:stop], dtype=np.int64)
         )
         part = np.empty(stop - start)
-        ksg_batch(np.ascontiguousarray(xs), np.ascontiguousarray(ys), hints, k, table, part)
+        xs = xa if shared_x else xa[start:stop]
+        ys = ya[start:stop]
+        ksg_batch(np.ascontiguousarray(xs), np.ascontiguousarray(ys), noise, hints, k, table, part)
+        if np.isnan(part).any():
+            field = "y" if np.isfinite(xs).all() else "x"
+            raise ConfigError(field, "non-finite entries", "samples must be finite numbers")
         out[start:stop] = part / math.log(2.0) + const
     return out
 

@@ -154,6 +154,21 @@ def test_bad_input_names_the_field(x: np.ndarray, y: np.ndarray, k: int, field: 
     assert err.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("x", "y", "field"),
+    [
+        (np.zeros((2, 6)), np.array([np.zeros(6), [0.0, 1.0, np.inf, 2.0, 3.0, 4.0]]), "y"),
+        (np.array([np.arange(6.0), [0.0, np.nan, 1.0, 2.0, 3.0, 4.0]]), np.zeros((2, 6)), "x"),
+        (np.array([0.0, np.nan, 1.0, 2.0, 3.0, 4.0]), np.zeros((2, 6)), "x"),
+    ],
+    ids=["y-row", "x-row", "shared-x"],
+)
+def test_many_names_the_field_with_a_non_finite_sample(x: np.ndarray, y: np.ndarray, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        mutual_information_many(x, y, 1)
+    assert err.value.field == field
+
+
 def test_nmi_curves_equal_npeet_called_in_documented_order() -> None:
     rng = np.random.default_rng(0)
     s = rng.standard_normal((300, 3))
