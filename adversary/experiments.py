@@ -252,8 +252,14 @@ class PanelCache:
     def _key(cfg: RunConfig) -> str:
         return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
 
-    def prefetch(self, cfgs: list[RunConfig]) -> None:
-        """Measure every configuration not measured yet, spread over worker processes."""
+    def prefetch(self, cfgs: list[RunConfig], on_measured: Callable[[], None] | None = None) -> None:
+        """Measure every configuration not measured yet, spread over worker processes.
+
+        The longest schedules go first, so that no long panel is left running alone at
+        the end. ``on_measured`` is called in this process after each panel is stored;
+        ``run_all`` draws a figure there as soon as its panels are in, while the
+        workers go on with the rest.
+        """
         from nlagg_node.sweep import run_sweep
 
         todo: dict[str, RunConfig] = {}
@@ -261,14 +267,23 @@ class PanelCache:
             key = self._key(cfg)
             if key not in self.results:
                 todo.setdefault(key, cfg)
-        jobs = [(cfg, self.bootstrap) for cfg in todo.values()]
+        if not todo:
+            return  # also keeps a second progress bar from starting inside the first
+        keys = sorted(todo, key=lambda k: -sum(p.t_len for p in plan_phases(todo[k])))
+        jobs = [(todo[k], self.bootstrap) for k in keys]
 
         def done(i: int, r: PanelResult) -> None:
+            self.results[keys[i]] = r
             if self.log is not None:
                 self.log(_describe(jobs[i][0], r))
+            if on_measured is not None:
+                on_measured()
 
-        results = run_sweep(_measure_job, jobs, workers=self.workers, description="panels", on_result=done)
-        self.results.update(zip(todo, results, strict=True))
+        run_sweep(_measure_job, jobs, workers=self.workers, description="panels", on_result=done)
+
+    def has(self, cfg: RunConfig) -> bool:
+        """Whether ``cfg`` is measured already."""
+        return self._key(cfg) in self.results
 
     def get(self, cfg: RunConfig) -> PanelResult:
         key = self._key(cfg)
@@ -376,9 +391,20 @@ def run_all(
     if trials < 10:
         raise ConfigError("trials", trials, "the KSG estimate needs at least 10 trials")
     cache = PanelCache(log, bootstrap, workers)
-    cache.prefetch(
-        [panel_config(p.params, trials, seed) for name in chosen for p in EXPERIMENTS[name].panels]
-    )
-    docs = [run_experiment(name, trials, out, seed=seed, cache=cache, log=log) for name in chosen]
+    wanted = {
+        name: [panel_config(p.params, trials, seed) for p in EXPERIMENTS[name].panels] for name in chosen
+    }
+    docs: dict[str, ExperimentDoc] = {}
+
+    def draw_ready() -> None:
+        # Drawing takes about 1.3 s a figure: done here while the workers measure other panels.
+        for name, cfgs in wanted.items():
+            if name not in docs and all(cache.has(cfg) for cfg in cfgs):
+                docs[name] = run_experiment(name, trials, out, seed=seed, cache=cache, log=log)
+
+    cache.prefetch([cfg for cfgs in wanted.values() for cfg in cfgs], on_measured=draw_ready)
+    draw_ready()  # experiments with nothing left to measure (or measured in this process)
     wall = time.perf_counter() - started
-    return write_index(out, docs, wall_seconds=wall, simulations=len(cache.results))
+    return write_index(
+        out, [docs[name] for name in chosen], wall_seconds=wall, simulations=len(cache.results)
+    )
