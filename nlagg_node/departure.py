@@ -36,6 +36,7 @@ __all__ = [
     "check_departures",
     "components",
     "drop_pairs",
+    "early_stop_with",
     "kept_edges",
     "parse_departures",
     "survivors",
@@ -59,6 +60,16 @@ def parse_departures(spec: str | None, field: str = "depart") -> dict[int, int]:
             raise ConfigError(field, part, f"node {j} departs twice")
         out[j] = t
     return out
+
+
+def early_stop_with(early_stop: bool | None, depart: str | None) -> bool | None:
+    """The ``early_stop`` of a run given ``--depart``: planned departures choose the fixed schedule.
+
+    Only the fixed schedule lets neighbours finish without a node that left for good
+    (docs/protocol.md); an explicit ``--early-stop``/``--no-early-stop`` is kept (the
+    former is refused later by :func:`check_departures`). ``None``: the config's own choice.
+    """
+    return False if early_stop is None and depart else early_stop
 
 
 def check_departures(departures: Mapping[int, int], n: int, t_total: int, op: str, early_stop: bool) -> None:

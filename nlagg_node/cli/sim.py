@@ -104,7 +104,7 @@ def sim(
 ) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..config import load_config
-    from ..departure import parse_departures
+    from ..departure import early_stop_with, parse_departures
     from ..errors import ConfigError
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
@@ -132,8 +132,7 @@ def sim(
         values_file=values_file,
         value_range=value_range,
         record=record,
-        # Departures need the fixed schedule (docs/protocol.md): planned ones choose it by default.
-        early_stop=False if early_stop is None and depart else early_stop,
+        early_stop=early_stop_with(early_stop, depart),
         stop_window=stop_window,
         init_channel=init_channel,
     )

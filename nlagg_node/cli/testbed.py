@@ -132,7 +132,7 @@ def run_testbed_command(
     from rich.console import Console
 
     from ..config import load_config
-    from ..departure import parse_departures
+    from ..departure import early_stop_with, parse_departures
     from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
     from ..scale import config_warnings
@@ -157,8 +157,7 @@ def run_testbed_command(
         value_range=value_range,
         values_file=values_file,
         trials=1,
-        # Departures need the fixed schedule (docs/protocol.md): planned ones choose it by default.
-        early_stop=False if early_stop is None and depart else early_stop,
+        early_stop=early_stop_with(early_stop, depart),
         stop_window=stop_window,
         init_channel=init_channel,
     )
