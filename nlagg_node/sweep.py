@@ -83,14 +83,20 @@ def run_sweep(
                 initargs=(max(1, cores // count),),
             ) as pool:
                 pending: dict[Future[R], int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
-                while pending:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        i = pending.pop(future)
-                        results[i] = future.result()
-                        if on_result is not None:
-                            on_result(i, results[i])
-                        advance()
+                try:
+                    while pending:
+                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            i = pending.pop(future)
+                            results[i] = future.result()
+                            if on_result is not None:
+                                on_result(i, results[i])
+                            advance()
+                except BaseException:
+                    # A failed job or callback (or Ctrl-C) ends the sweep now: the jobs not
+                    # started yet are dropped instead of run before the error is raised.
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
     return [results[i] for i in range(n_jobs)]
 
 
