@@ -31,7 +31,7 @@ from typing import Any, Self
 import numpy as np
 
 from adversary.simulated import trial_x
-from adversary.transcript import Transcript, captured_count
+from adversary.transcript import Transcript
 from nlagg_node.argv import node_argv, this_python
 from nlagg_node.config import RunConfig
 from nlagg_node.lab.children import Child, start_eavesdropper
@@ -122,6 +122,8 @@ class FaultBed:
         self._broker_cm: AbstractAsyncContextManager[BrokerHandle] | None = None
         self.restarts: dict[str, int] = {"node": 0, "broker": 0, "eavesdropper": 0}
         self.gone: set[int] = set()  # nodes killed for good (they depart, issue 16)
+        self._seen_x: set[tuple[str, int]] = set()  # (topic, t) of the x's published so far
+        self._watcher: asyncio.Task[None] | None = None
 
     # Broker -----------------------------------------------------------------------------------
     async def _start_broker(self, port: int | None) -> None:
@@ -185,6 +187,10 @@ class FaultBed:
         self.cfg_path = self.workdir / "run-config.json"
         self.cfg_path.write_text(json.dumps({"config": self.cfg.model_dump(mode="json")}))
         await self.start_eavesdropper()
+        ready = asyncio.Event()
+        self._watcher = asyncio.create_task(self._watch(ready))
+        async with asyncio.timeout(30):
+            await ready.wait()
         return self
 
     async def __aexit__(
@@ -193,6 +199,10 @@ class FaultBed:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         for proc in [*self.nodes.values(), *([self.eavesdropper] if self.eavesdropper else [])]:
             await proc.kill()
         await self._stop_broker()
@@ -255,13 +265,28 @@ class FaultBed:
                 await tr.publish(topic, payload, qos=1)
 
     async def progress(self) -> float:
-        """Fraction of the run's x messages already in the transcript (0..1)."""
-        return captured_count(self.db, "x") / (self.cfg.n * self.t_total)
+        """Fraction of the run's x messages the nodes have published (0..1), as a live subscriber
+        sees them. Not the transcript's count: under load the capture lags far behind the nodes, and
+        a fault meant for a running network could then hit one whose nodes have all finished."""
+        return len(self._seen_x) / (self.cfg.n * self.t_total)
+
+    async def _watch(self, ready: asyncio.Event) -> None:
+        names = topics(self.prefix, self.run_id)
+        client = f"nlagg-{self.run_id}-watcher"
+        async with MqttTransport(self.url, client_id=client, clean_session=True) as tr:
+            await tr.subscribe(names.x("+"), qos=0)
+            ready.set()
+            async for msg in tr.messages():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    self._seen_x.add((msg.topic, int(json.loads(msg.payload)["t"])))
 
     async def wait_progress(self, fraction: float, within: float = 120.0) -> None:
-        """Wait until ``fraction`` of the run's x's are captured (fails after ``within`` s)."""
+        """Wait until the nodes have published ``fraction`` of the run's x's (fails after ``within`` s)."""
         async with asyncio.timeout(within):
             while await self.progress() < fraction:
+                if self._watcher is not None and self._watcher.done():
+                    self._watcher.result()  # raises what ended it
+                    raise RuntimeError("the x watcher stopped before the run's end")
                 if any(p.returncode not in (None, 0) for p in self.nodes.values()):
                     return  # a node died on its own: finish() reports it
                 await asyncio.sleep(0.02)
