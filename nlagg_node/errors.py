@@ -12,6 +12,7 @@
     │   └── MqttProtocolError         it sent a malformed or unexpected MQTT frame
     ├── NeighbourTimeoutError         a neighbour did not deliver within the barrier timeout
     ├── DepartedError                 this node came back after its neighbours counted it as departed
+    ├── StoppedBySignal               SIGTERM or SIGHUP cancelled the run after its clean-up (exit 128 + n)
     └── TestbedError                  a testbed's node process failed or the run did not complete
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "NeighbourTimeoutError",
     "NlaggError",
     "SealError",
+    "StoppedBySignal",
     "TestbedError",
     "WireError",
 ]
@@ -136,3 +138,13 @@ class TestbedError(NlaggError):
 
 class DepartedError(NlaggError):
     """This node came back after its neighbours had counted it as departed: refused for the run."""
+
+
+class StoppedBySignal(NlaggError):  # noqa: N818 - a reason to stop, not a fault
+    """SIGTERM or SIGHUP cancelled the run, whose clean-up has run (:mod:`nlagg_node.lifetime`)."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")

@@ -15,7 +15,7 @@ import typer
 
 # The help texts come from nlagg_node.defaults (plain Python): --help loads neither pydantic nor numpy.
 from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
-from ..errors import ConfigError, NlaggError
+from ..errors import ConfigError, NlaggError, StoppedBySignal
 
 # rich_markup_mode=None: plain help, so text such as "[run]" is printed, not eaten as markup.
 app = typer.Typer(
@@ -69,6 +69,8 @@ def exit_on_error() -> Iterator[None]:
     """
     try:
         yield
+    except StoppedBySignal as exc:
+        _fail(f"{exc} (everything the command started has been stopped)", 128 + exc.signum)
     except ConfigError as exc:
         _fail(str(exc), 2)
     except NlaggError as exc:

@@ -327,9 +327,9 @@ def eavesdrop(
     verbose: VerboseOpt = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
-    import asyncio
-
     from adversary.eavesdrop import run_eavesdropper
+
+    from ..lifetime import run_stoppable
 
     setup_logging(verbose)
     password = _read_password(password_file)
@@ -360,7 +360,7 @@ def eavesdrop(
         broker_cluster=broker_cluster,
     )
     if dashboard is None:
-        asyncio.run(capture)
+        run_stoppable(capture)
         return
     from adversary.dashboard import parse_listen, serve_beside
 
@@ -369,6 +369,6 @@ def eavesdrop(
     except BaseException:
         capture.close()
         raise
-    asyncio.run(
+    run_stoppable(
         serve_beside(transcript, dashboard, capture, lambda line: print(line, file=sys.stderr, flush=True))
     )

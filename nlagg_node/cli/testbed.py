@@ -127,14 +127,13 @@ def run_testbed_command(
     verbose: VerboseOpt = False,
 ) -> None:
     """Run a whole network on this machine: broker, eavesdropper, n nodes; print what happened."""
-    import asyncio
-
     from rich.console import Console
 
     from ..config import load_config
     from ..departure import early_stop_with, parse_departures
     from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
+    from ..lifetime import run_stoppable
     from ..scale import config_warnings
 
     setup_logging(verbose)
@@ -203,7 +202,7 @@ def run_testbed_command(
     if dashboard is None:
         # The live line goes to stderr, and only to a terminal: --json output and logs stay clean.
         with progress_line(sys.stderr.isatty()) as on_progress:
-            asyncio.run(run(out, on_progress))
+            run_stoppable(run(out, on_progress))
         return
     from adversary.dashboard import parse_listen, serve_beside
 
@@ -211,7 +210,7 @@ def run_testbed_command(
     with contextlib.ExitStack() as stack:
         # The dashboard reads the transcript while the run writes it, so it needs its path now.
         where = out if out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        asyncio.run(
+        run_stoppable(
             serve_beside(
                 where / "transcript.sqlite",
                 dashboard,

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from ..argv import eavesdrop_argv, this_python
 from ..errors import TestbedError
+from ..lifetime import parent_death_signal
 
 __all__ = ["Child", "start_eavesdropper"]
 
@@ -62,7 +63,11 @@ class Child:
         with contextlib.ExitStack() as stack:
             err = None if log is None else stack.enter_context(_append(log))
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=err,
+                stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=parent_death_signal(),  # a SIGKILLed launcher leaves no node running
             )
         if nice > 0 and hasattr(os, "setpriority"):
             os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from ..errors import BrokerError, ConfigError
+from ..lifetime import parent_death_signal
 
 __all__ = [
     "BrokerHandle",
@@ -182,6 +183,7 @@ async def start_mosquitto(
                     stderr=log_file,
                     cwd=str(base),
                     start_new_session=True,
+                    preexec_fn=parent_death_signal(),
                 )
             ready = await _wait_ready(proc, chosen, ready_timeout)
             if not ready:

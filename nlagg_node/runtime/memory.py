@@ -17,6 +17,8 @@ from .transport import Message, Will, topic_matches, valid_filter
 
 __all__ = ["MemoryBroker", "MemoryTransport"]
 
+_WANTED_CACHE = 4096  # topics a client remembers the match of (a run uses a few per node)
+
 
 class MemoryBroker:
     """Routes messages between :class:`MemoryTransport` clients of one event loop."""
@@ -59,6 +61,7 @@ class MemoryTransport:
         self.client_id = client_id
         self.will = will
         self._filters: list[str] = []
+        self._wanted: dict[str, bool] = {}  # topic -> whether a filter matches (cleared on subscribe)
         self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
         self._connected = False
 
@@ -89,11 +92,17 @@ class MemoryTransport:
                 raise ConfigError("topic_filter", pattern, "not a valid MQTT topic filter")
             if pattern not in self._filters:
                 self._filters.append(pattern)
+                self._wanted.clear()
             for msg in self.broker.retained_for(pattern):
                 self._deliver(msg)
 
     def wants(self, topic: str) -> bool:
-        return any(topic_matches(p, topic) for p in self._filters)
+        wanted = self._wanted.get(topic)
+        if wanted is None:
+            if len(self._wanted) >= _WANTED_CACHE:
+                self._wanted.clear()
+            wanted = self._wanted[topic] = any(topic_matches(p, topic) for p in self._filters)
+        return wanted
 
     def _deliver(self, msg: Message) -> None:
         self._queue.put_nowait(msg)

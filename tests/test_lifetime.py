@@ -1,0 +1,118 @@
+"""A stopped launcher leaves nothing running: SIGTERM cancels the run through its own clean-up, and a
+SIGKILLed launcher's nodes and eavesdropper get SIGTERM from the kernel (Linux parent-death signal)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nlagg_node.errors import StoppedBySignal
+from nlagg_node.lifetime import run_stoppable
+from nlagg_node.runtime.brokers import mosquitto_binary
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
+CLI = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
+
+
+def test_sigterm_cancels_the_run_after_its_clean_up() -> None:
+    cleaned: list[str] = []
+
+    async def run() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append("children stopped")
+
+    started = time.monotonic()
+    with pytest.raises(StoppedBySignal, match="stopped by SIGTERM") as info:
+        run_stoppable(run())
+    assert info.value.signum == signal.SIGTERM
+    assert cleaned == ["children stopped"]
+    assert time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler ends with the run
+
+
+def test_a_run_without_a_signal_returns_its_result() -> None:
+    async def run() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    assert run_stoppable(run()) == 7
+
+
+def processes_with(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (zombies have none)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_until_gone(text: str, within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    while (left := processes_with(text)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def start_testbed(tmp_path: Path, run_id: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A long testbed run (4 node processes), returned once its nodes are running; and its stderr so far."""
+    err = tmp_path / "stderr.txt"
+    args = ("testbed", "--n", "4", "--op", "max", "--t-max", "100000", "--no-early-stop", "--json")
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            [*CLI, *args, "--run-id", run_id, *extra], stdout=subprocess.DEVNULL, stderr=sink
+        )
+    deadline = time.monotonic() + 120
+    while len(processes_with(f"--run-id\0{run_id}")) < 6:  # the launcher, 4 nodes, the eavesdropper
+        assert proc.poll() is None, err.read_text()
+        assert time.monotonic() < deadline, err.read_text()
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the iterations
+    return proc, err.read_text()
+
+
+@linux_only
+@needs_mosquitto
+def test_sigterm_stops_the_nodes_the_eavesdropper_and_the_broker(tmp_path: Path) -> None:
+    run_id = f"life-term-{os.getpid()}"
+    proc, so_far = start_testbed(tmp_path, run_id)
+    port = re.search(r"mqtt://127\.0\.0\.1:(\d+)", so_far)
+    assert port is not None, so_far
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert "nlagg: error: stopped by SIGTERM" in stderr
+    assert "Traceback" not in stderr
+    assert wait_until_gone(run_id, 10) == []
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", int(port.group(1))), timeout=2),
+    ):
+        pass  # the private broker is down
+
+
+@linux_only
+@needs_mosquitto
+def test_a_killed_launcher_leaves_no_node_or_eavesdropper_running(mosquitto_url: str, tmp_path: Path) -> None:
+    run_id = f"life-kill-{os.getpid()}"
+    proc, _ = start_testbed(tmp_path, run_id, "--broker", mosquitto_url)
+    proc.kill()  # no clean-up runs: the kernel's parent-death signal must reach every child
+    proc.wait(timeout=10)
+    assert wait_until_gone(run_id, 30) == []
