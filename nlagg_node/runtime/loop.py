@@ -300,6 +300,7 @@ class PdmmLoop:
             phase = self.phases[p_idx]
             c = phase_c(cfg, phase)
             cd_c = self.cd * c
+            linked = bool(cd_c.all())  # every member still has a neighbour (see the x-update below)
             first_round = -1
             if (resuming and ck is not None and ck.stage == "z0") or (not resuming and phase.group != group):
                 group = phase.group
@@ -334,7 +335,7 @@ class PdmmLoop:
                     self.w = w
                     self.checkpoint("x", t, p_idx, group)
                 v = dual_sum(w[:d], owner, h)
-                if cd_c.all():
+                if linked:
                     x = x_update(phase.objective, v, s_eff, cd_c)
                 else:  # a member with no neighbour left: its x is its value (nlagg_node.departure)
                     with np.errstate(divide="ignore", invalid="ignore"):
@@ -361,12 +362,15 @@ class PdmmLoop:
                         m.outbox.z0_done()  # every neighbour has finished this exchange
                 x_dst[:d] = got_flat
                 x_dst[d:] = x[owner]
-                if any(u == t for m in members for u in m.departed.values()):
+                if any(m.departed for m in members) and any(
+                    u == t for m in members for u in m.departed.values()
+                ):
                     kept = self._drop(t)
                     if kept is not None:
                         w, x_dst = w[kept], x_dst[kept]
                         own, owner, swap, d = self.own, self.owner, self.swap, self.d
                         cd_c = self.cd * c
+                        linked = bool(cd_c.all())
                 w = z_update(w, w[swap], x_dst, c, cfg.theta)
                 if len(x_dst) != 2 * d:
                     x_dst = np.empty(2 * d)

@@ -96,11 +96,12 @@ class Outbox:
         self.z0[group] = payloads
 
     async def send_z0(self, group: str, payloads: dict[int, bytes]) -> None:
-        """Publish z_{i|j}^(0) to every neighbour j, awaiting the broker."""
+        """Publish z_{i|j}^(0) to every neighbour j, awaiting the broker (one round trip for all)."""
         self.z0[group] = payloads
         self.z0_open = group
-        for j, payload in payloads.items():
-            await self.transport.publish(self._z0_topic(self.node, j), payload, qos=1)
+        await asyncio.gather(
+            *(self.transport.publish(self._z0_topic(self.node, j), p, qos=1) for j, p in payloads.items())
+        )
 
     def z0_done(self) -> None:
         self.z0_open = None
