@@ -10,7 +10,9 @@ inbox runs dry, every 256 messages, and every ``commit_every`` seconds): killed 
 eavesdropper loses nothing, since the broker redelivers the rest to its persistent session.
 It stops when every node of the run has published ``done`` and every x and z^(0) of the run is in
 the transcript (after ``complete_grace`` seconds it stops anyway and reports what is missing), or
-on cancellation/timeout.
+on cancellation/timeout. After a reconnection that found its session gone (a broker crash lost
+what it had queued for the capture), it waits at least until the nodes' last republish
+(:data:`~nlagg_node.runtime.peers.RESEND_AFTER`) could have reached it before it gives up.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nlagg_node.departure import announced
+from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
@@ -38,6 +41,10 @@ from .transcript_arrays import public_z0
 __all__ = ["Eavesdropper", "NodeView"]
 
 log = logging.getLogger("nlagg.eavesdropper")
+
+RESEND_MARGIN = 3.0
+"""Seconds past a node's last republish (after a lost session) that the capture still waits for it:
+a node reconnects at about the time the capture does, and a loaded machine delays its timers."""
 
 
 @dataclass
@@ -122,6 +129,8 @@ class Eavesdropper:
         self.missing: tuple[int, int] = (0, 0)  # x's and z^(0)'s missing when the capture stopped
         self.missing_adv = 0  # corrupted nodes' forwarded states missing when it stopped
         self._all_done_since: float | None = None
+        self._sessions_lost = 0
+        self._session_lost_at: float | None = None  # when the capture last came back without its session
         self._unacked: list[Message] = []
         # Checked once: a Protocol's isinstance is slow, and this one is per message.
         self._acking: Acknowledging | None = transport if isinstance(transport, Acknowledging) else None
@@ -218,6 +227,9 @@ class Eavesdropper:
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
+            if self._acking is not None and self._acking.lost_sessions() != self._sessions_lost:
+                self._sessions_lost = self._acking.lost_sessions()
+                self._session_lost_at = now
             if self.order is not None:
                 self._take(self.order.expired(), expired=True)
             if self._unacked or now - self._committed >= self.commit_every:
@@ -324,6 +336,16 @@ class Eavesdropper:
         """The replay works on the wire's (protocol) scale; exposures are reported in the user's units."""
         return replace(exp, value=self.scale.user_float(exp.value))
 
+    def _give_up_at(self) -> float:
+        """When a capture still missing messages stops waiting (``time.monotonic()``): ``complete_grace``
+        after every node is done, and never before the last republish of a node that lost its
+        session when this capture lost its own (the broker crashed) could have arrived."""
+        assert self._all_done_since is not None
+        deadline = self._all_done_since + self.complete_grace
+        if self._session_lost_at is not None:
+            deadline = max(deadline, self._session_lost_at + RESEND_AFTER[-1] + RESEND_MARGIN)
+        return deadline
+
     def _check_finished(self) -> None:
         if self.config is None or self.finished.is_set() or self.replay is None:
             return
@@ -353,8 +375,8 @@ class Eavesdropper:
                         *self.missing,
                         adv,
                     )
-                if now - self._all_done_since < self.complete_grace:
-                    return  # redeliveries of the persistent session may still be on their way
+                if now < self._give_up_at():
+                    return  # redeliveries, or the nodes' republishes after a lost session, may still come
                 log.warning(
                     "every node is done but %d x, %d z0 and %d adversary states are missing; stopping",
                     *self.missing,

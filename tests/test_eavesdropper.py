@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.transport import Message
 from nlagg_node.runtime.wire import AdvStateMsg, XMsg, encode, topics
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate
@@ -113,6 +115,73 @@ async def test_eavesdropper_captures_a_run_and_stops_when_all_done(tmp_path: Pat
     expected = sorted(int(i) for i in np.flatnonzero(sim.first_match[0] >= 0))
     assert sorted(found) == expected
     assert eaves.honest_exposed() == expected
+
+
+class CrashedBrokerCapture(MemoryTransport):
+    """A capture client whose broker crashed while x's of iterations ``lost_from..`` were queued
+    for it: they never come, and (with ``session_lost``) it came back without its session."""
+
+    def __init__(self, broker: MemoryBroker, lost_from: int, session_lost: bool) -> None:
+        super().__init__(broker, "eve")
+        self.lost_from, self.session_lost = lost_from, session_lost
+        self.lost: list[Message] = []
+        self.back = False  # the broker is back: what the nodes republish arrives
+
+    async def messages(self) -> AsyncIterator[Message]:
+        async for msg in super().messages():
+            if (
+                not self.back
+                and "/x" in msg.topic
+                and XMsg.model_validate_json(msg.payload).t >= self.lost_from
+            ):
+                self.lost.append(msg)
+                continue
+            yield msg
+
+    def ack(self, deliveries: Iterable[Message]) -> None:
+        pass
+
+    def backlog(self) -> int:
+        return 0
+
+    def lost_sessions(self) -> int:
+        return int(self.session_lost and bool(self.lost))
+
+
+@pytest.mark.parametrize("session_lost", [True, False], ids=["session-lost", "session-kept"])
+async def test_a_capture_that_lost_its_session_waits_for_the_nodes_republish(
+    tmp_path: Path, session_lost: bool
+) -> None:
+    """After a broker crash the nodes publish their x's again up to 15 s later (RESEND_AFTER): a
+    capture that lost its session waits for that past ``complete_grace``; otherwise it gives up
+    after the grace and reports what is missing (a 10 s grace lost the last resend, CI)."""
+    cfg = RunConfig(op="max", n=4, graph="ring", trials=1, t_max=30, seed=2, early_stop=False, record="all")
+    sim = simulate(cfg)
+    broker, edges = MemoryBroker(), run_edges(cfg)
+    with Transcript(tmp_path / "t.sqlite", run_id="cr") as transcript:
+        eve_tr = CrashedBrokerCapture(broker, lost_from=20, session_lost=session_lost)
+        await eve_tr.connect()
+        config = build_config_msg(cfg, "cr", edges)
+        eaves = Eavesdropper(eve_tr, transcript, config=config, complete_grace=0.3)
+        task = asyncio.create_task(eaves.run())
+        await eaves.subscribed.wait()
+        s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
+        async with MemoryTransport(broker, "host") as tr:
+            nodes = [Node(cfg, i, s[i], tr, run_id="cr", edges=edges, own_transport=False) for i in range(4)]
+            await host_nodes(nodes, tr, "nlagg", "cr")
+        await asyncio.sleep(1.5)  # five graces
+        assert task.done() is not session_lost
+        if session_lost:  # the nodes' republish arrives
+            eve_tr.back = True
+            async with MemoryTransport(broker, "host") as tr:
+                for msg in eve_tr.lost:
+                    await tr.publish(msg.topic, msg.payload)
+        async with asyncio.timeout(10):
+            await task
+        assert eaves.missing == ((0, 0) if session_lost else (4 * 10, 0))
+        x = transcript.x(cfg.n, 30)
+    assert np.array_equal(x[:, :20], sim.recorded_x[:20, 0, :].T)
+    assert np.isnan(x[:, 20:]).all() is not session_lost
 
 
 @pytest.mark.parametrize("reorder", [False, True], ids=["one-ordered-broker", "broker-cluster"])
