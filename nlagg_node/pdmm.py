@@ -142,6 +142,12 @@ def x_update(objective: Objective, v: FloatArray, s: FloatArray, cd: FloatArray)
     """
     if objective.kind == "quadratic":
         return np.asarray(x_quadratic(v, s, cd), dtype=np.float64)
+    # An infinite slope's candidate can never be picked (max: hi = +inf, min: lo = -inf), so the
+    # clip is one-sided; np.minimum(inf, s) is s and np.maximum(-inf, m) is m, bit for bit.
+    if objective.beta == math.inf:
+        return np.maximum((-objective.alpha - v) / cd, s)
+    if objective.alpha == math.inf:
+        return np.minimum((objective.beta - v) / cd, s)
     return np.asarray(x_piecewise(v, s, cd, objective.alpha, objective.beta), dtype=np.float64)
 
 

@@ -35,6 +35,8 @@ from .wire import (
 
 __all__ = ["Router"]
 
+_X_TYPES = (XWire, XMsg)  # a tuple: isinstance with it is faster than with the union, per message
+
 
 class Router:
     """Dispatches a connection's messages to ``members`` (all of one run, one configuration).
@@ -63,6 +65,7 @@ class Router:
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
         self.phase_at = first.phase_at
+        self.t_total = len(first.phase_at)
         self.early = first.cfg.early_stop
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
@@ -89,9 +92,9 @@ class Router:
         except WireError as exc:
             self.on_reject(raw.topic, exc)
             return
-        if isinstance(msg, XWire | XMsg):
+        if isinstance(msg, _X_TYPES):
             t = msg.t
-            if t >= len(self.phase_at) or msg.phase != self.phase_at[t]:
+            if t >= self.t_total or msg.phase != self.phase_at[t]:
                 bad = WireError("t/phase", (t, msg.phase), "does not fit the run's schedule")
                 self.on_reject(raw.topic, bad)
                 return

@@ -156,8 +156,12 @@ class XMsg(_Msg):
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
 
 
-class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """:class:`XMsg` as :class:`HotDecoder` reads it: the same fields, types and bounds, in msgspec."""
+class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """:class:`XMsg` as :class:`HotDecoder` reads it: the same fields, types and bounds, in msgspec.
+
+    Untracked by the garbage collector (``gc=False``): it holds only numbers and a string, so it
+    cannot be part of a cycle, and one is allocated per received x.
+    """
 
     node: Annotated[int, msgspec.Meta(ge=0, lt=MAX_NODES)]
     t: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS)]
