@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -170,29 +171,27 @@ class Member:
         self.rejected += 1
         log.warning("node %d: rejected message (%s)", self.id, why)
 
-    def accept_x(self, j: int, t: int, x: float, quiet: int | None = None, stop: int | None = None) -> None:
-        """x_j^(t) of neighbour j (the schedule's phase already checked): the hot path.
+    def x_inlet(self, j: int) -> tuple[Callable[[int, int, float], Outcome], int]:
+        """Where neighbour j's x's go: the barrier's ``put`` and j's slot (the router's hot path).
 
-        With early stopping, its quiet counter and stop iteration are kept for :meth:`take_quiet`.
+        The router puts ``x_j^(t)`` (its phase already checked) and hands back what is not
+        ``"new"`` to :meth:`count_x`, and the early-stop fields of a new one to :meth:`keep_quiet`.
         """
-        slot = self.slot.get(j)
-        if slot is None:
-            self.reject(f"x from node {j}, not a neighbour of {self.id}")
-            return
-        outcome = self.x_in.put(t, slot, x)
-        if outcome != "new":
-            self._count_x(outcome, j, t, x)
-        elif quiet is not None:
-            row = self.quiet_in.get(t)
-            if row is None:
-                row = self.quiet_in[t] = [(0, NO_STOP)] * len(self.neighbours)
-            row[slot] = (quiet, NO_STOP if stop is None else stop)
+        return self.x_in.put, self.slot[j]
+
+    def keep_quiet(self, t: int, slot: int, quiet: int, stop: int | None) -> None:
+        """The quiet counter and stop iteration sent with a new x^(t), kept for :meth:`take_quiet`."""
+        row = self.quiet_in.get(t)
+        if row is None:
+            row = self.quiet_in[t] = [(0, NO_STOP)] * len(self.neighbours)
+        row[slot] = (quiet, NO_STOP if stop is None else stop)
 
     def take_quiet(self, t: int) -> list[tuple[int, int]]:
         """The neighbours' ``(quiet counter, stop iteration)`` sent with x^(t) (after taking x^(t))."""
         return self.quiet_in.pop(t)
 
-    def _count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:
+    def count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:
+        """An x_j^(t) the barrier did not take as new: a duplicate is counted, the rest rejected."""
         nxt = self.x_in.next
         if outcome == "dup":
             self.duplicates += 1
@@ -313,7 +312,7 @@ class Member:
             # j has finished and left: its last x is its last final (we may have crashed before it came)
             outcome = self.x_in.put(self.t_total - 1, slot, msg.final[-1])
             if outcome in ("dup", "conflict"):
-                self._count_x(outcome, j, self.t_total - 1, msg.final[-1])
+                self.count_x(outcome, j, self.t_total - 1, msg.final[-1])
 
     # Departures ------------------------------------------------------------------------------
     def start_running(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import NlaggError
+from .barrier import Outcome
 from .member import Member
 from .transport import Message, Transport
 from .wire import (
@@ -69,9 +70,12 @@ class Router:
         self.early = first.cfg.early_stop
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
+        # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
+        self.x_routes: dict[int, list[tuple[Member, Callable[[int, int, float], Outcome], int]]] = {}
         for m in members:
             for j in m.neighbours:
                 self.listeners.setdefault(j, []).append(m)
+                self.x_routes.setdefault(j, []).append((m, *m.x_inlet(j)))
 
     def subscriptions(self) -> list[str]:
         """A lone member's own topics; several members share wildcard filters."""
@@ -102,12 +106,17 @@ class Router:
                 why = "missing (the run stops early)" if self.early else "not in a run with a fixed schedule"
                 self.on_reject(raw.topic, WireError("quiet/stop", (msg.quiet, msg.stop), why))
                 return
-            listeners = self.listeners.get(msg.node)
-            if listeners is None:
+            routes = self.x_routes.get(msg.node)
+            if routes is None:
                 self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
                 return
-            for m in listeners:
-                m.accept_x(msg.node, t, msg.x, msg.quiet, msg.stop)
+            j, x, quiet = msg.node, msg.x, msg.quiet
+            for m, put, slot in routes:
+                outcome = put(t, slot, x)
+                if outcome != "new":
+                    m.count_x(outcome, j, t, x)
+                elif quiet is not None:
+                    m.keep_quiet(t, slot, quiet, msg.stop)
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:
