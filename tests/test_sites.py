@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from adversary.capture import AckingSubscriber
 from adversary.eavesdropper import Eavesdropper
@@ -157,7 +158,7 @@ class _Client:
         self.port = int(url.rsplit(":", 1)[1])
         self.got: queue.Queue[tuple[str, bool]] = queue.Queue()
         self.refused: int | None = None
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
         self.client.username_pw_set(user, password)
         self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, bool(m.retain)))
         connected = queue.Queue[int]()
@@ -228,8 +229,8 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
         def as_node(i: int) -> _Client:
             return _Client(bed.site_urls[site_of[i]], f"node{i}", bed.password(f"node{i}"))
 
-        def run_checks() -> dict[str, object]:
-            out: dict[str, object] = {}
+        def run_checks() -> dict[str, Any]:
+            out: dict[str, Any] = {}
             # node a at another site's broker: not a user there
             out["foreign"] = _Client(bed.site_urls[there], f"node{a}", bed.password(f"node{a}")).refused
             spy = as_node(a)
