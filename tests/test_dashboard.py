@@ -48,6 +48,7 @@ def test_finished_transcript_gives_the_attacks_findings(finished: Path) -> None:
         if f.status in ("exposed", "corrupted"):
             assert view["value"] == f.value
     doc = state.snapshot()
+    assert doc["ran"] == report.iterations == 400  # ran to the cap: the page says no more than 'finished'
     assert [e["node"] for e in doc["exposures"]] == sorted(report.exposed, key=lambda i: report.exposed[i].t)
     assert len(doc["columns"]) <= state.max_columns
     assert all(len(col) == 8 for col in doc["columns"])
@@ -69,6 +70,7 @@ def test_a_run_that_stopped_early_shows_the_attacks_findings_and_output(tmp_path
     assert report.output is not None
     doc = state.snapshot()
     assert doc["output"] == report.output
+    assert (doc["early_stop"], doc["ran"]) == (True, 474)  # the page says it stopped early, and where
     views = state.nodes_at(state.t)["nodes"]
     assert [v["state"] for v in views][:1] == ["corrupted"]
     for f, view in zip(report.findings, views, strict=True):

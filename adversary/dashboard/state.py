@@ -40,7 +40,7 @@ from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 
 from ..attack import NodeFinding, attack_arrays
-from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay
+from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, phase_spans
 
 __all__ = ["DashboardState", "graph_positions"]
 
@@ -131,6 +131,7 @@ class DashboardState:
         self.scale = ValueScale()  # the run's public value range: what the page shows is in user units
         self.status: dict[int, str] = {}
         self.early_stop = False  # the run's, once its config is read
+        self.ran: int | None = None  # iterations run by a finished run that stopped early
         self.exposures: list[Exposure] = []
         self.finished = False
         self.findings: list[NodeFinding] | None = None
@@ -295,9 +296,14 @@ class DashboardState:
         return report.findings, report.output
 
     def _finish(self) -> None:
-        assert self.replay is not None
+        replay = self.replay
+        assert replay is not None
         self.finished = True
-        self.findings, self.output = self._attack(self.replay.t_next)
+        self.findings, self.output = self._attack(replay.t_next)
+        if self.early_stop:  # the iterations the run ran, its phases each up to where it stopped
+            self.ran = sum(
+                end - start for start, end in phase_spans(replay.phases, replay.x[:, : replay.t_next])
+            )
 
     def compute_verdicts(self) -> None:
         """Each node beside its ideal-world bound (a Monte Carlo: seconds; the lock is not held)."""
@@ -385,6 +391,8 @@ class DashboardState:
                 "t": self.t,
                 "finished": self.finished,
                 "done": len(self.transcript_done()),
+                "early_stop": self.early_stop,
+                "ran": self.ran,
             }
             if cfg is None:
                 return doc

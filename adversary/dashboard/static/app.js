@@ -70,10 +70,15 @@ function header(doc) {
     ? `run ${doc.run_id}: ${c.op} on ${c.n} nodes (${c.graph}, ${S.edges.length} edges), ` +
       `${c.phases.length} phase(s), ${c.t_total} iterations` + (S.output !== null ? `; output ${fmt(S.output)}` : "")
     : `run ${doc.run_id}: waiting for the public config`;
-  const state = doc.finished ? "finished" : "live";
+  const cap = c ? (doc.early_stop ? `at most ${c.t_total}` : `${c.t_total}`) : "?";
+  const state = !doc.finished
+    ? "live"
+    : doc.ran !== null && c && doc.ran < c.t_total
+      ? `finished · stopped early, once the network had converged: ${doc.ran} of at most ${c.t_total} iterations run`
+      : "finished";
   $("counters").textContent =
     `${state} · ${doc.messages.toLocaleString()} messages captured (${doc.rejected} rejected) · ` +
-    `iteration ${doc.t + 1}/${c ? c.t_total : "?"} complete · ${doc.done}/${c ? c.n : "?"} nodes done · ` +
+    `iteration ${doc.t + 1} of ${cap} complete · ${doc.done}/${c ? c.n : "?"} nodes done · ` +
     `${S.exposures.length} honest node(s) exposed`;
 }
 
