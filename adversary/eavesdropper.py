@@ -144,7 +144,10 @@ class Eavesdropper:
             self._on_config(config)
 
     def view(self, i: int) -> NodeView:
-        return self.nodes.setdefault(i, NodeView())
+        v = self.nodes.get(i)
+        if v is None:  # not setdefault: that builds a NodeView for every message
+            v = self.nodes[i] = NodeView()
+        return v
 
     async def run(self) -> None:
         """Subscribe, capture until every node is done, commit. Cancel it to stop earlier.

@@ -21,6 +21,7 @@ All equations come from :mod:`nlagg_node.pdmm`; the replay adds only bookkeeping
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -148,7 +149,7 @@ class LiveReplay:
                     arr[e] = z
 
     def add_x(self, i: int, t: int, x: float) -> None:
-        if 0 <= i < self.n and 0 <= t < self.t_total and np.isnan(self.x[i, t]):
+        if 0 <= i < self.n and 0 <= t < self.t_total and math.isnan(self.x[i, t]):
             self.x[i, t] = x
             self._seen[t] += 1
 

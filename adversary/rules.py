@@ -31,9 +31,6 @@ from __future__ import annotations
 
 import bisect
 
-import numpy as np
-from numpy.typing import NDArray
-
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
 from nlagg_node.runtime.wire import (
     AdvStateMsg,
@@ -76,11 +73,13 @@ class RunRules:
         for a, b in edges.tolist():
             nbrs[a].append(b)
             nbrs[b].append(a)
-        self.neighbours = [np.array(sorted(v), dtype=np.int64) for v in nbrs]
+        # Plain lists, not arrays: the window is checked for every captured x, on a handful of
+        # neighbours, where numpy's per-call cost is most of the work.
+        self.neighbours = [sorted(v) for v in nbrs]
         self.directed = {(a, b) for a, b in edges.tolist()} | {(b, a) for a, b in edges.tolist()}
-        self.latest: NDArray[np.int64] = np.full(self.n, -1, dtype=np.int64)  # latest valid t per node
+        self.latest: list[int] = [-1] * self.n  # latest valid t per node
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
-        self.gone_from = np.full(self.n, self.t_total, dtype=np.int64)  # departures, from statuses
+        self.gone_from: list[int] = [self.t_total] * self.n  # departures, from statuses
 
     def inside(self, node: int, t: int) -> bool:
         """Whether ``(node, t)`` is a node and an iteration of the run."""
@@ -142,11 +141,15 @@ class RunRules:
         if t >= self.gone_from[i]:
             return f"x_{i}^({t}): node {i} departed at t={self.gone_from[i]}"
         if t > 0 and t not in self._jumps and not self._resync:
-            nbrs = self.neighbours[i]
-            behind = nbrs[(self.latest[nbrs] < t - 1) & (self.gone_from[nbrs] > t - 1)]
-            if len(behind):
-                return f"x_{i}^({t}) {OUTSIDE_WINDOW}: node(s) {behind.tolist()[:8]} not yet at t={t - 1}"
+            behind = self._behind(i, t)
+            if behind:
+                return f"x_{i}^({t}) {OUTSIDE_WINDOW}: node(s) {behind[:8]} not yet at t={t - 1}"
         return None
+
+    def _behind(self, node: int, t: int) -> list[int]:
+        """The neighbours of ``node`` not yet seen at ``t - 1`` that have not departed by then."""
+        latest, gone, before = self.latest, self.gone_from, t - 1
+        return [j for j in self.neighbours[node] if latest[j] < before and gone[j] > before]
 
     def waits(self, msg: WireMessage) -> bool:
         """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour not yet seen
@@ -160,8 +163,7 @@ class RunRules:
             or self._resync
         ):
             return False
-        nbrs = self.neighbours[msg.node]
-        return bool(((self.latest[nbrs] < msg.t - 1) & (self.gone_from[nbrs] > msg.t - 1)).any())
+        return bool(self._behind(msg.node, msg.t))
 
     def accepted(self, msg: WireMessage) -> None:
         """Record a message stored as valid (the window moves on)."""
@@ -170,7 +172,7 @@ class RunRules:
         elif isinstance(msg, StatusMsg) and msg.departed:
             for j, t in msg.departed.items():
                 if 0 <= int(j) < self.n:
-                    self.gone_from[int(j)] = min(int(t), int(self.gone_from[int(j)]))
+                    self.gone_from[int(j)] = min(int(t), self.gone_from[int(j)])
 
     def saw_x(self, node: int, t: int) -> None:
         if t > self.latest[node]:
