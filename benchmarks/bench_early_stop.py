@@ -5,7 +5,7 @@
 For each operator: ``nlagg testbed --n N --op OP --json`` at its defaults (early stopping on) and
 with ``--no-early-stop``, back to back (the machine is shared: compare the ratio, not the seconds),
 then the simulator's stop iteration for the same configuration. Prints one JSON line per
-operator: both walls, their ratio (target <= 0.4), the CPU seconds of each (the testbed process
+operator and seed: both walls, their ratio (target <= 0.4), the CPU seconds of each (the testbed process
 and all it started), the load average before and after, exactness, whether the testbed ran
 the simulator's number of iterations, and ``ratio_floor``: the iterations the trial needs before
 every x stays within tolerance over the fixed schedule's, the ratio no stopping rule can beat.
