@@ -33,7 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
-from .live import HIGH, LOW, SOLVED, VALUE, Exposures, phase_spans, replay_exposures
+from .live import HIGH, LOW, SOLVED, VALUE, Exposures, iterations_run, phase_spans, replay_exposures
 from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
 
 if TYPE_CHECKING:
@@ -390,7 +390,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
     # Early stopping: x's only of the iterations the phases ran (as far as the capture shows them).
     x = data["x"]
-    ran = sum(e - s for s, e in phase_spans(data["phases"], x)) if cfg.early_stop else x.shape[1]
+    ran = len(iterations_run(data["phases"], x)) if cfg.early_stop else x.shape[1]
     report.extra["expected_x"] = int(data["n"] * ran)
     candidates = (
         [truth]

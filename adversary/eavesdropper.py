@@ -173,14 +173,9 @@ class Eavesdropper:
 
     async def _read(self) -> None:
         acking, order, handle = self._acking, self.order, self.handle
-        lost = 0
         async for raw in self.transport.messages():
-            if acking is not None and acking.lost_sessions() != lost:
-                lost = acking.lost_sessions()
-                log.warning(
-                    "the broker lost this capture's session: the window waits until every node is seen"
-                )
-                self.transcript.resync()
+            if acking is not None and acking.lost_sessions() != self._sessions_lost:
+                self._session_lost()
             if order is None:  # one broker: the hot path
                 handle(raw.topic, raw.payload, raw.retain)
                 if acking is not None:
@@ -231,8 +226,7 @@ class Eavesdropper:
             await asyncio.sleep(tick)
             now = time.monotonic()
             if self._acking is not None and self._acking.lost_sessions() != self._sessions_lost:
-                self._sessions_lost = self._acking.lost_sessions()
-                self._session_lost_at = now
+                self._session_lost()  # seen here too when no message has come since the reconnection
             if self.order is not None:
                 self._take(self.order.expired(), expired=True)
             if self._unacked or now - self._committed >= self.commit_every:
@@ -338,6 +332,14 @@ class Eavesdropper:
     def _in_user_units(self, exp: Exposure) -> Exposure:
         """The replay works on the wire's (protocol) scale; exposures are reported in the user's units."""
         return replace(exp, value=self.scale.user_float(exp.value))
+
+    def _session_lost(self) -> None:
+        """The capture came back without its session: what the broker had queued for it is gone."""
+        assert self._acking is not None
+        self._sessions_lost = self._acking.lost_sessions()
+        self._session_lost_at = time.monotonic()
+        log.warning("the broker lost this capture's session: the window waits until every node is seen")
+        self.transcript.resync()
 
     def _give_up_at(self) -> float:
         """When a capture still missing messages stops waiting (``time.monotonic()``): ``complete_grace``

@@ -40,7 +40,7 @@ from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 
 from ..attack import NodeFinding, attack_arrays
-from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, phase_spans
+from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
 
 __all__ = ["DashboardState", "graph_positions"]
 
@@ -301,9 +301,7 @@ class DashboardState:
         self.finished = True
         self.findings, self.output = self._attack(replay.t_next)
         if self.early_stop:  # the iterations the run ran, its phases each up to where it stopped
-            self.ran = sum(
-                end - start for start, end in phase_spans(replay.phases, replay.x[:, : replay.t_next])
-            )
+            self.ran = len(iterations_run(replay.phases, replay.x[:, : replay.t_next]))
 
     def compute_verdicts(self) -> None:
         """Each node beside its ideal-world bound (a Monte Carlo: seconds; the lock is not held)."""
