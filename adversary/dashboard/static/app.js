@@ -66,11 +66,11 @@ function onDelta(doc) {
 
 function header(doc) {
   const c = S.cfg;
+  const cap = c ? (doc.early_stop ? `at most ${c.t_total}` : `${c.t_total}`) : "?";
   $("run").textContent = c
     ? `run ${doc.run_id}: ${c.op} on ${c.n} nodes (${c.graph}, ${S.edges.length} edges), ` +
-      `${c.phases.length} phase(s), ${c.t_total} iterations` + (S.output !== null ? `; output ${fmt(S.output)}` : "")
+      `${c.phases.length} phase(s), ${cap} iterations` + (S.output !== null ? `; output ${fmt(S.output)}` : "")
     : `run ${doc.run_id}: waiting for the public config`;
-  const cap = c ? (doc.early_stop ? `at most ${c.t_total}` : `${c.t_total}`) : "?";
   const state = !doc.finished
     ? "live"
     : doc.ran !== null && c && doc.ran < c.t_total
