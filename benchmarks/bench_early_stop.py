@@ -1,6 +1,7 @@
 """Wall time of ``nlagg testbed`` with early stopping against the fixed schedule, in one run.
 
     python benchmarks/bench_early_stop.py [--n 15] [--ops max,median,topk] [--seeds 0] [--sim-seeds 200]
+                                          [--tolerance 1e-9]
 
 For each operator: ``nlagg testbed --n N --op OP --json`` at its defaults (early stopping on) and
 with ``--no-early-stop``, back to back (the machine is shared: compare the ratio, not the seconds),
@@ -13,6 +14,8 @@ every x stays within tolerance over the fixed schedule's, the ratio no stopping 
 A testbed runs one trial (trial 0 of its seed), so its ratio depends on the seed. ``--seeds 0,1,2``
 measures several; ``--sim-seeds S`` (simulator only, seconds) adds a line per operator with the
 distribution over seeds ``0 .. S-1`` of the iterations run (stop / fixed schedule) and of the floor.
+``--tolerance`` runs everything at another precision (``nlagg testbed --tolerance``; the default,
+1e-9 of the range, is the acceptance's): what a user who needs less precision gets.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ def _children_cpu() -> float:
     return kids.ru_utime + kids.ru_stime
 
 
-def _testbed(n: int, op: str, seed: int, early: bool) -> tuple[float, float, dict[str, object]]:
+def _testbed(
+    n: int, op: str, seed: int, early: bool, tolerance: float
+) -> tuple[float, float, dict[str, object]]:
     """Wall and CPU seconds (the testbed and every process it started, broker included) and the summary."""
     flags = [] if early else ["--no-early-stop"]  # early stopping is the default
+    flags += ["--tolerance", repr(tolerance)]
     cmd = [sys.executable, "-m", "nlagg_node", "testbed", "--n", str(n), "--op", op, "--seed", str(seed)]
     started, cpu = time.perf_counter(), _children_cpu()
     out = subprocess.run([*cmd, *flags, "--json"], check=True, capture_output=True, text=True).stdout
@@ -50,22 +56,23 @@ def main() -> None:
     ap.add_argument("--ops", default="max,median,topk")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds, one testbed pair each (empty: none)")
     ap.add_argument("--sim-seeds", type=int, default=200, help="seeds in the simulator's summary (0: none)")
+    ap.add_argument("--tolerance", type=float, default=1e-9, help="precision, a fraction of the range")
     args = ap.parse_args()
     for op in args.ops.split(","):
         if args.sim_seeds > 0:
-            _sim_summary(op, args.n, args.sim_seeds)
+            _sim_summary(op, args.n, args.sim_seeds, args.tolerance)
         for seed in (int(s) for s in args.seeds.split(",") if s):
-            _pair(op, args.n, seed)
+            _pair(op, args.n, seed, args.tolerance)
 
 
-def _sim_trial(op: str, n: int, seed: int) -> tuple[int, int, float | None]:
+def _sim_trial(op: str, n: int, seed: int, tolerance: float) -> tuple[int, int, float | None]:
     """The simulator's stop iteration, the fixed schedule's length and the floor (None: not converged).
 
     No stopping rule ends an exact run before every x stays within tolerance (the first such
     iteration, summed over the phases): with no start-up cost and no detection delay at all, the
     ratio would still be this floor.
     """
-    sim = simulate(load_config(op=op, n=n, seed=seed, trials=1, record="none"))
+    sim = simulate(load_config(op=op, n=n, seed=seed, trials=1, record="none", tolerance=tolerance))
     converged = int(sim.converged_iterations[0])
     return (
         int(sim.phase_iterations[0].sum()),
@@ -74,8 +81,8 @@ def _sim_trial(op: str, n: int, seed: int) -> tuple[int, int, float | None]:
     )
 
 
-def _sim_summary(op: str, n: int, seeds: int) -> None:
-    trials = [_sim_trial(op, n, seed) for seed in range(seeds)]
+def _sim_summary(op: str, n: int, seeds: int, tolerance: float) -> None:
+    trials = [_sim_trial(op, n, seed, tolerance) for seed in range(seeds)]
     ran = sorted(stop / total for stop, total, _ in trials)
     floors = sorted(f for _, _, f in trials if f is not None)
 
@@ -88,6 +95,7 @@ def _sim_summary(op: str, n: int, seeds: int) -> None:
                 "op": op,
                 "n": n,
                 "sim_seeds": seeds,
+                "tolerance": tolerance,
                 "iterations_ratio": {"p10": pct(ran, 0.1), "median": pct(ran, 0.5), "p90": pct(ran, 0.9)},
                 "ratio_floor": {"p10": pct(floors, 0.1), "median": pct(floors, 0.5), "p90": pct(floors, 0.9)},
                 "not_converged": len(trials) - len(floors),
@@ -97,17 +105,18 @@ def _sim_summary(op: str, n: int, seeds: int) -> None:
     )
 
 
-def _pair(op: str, n: int, seed: int) -> None:
+def _pair(op: str, n: int, seed: int, tolerance: float) -> None:
     load = os.getloadavg()[0]
-    wall_early, cpu_early, early = _testbed(n, op, seed, True)
-    wall_fixed, cpu_fixed, fixed = _testbed(n, op, seed, False)
-    sim_iterations, _, floor = _sim_trial(op, n, seed)
+    wall_early, cpu_early, early = _testbed(n, op, seed, True, tolerance)
+    wall_fixed, cpu_fixed, fixed = _testbed(n, op, seed, False, tolerance)
+    sim_iterations, _, floor = _sim_trial(op, n, seed, tolerance)
     print(
         json.dumps(
             {
                 "op": op,
                 "n": n,
                 "seed": seed,
+                "tolerance": tolerance,
                 "wall_early_s": round(wall_early, 2),
                 "wall_fixed_s": round(wall_fixed, 2),
                 "ratio": round(wall_early / wall_fixed, 3),

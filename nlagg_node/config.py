@@ -80,7 +80,16 @@ class RunConfig(BaseModel):
     init_channel: InitChannel = "auto"
 
     @field_validator(
-        "c", "mu_z", "theta", "sigma_z", "sigma_s", "quantile", "epsilon", "prior_median", "radius"
+        "c",
+        "mu_z",
+        "theta",
+        "sigma_z",
+        "sigma_s",
+        "quantile",
+        "epsilon",
+        "prior_median",
+        "radius",
+        "tolerance",
     )
     @classmethod
     def _finite(cls, value: float | None) -> float | None:

@@ -74,5 +74,6 @@ RUN_DEFAULTS: dict[str, str | int | float] = {
     "seed": 0,
     "k": 3,
     "quantile": 0.5,
+    "tolerance": 1e-9,
 }
 """Defaults of :class:`nlagg_node.config.RunConfig` that the help texts state (a test keeps them equal)."""

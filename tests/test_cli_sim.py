@@ -40,6 +40,7 @@ def test_json_summary_has_the_documented_fields(capsys, monkeypatch) -> None:  #
         "mse",
         "leakage_probability",
         "converged_fraction",
+        "tolerance",
         "iterations_to_converge",
         "wall_seconds",
     ):
@@ -105,6 +106,8 @@ BAD = [
     pytest.param(["--mu-z", "nan"], "mu_z=nan", id="nan"),
     pytest.param(["--op", "mean"], "op='mean'", id="unknown-operator"),
     pytest.param(["--record", "sometimes"], "record=", id="bad-record-spec"),
+    pytest.param(["--tolerance", "inf"], "tolerance=inf", id="tolerance-infinite"),
+    pytest.param(["--tolerance", "0"], "tolerance=0.0", id="tolerance-zero"),
 ]
 
 

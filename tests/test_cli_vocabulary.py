@@ -186,6 +186,7 @@ def _printed_summary(**fields: object) -> str:
         "true_value": 2.0,
         "true_interval": [[2.0, 2.0]],
         "exact": True,
+        "tolerance": 1e-9,
         "mse": 0.0,
         "iterations": 10,
         "rounds_per_second": 100.0,
@@ -219,6 +220,18 @@ def test_testbed_table_explains_what_was_learned() -> None:
     assert "raise --t-max" in text
     assert "(avoidable: [1])" in text
     assert "true aggregate 2.0: NOT exact" in text
+
+
+@pytest.mark.parametrize(
+    ("tolerance", "said"),
+    [
+        pytest.param(1e-9, "true aggregate 2.0: exact (MSE", id="default-precision"),
+        pytest.param(1e-4, "true aggregate 2.0: exact to 0.0001 of the range (MSE", id="looser-precision"),
+    ],
+)
+def test_testbed_verdict_names_a_non_default_tolerance(tolerance: float, said: str) -> None:
+    """'exact' means within the run's tolerance; one other than the default is named beside it."""
+    assert said in _printed_summary(tolerance=tolerance)
 
 
 def test_testbed_table_gives_an_even_median_its_interval() -> None:

@@ -354,18 +354,20 @@ def test_public_config_names_no_private_values_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "early_stop", "window"),
+    ("flags", "early_stop", "window", "tolerance"),
     [
-        ([], False, 100),
-        (["--early-stop"], True, 100),
-        (["--early-stop", "--stop-window", "250"], True, 250),
+        ([], False, 100, 1e-9),
+        (["--early-stop"], True, 100, 1e-9),
+        (["--early-stop", "--stop-window", "250"], True, 250, 1e-9),
+        (["--early-stop", "--tolerance", "1e-6"], True, 100, 1e-6),
     ],
-    ids=["fixed-schedule-by-default", "early-stop", "early-stop-window"],
+    ids=["fixed-schedule-by-default", "early-stop", "early-stop-window", "early-stop-tolerance"],
 )
 def test_plan_runs_the_fixed_schedule_unless_told(
     flags: list[str],
     early_stop: bool,
     window: int,
+    tolerance: float,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -379,3 +381,4 @@ def test_plan_runs_the_fixed_schedule_unless_told(
     cfg = load_config(out / "run.toml")
     assert cfg.early_stop is early_stop
     assert cfg.stop_window_value == window  # written in: the nodes need no operator table
+    assert cfg.tolerance == tolerance

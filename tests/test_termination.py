@@ -107,6 +107,7 @@ def test_early_stop_never_increases_leakage(op: str) -> None:
     [
         pytest.param({"op": "max", "t_max": 3000}, id="max"),
         pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
+        pytest.param({"op": "max", "t_max": 3000, "tolerance": 1e-6}, id="max-to-1e-6"),
     ],
 )
 async def test_testbed_stops_where_the_simulator_does(
@@ -127,7 +128,12 @@ async def test_testbed_stops_where_the_simulator_does(
         start += phase.t_len
     assert sim.phase_iterations[0].sum() < sim.t_total
     assert summary["iterations"] == sim.phase_iterations[0].sum()
-    assert summary["exact"]
+    assert summary["exact"]  # within the run's tolerance
+    assert summary["tolerance"] == cfg.tolerance
+    if cfg.tolerance > 1e-9:  # a looser precision stops sooner, and ends farther than 1e-9 away
+        precise = simulate(cfg.model_copy(update={"tolerance": 1e-9}))
+        assert sim.phase_iterations[0].sum() < precise.phase_iterations[0].sum()
+        assert np.abs(sim.output[0] - sim.truth_lo[0]).max() > 1e-9
     finals = np.array([summary["final_x"][str(i)] for i in range(cfg.n)]).reshape(sim.output[0].shape)
     np.testing.assert_array_equal(finals, sim.output[0])
     # nlagg sim --transcript writes the same x messages, byte for byte (quiet counters and stops too)

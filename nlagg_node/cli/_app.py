@@ -186,6 +186,14 @@ StopWindowOpt = Annotated[
         " [default: 100; 400 for topk and trimmed-mean]"
     ),
 ]
+ToleranceOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="precision of the answer, a fraction of the value range (of the values' units without"
+        " --value-range): early stop ends a phase once every x stays within it, and a result is exact"
+        " within it of the true aggregate" + _d("tolerance"),
+    ),
+]
 TMaxOpt = Annotated[int | None, typer.Option(help=f"iterations per phase [default: {op_defaults('t_max')}]")]
 COpt = Annotated[
     float | None,

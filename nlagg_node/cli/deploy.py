@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..defaults import DEFAULT_BROKER
-from ._app import CorruptOpt, ForceOpt, StopWindowOpt, app
+from ._app import CorruptOpt, ForceOpt, StopWindowOpt, ToleranceOpt, app
 from .net import CaFile, CertFile, KeyFile, tls_settings
 
 if TYPE_CHECKING:
@@ -97,6 +97,7 @@ def _plan_spec(
     broker: str,
     early_stop: bool | None = None,
     stop_window: int | None = None,
+    tolerance: float | None = None,
     value_range: tuple[float, float] | None = None,
     listen_host: str | None = None,
     listen_port: int = 1883,
@@ -129,6 +130,7 @@ def _plan_spec(
         # The fixed schedule unless asked: departures in the field are not planned (docs/protocol.md).
         early_stop=bool(early_stop),
         stop_window=stop_window,
+        tolerance=tolerance,
     )
     given = [
         (name, v)
@@ -213,6 +215,7 @@ def plan_cmd(
     quantile: QuantileOpt = None,
     early_stop: PlanEarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    tolerance: ToleranceOpt = None,
     values: ValuesOpt = None,
     value_range: ValueRangeOpt = None,
     tls_cafile: Annotated[str | None, typer.Option(help="broker TLS: CA certificate (PEM)")] = None,
@@ -278,6 +281,7 @@ def plan_cmd(
         quantile=quantile,
         early_stop=early_stop,
         stop_window=stop_window,
+        tolerance=tolerance,
         values=values,
         value_range=value_range,
         broker=broker,
@@ -342,6 +346,7 @@ def compose_cmd(
     quantile: QuantileOpt = None,
     early_stop: PlanEarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    tolerance: ToleranceOpt = None,
     values: ValuesOpt = None,
     value_range: ValueRangeOpt = None,
     force: ForceOpt = False,
@@ -381,6 +386,7 @@ def compose_cmd(
             quantile=quantile,
             early_stop=early_stop,
             stop_window=stop_window,
+            tolerance=tolerance,
             values=values,
             value_range=value_range,
             broker=COMPOSE_BROKER_URL,

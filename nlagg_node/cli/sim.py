@@ -29,6 +29,7 @@ from ._app import (
     StopWindowOpt,
     ThetaOpt,
     TMaxOpt,
+    ToleranceOpt,
     TrialsOpt,
     ValueRangeOpt,
     ValuesFileOpt,
@@ -80,6 +81,7 @@ def sim(
     ] = None,
     early_stop: EarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    tolerance: ToleranceOpt = None,
     init_channel: InitChannelOpt = None,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
@@ -134,6 +136,7 @@ def sim(
         record=record,
         early_stop=early_stop_with(early_stop, depart),
         stop_window=stop_window,
+        tolerance=tolerance,
         init_channel=init_channel,
     )
     warnings = config_warnings(cfg)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from ..defaults import RUN_DEFAULTS
 from ..errors import ConfigError
 from ._app import (
     ConfigOpt,
@@ -32,6 +33,7 @@ from ._app import (
     StopWindowOpt,
     ThetaOpt,
     TMaxOpt,
+    ToleranceOpt,
     ValueRangeOpt,
     ValuesFileOpt,
     ValuesOpt,
@@ -99,6 +101,7 @@ def run_testbed_command(
     values: ValuesOpt = None,
     early_stop: EarlyStopOpt = None,
     stop_window: StopWindowOpt = None,
+    tolerance: ToleranceOpt = None,
     init_channel: InitChannelOpt = None,
     value_range: ValueRangeOpt = None,
     values_file: ValuesFileOpt = None,
@@ -158,6 +161,7 @@ def run_testbed_command(
         trials=1,
         early_stop=early_stop_with(early_stop, depart),
         stop_window=stop_window,
+        tolerance=tolerance,
         init_channel=init_channel,
     )
     for line in config_warnings(cfg):
@@ -257,6 +261,8 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
         " world; an interval only = the transcript bounds s_i (nlagg attack on the transcript shows it)[/dim]"
     )
     verdict = "[green]exact[/green]" if s["exact"] else "[red]NOT exact[/red]"
+    if s["tolerance"] != RUN_DEFAULTS["tolerance"]:
+        verdict += f" to {s['tolerance']:g} of the range"
     hint = (
         "" if s["exact"] else " [dim]- not converged: raise --t-max (or --c/--mu-z, see `nlagg tune`)[/dim]"
     )

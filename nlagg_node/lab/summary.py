@@ -63,7 +63,8 @@ class RunOutcome(TypedDict):
     true_value: float | list[float]  # a list for top-K, or when the target is an interval
     true_interval: list[list[float]]
     final_x: dict[str, float | list[float]]  # node id -> output
-    exact: bool  # within 1e-9 of the aggregate, relative to hi - lo of the value range
+    exact: bool  # every output within `tolerance` of the aggregate
+    tolerance: float  # the run's precision, a fraction of hi - lo of the value range (1 without one)
     mse: float
     value_range: list[float] | None  # the public range (values and outputs are in its units)
     private_values: dict[str, float]
@@ -162,7 +163,8 @@ def run_outcome(
         "true_value": float(lo[0]) if single and lo[0] == hi[0] else [float(v) for v in lo],
         "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)],
         "final_x": {str(i): (outputs[i][0] if single else outputs[i]) for i in nodes},
-        "exact": bool((err <= 1e-9).all()),
+        "exact": bool((err <= cfg.tolerance).all()),
+        "tolerance": cfg.tolerance,
         "mse": float(((err * span) ** 2).sum(axis=1).mean()),
         "value_range": list(cfg.value_range) if cfg.value_range is not None else None,
         "private_values": {str(i): float(values[i]) for i in range(cfg.n)},
@@ -191,7 +193,7 @@ def departure_outcome(
         true: float | list[float] = (
             float(lo[0]) if cfg.op != "topk" and lo[0] == hi[0] else [float(v) for v in lo]
         )
-        out.append({"members": comp, "true_value": true, "exact": err <= 1e-9})
+        out.append({"members": comp, "true_value": true, "exact": err <= cfg.tolerance})
     return {
         "departed": {str(j): t for j, t in sorted(departed.items())},
         "survivors": survivors(cfg.n, departed),

@@ -49,7 +49,8 @@ class SimSummary(TypedDict):
     mse_max: float
     leakage_probability: list[float]  # by rank, rank 0 = largest value: every value the view determines
     matching_probability: list[float]  # by rank: matching events x_i^(t) = s_i alone
-    converged_fraction: float
+    converged_fraction: float  # trials whose every phase settles within `tolerance`
+    tolerance: float  # a fraction of the value range (1 without one)
     iterations_to_converge: float | None  # median over converged trials
     early_stop: bool  # phases end once the network is quiet (t_max a cap)
     iterations_run: float  # median over trials of the iterations every phase ran
@@ -104,6 +105,7 @@ def _summary(result: SimResult, conv: IntArray, ok: BoolArray) -> SimSummary:
         "leakage_probability": [float(p) for p in result.leakage_probability()],
         "matching_probability": [float(p) for p in result.matching_probability()],
         "converged_fraction": float(ok.mean()),
+        "tolerance": cfg.tolerance,
         "iterations_to_converge": float(np.median(conv[ok])) if ok.any() else None,
         "early_stop": cfg.early_stop,
         "iterations_run": float(np.median(result.phase_iterations.sum(axis=1))),
