@@ -123,3 +123,28 @@ def test_json_choice_says_when_the_target_is_not_met(
     assert doc["meets_target"] is False  # the median's neighbours cross their values
     assert doc["choice"]["leak"] == min(e["leak"] for e in doc["evaluated"] if e["exact"])
     assert out.is_file()
+
+
+@pytest.mark.parametrize(
+    ("exact", "said"),
+    [
+        pytest.param(True, "no exact setting meets leakage <= 0.02 at the 95% upper bound", id="too-leaky"),
+        pytest.param(False, "no setting is exact within 8000 iterations", id="none-exact"),
+    ],
+)
+def test_an_unmet_target_says_why(exact: bool, said: str, tmp_path: Path) -> None:
+    """Leaking too much and never converging are different failures, with different remedies."""
+    from rich.console import Console
+
+    from nlagg_node.cli.tune import print_result
+    from nlagg_node.tune import TuneResult
+
+    e = _eval(10.0, 0.05, 3000.0, exact=exact, trials=50)
+    choice, met = choose([e], 0.02)
+    assert not met
+    result = TuneResult([e], pareto([e]), choice, choice.setting, met, 0.02, 8000, 0.0)
+    console = Console(record=True, width=400)
+    print_result(result, tmp_path / "run.toml", console)
+    text = console.export_text()
+    assert said in text
+    assert ("raise --budget" in text) is not exact

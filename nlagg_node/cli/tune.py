@@ -72,7 +72,9 @@ def tune(
     if as_json:
         print(json.dumps(doc))
         return
-    _print(result, out)
+    from rich.console import Console
+
+    print_result(result, out, Console())
 
 
 def _with_progress(job: Any, total: int) -> Any:
@@ -90,11 +92,10 @@ def _with_progress(job: Any, total: int) -> Any:
         return job(lambda _e: bar.advance(task))
 
 
-def _print(result: Any, out: Path) -> None:
-    from rich.console import Console
+def print_result(result: Any, out: Path, console: Any) -> None:
+    """The Pareto table and the choice (or why none meets the target) on a rich ``console``."""
     from rich.table import Table
 
-    console = Console()
     table = Table(
         "init", "c", "mu_z", "sigma_z", "leakage", "95% upper", "iterations median", "p99",
         title=f"Pareto front: leakage against iterations ({result.choice.trials} trials per setting)",
@@ -120,9 +121,20 @@ def _print(result: Any, out: Path) -> None:
             f" meets leakage <= {result.max_leak:g}; written to {out}"
         )
     else:
+        c = result.choice
+        if c.exact:  # exact settings exist, but none is private enough (at the 95% upper bound)
+            why = (
+                f"no exact setting meets leakage <= {result.max_leak:g} at the 95% upper bound within"
+                f" {result.budget} iterations; the closest leaks {c.leak:.3f} (upper {c.leak_upper:.3f} over"
+                f" {c.trials} trials: more --trials tighten it, a larger --budget allows slower settings)"
+            )
+        else:
+            why = (
+                f"no setting is exact within {result.budget} iterations (the closest converged in"
+                f" {c.converged:.0%} of its trials): raise --budget"
+            )
         console.print(
-            f"[red]no setting meets leakage <= {result.max_leak:g} within {result.budget} iterations;[/red]"
-            f" the closest (leakage {result.choice.leak:.3f}): --init {s.init} --c {s.c:g} --mu-z {s.mu_z:g}"
-            f" --t-max {s.t_max}, written to {out}"
+            f"[red]{why};[/red] written to {out} anyway: --init {s.init} --c {s.c:g} --mu-z {s.mu_z:g}"
+            f" --t-max {s.t_max}"
         )
     console.print(f"{len(result.evaluations)} settings in {result.seconds:.0f} s")
