@@ -217,14 +217,14 @@ def parse_corrupt(spec: str | None, n: int) -> list[int]:
         return []
     text = spec.strip()
     try:
-        if "," not in text:
-            count = int(text)
-            if not 0 <= count < n:
-                raise ConfigError("corrupt", spec, f"a count must lie in 0..{n - 1} (one node stays honest)")
-            return list(range(count))
+        count = int(text) if "," not in text else None
         ids = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise ConfigError("corrupt", spec, "use a count (2: nodes 0 and 1) or a list of ids (3,7)") from None
+    if count is not None:
+        if not 0 <= count < n:
+            raise ConfigError("corrupt", spec, f"a count must lie in 0..{n - 1} (one node stays honest)")
+        return list(range(count))
     bad = [i for i in ids if not 0 <= i < n]
     if bad:
         raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")

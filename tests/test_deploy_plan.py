@@ -187,11 +187,19 @@ def test_corrupt_count_names_the_same_nodes_in_plan_and_sim(
 
 
 @pytest.mark.parametrize(
-    "spec", ["10", "x", "3,12", "0,1,2,3,4,5,6,7,8,9"], ids=["all", "text", "range", "no-honest"]
+    ("spec", "why"),
+    [
+        ("10", "a count must lie in 0..9"),
+        ("x", "use a count"),
+        ("3,12", "node ids must lie in 0..9"),
+        ("0,1,2,3,4,5,6,7,8,9", "at least one node must stay honest"),
+    ],
+    ids=["all", "text", "range", "no-honest"],
 )
-def test_parse_corrupt_rejects(spec: str) -> None:
-    with pytest.raises(ConfigError, match="corrupt"):
+def test_parse_corrupt_rejects(spec: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="corrupt") as exc:
         parse_corrupt(spec, 10)
+    assert why in str(exc.value)
 
 
 def test_plan_refuses_bad_run_id_and_overwrite(tmp_path: Path) -> None:
