@@ -162,3 +162,4 @@ def test_a_will_after_done_leaves_the_node_done(tmp_path: Path) -> None:
         assert tr.add(TP.status(2), encode(StatusMsg(node=2, state="offline"))) is not None
         assert {i: st.state for i, st in tr.statuses().items()} == {1: "done", 2: "offline"}
         assert tr.statuses()[1].output == [1.0]
+        assert tr.done_nodes() == {1}  # what the eavesdropper counts before it stops
