@@ -85,3 +85,18 @@ async def test_an_eavesdropper_exiting_before_it_subscribes_fails_at_once(tmp_pa
             await start_eavesdropper(
                 "mqtt://127.0.0.1:1", "bad id", "nlagg", tmp_path / "t.sqlite", log=tmp_path / "e.log"
             )
+
+
+@pytest.mark.mosquitto
+@pytest.mark.parametrize("external", [True, False], ids=["given-broker", "private-broker"])
+async def test_the_eavesdropper_logs_to_the_run_folder(
+    external: bool, mosquitto_url: str, tmp_path: Path
+) -> None:
+    """Its log stays out of the testbed's output; a warning about a broker the user gave is said."""
+    said: list[str] = []
+    cfg = load_config(n=4, trials=1, seed=2, t_max=40, early_stop=False)
+    broker = mosquitto_url if external else None  # both admit anonymous clients
+    await run_testbed(cfg, broker_url=broker, in_process=True, out_dir=tmp_path, on_event=said.append)
+    assert "admits anonymous clients" in (tmp_path / "eavesdropper.log").read_text()
+    warned = [line for line in said if "admits anonymous clients" in line]
+    assert len(warned) == (1 if external else 0)

@@ -58,6 +58,7 @@ TESTBED_FILES = (
     "manifest.json",
     "run-config.json",
     "node-*.log",
+    "eavesdropper.log",
     "report.html",
     "report.png",
 )
@@ -117,7 +118,10 @@ def run_testbed_command(
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
     out: Annotated[
         Path | None,
-        typer.Option(help="keep transcript.sqlite, summary.json, manifest.json in this directory"),
+        typer.Option(
+            help="keep transcript.sqlite, summary.json, manifest.json and the nodes' and the"
+            " eavesdropper's logs in this directory"
+        ),
     ] = None,
     force: ForceOpt = False,
     dashboard: Annotated[

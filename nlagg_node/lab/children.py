@@ -20,7 +20,7 @@ from ..argv import eavesdrop_argv, this_python
 from ..errors import TestbedError
 from ..lifetime import parent_death_signal
 
-__all__ = ["Child", "start_eavesdropper"]
+__all__ = ["Child", "log_tail", "start_eavesdropper"]
 
 Event = dict[str, Any]
 
@@ -131,11 +131,11 @@ class Child:
         await asyncio.gather(self._reader, return_exceptions=True)
 
 
-def _log_tail(log: Path | None, lines: int = 3) -> str:
-    """The last ``lines`` lines of a child's log, joined on one line ('' if there is none)."""
+def log_tail(log: Path | None, lines: int = 3) -> list[str]:
+    """The last ``lines`` lines of a child's log (none when there is no log)."""
     if log is None or not log.is_file():
-        return ""
-    return " | ".join(log.read_text(errors="replace").strip().splitlines()[-lines:])
+        return []
+    return log.read_text(errors="replace").strip().splitlines()[-lines:]
 
 
 async def start_eavesdropper(
@@ -178,7 +178,7 @@ async def start_eavesdropper(
             waiter.cancel()
     if not child.subscribed.is_set():
         rc = await child.wait()
-        last = _log_tail(log)
+        last = " | ".join(log_tail(log))
         why = f": {last}" if last else ""
         raise TestbedError(f"the eavesdropper exited with {rc} before subscribing{why}")
     return child

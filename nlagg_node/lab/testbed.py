@@ -40,7 +40,7 @@ from ..runtime.wire import check_run_id, encode, topics
 from ..scale import check_node_value, check_start, scale_for
 from ..schedule import plan_phases, true_aggregate
 from ..sim.departures import survivor_truth
-from .children import Child, start_eavesdropper
+from .children import Child, log_tail, start_eavesdropper
 from .progress import RunProgress, Snapshot
 from .summary import (
     NodeReport,
@@ -62,10 +62,17 @@ def new_run_id() -> str:
 
 
 class _Eavesdropper:
-    """``nlagg eavesdrop --events`` as a child process (its own core; the nodes keep theirs)."""
+    """``nlagg eavesdrop --events`` as a child process (its own core; the nodes keep theirs).
 
-    def __init__(self, say: Callable[[str], None]) -> None:
+    Its log goes to ``log`` (the run folder's ``eavesdropper.log``), not into the testbed's
+    output; its warnings are said when they concern a broker the user gave (``external``): that
+    the testbed's own private broker admits anonymous clients is known and not theirs to fix.
+    """
+
+    def __init__(self, say: Callable[[str], None], log: Path, external: bool) -> None:
         self.say = say
+        self.log = log
+        self.external = external
         self.exposures: list[dict[str, Any]] = []
         self.child: Child | None = None
 
@@ -75,10 +82,12 @@ class _Eavesdropper:
         # A passive observer must not slow the run it watches (on a real network it is another
         # machine): on a shared CPU it yields to the nodes (``nice``) and catches up in their idle time.
         self.child = await start_eavesdropper(
-            url, run_id, prefix, db, nice=nice, on_event=self._event, ca_file=ca_file
+            url, run_id, prefix, db, log=self.log, nice=nice, on_event=self._event, ca_file=ca_file
         )
 
     def _event(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "warning" and self.external:
+            self.say(f"eavesdropper: {event.get('message')}")
         if event.get("event") == "exposure":
             self.exposures.append(event)
             self.say(
@@ -110,7 +119,7 @@ class _Eavesdropper:
             if not nodes.done() and not (child.last_event("finished") or {}).get("complete"):
                 nodes.cancel()
                 await asyncio.gather(nodes, return_exceptions=True)
-                said = " | ".join(child.lines[-3:]) or "nothing on stdout; see stderr"
+                said = " | ".join(child.lines[-3:] + log_tail(self.log)) or "none"
                 raise TestbedError(
                     f"the eavesdropper exited with code {child.returncode} while the nodes were running;"
                     f" the run was stopped (its last output: {said})"
@@ -336,7 +345,7 @@ async def run_testbed(
             MqttTransport(url, client_id=f"nlagg-{run_id}-launcher", tls=_tls(ca_file))
         )
         await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
-        eaves = _Eavesdropper(say)
+        eaves = _Eavesdropper(say, workdir / "eavesdropper.log", external=broker_url is not None)
         stack.push_async_callback(eaves.stop)
         await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice, ca_file)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
