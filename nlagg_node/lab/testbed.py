@@ -361,8 +361,10 @@ async def run_testbed(
         node_wall = time.perf_counter() - t_nodes
         finished = await eaves.wait_finished(30.0)
         if not finished.get("complete"):
+            tail = " | ".join(log_tail(eaves.log))
             raise TestbedError(
                 f"the nodes finished but the eavesdropper did not see every 'done': {finished}"
+                + (f" (its log: {tail})" if tail else "")
             )
         with Transcript(db_path) as transcript:
             scale = scale_for(cfg)
