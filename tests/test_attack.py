@@ -35,7 +35,7 @@ def _run(name: str, trials: int = 2) -> SimResult:
     op = str(params["op"])
     t_max = {"max": 2500, "min": 2500, "topk": 1500, "trimmed-mean": 1000}.get(op, 1500)
     params.setdefault("t_max", t_max)
-    return simulate(RunConfig(trials=trials, record="all", seed=3, **params))  # type: ignore[arg-type]
+    return simulate(RunConfig(trials=trials, record="all", seed=3, **params))
 
 
 @pytest.mark.parametrize("name", list(CASES), ids=list(CASES))
@@ -144,7 +144,7 @@ def test_record_all_is_required_and_truth_shape_checked() -> None:
 async def test_testbed_transcript_precision_and_recall(op: str, mosquitto_url: str, tmp_path: Path) -> None:
     from nlagg_node.lab.testbed import run_testbed
 
-    cfg = RunConfig(op=op, n=6, c=10.0, mu_z=60.0, t_max=700, seed=4)  # type: ignore[arg-type]
+    cfg = RunConfig(op=op, n=6, c=10.0, mu_z=60.0, t_max=700, seed=4)
     summary = await run_testbed(cfg, broker_url=mosquitto_url, in_process=True, corrupt={0}, out_dir=tmp_path)
     report = attack_transcript(tmp_path / "transcript.sqlite")
     assert report.truth_note.startswith("ground truth from")

@@ -17,9 +17,11 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, TlsFiles, build_plan, security_lines, verify_password, write_plan
@@ -66,11 +68,11 @@ class Client:
     def __init__(
         self, broker: BrokerHandle, user: str | None, password: str | None, client_id: str | None = None
     ) -> None:
-        self.inbox: queue.Queue[tuple[str, bytes]] = queue.Queue()
+        self.inbox: queue.Queue[tuple[str, bytes | bytearray]] = queue.Queue()
         self.connack: queue.Queue[int] = queue.Queue()
         self.disconnects = 0
         cid = client_id or f"t-{uuid.uuid4().hex[:8]}"
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid)
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid)
         if user is not None:
             self.client.username_pw_set(user, password)
         self.client.on_connect = self._on_connect
@@ -96,7 +98,7 @@ class Client:
     def publish(self, topic: str, payload: bytes) -> None:
         self.client.publish(topic, payload, qos=1).wait_for_publish(timeout=WAIT)
 
-    def received_until(self, marker: bytes) -> list[tuple[str, bytes]]:
+    def received_until(self, marker: bytes) -> list[tuple[str, bytes | bytearray]]:
         """Every message up to and including the one whose payload is ``marker``."""
         got = []
         while True:
@@ -110,8 +112,16 @@ class Client:
         self.client.loop_stop()
 
 
+class Connect(Protocol):
+    """The ``connect`` fixture: a :class:`Client` for ``user`` (online or refused), closed after the test."""
+
+    def __call__(
+        self, user: str | None, password: str | None = None, client_id: str | None = None
+    ) -> Client: ...
+
+
 @pytest.fixture
-def connect(broker: BrokerHandle, plan: Plan) -> Iterator[object]:
+def connect(broker: BrokerHandle, plan: Plan) -> Iterator[Connect]:
     clients: list[Client] = []
 
     def _connect(user: str | None, password: str | None = None, client_id: str | None = None) -> Client:
@@ -125,13 +135,13 @@ def connect(broker: BrokerHandle, plan: Plan) -> Iterator[object]:
         client.close()
 
 
-def _online(connect: object, user: str) -> Client:
-    client = connect(user)  # type: ignore[operator]
+def _online(connect: Connect, user: str) -> Client:
+    client = connect(user)
     assert client.rc == 0, f"{user} refused: rc={client.rc}"
     return client
 
 
-def test_forged_topics_are_delivered_to_no_one(connect: object) -> None:
+def test_forged_topics_are_delivered_to_no_one(connect: Connect) -> None:
     spy = _online(connect, "eavesdropper")
     spy.subscribe(f"{ROOT}/#")
     victim_nbr = _online(connect, "node0")  # neighbour of node 1: would read node/1/x if it were real
@@ -153,7 +163,7 @@ def test_forged_topics_are_delivered_to_no_one(connect: object) -> None:
     assert victim_nbr.received_until(b"legit-1") == [(f"{ROOT}/node/1/x", b"legit-1")]
 
 
-def test_corrupted_node_may_publish_its_adversary_state(connect: object) -> None:
+def test_corrupted_node_may_publish_its_adversary_state(connect: Connect) -> None:
     spy = _online(connect, "eavesdropper")
     spy.subscribe(f"{ROOT}/#")
     corrupted = _online(connect, "node2")
@@ -162,7 +172,7 @@ def test_corrupted_node_may_publish_its_adversary_state(connect: object) -> None
     assert spy.received_until(b"adv-2") == [(f"{ROOT}/adv/2/state", b"adv-2")]
 
 
-def test_non_neighbour_topics_are_never_received(connect: object) -> None:
+def test_non_neighbour_topics_are_never_received(connect: Connect) -> None:
     node0 = _online(connect, "node0")
     node0.subscribe(f"{ROOT}/#")
     far = _online(connect, "node3")  # not a neighbour of 0
@@ -178,13 +188,13 @@ def test_non_neighbour_topics_are_never_received(connect: object) -> None:
     assert got == [(f"{ROOT}/edge/1/0/z0", b"z0-for-0"), (f"{ROOT}/node/1/x", b"near-x")]
 
 
-def test_another_nodes_client_id_takes_over_nothing(connect: object) -> None:
-    victim = connect("node0", client_id=f"nlagg-{RUN}-node-0")  # type: ignore[operator]
+def test_another_nodes_client_id_takes_over_nothing(connect: Connect) -> None:
+    victim = connect("node0", client_id=f"nlagg-{RUN}-node-0")
     assert victim.rc == 0
     victim.subscribe(f"{ROOT}/node/1/x")
     # node 1's credentials with node 0's client id: without use_username_as_clientid the broker
     # would close node 0's connection and hand its persistent session to the intruder.
-    intruder = connect("node1", client_id=f"nlagg-{RUN}-node-0")  # type: ignore[operator]
+    intruder = connect("node1", client_id=f"nlagg-{RUN}-node-0")
     assert intruder.rc == 0  # let in, under its own user name as client id
     intruder.subscribe(f"{ROOT}/#")
     intruder.publish(f"{ROOT}/node/1/x", b"after-takeover")
@@ -192,7 +202,7 @@ def test_another_nodes_client_id_takes_over_nothing(connect: object) -> None:
     assert victim.disconnects == 0
 
 
-def test_payloads_over_the_protocols_limit_are_dropped_by_the_broker(connect: object) -> None:
+def test_payloads_over_the_protocols_limit_are_dropped_by_the_broker(connect: Connect) -> None:
     spy = _online(connect, "eavesdropper")
     spy.subscribe(f"{ROOT}/#")
     node1 = _online(connect, "node1")
@@ -201,7 +211,7 @@ def test_payloads_over_the_protocols_limit_are_dropped_by_the_broker(connect: ob
     assert spy.received_until(b"small") == [(f"{ROOT}/node/1/x", b"small")]
 
 
-def test_eavesdropper_cannot_publish(connect: object) -> None:
+def test_eavesdropper_cannot_publish(connect: Connect) -> None:
     spy = _online(connect, "eavesdropper")
     spy.subscribe(f"{ROOT}/#")
     node0 = _online(connect, "node0")
@@ -220,11 +230,11 @@ def test_eavesdropper_cannot_publish(connect: object) -> None:
     ids=["wrong-password", "empty-password", "username-as-password", "unknown-user", "anonymous"],
 )
 def test_bad_credentials_are_refused(
-    connect: object, plan: Plan, user: str | None, password: str | None
+    connect: Connect, plan: Plan, user: str | None, password: str | None
 ) -> None:
-    client = connect(user, password)  # type: ignore[operator]
+    client = connect(user, password)
     assert client.rc in (4, 5, 134, 135), f"{user!r} was let in (rc={client.rc})"
-    good = connect("node0")  # type: ignore[operator]
+    good = connect("node0")
     assert good.rc == 0
 
 
@@ -328,7 +338,7 @@ async def test_tls_listener_of_the_generated_config(tmp_path: Path) -> None:
         password = (root / "secrets" / "node0.pw").read_text().strip()
 
         def connect(tls: bool) -> int:
-            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
             client.username_pw_set("node0", password)
             if tls:
                 client.tls_set(ca_certs=str(ca))
@@ -383,11 +393,13 @@ async def test_generated_ca_secures_the_listener(tmp_path: Path, require_certifi
     ):
 
         def connect(tls: bool, cert: bool) -> int:
-            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
             client.username_pw_set("node0", password)
             if tls:
-                files = (
-                    (root / "secrets" / "node0.crt", root / "secrets" / "node0.key") if cert else (None, None)
+                files: tuple[str, str] | tuple[None, None] = (
+                    (str(root / "secrets" / "node0.crt"), str(root / "secrets" / "node0.key"))
+                    if cert
+                    else (None, None)
                 )
                 client.tls_set(ca_certs=str(ca), certfile=files[0], keyfile=files[1])
             done: queue.Queue[int] = queue.Queue()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +23,9 @@ def run_cli(
     return int(exc.value.code or 0), out, err
 
 
-def test_json_summary_has_the_documented_fields(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_json_summary_has_the_documented_fields(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, out, _ = run_cli(
         ["sim", "--op", "max", "--trials", "30", "--t-max", "2000", "--c", "10", "--mu-z", "100", "--json"],
         capsys,
@@ -49,7 +51,9 @@ def test_json_summary_has_the_documented_fields(capsys, monkeypatch) -> None:  #
     assert summary["leakage_probability"][0] == 1.0
 
 
-def test_out_dir_replays_exactly(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_out_dir_replays_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "run"
     args = [
         "sim",
@@ -86,7 +90,9 @@ def test_out_dir_replays_exactly(tmp_path: Path, capsys, monkeypatch) -> None:  
         assert np.array_equal(first[key], second[key])
 
 
-def test_config_file_is_overridden_by_flags(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_config_file_is_overridden_by_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = tmp_path / "run.toml"
     cfg.write_text('[run]\nop = "min"\ntrials = 5\nt_max = 100\nn = 6\n')
     code, out, _ = run_cli(["sim", "--config", str(cfg), "--n", "8", "--json"], capsys, monkeypatch)
@@ -113,8 +119,8 @@ BAD = [
 
 @pytest.mark.parametrize(("args", "field"), BAD)
 def test_bad_input_exits_2_with_one_line_naming_the_field(
-    args: list[str], field: str, capsys, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    args: list[str], field: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _, err = run_cli(["sim", "--trials", "2", "--t-max", "10", *args], capsys, monkeypatch)
     assert code == 2
     assert len(err.strip().splitlines()) == 1
@@ -134,8 +140,13 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(
     ],
 )
 def test_bad_graph_file_exits_2(
-    tmp_path: Path, name: str, content: str, field: str, capsys, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    name: str,
+    content: str,
+    field: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     graph = tmp_path / name
     graph.write_text(content)
     code, _, err = run_cli(
@@ -157,8 +168,8 @@ def test_bad_graph_file_exits_2(
     ],
 )
 def test_size_blowups_exit_2_with_one_line(
-    tmp_path: Path, toml: str, field: str, capsys, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    tmp_path: Path, toml: str, field: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     conf = tmp_path / "run.toml"
     conf.write_text(toml + "\n")
     code, _, err = run_cli(["sim", "--config", str(conf), "--trials", "1"], capsys, monkeypatch)
@@ -167,7 +178,9 @@ def test_size_blowups_exit_2_with_one_line(
     assert field in err
 
 
-def test_graph_file_in_a_config_is_relative_to_the_config(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_graph_file_in_a_config_is_relative_to_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     plan = tmp_path / "plan"
     plan.mkdir()
     (plan / "graph.csv").write_text("0,1\n1,2\n2,3\n")
@@ -210,8 +223,13 @@ def test_graph_file_in_a_config_is_relative_to_the_config(tmp_path: Path, capsys
     ],
 )
 def test_input_messages_say_what_is_wrong(
-    make: Any, args: list[str], expected: str, tmp_path: Path, capsys, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    make: Callable[[Path], object],
+    args: list[str],
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     make(tmp_path)
     argv = ["sim", "--trials", "2", "--t-max", "10", *(a.format(d=tmp_path) for a in args)]
     code, _, err = run_cli(argv, capsys, monkeypatch)

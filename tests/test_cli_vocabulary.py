@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 from typer.testing import CliRunner
@@ -116,7 +117,9 @@ def test_top_level_help_loads_no_numerical_stack() -> None:
     assert proc.stdout.splitlines()[-1] == "[]"
 
 
-def test_sim_refuses_corrupt_without_transcript(capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_sim_refuses_corrupt_without_transcript(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _, err = run_cli(["sim", "--trials", "2", "--t-max", "10", "--corrupt", "2"], capsys, monkeypatch)
     assert code == 2
     assert "corrupt='2'" in err
@@ -132,8 +135,12 @@ def test_sim_refuses_corrupt_without_transcript(capsys, monkeypatch) -> None:  #
     ],
 )
 def test_out_never_replaces_an_earlier_run_without_force(
-    command: list[str], existing: str, tmp_path: Path, capsys, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+    command: list[str],
+    existing: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / existing).write_text("{}")
@@ -144,7 +151,9 @@ def test_out_never_replaces_an_earlier_run_without_force(
     assert (out / existing).read_text() == "{}"
 
 
-def test_tune_never_replaces_its_run_toml_without_force(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_tune_never_replaces_its_run_toml_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "run.toml"
     out.write_text("# mine\n")
     code, _, err = run_cli(["tune", "--n", "4", "--trials", "2", "--out", str(out)], capsys, monkeypatch)
@@ -154,7 +163,9 @@ def test_tune_never_replaces_its_run_toml_without_force(tmp_path: Path, capsys, 
     assert out.read_text() == "# mine\n"
 
 
-def test_force_replaces_a_sim_run(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_force_replaces_a_sim_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     db = tmp_path / "t.sqlite"
     args = ["sim", "--trials", "2", "--t-max", "10", "--out", str(out), "--transcript", str(db), "--json"]
@@ -171,8 +182,9 @@ def _printed_summary(**fields: object) -> str:
     from rich.console import Console
 
     from nlagg_node.cli.testbed import print_summary
+    from nlagg_node.lab.summary import TestbedSummary
 
-    summary = {
+    summary: dict[str, object] = {
         "run_id": "r",
         "op": "max",
         "n": 3,
@@ -198,7 +210,7 @@ def _printed_summary(**fields: object) -> str:
         **fields,
     }
     console = Console(record=True, width=240)
-    print_summary(console, summary)
+    print_summary(console, cast(TestbedSummary, summary))  # a partial summary: the keys the table reads
     return console.export_text()
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from nlagg_node import EdgeLayout, load_config, simulate
+from nlagg_node import EdgeLayout, SimResult, load_config, simulate
 from nlagg_node.pdmm import paper_q
 from tests.reference import run_reference
 
@@ -27,7 +29,7 @@ CASES = [
 ]
 
 
-def _trial_inputs(result, b):  # type: ignore[no-untyped-def]
+def _trial_inputs(result: SimResult, b: int) -> tuple[list[tuple[int, int]], dict[tuple[int, int], float]]:
     cfg = result.config
     n = cfg.n
     layout = EdgeLayout.from_graphs(n, result.graphs)
@@ -37,13 +39,14 @@ def _trial_inputs(result, b):  # type: ignore[no-untyped-def]
         (int(i) - b * n, int(j) - b * n): float(z)
         for i, j, z in zip(layout.src[mask], layout.dst[mask], result.z0[group][mask], strict=True)
     }
-    edges = [tuple(map(int, e)) for e in result.graphs[b]]
+    edges = [(int(i), int(j)) for i, j in result.graphs[b]]
     return edges, z0
 
 
 @pytest.mark.parametrize("params", CASES)
 def test_engine_matches_paper_loop(params: dict[str, float | str]) -> None:
-    cfg = load_config(**{"n": 7, "trials": 3, "t_max": 400, "record": "all", "seed": 11, **params})
+    settings: dict[str, Any] = {"n": 7, "trials": 3, "t_max": 400, "record": "all", "seed": 11, **params}
+    cfg = load_config(**settings)
     result = simulate(cfg)
     topk = cfg.op == "topk"  # Algorithm 2: k rounds of max consensus
     for b in range(cfg.trials):

@@ -177,6 +177,7 @@ run_topics = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(run_topics, payloads)
 def test_decode_raises_only_wire_errors(topic: str, payload: bytes) -> None:
+    error: WireError | None
     try:
         info, msg = decode(topic, payload, "nlagg", RUN)
     except WireError as exc:

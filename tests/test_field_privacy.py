@@ -43,7 +43,7 @@ RANGE = (15.0, 35.0)
 async def test_sensor_range_testbed_is_exact_and_exposes_only_the_ideal_world(
     op: str, in_process: bool, mosquitto_url: str, tmp_path: Path
 ) -> None:
-    cfg = RunConfig(op=op, n=15, graph="rgg", trials=1, value_range=RANGE, seed=1)  # type: ignore[arg-type]
+    cfg = RunConfig(op=op, n=15, graph="rgg", trials=1, value_range=RANGE, seed=1)
     summary = await run_testbed(
         cfg, broker_url=mosquitto_url, in_process=in_process, out_dir=tmp_path, eavesdropper_nice=0
     )

@@ -209,7 +209,7 @@ def _status_rows(db: Path) -> list[dict[str, object]]:
 
 
 def _done_outputs(db: Path) -> dict[int, list[float]]:
-    return {int(m["node"]): list(m["output"]) for m in _status_rows(db) if m["state"] == "done"}  # type: ignore[call-overload,arg-type]
+    return {int(m["node"]): list(m["output"]) for m in _status_rows(db) if m["state"] == "done"}  # type: ignore[call-overload]
 
 
 def _last_states(db: Path) -> dict[int, str]:

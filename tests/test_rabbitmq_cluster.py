@@ -29,10 +29,12 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 import pytest_asyncio
+from paho.mqtt.enums import CallbackAPIVersion
 
 import nlagg_node.lab.children as children
 import nlagg_node.lab.testbed as testbed
 from adversary.transcript import Transcript
+from nlagg_node.argv import eavesdrop_argv, node_argv
 from nlagg_node.config import RunConfig
 from nlagg_node.sim import simulate
 from tests.rabbitmq import RabbitCluster, rabbitmq_scripts, start_rabbitmq_cluster
@@ -65,7 +67,7 @@ class _Client:
     def __init__(self, url: str) -> None:
         self.got: queue.Queue[tuple[str, bytes, bool]] = queue.Queue()
         self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv311
+            CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv311
         )
         self.client.on_message = lambda _c, _u, m: self.got.put((m.topic, bytes(m.payload), bool(m.retain)))
         connected = queue.Queue[int]()
@@ -142,7 +144,6 @@ async def _spread_run(
         json.dumps({"config": cfg.resolved().model_copy(update={"trials": 1}).model_dump(mode="json")})
     )
     dialled: set[str] = set()
-    node_argv, eavesdrop_argv = testbed.node_argv, children.eavesdrop_argv
 
     def spread(i: int, config: str, broker: str, **kw: Any) -> list[str]:
         assert broker == a

@@ -45,7 +45,7 @@ async def test_trimmed_mean_is_exact_and_sealed_duals_hide_the_middle(
         c=10.0,
         mu_z=40.0,
         init_channel=channel,
-    )  # type: ignore[arg-type]
+    )
     run_id = f"sealed-{channel}"
     host, port = parse_broker_url(mosquitto_url)
     capture = tmp_path / "mosquitto_sub.txt"

@@ -6,6 +6,7 @@ import contextlib
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -56,7 +57,7 @@ def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float
         pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
     ],
 )
-def test_simulator_stops_where_the_rule_says(params: dict[str, object]) -> None:
+def test_simulator_stops_where_the_rule_says(params: dict[str, Any]) -> None:
     """Same trajectory as the fixed schedule up to the stop, frozen after, every node agreeing on
     the stop iteration, and every x quiet over the W iterations the proof promises."""
     base = load_config(n=12, trials=6, record="all", seed=3, **params)
@@ -111,7 +112,7 @@ def test_early_stop_never_increases_leakage(op: str) -> None:
     ],
 )
 async def test_testbed_stops_where_the_simulator_does(
-    params: dict[str, object], mosquitto_url: str, tmp_path: Path
+    params: dict[str, Any], mosquitto_url: str, tmp_path: Path
 ) -> None:
     """The nodes on Mosquitto publish the simulator's x's bit for bit and stop at its iteration."""
     cfg = load_config(n=8, trials=1, seed=21, early_stop=True, stop_window=WINDOW, **params)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from adversary.capture import AckingSubscriber, accepts_anonymous
 from adversary.eavesdrop import ANONYMOUS_WARNING, run_eavesdropper
@@ -82,7 +83,7 @@ async def plan_tls_broker(tmp_path: Path) -> AsyncIterator[TlsBroker]:
 
 
 def _publish_tls(broker: TlsBroker, topic: str, payload: bytes) -> None:
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
     client.username_pw_set("node0", broker.password("node0"))
     client.tls_set(ca_certs=str(broker.ca))
     client.connect("localhost", broker.port)
@@ -240,7 +241,7 @@ async def test_tls_deployment_is_exact_and_shows_no_password(tmp_path: Path) -> 
 
 
 def _plain_connect(port: int, user: str, password: str) -> None:
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:8]}")
     client.username_pw_set(user, password)
     done: queue.Queue[int] = queue.Queue()
     client.on_connect = lambda _c, _u, _f, rc, _p: done.put(int(rc.value))
@@ -273,7 +274,9 @@ async def test_testbed_over_tls_equals_the_simulator(in_process: bool, tmp_path:
     assert [summary["final_x"][str(i)] for i in range(cfg.n)] == [float(v) for v in sim.output[0].ravel()]
 
 
-def test_testbed_ca_file_needs_an_mqtts_broker(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_testbed_ca_file_needs_an_mqtts_broker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from nlagg_node.cli import main
 
     ca = tmp_path / "ca.pem"

@@ -23,7 +23,7 @@ TP = topics("nlagg", RUN)
 def ring_config(**extra: object) -> ConfigMsg:
     """A 4-ring run on the fixed schedule: its x's carry no early-stop fields, as written here."""
     fields: dict[str, object] = {"early_stop": False, **extra}
-    cfg = RunConfig(op="max", n=4, graph="ring", t_max=20, trials=1, **fields)  # type: ignore[arg-type]
+    cfg = RunConfig(op="max", n=4, graph="ring", t_max=20, trials=1, **fields)
     return build_config_msg(cfg, RUN, run_edges(cfg))
 
 

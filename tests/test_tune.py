@@ -59,7 +59,7 @@ def test_unreachable_target_gives_the_closest_setting() -> None:
     ids=["max", "min", "topk", "median", "average"],
 )
 def test_ideal_ranks(op: str, expected: list[int]) -> None:
-    assert ideal_ranks(RunConfig(op=op)) == expected  # type: ignore[arg-type]
+    assert ideal_ranks(RunConfig(op=op)) == expected
 
 
 def test_evaluation_is_a_pure_function_of_config_and_setting() -> None:

@@ -122,7 +122,9 @@ def test_values_file_with_wrong_row_count_names_the_file(tmp_path: Path) -> None
         read_values_file(path, 3, 5)
 
 
-def test_sim_values_file_outside_the_range_exits_2(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_sim_values_file_outside_the_range_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "v.txt"
     path.write_text("20 21 40\n")
     args = ["sim", "--n", "3", "--graph", "ring", "--trials", "2", "--values-file", str(path)]
@@ -199,7 +201,7 @@ def test_warning_for_pairs_that_leak_every_value(op: str, init: str, warns: bool
     # plaintext, or zero, the eavesdropper knows them.
     channel = "plain" if init.endswith("-plain") else "auto"
     init = init.removesuffix("-plain")
-    cfg = RunConfig(op=op, init=init, value_range=(0.0, 10.0), init_channel=channel)  # type: ignore[arg-type]
+    cfg = RunConfig(op=op, init=init, value_range=(0.0, 10.0), init_channel=channel)
     assert (leak_warning(cfg) is not None) == warns
 
 
