@@ -195,7 +195,8 @@ def _print_table(summary: SimSummary) -> None:
         f"c={summary['c']} init={summary['init']} seed={summary['seed']}"
     )
     console.print(
-        f"MSE {summary['mse']:.3g}   converged {summary['converged_fraction']:.3f}   "
+        f"MSE {summary['mse']:.3g}   converged (to {summary['tolerance']:g})"
+        f" {summary['converged_fraction']:.3f}   "
         f"iterations to converge (median) {summary['iterations_to_converge']}"
         f"   {summary['wall_seconds']:.1f} s"
     )
