@@ -183,7 +183,7 @@ StopWindowOpt = Annotated[
     int | None,
     typer.Option(
         help="early stop: iterations x must stay within tolerance"
-        " [default: 100; 400 for topk and trimmed-mean]"
+        " [default: 100; 200 for topk, 400 for trimmed-mean]"
     ),
 ]
 ToleranceOpt = Annotated[
