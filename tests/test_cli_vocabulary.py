@@ -199,6 +199,7 @@ def _printed_summary(**fields: object) -> str:
         "true_interval": [[2.0, 2.0]],
         "exact": True,
         "tolerance": 1e-9,
+        "value_range": None,
         "mse": 0.0,
         "iterations": 10,
         "rounds_per_second": 100.0,
@@ -235,15 +236,20 @@ def test_testbed_table_explains_what_was_learned() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tolerance", "said"),
+    ("tolerance", "value_range", "said"),
     [
-        pytest.param(1e-9, "true aggregate 2.0: exact (MSE", id="default-precision"),
-        pytest.param(1e-4, "true aggregate 2.0: exact to 0.0001 of the range (MSE", id="looser-precision"),
+        pytest.param(1e-9, None, "true aggregate 2.0: exact (MSE", id="default-precision"),
+        pytest.param(1e-4, None, "true aggregate 2.0: exact to 0.0001 (MSE", id="looser-precision"),
+        pytest.param(
+            1e-4, [0.0, 4.0], "true aggregate 2.0: exact to 0.0001 of the range (MSE", id="of-a-range"
+        ),
     ],
 )
-def test_testbed_verdict_names_a_non_default_tolerance(tolerance: float, said: str) -> None:
+def test_testbed_verdict_names_a_non_default_tolerance(
+    tolerance: float, value_range: list[float] | None, said: str
+) -> None:
     """'exact' means within the run's tolerance; one other than the default is named beside it."""
-    assert said in _printed_summary(tolerance=tolerance)
+    assert said in _printed_summary(tolerance=tolerance, value_range=value_range)
 
 
 def test_testbed_table_gives_an_even_median_its_interval() -> None:

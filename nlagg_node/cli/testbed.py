@@ -265,8 +265,8 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
         " world; an interval only = the transcript bounds s_i (nlagg attack on the transcript shows it)[/dim]"
     )
     verdict = "[green]exact[/green]" if s["exact"] else "[red]NOT exact[/red]"
-    if s["tolerance"] != RUN_DEFAULTS["tolerance"]:
-        verdict += f" to {s['tolerance']:g} of the range"
+    if s["tolerance"] != RUN_DEFAULTS["tolerance"]:  # a fraction of the range, if one was declared
+        verdict += f" to {s['tolerance']:g}" + (" of the range" if s["value_range"] is not None else "")
     hint = (
         "" if s["exact"] else " [dim]- not converged: raise --t-max (or --c/--mu-z, see `nlagg tune`)[/dim]"
     )
