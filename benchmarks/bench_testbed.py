@@ -1,7 +1,7 @@
 """Rounds per second of the networked testbed against a raw MQTT round baseline, in one run.
 
     python benchmarks/bench_testbed.py [--n 15] [--rounds 1000] [--repeat 3] [--layouts processes,in-process]
-                                       [--eavesdropper-nice 10] [--tls]
+                                       [--eavesdropper-nice 10] [--capture-baseline] [--tls]
 
 Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
 run's RGG), the same process layout and the same transport (MqttTransport: paho, QoS 1,
@@ -17,6 +17,12 @@ Rounds per second are measured from the first round to the last (startup exclude
 sides. Target: testbed >= 90% of the baseline (issue 15). The machine is shared, so the two are run
 back to back, alternately, ``--repeat`` times, and the medians compared.
 
+``--capture-baseline`` also runs the raw rounds with a bare capture beside them: the eavesdropper's
+own MQTT client subscribed to every topic, acking what it receives and nothing more, as its own process
+at the eavesdropper's nice. That is what any capture costs (Mosquitto's extra deliveries and one
+reader), so testbed / that ratio is what nlagg's own work (the protocol, the math, storing and
+attacking the capture) leaves of the rounds.
+
 ``--tls`` also reports the TLS overhead: the same raw rounds over ``mqtts://`` (TLS 1.2+, a
 private CA made as ``nlagg deploy plan --tls`` makes it, the server verified) against plain
 ``mqtt://``, on one Mosquitto with a plain and a TLS listener, alternately, ``--repeat`` times.
@@ -26,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -131,6 +139,41 @@ async def raw_one_node(
     return rate
 
 
+async def bare_capture(url: str) -> None:
+    """``--capture-baseline``'s capture: the eavesdropper's own client (QoS 1, persistent session,
+    acks in batches) subscribed to every bench topic, storing and attacking nothing."""
+    from adversary.capture import AckingSubscriber
+    from nlagg_node.runtime.transport import Message
+
+    async with AckingSubscriber(url, client_id=f"bench-capture-{new_run_id()}") as sub:
+        await sub.subscribe("bench/#")
+        print("subscribed", flush=True)
+        batch: list[Message] = []
+        async for msg in sub.messages():
+            batch.append(msg)
+            if not sub.backlog():
+                sub.ack(batch)
+                batch = []
+
+
+async def raw_with_capture(url: str, cfg: RunConfig, rounds: int, in_process: bool, nice: int) -> float:
+    """Raw rounds while a bare capture (its own process, at ``nice``) receives every message."""
+    sink = await asyncio.create_subprocess_exec(
+        sys.executable, SELF, "--bare-capture", url, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        if nice > 0:
+            os.setpriority(os.PRIO_PROCESS, sink.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+        assert sink.stdout is not None
+        if (await sink.stdout.readline()).strip() != b"subscribed":
+            raise RuntimeError("the bare capture did not subscribe")
+        raw = raw_in_process if in_process else raw_processes
+        return await raw(url, cfg, rounds)
+    finally:
+        sink.terminate()
+        await sink.wait()
+
+
 async def raw_processes(url: str, cfg: RunConfig, rounds: int, ca: str | None = None) -> float:
     run = new_run_id()
     nb = neighbours(cfg.n, run_edges(cfg))
@@ -190,19 +233,31 @@ async def main(args: argparse.Namespace) -> None:
 async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Namespace) -> None:
     in_process = layout == "in-process"
     raw = raw_in_process if in_process else raw_processes
-    base, ours = [], []
+    base, ours, captured = [], [], []
     for _ in range(args.repeat):
         base.append(await raw(url, cfg, args.rounds))
         ours.append(await testbed_rate(url, cfg, in_process, args.eavesdropper_nice))
+        if args.capture_baseline:
+            captured.append(await raw_with_capture(url, cfg, args.rounds, in_process, args.eavesdropper_nice))
     b, o = statistics.median(base), statistics.median(ours)
     print(
         f"{layout:>11}: raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
         f"ratio {o / b:5.2f}  (target >= 0.90; runs: raw {[round(x) for x in base]}, "
         f"testbed {[round(x) for x in ours]})"
     )
+    if captured:
+        c = statistics.median(captured)
+        print(
+            f"{layout:>11}: raw rounds beside a bare capture {c:7.1f}/s ({c / b:5.3f} of raw); "
+            f"testbed / that {o / c:5.2f}  (runs {[round(x) for x in captured]})"
+        )
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--bare-capture":
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(bare_capture(sys.argv[2]))
+        sys.exit(0)
     if len(sys.argv) == 3 and sys.argv[1] == "--raw-node":
         spec = json.loads(sys.argv[2])
         rate = raw_one_node(spec["url"], spec["run"], spec["i"], spec["nbrs"], spec["rounds"], spec["ca"])
@@ -215,6 +270,9 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layouts", default="processes,in-process")
     parser.add_argument("--eavesdropper-nice", type=int, default=10, help="the testbed's default: 10")
+    parser.add_argument(
+        "--capture-baseline", action="store_true", help="also raw rounds beside a bare capture subscriber"
+    )
     parser.add_argument("--tls", action="store_true", help="also measure the TLS overhead (raw rounds)")
     parser.add_argument("--tls-only", action="store_true", help="only the TLS overhead")
     asyncio.run(main(parser.parse_args()))
