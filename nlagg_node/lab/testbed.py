@@ -199,8 +199,9 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                     )
                 continue
             if rc != 0 or not p.events:
-                tail = (workdir / f"node-{i}.log").read_text(errors="replace").strip().splitlines()[-3:]
-                raise TestbedError(f"node {i} exited with {rc}: {' | '.join(tail)}")
+                raise TestbedError(
+                    f"node {i} exited with {rc}: {' | '.join(log_tail(workdir / f'node-{i}.log'))}"
+                )
             results.append(cast(NodeReport, p.events[-1]))  # the JSON line of nlagg node --json
     finally:
         for i in range(len(procs)):  # a node that logged nothing leaves no empty file in the run folder
