@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 
 from nlagg_node.config import RunConfig
 from nlagg_node.graphs import neighbours
+from nlagg_node.lab.children import Child
 from nlagg_node.lab.testbed import new_run_id, run_testbed
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
@@ -147,7 +147,7 @@ async def bare_capture(url: str) -> None:
 
     async with AckingSubscriber(url, client_id=f"bench-capture-{new_run_id()}") as sub:
         await sub.subscribe("bench/#")
-        print("subscribed", flush=True)
+        print(json.dumps({"event": "subscribed"}), flush=True)  # what Child.subscribed waits for
         batch: list[Message] = []
         async for msg in sub.messages():
             batch.append(msg)
@@ -158,20 +158,14 @@ async def bare_capture(url: str) -> None:
 
 async def raw_with_capture(url: str, cfg: RunConfig, rounds: int, in_process: bool, nice: int) -> float:
     """Raw rounds while a bare capture (its own process, at ``nice``) receives every message."""
-    sink = await asyncio.create_subprocess_exec(
-        sys.executable, SELF, "--bare-capture", url, stdout=asyncio.subprocess.PIPE
-    )
+    sink = await Child.start([sys.executable, SELF, "--bare-capture", url], nice=nice)
     try:
-        if nice > 0:
-            os.setpriority(os.PRIO_PROCESS, sink.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        assert sink.stdout is not None
-        if (await sink.stdout.readline()).strip() != b"subscribed":
-            raise RuntimeError("the bare capture did not subscribe")
+        async with asyncio.timeout(60):
+            await sink.subscribed.wait()
         raw = raw_in_process if in_process else raw_processes
         return await raw(url, cfg, rounds)
     finally:
-        sink.terminate()
-        await sink.wait()
+        await sink.stop()
 
 
 async def raw_processes(url: str, cfg: RunConfig, rounds: int, ca: str | None = None) -> float:
