@@ -29,7 +29,7 @@ from nlagg_node.departure import announced
 from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.wire import AdvStateMsg, ConfigMsg, StatusMsg, WireMessage, XMsg, Z0Msg, topics
+from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
 
@@ -235,7 +235,7 @@ class Eavesdropper:
                 last_check = now
                 self._check_finished()
 
-    def handle(self, topic: str, payload: bytes, retained: bool = False) -> WireMessage | None:
+    def handle(self, topic: str, payload: bytes, retained: bool = False) -> Decoded | None:
         """Store one message, then update the views and the live replay; the message if valid.
 
         The transcript stores whatever arrives (as invalid, with the reason, when the nodes would
@@ -255,17 +255,16 @@ class Eavesdropper:
             log.exception("message on %s stored, but updating the live view failed", topic)
         return parsed[1]
 
-    def _update(self, msg: WireMessage) -> None:
+    def _update(self, msg: Decoded) -> None:
         if isinstance(msg, ConfigMsg):
             self._on_config(msg)
         elif isinstance(msg, Z0Msg):
             if self.replay is not None:
                 self.replay.set_z0(msg.group, msg.from_, msg.to, msg.z)
-        elif isinstance(msg, XMsg):
+        elif isinstance(msg, X_TYPES):
             v = self.view(msg.node)
             v.iterations = max(v.iterations, msg.t + 1)
-            if self.replay is not None:
-                self.replay.add_x(msg.node, msg.t, msg.x)
+            if self.replay is not None and self.replay.add_x(msg.node, msg.t, msg.x):
                 self._advance()
         elif isinstance(msg, AdvStateMsg):
             v = self.view(msg.node)
@@ -325,9 +324,9 @@ class Eavesdropper:
             if self.on_exposure is not None:
                 self.on_exposure(exp)
         if self.replay.t_next > t_before:
-            t = self.replay.t_next - 1
-            for i in range(self.replay.n):
-                self.view(i).branch = BRANCH_NAMES[int(self.replay.branch[i, t])]
+            codes: list[int] = self.replay.branch[:, self.replay.t_next - 1].tolist()
+            for i, code in enumerate(codes):
+                self.view(i).branch = BRANCH_NAMES[code]
 
     def _in_user_units(self, exp: Exposure) -> Exposure:
         """The replay works on the wire's (protocol) scale; exposures are reported in the user's units."""

@@ -104,7 +104,8 @@ class LiveReplay:
         self._starts = np.cumsum([0] + [p.t_len for p in self.phases])
         self.z0: dict[str, FloatArray] = {}
         self.x = np.full((n, self.t_total), np.nan)
-        self._seen = np.zeros(self.t_total, dtype=np.int64)
+        # Plain lists: read and written per captured x, where numpy's scalar access costs most.
+        self._seen = [0] * self.t_total  # x's known per iteration
         self.branch = np.full((n, self.t_total), UNKNOWN, dtype=np.int8)
         self.first = np.full(n, -1, dtype=np.int64)
         self.value = np.full(n, np.nan)
@@ -114,7 +115,7 @@ class LiveReplay:
         self.full = self.layout  # the run's layout; ``layout`` loses the pairs of departed nodes
         self.pairs_kept = np.ones(self.layout.n_pairs, dtype=bool)
         self.departed: dict[int, int] = {}
-        self._gone_at = np.zeros(self.t_total + 1, dtype=np.int64)  # departed nodes silent at t
+        self._gone_at = [0] * (self.t_total + 1)  # departed nodes silent at t
         self.sealed = frozenset(sealed)
         self._first_t: dict[str, int] = {}  # group -> its first iteration
         for p, start in zip(self.phases, self._starts, strict=False):
@@ -125,7 +126,8 @@ class LiveReplay:
         if not 0 <= j < self.n or j in self.departed or not 0 <= t < self.t_total or t < self.t_next:
             return
         self.departed[j] = t
-        self._gone_at[t:] += 1
+        for u in range(t, self.t_total + 1):
+            self._gone_at[u] += 1
 
     def set_z0(self, group: str, i: int, j: int, z: float) -> None:
         arr = self.z0.setdefault(group, np.full(len(self.full.src), np.nan))
@@ -148,10 +150,14 @@ class LiveReplay:
                 if e is not None and np.isnan(arr[e]):
                     arr[e] = z
 
-    def add_x(self, i: int, t: int, x: float) -> None:
+    def add_x(self, i: int, t: int, x: float) -> bool:
+        """Keep ``x_i^(t)`` (the first one wins); whether iteration t now has every x it waits for,
+        so that :meth:`advance` may move on (an x that completes nothing cannot)."""
         if 0 <= i < self.n and 0 <= t < self.t_total and math.isnan(self.x[i, t]):
             self.x[i, t] = x
             self._seen[t] += 1
+            return self._seen[t] >= self.n - self._gone_at[t]
+        return False
 
     def add_xs(self, nodes: IntArray, ts: IntArray, xs: FloatArray) -> None:
         """:meth:`add_x` for many messages at once (a reader catching up on a large transcript).
@@ -169,7 +175,8 @@ class LiveReplay:
         fresh = np.isnan(self.x[i, t])
         i, t, x = i[fresh], t[fresh], x[fresh]
         self.x[i, t] = x
-        np.add.at(self._seen, t, 1)
+        for u, k in zip(*np.unique(t, return_counts=True), strict=True):
+            self._seen[int(u)] += int(k)
 
     def ready(self, t: int) -> bool:
         if self._seen[t] < self.n - self._gone_at[t]:
@@ -214,26 +221,28 @@ class LiveReplay:
         known = ~np.isnan(x) & ~np.isnan(v)
         codes = np.full(self.n, UNKNOWN, dtype=np.int8)
         if phase.objective.kind == "quadratic":
-            codes[known] = SOLVED
+            exposed = known
+            codes[exposed] = SOLVED
             estimate = x * (1.0 + cd) + v
         else:
             with np.errstate(divide="ignore", invalid="ignore"):  # a departed node: no edge left
                 lo, hi = linear_branch(phase.objective, v, cd)
-            codes[known & (x == lo)] = LOW
-            codes[known & (x == hi) & (x != lo)] = HIGH
-            codes[known & (x != lo) & (x != hi)] = VALUE
+            at_lo = known & (x == lo)
+            at_hi = known & (x == hi)
+            exposed = known & ~at_lo & ~at_hi
+            codes[at_hi] = HIGH
+            codes[at_lo] = LOW  # lo wins where both hold
+            codes[exposed] = VALUE
             estimate = x
         self.branch[:, t] = codes
         found: list[Exposure] = []
-        for i in np.flatnonzero(((codes == VALUE) | (codes == SOLVED)) & (self.first < 0)):
+        for i in np.flatnonzero(exposed & (self.first < 0)):
             self.first[i] = t
             self.value[i] = estimate[i]
             found.append(Exposure(int(i), t, float(estimate[i]), BRANCH_NAMES[int(codes[i])]))
+        # The pairs' two directions in one call: u = [forward; reverse], each updated from the other.
         h = lay.n_pairs
-        xd = x[lay.dst]
-        new = np.empty_like(u)
-        new[:h] = z_update(u[:h], u[h:], xd[:h], c, self.theta)
-        new[h:] = z_update(u[h:], u[:h], xd[h:], c, self.theta)
+        new = z_update(u, np.concatenate((u[h:], u[:h])), x[lay.dst], c, self.theta)
         self._u = new
         if t in self.departed.values():  # drop the edges of those that departed at t (their x^(t) never came)
             gone = {j for j, at in self.departed.items() if at <= t}

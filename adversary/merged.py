@@ -22,7 +22,7 @@ from typing import Protocol, Self, runtime_checkable
 
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import WireError, WireMessage, XMsg, decode
+from nlagg_node.runtime.wire import X_TYPES, Decoded, WireError, decode
 
 from .capture import AckingSubscriber
 from .transcript import Transcript
@@ -192,14 +192,14 @@ class CausalOrder:
             _, msg = decode(raw.topic, raw.payload, self.transcript.prefix, self.transcript.run_id)
         except WireError:
             return False
-        if not isinstance(msg, XMsg) or not rules.waits(msg):
+        if not isinstance(msg, X_TYPES) or not rules.waits(msg):
             return False
         self._parked.setdefault(msg.t - 1, []).append((raw, time.monotonic()))
         return True
 
-    def released(self, stored: WireMessage | None) -> list[Message]:
+    def released(self, stored: Decoded | None) -> list[Message]:
         """What waited for ``stored`` (the message just handled) to be offered again."""
-        if not isinstance(stored, XMsg):
+        if not isinstance(stored, X_TYPES):
             return []
         return [raw for raw, _ in self._parked.pop(stored.t, [])]
 

@@ -29,17 +29,17 @@ public configuration; every size they allocate comes from it once validated.
 
 from __future__ import annotations
 
-import bisect
-
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
 from nlagg_node.runtime.wire import (
+    X_TYPES,
     AdvStateMsg,
     ConfigMsg,
+    Decoded,
     KeyMsg,
     SealedZ0Msg,
     StatusMsg,
-    WireMessage,
     XMsg,
+    XWire,
     Z0Msg,
 )
 from nlagg_node.schedule import plan_phases, sealed_groups_of
@@ -63,7 +63,7 @@ class RunRules:
         self.n = cfg.n
         self.t_total = sum(p.t_len for p in phases)
         self._starts = [sum(p.t_len for p in phases[:k]) for k in range(len(phases))]
-        self._names = [p.name for p in phases]
+        self._phase_at = [p.name for p in phases for _ in range(p.t_len)]  # as the nodes hold it
         self.early_stop = cfg.early_stop
         # With early stopping a phase may end before its t_len: its successor's first x follows a gap.
         self._jumps = set(self._starts[1:]) if cfg.early_stop else set()
@@ -86,11 +86,12 @@ class RunRules:
         return 0 <= node < self.n and 0 <= t < self.t_total
 
     def phase_at(self, t: int) -> str:
-        return self._names[bisect.bisect_right(self._starts, t) - 1]
+        """The name of the phase iteration ``t`` (``0 <= t < t_total``) belongs to."""
+        return self._phase_at[t]
 
-    def reject(self, msg: WireMessage) -> str | None:
+    def reject(self, msg: Decoded) -> str | None:
         """Why a node would not use ``msg`` (None: it would, when first for its slot)."""
-        if isinstance(msg, XMsg):
+        if isinstance(msg, X_TYPES):
             return self._x(msg)
         if isinstance(msg, Z0Msg | SealedZ0Msg):
             if (msg.from_, msg.to) not in self.directed:
@@ -125,13 +126,13 @@ class RunRules:
                 return f"a second run configuration ({mismatch}); the first one is kept"
         return None
 
-    def _x(self, msg: XMsg) -> str | None:
+    def _x(self, msg: XMsg | XWire) -> str | None:
         i, t = msg.node, msg.t
         if i >= self.n:
             return f"x of node {i}: the run has nodes 0..{self.n - 1}"
         if t >= self.t_total:
             return f"t={t}: the run has iterations 0..{self.t_total - 1}"
-        expected = self.phase_at(t)
+        expected = self._phase_at[t]
         if msg.phase != expected:
             return f"t={t}: phase {msg.phase!r}, expected {expected!r}"
         if (msg.quiet is None) == self.early_stop or (msg.stop is not None and not self.early_stop):
@@ -151,12 +152,12 @@ class RunRules:
         latest, gone, before = self.latest, self.gone_from, t - 1
         return [j for j in self.neighbours[node] if latest[j] < before and gone[j] > before]
 
-    def waits(self, msg: WireMessage) -> bool:
+    def waits(self, msg: Decoded) -> bool:
         """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour not yet seen
         at t-1). Captured from one broker that x is out of its window for good; captured from
         several bridged brokers, the x's before it may still be on their way over another one."""
         if (
-            not isinstance(msg, XMsg)
+            not isinstance(msg, X_TYPES)
             or not self.inside(msg.node, msg.t)
             or msg.t == 0
             or msg.t in self._jumps
@@ -165,9 +166,9 @@ class RunRules:
             return False
         return bool(self._behind(msg.node, msg.t))
 
-    def accepted(self, msg: WireMessage) -> None:
+    def accepted(self, msg: Decoded) -> None:
         """Record a message stored as valid (the window moves on)."""
-        if isinstance(msg, XMsg):
+        if isinstance(msg, X_TYPES):
             self.saw_x(msg.node, msg.t)
         elif isinstance(msg, StatusMsg) and msg.departed:
             for j, t in msg.departed.items():

@@ -26,6 +26,9 @@ dozens of scattered pages, which at thousands of messages per second is most of 
 For the same reason the index is on ``(kind, t)``: the rows of one commit share the last pages
 of the index instead of one page per node.
 
+An x is read as the nodes read it (:class:`~nlagg_node.runtime.wire.HotDecoder`: msgspec, the same
+checks as the pydantic model, which reads every other kind).
+
 The schema and the read side (the queries the analysis uses) are in :mod:`adversary.transcript_db`.
 """
 
@@ -39,9 +42,10 @@ from pathlib import Path
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.wire import (
     ConfigMsg,
+    Decoded,
+    HotDecoder,
     TopicInfo,
     WireError,
-    WireMessage,
     check_prefix,
     check_run_id,
     decode,
@@ -61,7 +65,7 @@ from .transcript_db import (
 
 __all__ = ["MAX_INVALID_PAYLOAD", "Captured", "Transcript", "captured_count"]
 
-Captured = tuple[TopicInfo, WireMessage] | None
+Captured = tuple[TopicInfo, Decoded] | None
 
 
 class Transcript(TranscriptReader):
@@ -116,6 +120,7 @@ class Transcript(TranscriptReader):
                 meta[key] = given
         self.run_id = check_run_id(meta["run_id"])
         self.prefix = check_prefix(meta["prefix"])
+        self._decode_hot = HotDecoder(self.prefix, self.run_id).decode  # x's in msgspec
         self._rows: list[tuple[object, ...]] = []
         # Writer state, loaded lazily: digests stored, and (kind, topic, t or group) -> digest of
         # the valid x/z0/adv message that holds that slot.
@@ -154,6 +159,7 @@ class Transcript(TranscriptReader):
         except BaseException:
             self.db.close()
             raise
+        self._decode_hot = HotDecoder(self.prefix, self.run_id).decode
         self._rows = []
         self._seen = None
         self._slots = {}
@@ -177,7 +183,7 @@ class Transcript(TranscriptReader):
         when = time.time() if received is None else received
         key = hashlib.blake2b(topic.encode() + b"\0" + payload, digest_size=16).hexdigest()
         try:
-            info, msg = decode(topic, payload, self.prefix, self.run_id)
+            info, msg = self._decode_hot(topic, payload)
         except WireError as exc:
             if key not in self._seen:
                 self._seen[key] = False
@@ -186,20 +192,29 @@ class Transcript(TranscriptReader):
             return None
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
-        why = self._judge(key, topic, info, msg)
+        fields = row_fields(info, msg)
+        why = self._judge(key, topic, info, msg, fields)
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
             self._seen[key] = why is None
         if why is not None:
             self._rows.append((topic, payload, when, int(retained), 0, why, *NO_FIELDS, key))
             return None
-        fields = (info.kind, info.node, info.peer, *row_fields(info, msg))
-        self._rows.append((topic, payload, when, int(retained), 1, None, *fields, key))
+        kind, node, peer = info.kind, info.node, info.peer
+        self._rows.append((topic, payload, when, int(retained), 1, None, kind, node, peer, *fields, key))
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._set_rules(msg, self._candidate)
         return (info, msg)
 
-    def _judge(self, key: str, topic: str, info: TopicInfo, msg: WireMessage) -> str | None:
-        """Why ``msg`` must not count (None: it is valid and now holds its slot)."""
+    def _judge(
+        self,
+        key: str,
+        topic: str,
+        info: TopicInfo,
+        msg: Decoded,
+        fields: tuple[int | None, str | None, float | None],
+    ) -> str | None:
+        """Why ``msg`` must not count (None: it is valid and now holds its slot); ``fields`` are its
+        :func:`~adversary.transcript_db.row_fields`."""
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._candidate, why = rules_for(msg)
             if self._candidate is None:
@@ -208,8 +223,7 @@ class Transcript(TranscriptReader):
             why = self.rules.reject(msg)
             if why is not None:
                 return why
-        t, phase, _ = row_fields(info, msg)
-        clash = self._claim(key, topic, info, t, phase)
+        clash = self._claim(key, topic, info, fields[0], fields[1])
         if clash is None and self.rules is not None:
             self.rules.accepted(msg)
         return clash
@@ -253,13 +267,12 @@ class Transcript(TranscriptReader):
                 continue
             if key in self._seen:
                 continue
-            why = self._judge(key, str(topic), info, msg)
+            tpv = row_fields(info, msg)
+            why = self._judge(key, str(topic), info, msg, tpv)
             if why is None or OUTSIDE_WINDOW not in why:
                 self._seen[key] = why is None
             if (why is None) != bool(valid) or (why is not None and why != error):
-                fields = (
-                    (info.kind, info.node, info.peer, *row_fields(info, msg)) if why is None else NO_FIELDS
-                )
+                fields = (info.kind, info.node, info.peer, *tpv) if why is None else NO_FIELDS
                 changed.append((int(why is None), why, *fields, row_id))
         if changed:
             self.db.execute("BEGIN")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from adversary.eavesdropper import Eavesdropper
-from adversary.live import replay_exposures
+from adversary.live import LiveReplay, replay_exposures
 from adversary.simulated import trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
@@ -61,6 +61,23 @@ def test_replay_marks_missing_data_unknown() -> None:
     ex = replay_exposures(cfg.n, run_edges(cfg), phases, [cfg.c_value], cfg.theta, sim.z0, x)
     assert ex.branch[3, 10] == -1
     assert (ex.branch[:, :10] >= 0).all()
+
+
+def test_live_replay_says_which_x_completes_its_iteration() -> None:
+    # The eavesdropper advances the replay only on the x that completes an iteration: the last of
+    # n, or of the survivors once a node has departed. Repeats and x's outside the run complete nothing.
+    cfg = RunConfig(op="max", n=3, t_max=4, graph="ring")
+    phases = plan_phases(cfg)
+    replay = LiveReplay(3, run_edges(cfg), phases, [phase_c(cfg, p) for p in phases], cfg.theta)
+    assert [replay.add_x(i, 0, 0.5) for i in (2, 0)] == [False, False]
+    assert replay.add_x(0, 0, 0.7) is False  # a second x_0^(0): the first one is kept
+    assert replay.add_x(1, 0, 0.5) is True
+    assert replay.x[0, 0] == 0.5
+    assert replay.add_x(3, 1, 0.5) is False  # no node 3
+    assert replay.add_x(0, 4, 0.5) is False  # no iteration 4
+    replay.depart(2, 2)
+    assert [replay.add_x(i, 1, 0.5) for i in (0, 1, 2)] == [False, False, True]
+    assert [replay.add_x(i, 2, 0.5) for i in (1, 0)] == [False, True]  # node 2 is gone from t = 2
 
 
 def test_transcript_keeps_a_duplicate_once_and_rejects_junk(tmp_path: Path) -> None:

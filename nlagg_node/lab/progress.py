@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..runtime.transport import Message, Transport
-from ..runtime.wire import HotDecoder, StatusMsg, WireError, XMsg, XWire, topics
+from ..runtime.wire import X_TYPES, HotDecoder, StatusMsg, WireError, topics
 
 __all__ = ["ProgressFn", "RunProgress", "Snapshot", "progress_line"]
 
@@ -85,7 +85,7 @@ class RunProgress:
         if isinstance(msg, StatusMsg):
             if msg.state == "done":
                 self.done.add(msg.node)
-        elif isinstance(msg, XWire | XMsg):
+        elif isinstance(msg, X_TYPES):
             self.t, self.phase = msg.t, msg.phase
             if self.first is None:
                 self.first = (now, self.t)

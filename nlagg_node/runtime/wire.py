@@ -40,8 +40,10 @@ from ..limits import MAX_ITERATIONS, MAX_NODES
 __all__ = [
     "MAX_PAYLOAD_BYTES",
     "PROTOCOL_VERSION",
+    "X_TYPES",
     "AdvStateMsg",
     "ConfigMsg",
+    "Decoded",
     "HotDecoder",
     "KeyMsg",
     "SealedZ0Msg",
@@ -202,6 +204,8 @@ class AdvStateMsg(_Msg):
 
 
 WireMessage = ConfigMsg | Z0Msg | SealedZ0Msg | XMsg | StatusMsg | AdvStateMsg | KeyMsg
+Decoded = WireMessage | XWire  # what :class:`HotDecoder` returns: an x may come as either
+X_TYPES = (XWire, XMsg)  # a tuple: isinstance with it is faster than with the union, per message
 _MODELS: dict[str, type[_Msg]] = {
     "config": ConfigMsg,
     "z0": Z0Msg,
@@ -365,7 +369,7 @@ class HotDecoder:
         self.prefix, self.run_id = prefix, run_id
         self._x_topics: dict[str, TopicInfo] = {}
 
-    def decode(self, topic: str, payload: bytes) -> tuple[TopicInfo, WireMessage | XWire]:
+    def decode(self, topic: str, payload: bytes) -> tuple[TopicInfo, Decoded]:
         """Parse and validate one message (see the class)."""
         info = self._x_topics.get(topic)
         if info is not None and len(payload) <= MAX_PAYLOAD_BYTES:
