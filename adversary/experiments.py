@@ -26,6 +26,7 @@ import numpy as np
 from nlagg_node.arrays import FloatArray
 from nlagg_node.config import RunConfig, validate_config
 from nlagg_node.errors import ConfigError
+from nlagg_node.inputs import make_output_dir
 from nlagg_node.schedule import plan_phases
 
 from .panels import Experiment, ExperimentDoc, Panel, PanelDoc, PanelResult
@@ -327,7 +328,7 @@ def run_experiment(
     cfgs = [panel_config(p.params, trials, seed) for p in exp.panels]
     cache.prefetch(cfgs)
     results = [cache.get(cfg) for cfg in cfgs]
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, "out")
     files = draw_experiment(exp, results, out)
     panels: list[PanelDoc] = []
     for p, r in zip(exp.panels, results, strict=True):

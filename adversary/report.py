@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.inputs import make_output_dir
 
 from .panels import ExperimentDoc, PanelDoc
 
@@ -236,7 +237,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         why = "holds no private_values (expected nlagg testbed --out)"
         raise ConfigError("summary", str(summary_path), why)
     out = run_dir if out is None else Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, "out")
     report = attack_transcript(transcript, truth=summary_path)
     data = load_transcript_arrays(transcript)
     cfg = data["cfg"]

@@ -1,4 +1,5 @@
-"""Reading an input file the user named: one-line errors that name the field, the file and why."""
+"""Files the user named: reading an input, creating an output folder; one-line errors that name the
+field, the path and why."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["read_input_text"]
+__all__ = ["make_output_dir", "read_input_text"]
 
 
 def read_input_text(path: Path, field: str) -> str:
@@ -30,3 +31,14 @@ def read_input_text(path: Path, field: str) -> str:
         raise ConfigError(
             field, str(path), f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
         ) from None
+
+
+def make_output_dir(path: Path, field: str) -> None:
+    """Create the output folder ``path`` (and its parents) if missing, or a :class:`ConfigError`
+    naming the field, the folder and why not (a read-only place, a file in the way)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(field, str(path), "exists and is not a directory") from None
+    except OSError as exc:
+        raise ConfigError(field, str(path), f"cannot create this directory ({exc.strerror or exc})") from None

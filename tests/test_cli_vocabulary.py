@@ -151,6 +151,27 @@ def test_out_never_replaces_an_earlier_run_without_force(
     assert (out / existing).read_text() == "{}"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["sim", "--trials", "2", "--t-max", "10"], id="sim"),
+        pytest.param(["testbed", "--n", "4", "--t-max", "10"], id="testbed"),
+        pytest.param(["experiment", "min", "--trials", "10"], id="experiment"),
+        pytest.param(["deploy", "plan", "--run-id", "r1", "--n", "4"], id="deploy-plan"),
+    ],
+)
+def test_out_that_cannot_be_a_folder_is_named(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine\n")
+    out = blocker / "out"  # its parent is a file: no folder can be made there
+    code, _, err = run_cli([*command, "--out", str(out)], capsys, monkeypatch)
+    assert code == 2
+    assert err.strip() == f"nlagg: error: out={str(out)!r}: cannot create this directory (Not a directory)"
+    assert blocker.read_text() == "mine\n"
+
+
 def test_tune_never_replaces_its_run_toml_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ import typer
 # The help texts come from nlagg_node.defaults (plain Python): --help loads neither pydantic nor numpy.
 from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
 from ..errors import ConfigError, NlaggError, StoppedBySignal
+from ..inputs import make_output_dir
 
 # rich_markup_mode=None: plain help, so text such as "[run]" is printed, not eaten as markup.
 app = typer.Typer(
@@ -132,7 +133,7 @@ def claim_out(out: Path, names: Iterable[str], *, force: bool, field: str = "out
             raise ConfigError(field, str(out), why)
         for p in existing:
             p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, field)
 
 
 def claim_file(path: Path, *, force: bool, field: str) -> None:

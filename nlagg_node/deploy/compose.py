@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..inputs import make_output_dir
 from .commands import TRANSCRIPT_NAME, eavesdrop_argv, launcher_argv
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import NodeFile
@@ -245,7 +246,7 @@ def write_compose_project(plan: LoadedPlan, out: Path, *, force: bool = False) -
 
     An existing, different compose file is replaced only with ``force``.
     """
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, "out")
     compose_file = out / "docker-compose.yml"
     text = compose_yaml(plan, compose_dir=out)
     if compose_file.exists() and not force and compose_file.read_text(encoding="utf-8") != text:

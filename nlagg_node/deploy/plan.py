@@ -34,7 +34,7 @@ import tomli_w
 from ..config import RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
-from ..inputs import read_input_text
+from ..inputs import make_output_dir, read_input_text
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from .commands import TRANSCRIPT_NAME, commands_text, site_conf_path
@@ -311,7 +311,7 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     """
     if (out / "run.toml").exists() and not force:
         raise ConfigError("out", str(out), "already holds a plan (run.toml); pass --force to replace it")
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, "out")
     import json
 
     spec = plan.spec

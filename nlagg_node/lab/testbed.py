@@ -30,6 +30,7 @@ from ..arrays import FloatArray
 from ..config import RunConfig
 from ..departure import check_departures, components
 from ..errors import ConfigError, NlaggError, TestbedError
+from ..inputs import make_output_dir
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
 from ..runtime.mqtt import MqttTransport
@@ -328,7 +329,7 @@ async def run_testbed(
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nlagg-testbed-")))
         else:
             workdir = out_dir
-            workdir.mkdir(parents=True, exist_ok=True)
+            make_output_dir(workdir, "out")
         db_path = workdir / "transcript.sqlite"
         if db_path.exists():
             raise NlaggError(f"{db_path} exists; choose another --out directory")

@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict
 import numpy as np
 
 from ..arrays import BoolArray, IntArray
+from ..inputs import make_output_dir
 from .engine import SimResult
 
 _PACKAGES = ("nlagg", "numpy", "scipy", "networkx", "pydantic")
@@ -142,7 +143,7 @@ def manifest(result: SimResult) -> Manifest:
 
 def write_run(result: SimResult, out: Path, summary: SimSummary | None = None) -> None:
     """Write ``summary.json``, ``arrays.npz`` and ``manifest.json`` into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out, "out")
     (out / "summary.json").write_text(json.dumps(summary or summarize(result), indent=2))
     (out / "manifest.json").write_text(json.dumps(manifest(result), indent=2))
     offsets = np.cumsum([0] + [len(g) for g in result.graphs])
