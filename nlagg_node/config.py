@@ -7,6 +7,7 @@ field and the value received.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import tomllib
@@ -297,6 +298,15 @@ def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
         raise ConfigError(exc.field, exc.value, f"{exc.reason} (in {path})") from None
 
 
+def _literal(shown: str) -> Any:
+    """The value a cross-field message shows as ``repr`` (``'uniform-range'``, ``[5.0, 1.0]``), so the
+    error does not quote it twice; the text itself when it is not a Python literal."""
+    try:
+        return ast.literal_eval(shown)
+    except (ValueError, SyntaxError):
+        return shown
+
+
 def validate_config(data: dict[str, Any]) -> RunConfig:
     """Validate a mapping, turning pydantic's report into a one-line :class:`ConfigError`."""
     try:
@@ -309,6 +319,7 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         if not err["loc"]:
             # Cross-field checks phrase their message as "field=value: reason".
             head, _, reason = msg.partition(": ")
-            loc, _, value = head.partition("=")
+            loc, _, shown = head.partition("=")
+            value = _literal(shown)
             msg = reason
         raise ConfigError(loc, value, msg) from None

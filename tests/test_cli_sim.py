@@ -114,6 +114,10 @@ BAD = [
     pytest.param(["--record", "sometimes"], "record=", id="bad-record-spec"),
     pytest.param(["--tolerance", "inf"], "tolerance=inf", id="tolerance-infinite"),
     pytest.param(["--tolerance", "0"], "tolerance=0.0", id="tolerance-zero"),
+    # Cross-field checks: the value is shown once, not quoted twice ("values=\"'uniform-range'\"").
+    pytest.param(["--values", "uniform-range"], "values='uniform-range': needs", id="range-missing"),
+    pytest.param(["--value-range", "5", "1"], "value_range=[5.0, 1.0]: needs", id="range-reversed"),
+    pytest.param(["--op", "topk", "--k", "15", "--n", "15"], "k=15: must be smaller", id="k-shown-as-number"),
 ]
 
 

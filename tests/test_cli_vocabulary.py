@@ -172,6 +172,17 @@ def test_out_that_cannot_be_a_folder_is_named(
     assert blocker.read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"], ids=["zero", "negative", "nan"])
+def test_testbed_refuses_a_neighbour_timeout_that_is_not_positive(
+    timeout: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refused before anything starts: it used to reach node 0, which failed on its departure timeout.
+    code, out, err = run_cli(["testbed", "--n", "4", "--neighbour-timeout", timeout], capsys, monkeypatch)
+    assert code == 2
+    assert err.strip() == f"nlagg: error: neighbour_timeout={float(timeout)!r}: must be a positive number of seconds"
+    assert out == ""
+
+
 def test_tune_never_replaces_its_run_toml_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

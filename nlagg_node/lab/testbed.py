@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -294,6 +295,8 @@ async def run_testbed(
 
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
+    if not (math.isfinite(neighbour_timeout) and neighbour_timeout > 0):
+        raise ConfigError("neighbour_timeout", neighbour_timeout, "must be a positive number of seconds")
     corrupt = set(corrupt or set())
     bad = sorted(i for i in corrupt if not 0 <= i < cfg.n)
     if bad:

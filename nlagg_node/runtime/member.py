@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -77,6 +78,8 @@ class Member:
         self.active: list[int] = list(self.neighbours)  # those not departed (the loop drops them)
         self.corrupt = corrupt
         self.seed = self.cfg.seed if seed == "config" else seed
+        if not (math.isfinite(neighbour_timeout) and neighbour_timeout > 0):
+            raise ConfigError("neighbour_timeout", neighbour_timeout, "must be a positive number of seconds")
         self.neighbour_timeout = neighbour_timeout
         self.startup_timeout = startup_timeout
         # Departures (nlagg_node.departure): a neighbour whose last will stays longer than this has left.
