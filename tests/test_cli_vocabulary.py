@@ -179,7 +179,8 @@ def test_testbed_refuses_a_neighbour_timeout_that_is_not_positive(
     # Refused before anything starts: it used to reach node 0, which failed on its departure timeout.
     code, out, err = run_cli(["testbed", "--n", "4", "--neighbour-timeout", timeout], capsys, monkeypatch)
     assert code == 2
-    assert err.strip() == f"nlagg: error: neighbour_timeout={float(timeout)!r}: must be a positive number of seconds"
+    expected = f"neighbour_timeout={float(timeout)!r}: must be a positive number of seconds"
+    assert err.strip() == f"nlagg: error: {expected}"
     assert out == ""
 
 
