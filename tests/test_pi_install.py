@@ -85,6 +85,8 @@ def test_bundle_holds_only_that_nodes_files(plan: Path, tmp_path: Path) -> None:
     assert modes == {"run.toml": 0o644, "graph.json": 0o644, "nodes/2.toml": 0o600, "secrets/node2.pw": 0o600}
     with pytest.raises(ConfigError, match="node=9"):
         write_bundle(plan, 9, out)
+    with pytest.raises(ConfigError, match=r"out='.*': cannot write it \(Is a directory\)"):
+        write_bundle(plan, 2, tmp_path)
 
 
 @pytest.mark.slow

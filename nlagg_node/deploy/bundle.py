@@ -38,7 +38,10 @@ def write_bundle(plan_root: Path, node_id: int, out: Path) -> list[str]:
     """Write ``out`` (.tar.gz) with node ``node_id``'s files; return the member names."""
     members = bundle_members(plan_root, node_id)
     # Created 0600 before a byte is written (and tightened if the file already existed).
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        raise ConfigError("out", str(out), f"cannot write it ({exc.strerror or exc})") from None
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for rel in members:
