@@ -261,6 +261,7 @@ class Eavesdropper:
         elif isinstance(msg, Z0Msg):
             if self.replay is not None:
                 self.replay.set_z0(msg.group, msg.from_, msg.to, msg.z)
+                self._advance()  # the iteration it completes may already hold every x
         elif isinstance(msg, X_TYPES):
             v = self.view(msg.node)
             v.iterations = max(v.iterations, msg.t + 1)

@@ -21,6 +21,7 @@ All equations come from :mod:`nlagg_node.pdmm`; the replay adds only bookkeeping
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ class LiveReplay:
         self.full = self.layout  # the run's layout; ``layout`` loses the pairs of departed nodes
         self.pairs_kept = np.ones(self.layout.n_pairs, dtype=bool)
         self.departed: dict[int, int] = {}
-        self._gone_at = [0] * (self.t_total + 1)  # departed nodes silent at t
+        self._departures: list[int] = []  # their iterations T, sorted: from T on, that node is silent
         self.sealed = frozenset(sealed)
         self._first_t: dict[str, int] = {}  # group -> its first iteration
         for p, start in zip(self.phases, self._starts, strict=False):
@@ -126,8 +127,7 @@ class LiveReplay:
         if not 0 <= j < self.n or j in self.departed or not 0 <= t < self.t_total or t < self.t_next:
             return
         self.departed[j] = t
-        for u in range(t, self.t_total + 1):
-            self._gone_at[u] += 1
+        bisect.insort(self._departures, t)
 
     def set_z0(self, group: str, i: int, j: int, z: float) -> None:
         arr = self.z0.setdefault(group, np.full(len(self.full.src), np.nan))
@@ -156,8 +156,12 @@ class LiveReplay:
         if 0 <= i < self.n and 0 <= t < self.t_total and math.isnan(self.x[i, t]):
             self.x[i, t] = x
             self._seen[t] += 1
-            return self._seen[t] >= self.n - self._gone_at[t]
+            return self._seen[t] >= self._expected(t)
         return False
+
+    def _expected(self, t: int) -> int:
+        """How many x's iteration t has: one per node not departed at or before t."""
+        return self.n - bisect.bisect_right(self._departures, t) if self._departures else self.n
 
     def add_xs(self, nodes: IntArray, ts: IntArray, xs: FloatArray) -> None:
         """:meth:`add_x` for many messages at once (a reader catching up on a large transcript).
@@ -179,7 +183,7 @@ class LiveReplay:
             self._seen[int(u)] += int(k)
 
     def ready(self, t: int) -> bool:
-        if self._seen[t] < self.n - self._gone_at[t]:
+        if self._seen[t] < self._expected(t):
             return False
         phase = self.phases[self._phase_of[t]]
         if phase.group != self._group and phase.group not in self.sealed:
