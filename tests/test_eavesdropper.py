@@ -11,7 +11,7 @@ import pytest
 
 from adversary.eavesdropper import Eavesdropper
 from adversary.live import LiveReplay, replay_exposures
-from adversary.simulated import trial_x
+from adversary.simulated import simulate_transcript, trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.hosted import host_nodes
@@ -78,6 +78,29 @@ def test_live_replay_says_which_x_completes_its_iteration() -> None:
     replay.depart(2, 2)
     assert [replay.add_x(i, 1, 0.5) for i in (0, 1, 2)] == [False, False, True]
     assert [replay.add_x(i, 2, 0.5) for i in (1, 0)] == [False, True]  # node 2 is gone from t = 2
+
+
+def test_a_late_z0_advances_the_live_replay_at_once(tmp_path: Path) -> None:
+    # Over bridged brokers every x of an iteration may come before a z^(0) of its group: the
+    # replay then waits, and the z^(0) that completes the group moves it on without another x.
+    cfg = RunConfig(op="max", n=5, t_max=20, seed=1, early_stop=False)
+    src = simulate_transcript(cfg, tmp_path / "src.sqlite", run_id="late")
+    sql = "SELECT topic, payload FROM messages ORDER BY id"  # in capture order
+    with Transcript.open_read_only(src) as tr:
+        rows = [(str(t), bytes(p)) for t, p in tr.db.execute(sql)]
+    x0 = [r for r in rows if r[0].endswith("/x") and b'"t":0,' in r[1]]
+    z0 = [r for r in rows if r[0].endswith("/z0")]
+    assert len(x0) == cfg.n
+    assert z0
+    first = [r for r in rows if r[0].endswith("/config")]
+    with Transcript(tmp_path / "t.sqlite", run_id="late") as transcript:
+        eaves = Eavesdropper(MemoryTransport(MemoryBroker(), "eve"), transcript)
+        for topic, payload in first + x0 + z0[:-1]:
+            assert eaves.handle(topic, payload) is not None
+        assert eaves.replay is not None
+        assert eaves.replay.t_next == 0  # every x^(0), but one z^(0) missing
+        eaves.handle(*z0[-1])
+        assert eaves.replay.t_next == 1
 
 
 def test_transcript_keeps_a_duplicate_once_and_rejects_junk(tmp_path: Path) -> None:
