@@ -198,8 +198,9 @@ async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int) ->
 
 
 async def tls_overhead(cfg: RunConfig, layouts: list[str], repeat: int) -> None:
-    rounds = cfg.t_max_value
     from tests.tlsbroker import tls_lab_broker  # a test fixture, not part of the installed package
+
+    rounds = cfg.t_max_value
 
     async with tls_lab_broker() as broker:
         plain, tls, ca = broker.plain_url, broker.tls_url, str(broker.ca_file)
