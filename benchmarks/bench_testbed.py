@@ -20,7 +20,8 @@ layout runs about seven seconds of rounds on this machine, so that fixed part we
 which the testbed's fixed part was 34 ms (3%; measured 2026-11-26 from the rates at 1000 and 5000
 rounds, 3 repeats each). ``--rounds`` sets both. Target: testbed >= 90% of the baseline (issue 15).
 The machine is shared, so the two are run back to back, alternately, ``--repeat`` times, and the
-medians compared.
+medians compared; the line also gives the median and range of the ratios of each testbed run to the
+raw run just before it (the load drifts less within a pair).
 
 ``--capture-baseline`` also runs the raw rounds with a bare capture beside them: the eavesdropper's
 own MQTT client subscribed to every topic, acking what it receives and nothing more, as its own process
@@ -253,10 +254,13 @@ async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Na
         if args.capture_baseline:
             captured.append(await raw_with_capture(url, cfg, rounds, in_process, args.eavesdropper_nice))
     b, o = statistics.median(base), statistics.median(ours)
+    # Each testbed run against the raw run just before it: the load drifts less within a pair.
+    pairs = [t / r for r, t in zip(base, ours, strict=True)]
     print(
         f"{layout:>11} ({rounds} rounds): raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
         f"ratio {o / b:5.2f}  (target >= 0.90; runs: raw {[round(x) for x in base]}, "
-        f"testbed {[round(x) for x in ours]})"
+        f"testbed {[round(x) for x in ours]}; pairs: median {statistics.median(pairs):4.2f}, "
+        f"{min(pairs):4.2f}-{max(pairs):4.2f})"
     )
     if captured:
         c = statistics.median(captured)
