@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
@@ -34,6 +33,7 @@ from ..errors import ConfigError, NlaggError, TestbedError
 from ..inputs import make_output_dir
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
+from ..runtime.member import check_neighbour_timeout
 from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
@@ -295,8 +295,7 @@ async def run_testbed(
 
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
-    if not (math.isfinite(neighbour_timeout) and neighbour_timeout > 0):
-        raise ConfigError("neighbour_timeout", neighbour_timeout, "must be a positive number of seconds")
+    check_neighbour_timeout(neighbour_timeout)  # before anything starts (each node checks it too)
     corrupt = set(corrupt or set())
     bad = sorted(i for i in corrupt if not 0 <= i < cfg.n)
     if bad:

@@ -34,9 +34,16 @@ from .seal import KeyRing, load_or_create_key, new_key
 from .transport import Transport
 from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireError, Z0Msg, encode, topics
 
-__all__ = ["DepartedError", "Member", "NodeResult"]
+__all__ = ["DepartedError", "Member", "NodeResult", "check_neighbour_timeout"]
 
 log = logging.getLogger("nlagg.node")
+
+
+def check_neighbour_timeout(seconds: float) -> float:
+    """``seconds`` if it can be a barrier's timeout (finite and positive), else a :class:`ConfigError`."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError("neighbour_timeout", seconds, "must be a positive number of seconds")
+    return seconds
 
 
 class Member:
@@ -78,9 +85,7 @@ class Member:
         self.active: list[int] = list(self.neighbours)  # those not departed (the loop drops them)
         self.corrupt = corrupt
         self.seed = self.cfg.seed if seed == "config" else seed
-        if not (math.isfinite(neighbour_timeout) and neighbour_timeout > 0):
-            raise ConfigError("neighbour_timeout", neighbour_timeout, "must be a positive number of seconds")
-        self.neighbour_timeout = neighbour_timeout
+        self.neighbour_timeout = check_neighbour_timeout(neighbour_timeout)
         self.startup_timeout = startup_timeout
         # Departures (nlagg_node.departure): a neighbour whose last will stays longer than this has left.
         self.departure_timeout = 0.75 * neighbour_timeout if departure_timeout is None else departure_timeout
