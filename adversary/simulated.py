@@ -237,18 +237,18 @@ def _write_x(tr: Transcript, tp: topics, result: SimResult, trial: int, x: Float
     """Every x_i^(t) the nodes of an early-stopping run publish: up to each phase's stop, with the
     quiet counter and stop iteration (:func:`nlagg_node.termination.fields_along`); the iterations run."""
     from nlagg_node.runtime.wire import encode_x
-    from nlagg_node.termination import NO_STOP, diameter, fields_along
+    from nlagg_node.termination import NO_STOP, diameter, fields_along, stop_reach
 
     cfg = result.config
-    diam = diameter(cfg.n, result.graphs[trial])
+    reach = stop_reach(cfg.n, diameter(cfg.n, result.graphs[trial]), cfg.may_depart)
     start = 0
     for p, phase in enumerate(result.phases):
         ran = int(result.phase_iterations[trial, p])
         seg = x[:, start : start + ran].T
-        rows = fields_along(seg, result.graphs[trial], start, cfg.stop_window_value, diam, cfg.tolerance)
+        rows = fields_along(seg, result.graphs[trial], start, cfg.stop_window_value, reach, cfg.tolerance)
         for lt, row in enumerate(rows):
             t = start + lt
-            for i, (k, e) in enumerate(row):
+            for i, (k, e, _) in ((i, f) for i, f in enumerate(row) if f is not None):
                 payload = encode_x(i, t, phase.name, float(x[i, t]), k, None if e == NO_STOP else e)
                 tr.add(tp.x(i), payload, received=float(t))
         start += phase.t_len

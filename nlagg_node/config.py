@@ -44,7 +44,9 @@ class RunConfig(BaseModel):
     With ``early_stop`` (the default) a phase ends at the first iteration where the network is
     detected quiet (every x within ``tolerance`` of its value ``stop_window`` iterations earlier,
     see :mod:`nlagg_node.termination`); ``t_max`` is then a cap. ``early_stop=False`` runs the
-    paper's fixed schedule (its figures, and runs that must survive departures).
+    paper's fixed schedule (its figures). ``may_depart`` makes early stopping survive nodes that
+    leave for good: the stop waits ``n - 1`` hops in place of the graph's diameter, and a
+    departure voids a stop it could have misled (docs/protocol.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,6 +80,7 @@ class RunConfig(BaseModel):
     tolerance: float = Field(1e-9, gt=0)
     early_stop: bool = True
     stop_window: int | None = Field(None, ge=1, le=MAX_T_MAX)
+    may_depart: bool = False
     init_channel: InitChannel = "auto"
 
     @field_validator(

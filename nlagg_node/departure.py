@@ -17,8 +17,11 @@ between two kernel calls (after iteration ``T``) and the node loop when it takes
 PDMM converges from any dual state, so the remaining nodes reach the aggregate of the nodes
 that remain connected to them: one result per connected component of the surviving graph
 (:func:`components`). A survivor whose neighbours have all departed is a component of its own;
-its x is its value (``c d_i = 0``: both runtimes take ``s_i`` instead of dividing by zero). Early stopping and
-the trimmed mean (whose combination needs the number of nodes) do not handle departures.
+its x is its value (``c d_i = 0``: both runtimes take ``s_i`` instead of dividing by zero).
+
+Early stopping handles departures in a run with ``may_depart`` (:mod:`nlagg_node.termination`:
+each component stops on its own, and a departure voids a stop it could have misled). The trimmed
+mean (whose combination needs the number of nodes) does not handle departures.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = [
     "check_departures",
     "components",
     "drop_pairs",
-    "early_stop_with",
+    "departure_defaults",
     "kept_edges",
     "parse_departures",
     "survivors",
@@ -62,24 +65,41 @@ def parse_departures(spec: str | None, field: str = "depart") -> dict[int, int]:
     return out
 
 
-def early_stop_with(early_stop: bool | None, depart: str | None) -> bool | None:
-    """The ``early_stop`` of a run given ``--depart``: planned departures choose the fixed schedule.
+def departure_defaults(
+    early_stop: bool | None, may_depart: bool | None, depart: str | None, op: str | None
+) -> tuple[bool | None, bool | None]:
+    """``early_stop`` and ``may_depart`` of a run given ``--depart`` (``None``: the config's own choice).
 
-    Only the fixed schedule lets neighbours finish without a node that left for good
-    (docs/protocol.md); an explicit ``--early-stop``/``--no-early-stop`` is kept (the
-    former is refused later by :func:`check_departures`). ``None``: the config's own choice.
+    Planned departures turn on ``may_depart`` (an early stop that survives them); a top-K run
+    takes the fixed schedule, as its planned departures cannot follow phases that stop early. An
+    explicit choice is kept (and refused later by :func:`check_departures` if it cannot work).
     """
-    return False if early_stop is None and depart else early_stop
+    if not depart:
+        return early_stop, may_depart
+    if early_stop is None and op == "topk":
+        early_stop = False
+    return early_stop, True if may_depart is None else may_depart
 
 
-def check_departures(departures: Mapping[int, int], n: int, t_total: int, op: str, early_stop: bool) -> None:
+def check_departures(
+    departures: Mapping[int, int], n: int, t_total: int, op: str, early_stop: bool, may_depart: bool
+) -> None:
     """Refuse departures a run cannot have: unknown nodes, iterations outside ``1..t_total-1``,
-    everyone leaving, early stopping, the trimmed mean."""
+    everyone leaving, early stopping without ``may_depart``, early-stopping top-K, the trimmed mean."""
     shown = ",".join(f"{j}@{t}" for j, t in departures.items())
     if not departures:
         return
-    if early_stop:
-        raise ConfigError("depart", shown, "departures need the fixed schedule; add --no-early-stop")
+    if early_stop and not may_depart:
+        raise ConfigError(
+            "depart", shown, "early stopping with departures needs --may-depart (or --no-early-stop)"
+        )
+    if early_stop and op == "topk":
+        raise ConfigError(
+            "depart",
+            shown,
+            "planned departures in top-K need the fixed schedule (a phase that stops early would move"
+            " them into the next one); add --no-early-stop",
+        )
     if op == "trimmed-mean":
         raise ConfigError("depart", shown, "the trimmed mean needs every node (its n is fixed)")
     for j, t in departures.items():

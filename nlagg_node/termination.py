@@ -27,12 +27,27 @@ Node i runs iteration t in full (x, publish, barrier, z-update) and stops after 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
 
 from .arrays import FloatArray, IntArray
 
-__all__ = ["NO_STOP", "diameter", "fields_along", "is_quiet", "next_quiet", "next_stop", "stop_threshold"]
+__all__ = [
+    "NO_STOP",
+    "Fields",
+    "diameter",
+    "fields_along",
+    "halts",
+    "is_quiet",
+    "live_stop",
+    "next_quiet",
+    "next_stop",
+    "recent",
+    "stop_reach",
+    "stop_threshold",
+    "voids",
+]
 
 NO_STOP = 1 << 62
 """``e`` before any proposal (larger than every iteration; never on the wire)."""
@@ -63,32 +78,96 @@ def stop_threshold(diam: int, window: int) -> int:
     return diam + window
 
 
-def fields_along(
-    xs: FloatArray, edges: IntArray, t0: int, window: int, diam: int, tolerance: float
-) -> list[list[tuple[int, int]]]:
-    """Every node's ``(k_i^(t), e_i^(t))`` along one phase's trajectory ``xs`` (iterations x nodes).
+def stop_reach(n: int, diam: int, may_depart: bool) -> int:
+    """The hops ``D`` a proposal is given to reach every node: the diameter, or ``n - 1`` when nodes
+    may depart (a departure can lengthen the survivors' distances; ``n - 1`` bounds them all)."""
+    return n - 1 if may_depart else diam
 
-    What the nodes publish with their x's (``e`` is :data:`NO_STOP` until known), recomputed from the
-    x's of a phase that started at iteration ``t0``: the simulator's transcripts carry them. The
-    rows stop at the phase's stop iteration (or at the end of ``xs``).
+
+def live_stop(e: int, t: int) -> int:
+    """``e`` while it lies ahead (``e >= t``), else :data:`NO_STOP`: a voided stop is forgotten."""
+    return e if e >= t else NO_STOP
+
+
+def voids(departure: int, t: int, reach: int) -> bool:
+    """A departure at ``departure`` voids a stop at ``t``: it lies in ``[t - 2 D, t - D]``.
+
+    The proposal behind a stop at ``t`` was made at ``t - D`` from counters that may not have
+    felt a departure after ``t - 2 D - 1``; every node of a component knows a departure ``T`` by
+    ``T + D`` (``D = n - 1``), so all of them judge the window alike.
+    """
+    return t - 2 * reach <= departure <= t - reach
+
+
+def recent(departure: int, t: int, reach: int) -> bool:
+    """Whether a departure still matters at ``t`` (``>= t - 2 D``): older ones void no later stop."""
+    return departure >= t - 2 * reach
+
+
+def halts(e: int, t: int, departures: list[int], reach: int) -> bool:
+    """Whether a node holding stop ``e`` and knowing ``departures`` ends its phase after iteration t."""
+    return e == t and not any(voids(d, t, reach) for d in departures)
+
+
+Fields = tuple[int, int, tuple[int, ...]]
+"""What a node publishes with ``x_i^(t)``: quiet counter, stop iteration, departures it knows of."""
+
+
+def fields_along(
+    xs: FloatArray,
+    edges: IntArray,
+    t0: int,
+    window: int,
+    reach: int,
+    tolerance: float,
+    departed: Mapping[int, int] | None = None,
+) -> list[list[Fields | None]]:
+    """Every node's fields ``(k_i^(t), e_i^(t), departures)`` along one phase's trajectory ``xs``.
+
+    ``xs``: iterations x nodes, the x's of a phase that started at iteration ``t0``; ``reach``:
+    :func:`stop_reach`; ``departed``: ``{node: T}`` (its last x was ``x^(T-1)``). What the nodes
+    publish with their x's (``e`` is :data:`NO_STOP` until known), recomputed from the x's: the
+    simulator's transcripts carry them. An entry is None where the node publishes nothing (it
+    departed, or its component stopped). The rows end once every node has stopped or departed
+    (or at the end of ``xs``).
     """
     n = xs.shape[1]
+    gone = dict(departed or {})
     nbrs: list[list[int]] = [[] for _ in range(n)]
     for a, b in np.asarray(edges).tolist():
         nbrs[a].append(b)
         nbrs[b].append(a)
-    threshold = stop_threshold(diam, window)
-    rows: list[list[tuple[int, int]]] = []
+    threshold = stop_threshold(reach, window)
+    rows: list[list[Fields | None]] = []
     k, e = [0] * n, [NO_STOP] * n
+    known: list[frozenset[int]] = [frozenset()] * n
+    running = [gone.get(i, NO_STOP) > t0 for i in range(n)]
     x = np.asarray(xs, dtype=np.float64).tolist()
     for lt, row in enumerate(x):
-        quiet = [lt >= window and is_quiet(row[i], x[lt - window][i], tolerance) for i in range(n)]
-        k_min = [min([k[i]] + [k[j] for j in nbrs[i]]) for i in range(n)]
-        e_min = [min([e[i]] + [e[j] for j in nbrs[i]]) for i in range(n)]
-        k = [next_quiet(quiet[i], k_min[i]) for i in range(n)]
-        e = [next_stop(e_min[i], k[i], t0 + lt, threshold, diam) for i in range(n)]
-        rows.append(list(zip(k, e, strict=True)))
-        if t0 + lt in e:
+        t = t0 + lt
+        was = list(running)  # who published x^(t-1)
+        for i in range(n):
+            running[i] = running[i] and gone.get(i, NO_STOP) > t
+        out: list[Fields | None] = [None] * n
+        k_new, e_new, known_new = list(k), list(e), list(known)
+        for i in range(n):
+            if not running[i]:
+                continue
+            heard = [j for j in nbrs[i] if was[j]] if lt else []
+            caught = {gone[j] for j in nbrs[i] if gone.get(j) == t - 1 and lt}  # detected at the last barrier
+            quiet = not caught and lt >= window and is_quiet(row[i], x[lt - window][i], tolerance)
+            k_new[i] = next_quiet(quiet, min([k[i]] + [k[j] for j in heard]))
+            e_min = min([live_stop(e[i], t)] + [live_stop(e[j], t) for j in heard])
+            e_new[i] = next_stop(e_min, k_new[i], t, threshold, reach)
+            merged = set(known[i]).union(caught, *(known[j] for j in heard))
+            known_new[i] = frozenset(d for d in merged if recent(d, t, reach))
+            out[i] = (k_new[i], e_new[i], tuple(sorted(known_new[i])))
+        k, e, known = k_new, e_new, known_new
+        rows.append(out)
+        for i in range(n):
+            if running[i] and halts(e[i], t, sorted(known[i]), reach):
+                running[i] = False
+        if not any(running):
             break
     return rows
 

@@ -362,31 +362,34 @@ def test_public_config_names_no_private_values_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "early_stop", "window", "tolerance"),
+    ("flags", "early_stop", "may_depart", "window", "tolerance"),
     [
-        ([], False, 100, 1e-9),
-        (["--early-stop"], True, 100, 1e-9),
-        (["--early-stop", "--stop-window", "250"], True, 250, 1e-9),
-        (["--early-stop", "--tolerance", "1e-6"], True, 100, 1e-6),
+        ([], True, True, 100, 1e-9),
+        (["--no-early-stop"], False, True, 100, 1e-9),
+        (["--no-may-depart"], True, False, 100, 1e-9),
+        (["--stop-window", "250"], True, True, 250, 1e-9),
+        (["--tolerance", "1e-6"], True, True, 100, 1e-6),
     ],
-    ids=["fixed-schedule-by-default", "early-stop", "early-stop-window", "early-stop-tolerance"],
+    ids=["departures-survived-by-default", "fixed-schedule", "no-departures", "window", "tolerance"],
 )
-def test_plan_runs_the_fixed_schedule_unless_told(
+def test_plan_stops_early_and_survives_departures_unless_told(
     flags: list[str],
     early_stop: bool,
+    may_depart: bool,
     window: int,
     tolerance: float,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Unlike sim and testbed: a device in the field may leave for good, which only the fixed
-    # schedule survives; the nodes read the choice from the public run.toml.
+    # Unlike sim and testbed: a device in the field may leave for good, so a plan's early stop
+    # survives departures by default; the nodes read the choice from the public run.toml.
     out = tmp_path / "p"
     args = ["deploy", "plan", "--out", str(out), "--run-id", "r1", "--n", "6", "--seed", "1", *flags]
     code, text = run_cli(args, capsys, monkeypatch)
     assert code == 0, text
     cfg = load_config(out / "run.toml")
     assert cfg.early_stop is early_stop
+    assert cfg.may_depart is may_depart
     assert cfg.stop_window_value == window  # written in: the nodes need no operator table
     assert cfg.tolerance == tolerance

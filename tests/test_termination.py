@@ -46,7 +46,7 @@ def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float
     Returns the iterations the phase runs and every node's stop iteration ``e`` at the stop.
     """
     rows = fields_along(xs, edges, t0, WINDOW, diameter(xs.shape[1], edges), tol)
-    return len(rows), np.array([e for _, e in rows[-1]])
+    return len(rows), np.array([f[1] for f in rows[-1] if f is not None])
 
 
 @pytest.mark.parametrize(

@@ -170,7 +170,16 @@ EarlyStopOpt = Annotated[
     typer.Option(
         "--early-stop/--no-early-stop",
         help="end each phase once the network is quiet, t_max a cap (docs/protocol.md); --no-early-stop"
-        " runs the paper's fixed schedule, and lets a run go on when nodes leave for good [default: on]",
+        " runs the paper's fixed schedule [default: on]",
+    ),
+]
+MayDepartOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--may-depart/--no-may-depart",
+        help="nodes may leave for good: early stopping then waits n - 1 hops (not the diameter) and a"
+        " departure voids a stop it could mislead, so the others go on and stop together (docs/protocol.md)"
+        " [default: on with --depart, off otherwise]",
     ),
 ]
 InitChannelOpt = Annotated[

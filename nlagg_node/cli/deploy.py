@@ -53,9 +53,17 @@ PlanEarlyStopOpt = Annotated[
     bool | None,
     typer.Option(
         "--early-stop/--no-early-stop",
-        help="end each phase once the network is quiet (t_max a cap). Off by default in a plan: a node in"
-        " the field may leave for good, and only the fixed schedule lets the others finish without it"
-        " [default: off]",
+        help="end each phase once the network is quiet (t_max a cap). A plan's nodes may leave for good, so"
+        " its early stop waits n - 1 hops and survives departures (--no-may-depart: the graph's diameter,"
+        " and a departure fails the run); --no-early-stop runs the fixed schedule [default: on]",
+    ),
+]
+PlanMayDepartOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--may-depart/--no-may-depart",
+        help="devices may leave for good: the early stop waits n - 1 hops and survives departures"
+        " (docs/protocol.md) [default: on]",
     ),
 ]
 ValueRangeOpt = Annotated[
@@ -99,6 +107,7 @@ def _plan_spec(
     stop_window: int | None = None,
     tolerance: float | None = None,
     value_range: tuple[float, float] | None = None,
+    may_depart: bool | None = None,
     listen_host: str | None = None,
     listen_port: int = 1883,
     tls: tuple[str | None, str | None, str | None] = (None, None, None),
@@ -127,8 +136,10 @@ def _plan_spec(
         quantile=quantile,
         values=values,
         value_range=value_range if value_range is not None else _sensor_range(value_cmd),
-        # The fixed schedule unless asked: departures in the field are not planned (docs/protocol.md).
-        early_stop=bool(early_stop),
+        # Early stopping that survives departures unless told otherwise: devices in the field may
+        # leave unannounced (docs/protocol.md).
+        early_stop=True if early_stop is None else early_stop,
+        may_depart=True if may_depart is None else may_depart,
         stop_window=stop_window,
         tolerance=tolerance,
     )
@@ -214,6 +225,7 @@ def plan_cmd(
     k: KOpt = None,
     quantile: QuantileOpt = None,
     early_stop: PlanEarlyStopOpt = None,
+    may_depart: PlanMayDepartOpt = None,
     stop_window: StopWindowOpt = None,
     tolerance: ToleranceOpt = None,
     values: ValuesOpt = None,
@@ -280,6 +292,7 @@ def plan_cmd(
         k=k,
         quantile=quantile,
         early_stop=early_stop,
+        may_depart=may_depart,
         stop_window=stop_window,
         tolerance=tolerance,
         values=values,
@@ -345,6 +358,7 @@ def compose_cmd(
     k: KOpt = None,
     quantile: QuantileOpt = None,
     early_stop: PlanEarlyStopOpt = None,
+    may_depart: PlanMayDepartOpt = None,
     stop_window: StopWindowOpt = None,
     tolerance: ToleranceOpt = None,
     values: ValuesOpt = None,
@@ -385,6 +399,7 @@ def compose_cmd(
             k=k,
             quantile=quantile,
             early_stop=early_stop,
+            may_depart=may_depart,
             stop_window=stop_window,
             tolerance=tolerance,
             values=values,

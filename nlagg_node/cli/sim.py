@@ -14,6 +14,7 @@ from ._app import (
     ConfigOpt,
     COpt,
     EarlyStopOpt,
+    MayDepartOpt,
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
@@ -80,6 +81,7 @@ def sim(
         typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
     ] = None,
     early_stop: EarlyStopOpt = None,
+    may_depart: MayDepartOpt = None,
     stop_window: StopWindowOpt = None,
     tolerance: ToleranceOpt = None,
     init_channel: InitChannelOpt = None,
@@ -106,11 +108,12 @@ def sim(
 ) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..config import load_config
-    from ..departure import early_stop_with, parse_departures
+    from ..departure import departure_defaults, parse_departures
     from ..errors import ConfigError
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
 
+    early_stop, may_depart = departure_defaults(early_stop, may_depart, depart, op)
     cfg = load_config(
         config,
         op=op,
@@ -134,7 +137,8 @@ def sim(
         values_file=values_file,
         value_range=value_range,
         record=record,
-        early_stop=early_stop_with(early_stop, depart),
+        early_stop=early_stop,
+        may_depart=may_depart,
         stop_window=stop_window,
         tolerance=tolerance,
         init_channel=init_channel,

@@ -18,6 +18,7 @@ from ._app import (
     COpt,
     CorruptOpt,
     EarlyStopOpt,
+    MayDepartOpt,
     ForceOpt,
     GraphFileOpt,
     GraphOpt,
@@ -101,6 +102,7 @@ def run_testbed_command(
     init: InitOpt = None,
     values: ValuesOpt = None,
     early_stop: EarlyStopOpt = None,
+    may_depart: MayDepartOpt = None,
     stop_window: StopWindowOpt = None,
     tolerance: ToleranceOpt = None,
     init_channel: InitChannelOpt = None,
@@ -137,13 +139,14 @@ def run_testbed_command(
     from rich.console import Console
 
     from ..config import load_config
-    from ..departure import early_stop_with, parse_departures
+    from ..departure import departure_defaults, parse_departures
     from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
     from ..lifetime import run_stoppable
     from ..scale import config_warnings
 
     setup_logging(verbose)
+    early_stop, may_depart = departure_defaults(early_stop, may_depart, depart, op)
     cfg = load_config(
         config,
         op=op,
@@ -163,7 +166,8 @@ def run_testbed_command(
         value_range=value_range,
         values_file=values_file,
         trials=1,
-        early_stop=early_stop_with(early_stop, depart),
+        early_stop=early_stop,
+        may_depart=may_depart,
         stop_window=stop_window,
         tolerance=tolerance,
         init_channel=init_channel,

@@ -308,7 +308,9 @@ async def run_testbed(
         check_start(cfg, float(v))  # refuse before any broker or node starts (each node checks too)
     edges = run_edges(cfg)
     departures = dict(departures or {})
-    check_departures(departures, cfg.n, sum(p.t_len for p in plan_phases(cfg)), cfg.op, cfg.early_stop)
+    check_departures(
+        departures, cfg.n, sum(p.t_len for p in plan_phases(cfg)), cfg.op, cfg.early_stop, cfg.may_depart
+    )
     comps = components(cfg.n, edges, departures)
     if cfg.op == "topk" and min(len(c) for c in comps) < cfg.k:
         small = min(comps, key=len)

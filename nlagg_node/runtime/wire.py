@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from math import isfinite as _isfinite
@@ -143,11 +144,19 @@ class SealedZ0Msg(_Msg2):
     ct: Annotated[str, _b64_of(24)]
 
 
+def _ascending(values: list[int]) -> list[int]:
+    if any(a >= b for a, b in zip(values, values[1:], strict=False)):
+        raise ValueError("must be strictly ascending")
+    return values
+
+
 class XMsg(_Msg):
     """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases.
 
     With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
-    ``quiet`` and, once one is known, the phase's stop iteration ``stop``; without, neither.
+    ``quiet`` and, once one is known, the phase's stop iteration ``stop``; without, neither. In a
+    run whose nodes may depart, ``departures`` lists the recent departure iterations of the phase
+    the node knows of (ascending; absent when none).
     """
 
     node: NodeId
@@ -156,6 +165,9 @@ class XMsg(_Msg):
     x: Finite
     quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
+    departures: (
+        Annotated[list[Iteration], Field(min_length=1, max_length=MAX_NODES), AfterValidator(_ascending)] | None
+    ) = None
 
 
 class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -172,6 +184,13 @@ class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
     v: Literal[1] = 1
     quiet: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
+    departures: (
+        Annotated[
+            tuple[Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS)], ...],
+            msgspec.Meta(min_length=1, max_length=MAX_NODES),
+        ]
+        | None
+    ) = None  # HotDecoder checks the order
 
 
 _decode_x = msgspec.json.Decoder(XWire).decode
@@ -296,13 +315,20 @@ def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
 
 
 def encode_x(
-    node: int, t: int, phase: str, x: float, quiet: int | None = None, stop: int | None = None
+    node: int,
+    t: int,
+    phase: str,
+    x: float,
+    quiet: int | None = None,
+    stop: int | None = None,
+    departures: Sequence[int] = (),
 ) -> bytes:
     """``encode(XMsg(node=node, t=t, phase=phase, x=x, ...))`` without building the model (hot path).
 
     The caller guarantees ``phase`` needs no JSON escaping (phase names are ``[a-z0-9-]``);
     ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical. ``quiet``
-    and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None.
+    and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None,
+    and ``departures`` (ascending) only when not empty.
     """
     if not math.isfinite(x):
         raise WireError("x", x, "must be a finite number")
@@ -311,6 +337,8 @@ def encode_x(
         text += f',"quiet":{quiet}'
     if stop is not None:
         text += f',"stop":{stop}'
+    if departures:
+        text += ',"departures":[' + ",".join(str(int(d)) for d in departures) + "]"
     return (text + "}").encode()
 
 
@@ -378,12 +406,17 @@ class HotDecoder:
             except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
                 pass
             else:
-                if msg.node == info.node and _isfinite(msg.x):
+                deps = msg.departures
+                if msg.node == info.node and _isfinite(msg.x) and (deps is None or _strictly_up(deps)):
                     return info, msg
         info, full = decode(topic, payload, self.prefix, self.run_id)
         if info.kind == "x" and len(self._x_topics) < MAX_NODES:
             self._x_topics[topic] = info
         return info, full
+
+
+def _strictly_up(values: tuple[int, ...]) -> bool:
+    return all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
 def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:

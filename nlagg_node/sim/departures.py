@@ -31,7 +31,7 @@ class SimDepartures:
     def __init__(
         self, cfg: RunConfig, departures: Mapping[int, int], t_total: int, graphs: list[IntArray]
     ) -> None:
-        check_departures(departures, cfg.n, t_total, cfg.op, cfg.early_stop)
+        check_departures(departures, cfg.n, t_total, cfg.op, cfg.early_stop, cfg.may_depart)
         self.n, self.trials = cfg.n, len(graphs)
         self.at = dict(sorted(departures.items(), key=lambda kv: (kv[1], kv[0])))
         self.gone: set[int] = set()

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
-from ..departure import survivors
+from ..departure import components, survivors
 from ..graphs import EdgeLayout, sample_graphs
 from ..init import draw_z0, perturb_value
 from ..rng import rng_for_each
@@ -37,7 +37,7 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
-from ..termination import NO_STOP, diameter
+from ..termination import NO_STOP, diameter, stop_reach
 from ..threat import known_duals, solvable
 from .departures import SimDepartures, largest_truth, survivor_mse, survivor_truth
 from .values import run_values
@@ -70,6 +70,7 @@ class SimResult:
     first_exposed: IntArray  # (B, n) first such t, -1 if none
     converged_iterations: IntArray  # (B,) iterations each phase needed to stay within tolerance, -1 if not
     phase_iterations: IntArray  # (B, phases) iterations each phase ran (t_len, or fewer with early stop)
+    node_iterations: IntArray  # (B, n, phases) each node's (differ only where departures split the graph)
     recorded_t: IntArray  # (R,)
     recorded_x: FloatArray  # (R, B, n), in protocol units (what the wire carries; see nlagg_node.scale)
     z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order (NaN: edge departed)
@@ -77,6 +78,13 @@ class SimResult:
     extra: dict[str, float] = field(default_factory=dict)
     departed: dict[int, int] = field(default_factory=dict)  # node -> T: its last x is x^(T-1)
     components: list[list[list[int]]] = field(default_factory=list)  # per trial, with departures only
+    # Per trial, the departures that happened: with early stopping a node whose component stopped
+    # before its departure finished the run instead (with departures only).
+    departed_in: list[dict[int, int]] = field(default_factory=list)
+
+    def departures_of(self, trial: int) -> dict[int, int]:
+        """The departures of trial ``trial`` (``{node: T}``)."""
+        return self.departed_in[trial] if self.departed_in else dict(self.departed)
 
     @property
     def t_total(self) -> int:
@@ -130,6 +138,33 @@ def _draw_signed_duals(
         pos = order[starts[g] : starts[g + 1]]
         z[pos] = draw_z0(phase.init, layout.sign[pos], gen)
     return layout.sign * z, z
+
+
+def _detect(
+    layout: EdgeLayout,
+    cols: IntArray,
+    at: int,
+    t0: int,
+    dep_t: IntArray,
+    halt: IntArray,
+    x: FloatArray,
+    fresh: BoolArray,
+    moot: BoolArray,
+) -> None:
+    """Early stop: the nodes ``cols`` (global ids) depart at ``at``. Their live neighbours detect it
+    at this barrier (:mod:`nlagg_node.termination`); they stop, having run the phase's iterations
+    before ``at``, and publish nothing more (x NaN). One that had already stopped (its component
+    stopped before ``at``) finished the run: its departure is ``moot``."""
+    gone = np.zeros(len(halt), dtype=bool)
+    gone[cols] = True
+    detectors = layout.src[gone[layout.dst] & ~gone[layout.src]]
+    detectors = detectors[halt[detectors] < 0]  # a stopped component detects nothing
+    fresh[detectors, int(np.searchsorted(dep_t, at))] = True
+    stopped = halt[cols] >= 0
+    moot[cols[stopped]] = True
+    running = cols[~stopped]
+    halt[running] = at - t0
+    x[running] = np.nan
 
 
 def simulate(
@@ -198,11 +233,19 @@ def simulate(
     loop_seconds = 0.0
     early = cfg.early_stop
     window = cfg.stop_window_value
-    diam = np.array([diameter(n, g) for g in graphs] if early else [0] * B, dtype=np.int64)
+    reach = np.array(
+        [stop_reach(n, diameter(n, g), cfg.may_depart) for g in graphs] if early else [0] * B, dtype=np.int64
+    )
     hist = np.zeros((N, window if early else 1))
     kq = np.zeros(N, dtype=np.int64)
     ev = np.full(N, NO_STOP, dtype=np.int64)
+    halt = np.full(N, -1, dtype=np.int64)  # early stop: each node's iterations in the phase once stopped
+    dep_t = np.array(sorted(set(dep.at.values())) if dep is not None and early else [], dtype=np.int64)
+    dep_known = np.zeros((N, len(dep_t)), dtype=bool)  # departures each node knows of (this phase)
+    fresh = np.zeros((N, len(dep_t)), dtype=bool)  # ... and those it detected at the last barrier
+    moot = np.zeros(N, dtype=bool)  # planned to depart, but its component had stopped (it finished)
     phase_iterations = np.zeros((B, len(phases)), dtype=np.int64)
+    node_iterations = np.zeros((B, n, len(phases)), dtype=np.int64)
     for phase, (tlo, thi) in zip(phases, targets, strict=True):
         c = phase_c(cfg, phase)
         cd = c * layout.degree
@@ -225,6 +268,11 @@ def simulate(
         ran = np.full(B, -1, dtype=np.int64)
         kq[:] = 0
         ev[:] = NO_STOP
+        halt[:] = -1
+        dep_known[:] = False
+        fresh[:] = False
+        if early and dep is not None and dep.gone:
+            halt.reshape(B, n)[:, sorted(dep.gone)] = 0  # departed: no iteration of this phase
         obj = phase.objective
         cuts = sorted({*range(chunk, phase.t_len, chunk), *(dep.cuts(t0, phase.t_len) if dep else [])})
         for start, stop in zip([0, *cuts], [*cuts, phase.t_len], strict=True):
@@ -264,11 +312,15 @@ def simulate(
                 x,
                 early,
                 window,
-                diam,
+                reach,
                 hist,
                 kq,
                 ev,
                 ran,
+                halt,
+                dep_t,
+                dep_known,
+                fresh,
                 parallel,
             )
             loop_seconds += time.perf_counter() - tick
@@ -279,6 +331,8 @@ def simulate(
                 recorded_flat[record == t0 + stop - 1, cols[:, None]] = np.nan
                 late = cols[first_match[cols] == t0 + stop - 1]
                 matched[late], first_match[late] = False, -1
+                if early:
+                    _detect(layout, cols, t0 + stop - 1, t0, dep_t, halt, x, fresh, moot)
                 layout, u, pair_start = dep.apply(gone, layout, u, pair_start)
                 order, starts = _out_edge_slices(layout)
                 E = len(layout.src)
@@ -288,6 +342,7 @@ def simulate(
                 progress(t0 + start + steps, t_total)
         ran = np.where(ran >= 0, ran, phase.t_len)
         phase_iterations[:, len(finals)] = ran
+        node_iterations[:, :, len(finals)] = np.where(halt >= 0, halt, phase.t_len).reshape(B, n)
         all_converged &= last_bad < ran - 1
         conv += last_bad + 1
         finals.append(x.reshape(B, n).copy())
@@ -303,10 +358,18 @@ def simulate(
     first_exposed = np.where(
         matched & solved, np.minimum(first_match, solved_at), np.where(matched, first_match, solved_at)
     )
+    departed_in: list[dict[int, int]] = []
+    comps: list[list[list[int]]] = []
     if dep is not None:
-        node_lo, node_hi = survivor_truth(cfg, s, dep.components)
+        gone_in = moot.reshape(B, n)
+        departed_in = [{j: t for j, t in dep.at.items() if not gone_in[b, j]} for b in range(B)]
+        comps = [
+            dep.components[b] if not gone_in[b].any() else components(n, graphs[b], departed_in[b])
+            for b in range(B)
+        ]
+        node_lo, node_hi = survivor_truth(cfg, s, comps)
         mse = survivor_mse(output, node_lo, node_hi)
-        truth_lo, truth_hi = largest_truth(node_lo, node_hi, dep.components)
+        truth_lo, truth_hi = largest_truth(node_lo, node_hi, comps)
     elif output.ndim == 3:
         err = distance_to(output, truth_lo[:, None, :], truth_hi[:, None, :])
         mse = (err**2).sum(axis=2).mean(axis=1)
@@ -331,11 +394,13 @@ def simulate(
         first_exposed=first_exposed.reshape(B, n),
         converged_iterations=np.where(all_converged, conv, -1),
         phase_iterations=phase_iterations,
+        node_iterations=node_iterations,
         recorded_t=record,
         recorded_x=recorded_x,
         z0=z0,
         wall_seconds=time.perf_counter() - started,
         extra={"directed_edges": float(E), "loop_seconds": loop_seconds},
         departed=dict(dep.at) if dep is not None else {},
-        components=dep.components if dep is not None else [],
+        components=comps,
+        departed_in=departed_in,
     )

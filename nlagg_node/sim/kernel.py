@@ -37,6 +37,8 @@ _is_quiet: Any = numba.njit(termination.is_quiet)
 _next_quiet: Any = numba.njit(termination.next_quiet)
 _next_stop: Any = numba.njit(termination.next_stop)
 _stop_threshold: Any = numba.njit(termination.stop_threshold)
+_live_stop: Any = numba.njit(termination.live_stop)
+_voids: Any = numba.njit(termination.voids)
 
 
 @njit(nogil=True)
@@ -72,11 +74,15 @@ def run_trial(
     quiet_tol: float,
     window: int,
     threshold: int,
-    diam: int,
+    reach: int,
     hist: Any,
     kq: Any,
     ev: Any,
     ran: Any,
+    halt: Any,
+    dep_t: Any,
+    known: Any,
+    fresh: Any,
 ) -> None:
     """``t_len`` iterations of trial ``b``: nodes ``b n .. b n + n - 1``, edge pairs ``p0 .. p1 - 1``.
 
@@ -85,9 +91,13 @@ def run_trial(
     trial's target interval widened by the tolerance; see :func:`run_phase` for the rest.
 
     With ``early``, the trial keeps the quiet counters ``kq`` and stop iterations ``ev`` of
-    :mod:`nlagg_node.termination` per node (``hist``: its last ``window`` x's) and stops after
-    the iteration its nodes agree on; ``ran[b]`` is then the phase's iteration count, and x stays
-    at its final value in the recorded iterations after the stop.
+    :mod:`nlagg_node.termination` per node (``hist``: its last ``window`` x's) and each node stops
+    after the iteration its component agrees on: ``halt[g]`` is then its count of iterations in the
+    phase (-1 while it runs), and x stays at its final value in the recorded iterations after. The
+    stop reaches ``reach`` hops. ``known[g, d]``: node g knows the departure at iteration
+    ``dep_t[d]`` (one hop per iteration); ``fresh[g, d]``: it detected it at the last barrier (set
+    between calls), so it is not quiet now. Once every node has stopped, ``ran[b]`` is the phase's
+    iteration count (the last node's).
     """
     half = u.shape[0] // 2
     g0 = b * n
@@ -113,9 +123,11 @@ def run_trial(
     quiet = np.zeros(n, dtype=np.bool_)
     kmin = np.empty(n, dtype=np.int64)
     emin = np.empty(n, dtype=np.int64)
-    if ran[b] >= 0 and t_len > 0:  # stopped in an earlier call: x is final
-        for i in range(n):
-            xl[i] = x[g0 + i]
+    n_dep = dep_t.shape[0]
+    seen = np.empty((n, n_dep), dtype=np.bool_)
+    halting = np.zeros(n, dtype=np.bool_)
+    for i in range(n):  # halted nodes keep their x; the others compute it before any use
+        xl[i] = x[g0 + i]
     for t in range(t_len):
         if ran[b] >= 0:
             if k < n_rec and record_t[k] == t0 + t:
@@ -128,15 +140,18 @@ def run_trial(
             vl[src_l[e]] += ul[e]
         off = False
         for i in range(n):
-            if cd_l[i] == 0.0:  # no neighbour left (nlagg_node.departure): its value, or NaN if departed
-                xi = s_l[i]
-            elif quadratic:
-                xi = _x_quadratic(vl[i], s_l[i], cd_l[i])
+            if halt[g0 + i] >= 0:  # stopped (early) or departed: publishes nothing
+                xi = xl[i]
             else:
-                xi = _x_piecewise(vl[i], s_l[i], cd_l[i], alpha, beta)
-            if not quadratic and xi == s_used[g0 + i] and not matched[g0 + i]:
-                matched[g0 + i] = True
-                first_match[g0 + i] = t0 + t
+                if cd_l[i] == 0.0:  # no neighbour left (nlagg_node.departure): its value, or NaN if departed
+                    xi = s_l[i]
+                elif quadratic:
+                    xi = _x_quadratic(vl[i], s_l[i], cd_l[i])
+                else:
+                    xi = _x_piecewise(vl[i], s_l[i], cd_l[i], alpha, beta)
+                if not quadratic and xi == s_used[g0 + i] and not matched[g0 + i]:
+                    matched[g0 + i] = True
+                    first_match[g0 + i] = t0 + t
             xl[i] = xi
             off = off or xi < lo or xi > hi
         if off:
@@ -149,34 +164,61 @@ def run_trial(
         if early:
             lt = local0 + t
             slot = lt % window
+            now = t0 + t
             for i in range(n):
-                quiet[i] = lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], quiet_tol)
+                if halt[g0 + i] >= 0:
+                    continue
+                detected = False
+                for d in range(n_dep):
+                    detected = detected or fresh[g0 + i, d]
+                    seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
+                    fresh[g0 + i, d] = False
+                quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], quiet_tol)
                 hist[g0 + i, slot] = xl[i]
                 kmin[i] = kq[g0 + i]
-                emin[i] = ev[g0 + i]
+                emin[i] = _live_stop(ev[g0 + i], now)
             for e in range(2 * m):
                 a_ = src_l[e]
                 j_ = g0 + dst_l[e]
                 kmin[a_] = min(kmin[a_], kq[j_])
-                emin[a_] = min(emin[a_], ev[j_])
+                emin[a_] = min(emin[a_], _live_stop(ev[j_], now))
+                for d in range(n_dep):
+                    seen[a_, d] = seen[a_, d] or known[j_, d]
             for i in range(n):
+                if halt[g0 + i] >= 0:
+                    continue
+                for d in range(n_dep):
+                    known[g0 + i, d] = seen[i, d]
                 kq[g0 + i] = _next_quiet(quiet[i], kmin[i])
-                ev[g0 + i] = _next_stop(emin[i], kq[g0 + i], t0 + t, threshold, diam)
-                stop_now = stop_now or ev[g0 + i] == t0 + t
+                ev[g0 + i] = _next_stop(emin[i], kq[g0 + i], now, threshold, reach)
+                if ev[g0 + i] == now:
+                    void = False
+                    for d in range(n_dep):
+                        void = void or (known[g0 + i, d] and _voids(dep_t[d], now, reach))
+                    halting[i] = not void
+                    stop_now = stop_now or halting[i]
         for p in range(m):
             q = p + m
+            if halt[g0 + dst_l[p]] >= 0 or halt[g0 + dst_l[q]] >= 0:
+                continue  # a stopped component's duals stay as they were
             a = ul[p]
             r = ul[q]
             ul[p] = _z_update(a, r, xl[dst_l[p]], c, theta)
             ul[q] = _z_update(r, a, xl[dst_l[q]], c, theta)
         if stop_now:
-            ran[b] = local0 + t + 1
+            done = True
+            for i in range(n):
+                if halting[i]:
+                    halt[g0 + i] = local0 + t + 1
+                    halting[i] = False
+                done = done and halt[g0 + i] >= 0
+            if done:
+                ran[b] = local0 + t + 1
     for e in range(m):
         u[p0 + e] = ul[e]
         u[half + p0 + e] = ul[m + e]
-    if t_len > 0:
-        for i in range(n):
-            x[g0 + i] = xl[i]
+    for i in range(n):
+        x[g0 + i] = xl[i]
 
 
 @njit(nogil=True)
@@ -184,7 +226,7 @@ def _run_trial_of(b: int, st: Any) -> None:
     """Trial ``b`` of :func:`run_phase` (``st``: its arguments, in order, as one tuple)."""
     (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
      target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
-     early, window, diam, hist, kq, ev, ran) = st  # fmt: skip
+     early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh) = st  # fmt: skip
     run_trial(
         b,
         u,
@@ -216,12 +258,16 @@ def _run_trial_of(b: int, st: Any) -> None:
         early,
         tolerance,
         window,
-        _stop_threshold(diam[b], window),
-        diam[b],
+        _stop_threshold(reach[b], window),
+        reach[b],
         hist,
         kq,
         ev,
         ran,
+        halt,
+        dep_t,
+        known,
+        fresh,
     )
 
 
@@ -255,11 +301,15 @@ def run_phase(
     x: Any,
     early: bool,
     window: int,
-    diam: Any,
+    reach: Any,
     hist: Any,
     kq: Any,
     ev: Any,
     ran: Any,
+    halt: Any,
+    dep_t: Any,
+    known: Any,
+    fresh: Any,
     parallel: bool,
 ) -> int:
     """Run ``t_len`` iterations of every trial in place on ``u`` (signed duals) and ``x``.
@@ -271,8 +321,9 @@ def run_phase(
     ``matched``/``first_match`` (per node), ``last_bad`` (per trial: last phase-local
     iteration with a node farther than ``tolerance`` from ``[target_lo, target_hi]``)
     and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place, and so
-    are the early-stop state ``hist``/``kq``/``ev`` (per node) and ``ran`` (per trial, -1 while
-    running) when ``early`` (``diam``: each trial's graph diameter).
+    are the early-stop state ``hist``/``kq``/``ev``/``halt``/``known``/``fresh`` (per node) and
+    ``ran`` (per trial, -1 while running) when ``early`` (``reach``: each trial's stop reach,
+    :func:`nlagg_node.termination.stop_reach`; ``dep_t``: the run's departure iterations).
 
     With ``parallel`` the trials are shared out over numba's threads (``prange``); without,
     they run one after the other on the calling thread and no thread pool is woken, which
@@ -285,7 +336,7 @@ def run_phase(
         rec_end += 1
     st = (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
           target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
-          early, window, diam, hist, kq, ev, ran)  # fmt: skip
+          early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh)  # fmt: skip
     if parallel:
         for b in numba.prange(n_trials):
             _run_trial_of(b, st)
