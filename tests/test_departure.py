@@ -66,40 +66,93 @@ async def run_with_departures(
 SLOW = pytest.mark.slow
 
 
+ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  # two 4-cliques through 4
+
+
 @pytest.mark.parametrize(
-    ("op", "graph", "t_max", "departures", "killed"),
+    ("op", "graph", "t_max", "departures", "killed", "early"),
     [
-        ("max", "rgg", 200, {"top": 60}, False),
-        pytest.param("max", "rgg", 1500, {"top": 60}, True, marks=SLOW),
-        ("median", "rgg", 200, {1: 40, 5: 90}, True),
-        ("topk", "rgg", 100, {"top": 30}, False),
-        pytest.param("max", "ring", 1500, {0: 50, 4: 80}, True, marks=SLOW),
+        ("max", "rgg", 200, {"top": 60}, False, False),
+        pytest.param("max", "rgg", 1500, {"top": 60}, True, False, marks=SLOW),
+        ("median", "rgg", 200, {1: 40, 5: 90}, True, False),
+        ("topk", "rgg", 100, {"top": 30}, False, False),
+        pytest.param("max", "ring", 1500, {0: 50, 4: 80}, True, False, marks=SLOW),
+        ("max", "rgg", 4000, {"top": 300}, True, True),
+        ("median", "rgg", 3000, {1: 40, 5: 400}, False, True),
+        ("max", "articulation", 3000, {4: 300}, True, True),
+        ("max", "rgg", 4000, {"top": 3990}, True, True),
     ],
-    ids=["max-leaving", "max-killed", "median-two-killed", "topk-leaving", "ring-split"],
+    ids=[
+        "max-leaving",
+        "max-killed",
+        "median-two-killed",
+        "topk-leaving",
+        "ring-split",
+        "early-max-killed",
+        "early-median-two-leaving",
+        "early-split-stops-apart",
+        "early-departure-after-the-stop",
+    ],
 )
 async def test_survivors_equal_the_simulator_bit_for_bit(
-    op: str, graph: str, t_max: int, departures: dict[int | str, int], killed: bool
+    op: str, graph: str, t_max: int, departures: dict[int | str, int], killed: bool, early: bool, tmp_path: Path
 ) -> None:
-    cfg = RunConfig(early_stop=False, op=op, n=8, graph=graph, trials=1, record="all", t_max=t_max, seed=5)
+    """With early stopping (``may_depart``) too: every node runs the simulator's iterations, its
+    component's stop included; a departure planned after the stop does not happen (the node finished)."""
+    graph_file = None
+    if graph == "articulation":
+        graph_file = tmp_path / "g.csv"
+        graph_file.write_text(ARTICULATION)
+        graph = "file"
+    cfg = RunConfig(
+        early_stop=early, may_depart=early, op=op, n=9 if graph_file else 8, graph=graph, graph_file=graph_file,
+        trials=1, record="all", t_max=t_max, seed=5,
+    )  # fmt: skip
     top = int(np.argmax(simulate(cfg).values[0]))
     dep = {top if j == "top" else int(j): t for j, t in departures.items()}
     sim = simulate(cfg, departures=dep)
     results = await run_with_departures(cfg, dep, killed=killed)
-    here = [r for r in results if r.node not in dep]
-    assert [r.left_at for r in results if r.node in dep] == list(dep.values())
-    x_net = np.array([r.x for r in here]).T
-    assert np.array_equal(x_net, sim.recorded_x[:, 0, [r.node for r in here]])
+    happened = sim.departures_of(0)
+    here = [r for r in results if r.node not in happened]
+    assert [r.left_at for r in results if r.node in happened] == list(happened.values())
+    ran = sim.node_iterations[0].sum(axis=1)
     for r in here:
+        assert r.iterations == ran[r.node]
+        assert np.array_equal(r.x, sim.recorded_x[: ran[r.node], 0, r.node])
         assert np.array_equal(np.ravel(r.output), np.ravel(sim.output[0, r.node]))
         nbrs = {j for a, b in run_edges(cfg).tolist() for j in (a, b) if r.node in (a, b)} - {r.node}
-        assert r.departed == {j: t for j, t in dep.items() if j in nbrs}
-    comps = components(cfg.n, run_edges(cfg), dep)
+        assert r.departed == {j: t for j, t in happened.items() if j in nbrs}
+    comps = components(cfg.n, run_edges(cfg), happened)
     for comp in comps:  # every survivor ends with its own component's aggregate
         outs = np.array([np.ravel(results[i].output) for i in comp])
         assert np.allclose(outs, outs[0], rtol=0, atol=cfg.tolerance)
-    if op == "max" and t_max > 1000:  # converged: the departed maximum is gone from the result
+        assert len({int(ran[i]) for i in comp}) == 1  # a component stops together
+    if op == "max" and t_max > 1000 and max(dep.values()) < 1000:  # the departed maximum is gone
         for comp in comps:
             assert np.allclose(sim.output[0, comp], sim.values[0, comp].max(), rtol=0, atol=cfg.tolerance)
+    if graph_file is not None:  # the departure split the graph: its two halves stopped apart
+        assert ran[0] != ran[5]
+    if departures.get("top") == 3990:
+        assert happened == {}  # the run had stopped: the node finished instead
+
+
+async def test_a_departure_just_before_the_stop_voids_it_for_every_node_alike() -> None:
+    """A departure inside ``[e - 2D, e - D]`` of the stop ``e`` (D = n - 1) may have escaped the
+    counters behind it: every node voids that stop and goes on, the simulator and the nodes alike."""
+    cfg = RunConfig(early_stop=True, may_depart=True, op="max", n=8, trials=1, record="all", t_max=4000, seed=5)
+    plain = simulate(cfg)
+    e = int(plain.phase_iterations[0, 0]) - 1  # where the run stops without the departure
+    low = int(np.argmin(plain.values[0]))
+    dep = {low: e - cfg.n}  # in [e - 2D, e - D]: the proposal behind e came just after it
+    sim = simulate(cfg, departures=dep)
+    assert sim.departures_of(0) == dep
+    assert int(sim.phase_iterations[0, 0]) - 1 > e  # voided: the survivors went on
+    results = await run_with_departures(cfg, dep, killed=True)
+    ran = sim.node_iterations[0].sum(axis=1)
+    for r in results:
+        if r.node != low:
+            assert r.iterations == ran[r.node]
+            assert np.array_equal(r.x, sim.recorded_x[: ran[r.node], 0, r.node])
 
 
 REFUSED = r"^node 2: neighbour \d+ counts this node as departed at t=40; .*refused for the rest of the run"

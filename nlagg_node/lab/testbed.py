@@ -195,11 +195,14 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     try:
         for i, (p, rc) in enumerate(zip(procs, codes, strict=True)):
             if i in run.departures:
-                if rc >= 0:  # it should have been killed at its departure
+                # It should have been killed at its departure, unless early stopping ended its run
+                # before (it finished: the simulator's trial has no such departure either).
+                if rc < 0:
+                    continue
+                if not (rc == 0 and run.cfg.early_stop and p.events):
                     raise TestbedError(
                         f"node {i} was to depart at t={run.departures[i]} but exited with {rc}"
                     )
-                continue
             if rc != 0 or not p.events:
                 raise TestbedError(
                     f"node {i} exited with {rc}: {' | '.join(log_tail(workdir / f'node-{i}.log'))}"
@@ -323,9 +326,6 @@ async def run_testbed(
         )
     if departures:
         in_process = False
-    truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # all without departures
-    node_truth = survivor_truth(cfg, values[None], [comps])
-    node_truth = (node_truth[0][0], node_truth[1][0])
     t = topics(prefix, run_id)
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
@@ -381,6 +381,11 @@ async def run_testbed(
             }
             stored = transcript.count()
         outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
+        departures = {j: at for j, at in departures.items() if j not in outputs}  # those that happened
+        comps = components(cfg.n, edges, departures)
+        truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # all without departures
+        node_truth = survivor_truth(cfg, values[None], [comps])
+        node_truth = (node_truth[0][0], node_truth[1][0])
         summary: TestbedSummary = {
             **run_outcome(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall, node_truth),
             **departure_outcome(cfg, departures, edges, node_truth, outputs),

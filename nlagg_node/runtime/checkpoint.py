@@ -61,9 +61,9 @@ class Checkpoint:
     finals, identified, xs : final x of finished phases, top-K's identified values, x_i^(0..t-1).
     prev_got : the neighbours' x^(t-1) (str(j) -> x), to tell a resent duplicate from a conflict.
     prev_adv : the adversary-state payload of iteration t-1 (corrupted nodes), resent on resume.
-    last_sent : early stopping: ``[t', quiet, stop]`` of the last x published (``t' = t - 1`` unless
-        the previous phase stopped early; ``stop`` is ``termination.NO_STOP`` while unknown).
-    prev_quiet : early stopping: the neighbours' ``[quiet, stop]`` received with their x^(t-1).
+    last_sent : early stopping: ``[t', quiet, stop, *departures]`` of the last x published (``t' = t - 1``
+        unless the previous phase stopped early; ``stop`` is ``termination.NO_STOP`` while unknown).
+    prev_quiet : early stopping: the neighbours' ``[quiet, stop, *departures]`` received with their x^(t-1).
     skipped : early stopping: iterations the phases that stopped early did not run.
     """
 

@@ -40,7 +40,19 @@ from ..init import draw_z0, perturb_value
 from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
-from ..termination import NO_STOP, diameter, is_quiet, next_quiet, next_stop, stop_threshold
+from ..termination import (
+    NO_STOP,
+    Fields,
+    diameter,
+    halts,
+    is_quiet,
+    live_stop,
+    next_quiet,
+    next_stop,
+    recent,
+    stop_reach,
+    stop_threshold,
+)
 from .checkpoint import Checkpoint, Stage
 from .member import Member, NodeResult
 from .pace import Pace
@@ -117,7 +129,7 @@ class _Track:
         self.z_out: list[float] = []
         self.got: list[float] = []  # the neighbours' x's last taken
         self.adv: str | None = None
-        self.sent: list[int] = []  # early stop: [t, quiet, stop or NO_STOP] of the last x published
+        self.sent: list[int] = []  # early stop: [t, quiet, stop or NO_STOP, *departures] of the last x sent
         ck = self.ck
         if ck is None:
             cfg = member.cfg
@@ -151,7 +163,8 @@ class PdmmLoop:
         # Both dual vectors in one: w = [u_{i|j} (own), u_{j|i} (the neighbours', tracked)], so one
         # z_update call per iteration updates both (element-wise the same operations, same bits).
         self.w = np.zeros(2 * self.d)
-        self.diam = diameter(first.cfg.n, first.edges) if first.cfg.early_stop else 0
+        cfg = first.cfg
+        self.reach = stop_reach(cfg.n, diameter(cfg.n, first.edges), cfg.may_depart) if cfg.early_stop else 0
         self.stopping: Stopping | None = None
         self.pace = Pace([m.id for m in members], first.t_total)
 
@@ -177,15 +190,20 @@ class PdmmLoop:
             m.active = [m.neighbours[q] for q in here]
         if all(keep):
             return None
-        if self.cfg.early_stop or self.cfg.op == "trimmed-mean":
+        cfg = self.cfg
+        if (cfg.early_stop and not cfg.may_depart) or cfg.op == "trimmed-mean":
             gone = {m.id: sorted(j for j, u in m.departed.items() if u == t) for m in self.members}
             why = (
-                "an early-stopping run cannot go on without them (plan a run whose nodes may leave"
-                " for good with --no-early-stop)"
-                if self.cfg.early_stop
-                else "a trimmed mean cannot go on without them"
+                "a trimmed mean cannot go on without them"
+                if cfg.op == "trimmed-mean"
+                else "this early-stopping run cannot go on without them (plan a run whose nodes may leave"
+                " for good with --may-depart, or --no-early-stop)"
             )
             raise NlaggError(f"neighbours departed at t={t} ({gone}): {why}")
+        if self.stopping is not None:
+            for k, m in enumerate(self.members):
+                if any(u == t for u in m.departed.values()):
+                    self.stopping.detect(k, t)
         mask = np.array(keep)
         self.signs = self.signs[mask]
         self._layout()
@@ -230,7 +248,7 @@ class PdmmLoop:
 
         A departed neighbour's x is NaN (:meth:`~nlagg_node.runtime.barrier.Barrier.take`): not kept.
         """
-        d, w = self.d, self.w
+        d, w, early = self.d, self.w, self.stopping
         for k, (m, tr) in enumerate(zip(self.members, self.tracks, strict=True)):
             if m.store is None:
                 continue
@@ -244,7 +262,7 @@ class PdmmLoop:
                     identified=tr.identified if in_x else [], xs=tr.xs,
                     prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False) if v == v},
                     prev_adv=tr.adv if in_x else None, last_sent=tr.sent,
-                    prev_quiet=[list(f) for f in self.stopping.nbr[k]] if in_x and self.stopping else [],
+                    prev_quiet=[[q, e, *dep] for q, e, dep in early.nbr[k]] if in_x and early else [],
                     skipped=m.t_total - m.iterations_run,
                 )
             )  # fmt: skip
@@ -271,8 +289,9 @@ class PdmmLoop:
         phase = self.members[0].phase_at[t - 1]
         for m, tr in zip(self.members, self.tracks, strict=True):
             if tr.sent:  # early stop: the last x may precede t - 1 (its phase stopped early)
-                last, quiet, stop = tr.sent
-                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], quiet, None if stop == NO_STOP else stop)
+                last, quiet, stop, *known = tr.sent
+                stop_or_none = None if stop == NO_STOP else stop
+                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], quiet, stop_or_none, known)
             else:
                 m.outbox.send_x(t - 1, phase, tr.xs[-1])
             if tr.adv is not None:
@@ -319,7 +338,7 @@ class PdmmLoop:
             end = phase_start[p_idx] + phase.t_len
             w = self.w
             early = (
-                Stopping(members, self.cfg.stop_window_value, self.diam, cfg.tolerance)
+                Stopping(members, self.cfg.stop_window_value, self.reach, cfg.tolerance, self.slots)
                 if cfg.early_stop
                 else None
             )
@@ -353,7 +372,7 @@ class PdmmLoop:
                         m.outbox.send_x(t, name, x_list[k])
                     else:
                         m.outbox.send_x(t, name, x_list[k], *fields[k])
-                        tr.sent = [t, early.k[k], early.e[k]]  # type: ignore[union-attr]
+                        tr.sent = [t, early.k[k], early.e[k], *early.known[k]]  # type: ignore[union-attr]
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
                     got_flat += self._here(k, got)
@@ -391,32 +410,48 @@ class PdmmLoop:
 class Stopping:
     """The early-stop state of the hosted nodes in one phase (:mod:`nlagg_node.termination`).
 
-    Per node: its last ``window`` x's, its quiet counter and stop iteration, and the neighbours'
-    counters and stops received with their x of the previous iteration.
+    Per node: its last ``window`` x's, its quiet counter, stop iteration and the departures it knows
+    of, the neighbours' fields received with their x of the previous iteration (those still here:
+    ``slots``, shared with the loop) and the departures it detected at the last barrier.
     """
 
-    def __init__(self, members: list[Member], window: int, diam: int, tolerance: float) -> None:
+    def __init__(
+        self, members: list[Member], window: int, reach: int, tolerance: float, slots: list[list[int]]
+    ) -> None:
         self.members = members
-        self.window, self.diam, self.tolerance = window, diam, tolerance
-        self.threshold = stop_threshold(diam, window)
+        self.window, self.reach, self.tolerance = window, reach, tolerance
+        self.threshold = stop_threshold(reach, window)
+        self.slots = slots
         h = len(members)
         self.hist = [[0.0] * window for _ in range(h)]
         self.k = [0] * h
         self.e = [NO_STOP] * h
-        self.nbr: list[list[tuple[int, int]]] = [[] for _ in range(h)]
+        self.known: list[tuple[int, ...]] = [()] * h
+        self.caught: list[tuple[int, ...]] = [()] * h
+        self.nbr: list[list[Fields]] = [[] for _ in range(h)]
 
-    def step(self, lt: int, t: int, xs: list[float]) -> list[tuple[int, int | None]]:
-        """Iteration t (``lt`` within the phase): each node's ``(quiet, stop)`` to publish with x^(t)."""
+    def detect(self, k: int, t: int) -> None:
+        """Hosted node k took x^(t) and found neighbours departed at t: not quiet at t + 1."""
+        self.caught[k] = (t,)
+
+    def step(self, lt: int, t: int, xs: list[float]) -> list[tuple[int, int | None, tuple[int, ...]]]:
+        """Iteration t (``lt`` within the phase): each node's ``(quiet, stop, departures)`` to publish
+        with x^(t)."""
         slot = lt % self.window
-        out: list[tuple[int, int | None]] = []
+        out: list[tuple[int, int | None, tuple[int, ...]]] = []
         for k, xk in enumerate(xs):
-            quiet = lt >= self.window and is_quiet(xk, self.hist[k][slot], self.tolerance)
+            caught, nbr = self.caught[k], self.nbr[k]
+            quiet = not caught and lt >= self.window and is_quiet(xk, self.hist[k][slot], self.tolerance)
             self.hist[k][slot] = xk
-            k_min = min([self.k[k]] + [q for q, _ in self.nbr[k]])
-            e_min = min([self.e[k]] + [e for _, e in self.nbr[k]])
+            k_min = min([self.k[k]] + [f[0] for f in nbr])
+            e_min = min([live_stop(self.e[k], t)] + [live_stop(f[1], t) for f in nbr])
             self.k[k] = next_quiet(quiet, k_min)
-            self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.diam)
-            out.append((self.k[k], None if self.e[k] == NO_STOP else self.e[k]))
+            self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.reach)
+            if caught or self.known[k] or any(f[2] for f in nbr):
+                merged = set(self.known[k]).union(caught, *(f[2] for f in nbr))
+                self.known[k] = tuple(sorted(d for d in merged if recent(d, t, self.reach)))
+                self.caught[k] = ()
+            out.append((self.k[k], None if self.e[k] == NO_STOP else self.e[k], self.known[k]))
         return out
 
     def restore(self, lt: int, tracks: list[_Track]) -> None:
@@ -426,14 +461,20 @@ class Stopping:
             xs = tr.xs[len(tr.xs) - lt :]
             for lt_past in range(max(0, lt - self.window), lt):
                 self.hist[k][lt_past % self.window] = xs[lt_past]
-            _, self.k[k], self.e[k] = tr.sent
-            self.nbr[k] = [(q, e) for q, e in tr.ck.prev_quiet] if tr.ck is not None else []
+            _, self.k[k], self.e[k], *known = tr.sent
+            self.known[k] = tuple(known)
+            self.nbr[k] = [(f[0], f[1], tuple(f[2:])) for f in tr.ck.prev_quiet] if tr.ck is not None else []
 
     def received(self, t: int) -> bool:
-        """After taking x^(t): keep the neighbours' fields; whether the phase ends with iteration t."""
+        """After taking x^(t): keep the fields of the neighbours still here; whether the phase ends
+        with iteration t."""
         for k, m in enumerate(self.members):
-            self.nbr[k] = m.take_quiet(t)
-        stops = [e == t for e in self.e]
+            row, here = m.take_quiet(t), self.slots[k]
+            self.nbr[k] = row if len(here) == len(row) else [row[q] for q in here]
+        stops = [halts(e, t, list(known), self.reach) for e, known in zip(self.e, self.known, strict=True)]
         if any(stops) and not all(stops):
-            raise NlaggError(f"hosted nodes disagree on the stop at t={t}: {self.e}")
+            raise NlaggError(
+                f"hosted nodes disagree on the stop at t={t}: {self.e} (a departure split them into"
+                " components that stop apart: host them as processes of their own)"
+            )
         return stops[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -24,7 +24,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, combine, plan_phases, sealed_groups_of
-from ..termination import NO_STOP
+from ..termination import NO_STOP, Fields
 from .barrier import Barrier, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .peers import HISTORY, Neighbours, Outbox
@@ -125,7 +125,7 @@ class Member:
         # Early stopping: every phase may end before its t_len; the next phase starts at its usual t.
         if self.cfg.early_stop:
             self.x_in.jumps = frozenset(np.cumsum([p.t_len for p in self.phases]).tolist()[:-1])
-        self.quiet_in: dict[int, list[tuple[int, int]]] = {}
+        self.quiet_in: dict[int, list[Fields]] = {}
         self.iterations_run = self.t_total
         self.rejected = 0
         self.duplicates = 0
@@ -187,15 +187,18 @@ class Member:
         """
         return self.x_in.put, self.slot[j]
 
-    def keep_quiet(self, t: int, slot: int, quiet: int, stop: int | None) -> None:
-        """The quiet counter and stop iteration sent with a new x^(t), kept for :meth:`take_quiet`."""
+    def keep_quiet(
+        self, t: int, slot: int, quiet: int, stop: int | None, departures: Sequence[int] | None
+    ) -> None:
+        """The early-stop fields sent with a new x^(t), kept for :meth:`take_quiet`."""
         row = self.quiet_in.get(t)
         if row is None:
-            row = self.quiet_in[t] = [(0, NO_STOP)] * len(self.neighbours)
-        row[slot] = (quiet, NO_STOP if stop is None else stop)
+            row = self.quiet_in[t] = [(0, NO_STOP, ())] * len(self.neighbours)
+        row[slot] = (quiet, NO_STOP if stop is None else stop, tuple(departures) if departures else ())
 
-    def take_quiet(self, t: int) -> list[tuple[int, int]]:
-        """The neighbours' ``(quiet counter, stop iteration)`` sent with x^(t) (after taking x^(t))."""
+    def take_quiet(self, t: int) -> list[Fields]:
+        """The neighbours' ``(quiet counter, stop iteration, departures)`` sent with x^(t), by slot
+        (after taking x^(t); a departed neighbour's slot holds nothing that counts)."""
         return self.quiet_in.pop(t)
 
     def count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:

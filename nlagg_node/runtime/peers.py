@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 
 from ..errors import NlaggError
 from .transport import Transport
@@ -79,9 +80,18 @@ class Outbox:
         self.status: bytes | None = None
         self.key: bytes | None = None
 
-    def send_x(self, t: int, phase: str, x: float, quiet: int | None = None, stop: int | None = None) -> None:
-        """Publish x_i^(t) (with early stopping: its quiet counter and stop) without waiting (hot path)."""
-        payload = encode_x(self.node, t, phase, x, quiet, stop)
+    def send_x(
+        self,
+        t: int,
+        phase: str,
+        x: float,
+        quiet: int | None = None,
+        stop: int | None = None,
+        departures: Sequence[int] = (),
+    ) -> None:
+        """Publish x_i^(t) (with early stopping: its quiet counter, stop and the departures it knows
+        of) without waiting (hot path)."""
+        payload = encode_x(self.node, t, phase, x, quiet, stop, departures)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))

@@ -65,6 +65,7 @@ class Router:
         self.phase_at = first.phase_at
         self.t_total = len(first.phase_at)
         self.early = first.cfg.early_stop
+        self.may_depart = first.cfg.early_stop and first.cfg.may_depart
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
         # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
@@ -103,6 +104,10 @@ class Router:
                 why = "missing (the run stops early)" if self.early else "not in a run with a fixed schedule"
                 self.on_reject(raw.topic, WireError("quiet/stop", (msg.quiet, msg.stop), why))
                 return
+            if msg.departures is not None and not self.may_depart:
+                why = "not in a run whose nodes may not depart (may_depart is off)"
+                self.on_reject(raw.topic, WireError("departures", list(msg.departures), why))
+                return
             routes = self.x_routes.get(msg.node)
             if routes is None:
                 self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
@@ -113,7 +118,7 @@ class Router:
                 if outcome != "new":
                     m.count_x(outcome, j, t, x)
                 elif quiet is not None:
-                    m.keep_quiet(t, slot, quiet, msg.stop)
+                    m.keep_quiet(t, slot, quiet, msg.stop, msg.departures)
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:

@@ -23,6 +23,7 @@ bounds); a payload msgspec does not take goes through :func:`decode`, so a hot-p
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -144,10 +145,17 @@ class SealedZ0Msg(_Msg2):
     ct: Annotated[str, _b64_of(24)]
 
 
+def _strictly_up(values: Sequence[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(values))
+
+
 def _ascending(values: list[int]) -> list[int]:
-    if any(a >= b for a, b in zip(values, values[1:], strict=False)):
+    if not _strictly_up(values):
         raise ValueError("must be strictly ascending")
     return values
+
+
+Departures = Annotated[list[Iteration], Field(min_length=1, max_length=MAX_NODES), AfterValidator(_ascending)]
 
 
 class XMsg(_Msg):
@@ -165,9 +173,7 @@ class XMsg(_Msg):
     x: Finite
     quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
-    departures: (
-        Annotated[list[Iteration], Field(min_length=1, max_length=MAX_NODES), AfterValidator(_ascending)] | None
-    ) = None
+    departures: Departures | None = None
 
 
 class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -413,10 +419,6 @@ class HotDecoder:
         if info.kind == "x" and len(self._x_topics) < MAX_NODES:
             self._x_topics[topic] = info
         return info, full
-
-
-def _strictly_up(values: tuple[int, ...]) -> bool:
-    return all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
 def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:
