@@ -222,13 +222,15 @@ def test_an_edge_goes_with_either_end() -> None:
 
 @needs_mosquitto
 @pytest.mark.slow
-async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(tmp_path: Path) -> None:
+@pytest.mark.parametrize("early", [False, True], ids=["fixed-schedule", "early-stop"])
+async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(tmp_path: Path, early: bool) -> None:
     """``nlagg testbed --depart``: two node processes SIGKILLed at fixed iterations split a ring of 8;
     each component ends exact with its own maximum, bit for bit the simulator, and the eavesdropper's
-    transcript and the attack know who left."""
+    transcript and the attack know who left. With early stopping each half stops on its own."""
     cfg = RunConfig(
-        early_stop=False, op="max", n=8, graph="ring", trials=1, seed=3, t_max=1000, c=10.0, mu_z=30.0
-    )
+        early_stop=early, may_depart=early, op="max", n=8, graph="ring", trials=1, seed=3, t_max=1000,
+        c=10.0, mu_z=30.0,
+    )  # fmt: skip
     dep = {0: 200, 4: 300}
     summary = await run_testbed(cfg, departures=dep, out_dir=tmp_path / "run", broker_kind="mosquitto")
     sim = simulate(cfg, departures=dep)
@@ -261,7 +263,7 @@ def test_sim_cli_departure_and_its_transcript_attacked(
         main()
     assert exc.value.code in (0, None)
     summary = json.loads(capsys.readouterr().out)
-    cfg = RunConfig(early_stop=False, op="max", n=8, trials=1, t_max=1000, c=10.0, mu_z=30.0, record="all")
+    cfg = RunConfig(op="max", n=8, trials=1, t_max=1000, c=10.0, mu_z=30.0, record="all", may_depart=True)
     sim = simulate(cfg, departures={2: 100})
     assert summary["departed"] == {"2": 100}
     assert summary["survivors"] == [0, 1, 3, 4, 5, 6, 7]

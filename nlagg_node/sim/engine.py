@@ -204,8 +204,20 @@ def simulate(
     secret = secret_groups_of(cfg, phases)
     t_total = sum(p.t_len for p in phases)
     dep = SimDepartures(cfg, departures, t_total, graphs) if departures else None
-    kept = survivors(n, dep.at) if dep is not None else list(range(n))
-    targets = phase_targets(cfg, phases, s_used.reshape(B, n)[:, kept])
+    # The targets convergence is judged against: the survivors'. With early stopping a planned
+    # departure may not happen (its component stopped first): one target per set of departures
+    # that may have happened, the first q departure iterations (q = 0 .. all), picked at the end.
+    dep_sets = [dep.at] if dep is not None else [{}]
+    if dep is not None and cfg.early_stop:
+        times = sorted(set(dep.at.values()))
+        dep_sets = [{j: t for j, t in dep.at.items() if t in times[:q]} for q in range(len(times) + 1)]
+    targets = [
+        (np.array([lo for lo, _ in per_set]), np.array([hi for _, hi in per_set]))
+        for per_set in zip(
+            *(phase_targets(cfg, phases, s_used.reshape(B, n)[:, survivors(n, d)]) for d in dep_sets),
+            strict=True,
+        )
+    ]
     record = np.array(parse_record_spec(cfg.record, t_total), dtype=np.int64)
     recorded_x = np.empty((len(record), B, n))
 
@@ -264,7 +276,7 @@ def simulate(
         s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
         if dep is not None:
             s_eff = dep.mask_values(s_eff)
-        last_bad = np.full(B, -1, dtype=np.int64)
+        last_bad = np.full((len(dep_sets), B), -1, dtype=np.int64)
         ran = np.full(B, -1, dtype=np.int64)
         kq[:] = 0
         ev[:] = NO_STOP
@@ -342,6 +354,16 @@ def simulate(
                 progress(t0 + start + steps, t_total)
         ran = np.where(ran >= 0, ran, phase.t_len)
         phase_iterations[:, len(finals)] = ran
+        if early and dep is not None:  # departures never reached: every trial had stopped before
+            late = [j for j, at in dep.at.items() if t0 <= at < t0 + phase.t_len and j not in dep.gone]
+            moot.reshape(B, n)[:, late] = True
+        if len(dep_sets) > 1:  # the target of the departures that happened in each trial
+            happened = ~moot.reshape(B, n)[:, list(dep.at)]  # type: ignore[union-attr]
+            times = np.array(list(dep.at.values()))  # type: ignore[union-attr]
+            q = np.array([len(set(times[h].tolist())) for h in happened])
+            last_bad = last_bad[q, np.arange(B)]
+        else:
+            last_bad = last_bad[0]
         node_iterations[:, :, len(finals)] = np.where(halt >= 0, halt, phase.t_len).reshape(B, n)
         all_converged &= last_bad < ran - 1
         conv += last_bad + 1

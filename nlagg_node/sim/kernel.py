@@ -61,8 +61,8 @@ def run_trial(
     t0: int,
     local0: int,
     t_len: int,
-    lo: float,
-    hi: float,
+    lo: Any,
+    hi: Any,
     matched: Any,
     first_match: Any,
     last_bad: Any,
@@ -116,6 +116,8 @@ def run_trial(
         dst_l[m + e] = dst[half + p0 + e] - g0
     vl = np.empty(n)
     xl = np.empty(n)
+    n_targets = lo.shape[0]
+    off = np.zeros(n_targets, dtype=np.bool_)
     s_l = s_eff[g0 : g0 + n].copy()
     cd_l = cd[g0 : g0 + n].copy()
     k = rec_ptr
@@ -138,7 +140,7 @@ def run_trial(
         vl[:] = 0.0
         for e in range(2 * m):
             vl[src_l[e]] += ul[e]
-        off = False
+        off[:] = False
         for i in range(n):
             if halt[g0 + i] >= 0:  # stopped (early) or departed: publishes nothing
                 xi = xl[i]
@@ -153,9 +155,11 @@ def run_trial(
                     matched[g0 + i] = True
                     first_match[g0 + i] = t0 + t
             xl[i] = xi
-            off = off or xi < lo or xi > hi
-        if off:
-            last_bad[b] = local0 + t
+            for q in range(n_targets):
+                off[q] = off[q] or xi < lo[q] or xi > hi[q]
+        for q in range(n_targets):
+            if off[q]:
+                last_bad[q, b] = local0 + t
         if k < n_rec and record_t[k] == t0 + t:
             for i in range(n):
                 recorded[k, g0 + i] = xl[i]
@@ -246,8 +250,8 @@ def _run_trial_of(b: int, st: Any) -> None:
         t0,
         local0,
         t_len,
-        target_lo[b] - tolerance,
-        target_hi[b] + tolerance,
+        target_lo[:, b] - tolerance,
+        target_hi[:, b] + tolerance,
         matched,
         first_match,
         last_bad,
@@ -318,8 +322,9 @@ def run_phase(
     edge pairs ``pair_start[b] .. pair_start[b + 1] - 1`` (directed edge ``p`` and its
     reverse ``p + E / 2``, the :class:`nlagg_node.graphs.EdgeLayout` order). ``t0`` is the
     global iteration of the first step and ``local0`` its index within the phase.
-    ``matched``/``first_match`` (per node), ``last_bad`` (per trial: last phase-local
-    iteration with a node farther than ``tolerance`` from ``[target_lo, target_hi]``)
+    ``matched``/``first_match`` (per node), ``last_bad`` (``(Q, trials)``: last phase-local
+    iteration with a node farther than ``tolerance`` from ``[target_lo, target_hi]``, per target
+    row: with early stopping and departures, one per set of departures that may have happened)
     and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place, and so
     are the early-stop state ``hist``/``kq``/``ev``/``halt``/``known``/``fresh`` (per node) and
     ``ran`` (per trial, -1 while running) when ``early`` (``reach``: each trial's stop reach,
@@ -330,7 +335,7 @@ def run_phase(
     for a handful of trials (or on a busy machine) is faster. A trial's arithmetic is the same
     either way, so every bit of the result is too.
     """
-    n_trials = last_bad.shape[0]
+    n_trials = last_bad.shape[1]
     rec_end = rec_ptr
     while rec_end < record_t.shape[0] and record_t[rec_end] < t0 + t_len:
         rec_end += 1
