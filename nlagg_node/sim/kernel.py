@@ -44,6 +44,7 @@ _voids: Any = numba.njit(termination.voids)
 @njit(nogil=True)
 def run_trial(
     b: int,
+    tracked: bool,
     u: Any,
     src: Any,
     dst: Any,
@@ -97,8 +98,11 @@ def run_trial(
     stop reaches ``reach`` hops. ``known[g, d]``: node g knows the departure at iteration
     ``dep_t[d]`` (one hop per iteration); ``fresh[g, d]``: it detected it at the last barrier (set
     between calls), so it is not quiet now. Once every node has stopped, ``ran[b]`` is the phase's
-    iteration count (the last node's).
+    iteration count (the last node's). ``tracked`` (a compile-time constant: numba compiles the
+    kernel once with each value) says whether any node can stop or depart on its own (early
+    stopping with departures); without, no per-node check is compiled in.
     """
+    numba.literally(tracked)
     half = u.shape[0] // 2
     g0 = b * n
     m = p1 - p0
@@ -128,6 +132,7 @@ def run_trial(
     n_dep = dep_t.shape[0]
     seen = np.empty((n, n_dep), dtype=np.bool_)
     halting = np.zeros(n, dtype=np.bool_)
+    lo0, hi0 = lo[0], hi[0]
     for i in range(n):  # halted nodes keep their x; the others compute it before any use
         xl[i] = x[g0 + i]
     for t in range(t_len):
@@ -140,9 +145,12 @@ def run_trial(
         vl[:] = 0.0
         for e in range(2 * m):
             vl[src_l[e]] += ul[e]
-        off[:] = False
+        off0 = False
+        if tracked:  # the targets of fewer departures (the engine's; one without departures)
+            for q in range(1, n_targets):
+                off[q] = False
         for i in range(n):
-            if halt[g0 + i] >= 0:  # stopped (early) or departed: publishes nothing
+            if tracked and halt[g0 + i] >= 0:  # publishes nothing: its x stays
                 xi = xl[i]
             else:
                 if cd_l[i] == 0.0:  # no neighbour left (nlagg_node.departure): its value, or NaN if departed
@@ -155,11 +163,16 @@ def run_trial(
                     matched[g0 + i] = True
                     first_match[g0 + i] = t0 + t
             xl[i] = xi
-            for q in range(n_targets):
-                off[q] = off[q] or xi < lo[q] or xi > hi[q]
-        for q in range(n_targets):
-            if off[q]:
-                last_bad[q, b] = local0 + t
+            off0 = off0 or xi < lo0 or xi > hi0
+            if tracked:
+                for q in range(1, n_targets):
+                    off[q] = off[q] or xi < lo[q] or xi > hi[q]
+        if off0:
+            last_bad[0, b] = local0 + t
+        if tracked:
+            for q in range(1, n_targets):
+                if off[q]:
+                    last_bad[q, b] = local0 + t
         if k < n_rec and record_t[k] == t0 + t:
             for i in range(n):
                 recorded[k, g0 + i] = xl[i]
@@ -170,13 +183,14 @@ def run_trial(
             slot = lt % window
             now = t0 + t
             for i in range(n):
-                if halt[g0 + i] >= 0:
+                if tracked and halt[g0 + i] >= 0:
                     continue
                 detected = False
-                for d in range(n_dep):
-                    detected = detected or fresh[g0 + i, d]
-                    seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
-                    fresh[g0 + i, d] = False
+                if tracked:
+                    for d in range(n_dep):
+                        detected = detected or fresh[g0 + i, d]
+                        seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
+                        fresh[g0 + i, d] = False
                 quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], quiet_tol)
                 hist[g0 + i, slot] = xl[i]
                 kmin[i] = kq[g0 + i]
@@ -186,24 +200,27 @@ def run_trial(
                 j_ = g0 + dst_l[e]
                 kmin[a_] = min(kmin[a_], kq[j_])
                 emin[a_] = min(emin[a_], _live_stop(ev[j_], now))
-                for d in range(n_dep):
-                    seen[a_, d] = seen[a_, d] or known[j_, d]
+                if tracked:
+                    for d in range(n_dep):
+                        seen[a_, d] = seen[a_, d] or known[j_, d]
             for i in range(n):
-                if halt[g0 + i] >= 0:
+                if tracked and halt[g0 + i] >= 0:
                     continue
-                for d in range(n_dep):
-                    known[g0 + i, d] = seen[i, d]
+                if tracked:
+                    for d in range(n_dep):
+                        known[g0 + i, d] = seen[i, d]
                 kq[g0 + i] = _next_quiet(quiet[i], kmin[i])
                 ev[g0 + i] = _next_stop(emin[i], kq[g0 + i], now, threshold, reach)
                 if ev[g0 + i] == now:
                     void = False
-                    for d in range(n_dep):
-                        void = void or (known[g0 + i, d] and _voids(dep_t[d], now, reach))
+                    if tracked:
+                        for d in range(n_dep):
+                            void = void or (known[g0 + i, d] and _voids(dep_t[d], now, reach))
                     halting[i] = not void
                     stop_now = stop_now or halting[i]
         for p in range(m):
             q = p + m
-            if halt[g0 + dst_l[p]] >= 0 or halt[g0 + dst_l[q]] >= 0:
+            if tracked and (halt[g0 + dst_l[p]] >= 0 or halt[g0 + dst_l[q]] >= 0):
                 continue  # a stopped component's duals stay as they were
             a = ul[p]
             r = ul[q]
@@ -226,13 +243,15 @@ def run_trial(
 
 
 @njit(nogil=True)
-def _run_trial_of(b: int, st: Any) -> None:
+def _run_trial_of(b: int, st: Any, tracked: bool) -> None:
     """Trial ``b`` of :func:`run_phase` (``st``: its arguments, in order, as one tuple)."""
+    numba.literally(tracked)
     (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
      target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
      early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh) = st  # fmt: skip
     run_trial(
         b,
+        tracked,
         u,
         src,
         dst,
@@ -342,10 +361,17 @@ def run_phase(
     st = (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
           target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
           early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh)  # fmt: skip
+    tracked = early and dep_t.shape[0] > 0  # nodes may stop or depart apart
     if parallel:
         for b in numba.prange(n_trials):
-            _run_trial_of(b, st)
+            if tracked:
+                _run_trial_of(b, st, True)
+            else:
+                _run_trial_of(b, st, False)
     else:
         for b in range(n_trials):
-            _run_trial_of(b, st)
+            if tracked:
+                _run_trial_of(b, st, True)
+            else:
+                _run_trial_of(b, st, False)
     return rec_end
