@@ -383,7 +383,7 @@ async def run_testbed(
         outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
         departures = {j: at for j, at in departures.items() if j not in outputs}  # those that happened
         comps = components(cfg.n, edges, departures)
-        truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # all without departures
+        truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # the largest part
         node_truth = survivor_truth(cfg, values[None], [comps])
         node_truth = (node_truth[0][0], node_truth[1][0])
         summary: TestbedSummary = {

@@ -357,10 +357,10 @@ def simulate(
         if early and dep is not None:  # departures never reached: every trial had stopped before
             late = [j for j, at in dep.at.items() if t0 <= at < t0 + phase.t_len and j not in dep.gone]
             moot.reshape(B, n)[:, late] = True
-        if len(dep_sets) > 1:  # the target of the departures that happened in each trial
-            happened = ~moot.reshape(B, n)[:, list(dep.at)]  # type: ignore[union-attr]
-            times = np.array(list(dep.at.values()))  # type: ignore[union-attr]
-            q = np.array([len(set(times[h].tolist())) for h in happened])
+        if dep is not None and len(dep_sets) > 1:  # the target of the departures that happened
+            happened = ~moot.reshape(B, n)[:, np.array(list(dep.at))]
+            at = np.array(list(dep.at.values()))
+            q = np.array([len(set(at[h].tolist())) for h in happened])
             last_bad = last_bad[q, np.arange(B)]
         else:
             last_bad = last_bad[0]

@@ -25,6 +25,7 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba.misc.special import literally
 
 from .. import pdmm, termination
 from ..jit import njit
@@ -102,7 +103,7 @@ def run_trial(
     kernel once with each value) says whether any node can stop or depart on its own (early
     stopping with departures); without, no per-node check is compiled in.
     """
-    numba.literally(tracked)
+    literally(tracked)
     half = u.shape[0] // 2
     g0 = b * n
     m = p1 - p0
@@ -245,7 +246,7 @@ def run_trial(
 @njit(nogil=True)
 def _run_trial_of(b: int, st: Any, tracked: bool) -> None:
     """Trial ``b`` of :func:`run_phase` (``st``: its arguments, in order, as one tuple)."""
-    numba.literally(tracked)
+    literally(tracked)
     (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
      target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
      early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh) = st  # fmt: skip
