@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -187,14 +187,12 @@ class Member:
         """
         return self.x_in.put, self.slot[j]
 
-    def keep_quiet(
-        self, t: int, slot: int, quiet: int, stop: int | None, departures: Sequence[int] | None
-    ) -> None:
+    def keep_quiet(self, t: int, slot: int, fields: Fields) -> None:
         """The early-stop fields sent with a new x^(t), kept for :meth:`take_quiet`."""
         row = self.quiet_in.get(t)
         if row is None:
             row = self.quiet_in[t] = [(0, NO_STOP, ())] * len(self.neighbours)
-        row[slot] = (quiet, NO_STOP if stop is None else stop, tuple(departures) if departures else ())
+        row[slot] = fields
 
     def take_quiet(self, t: int) -> list[Fields]:
         """The neighbours' ``(quiet counter, stop iteration, departures)`` sent with x^(t), by slot

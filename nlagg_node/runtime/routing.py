@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import NlaggError
+from ..termination import NO_STOP
 from .barrier import Outcome
 from .member import Member
 from .transport import Message, Transport
@@ -118,7 +119,8 @@ class Router:
                 if outcome != "new":
                     m.count_x(outcome, j, t, x)
                 elif quiet is not None:
-                    m.keep_quiet(t, slot, quiet, msg.stop, msg.departures)
+                    stop, deps = msg.stop, msg.departures
+                    m.keep_quiet(t, slot, (quiet, NO_STOP if stop is None else stop, tuple(deps or ())))
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:
