@@ -93,6 +93,7 @@ async def test_junk_is_counted_and_changes_nothing(caplog: pytest.LogCaptureFixt
         (T.x(1), b'{"v":1,"node":1,"t":0,"phase":"max","x":NaN}'),
         (T.x(1), b'{"v":1,"node":2,"t":0,"phase":"max","x":1.0}'),
         (T.x(1), b'{"v":1,"node":1,"t":99999,"phase":"max","x":1.0}'),
+        (T.x(1), b'{"v":1,"node":1,"t":0,"phase":"max","x":1.0,"quiet":0,"departures":[0]}'),
         (T.z0(1, 0), b'{"v":1,"from":1,"to":0,"group":"nope","z":1.0}'),
         (T.status(1), b'{"v":1,"node":1,"state":"sleeping"}'),
     ]
@@ -117,6 +118,7 @@ async def test_junk_is_counted_and_changes_nothing(caplog: pytest.LogCaptureFixt
     nbrs = neighbours(cfg.n, run_edges(cfg))
     assert all(r.rejected > 0 for r in results if 1 in nbrs[r.node])
     assert "rejected message" in caplog.text
+    assert "departures=[0]: only in a run whose nodes may depart" in caplog.text
 
 
 async def test_missing_neighbour_is_named_after_timeout() -> None:

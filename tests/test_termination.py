@@ -150,14 +150,20 @@ def _x_payloads(path: Path) -> list[tuple[str, bytes]]:
 
 
 @pytest.mark.parametrize(
-    ("quiet", "stop"), [pytest.param(0, None, id="counting"), pytest.param(140, 7004, id="stop-known")]
+    ("quiet", "stop", "departures"),
+    [
+        pytest.param(0, None, None, id="counting"),
+        pytest.param(140, 7004, None, id="stop-known"),
+        pytest.param(0, 7030, [6990, 6995], id="departures-known"),
+    ],
 )
-def test_x_fields_round_trip_exactly(quiet: int, stop: int | None) -> None:
-    payload = encode_x(2, 7000, "max-2", 0.1 + 0.2, quiet, stop)
-    assert payload == encode(XMsg(node=2, t=7000, phase="max-2", x=0.1 + 0.2, quiet=quiet, stop=stop))
+def test_x_fields_round_trip_exactly(quiet: int, stop: int | None, departures: list[int] | None) -> None:
+    payload = encode_x(2, 7000, "max-2", 0.1 + 0.2, quiet, stop, departures or ())
+    model = XMsg(node=2, t=7000, phase="max-2", x=0.1 + 0.2, quiet=quiet, stop=stop, departures=departures)
+    assert payload == encode(model)
     _, msg = decode(topics("nlagg", "r").x(2), payload, "nlagg", "r")
     assert isinstance(msg, XMsg)
-    assert (msg.quiet, msg.stop) == (quiet, stop)
+    assert (msg.quiet, msg.stop, msg.departures) == (quiet, stop, departures)
 
 
 @pytest.mark.parametrize(
@@ -167,6 +173,11 @@ def test_x_fields_round_trip_exactly(quiet: int, stop: int | None) -> None:
         pytest.param("quiet", MAX_ITERATIONS + 1, id="huge-quiet"),
         pytest.param("stop", MAX_ITERATIONS + MAX_NODES, id="huge-stop"),
         pytest.param("stop", 1.5, id="float-stop"),
+        pytest.param("departures", [], id="empty-departures"),
+        pytest.param("departures", [30, 20], id="departures-not-ascending"),
+        pytest.param("departures", [20, 20], id="departures-repeated"),
+        pytest.param("departures", [-1], id="negative-departure"),
+        pytest.param("departures", [MAX_ITERATIONS], id="huge-departure"),
     ],
 )
 def test_x_fields_are_bounded(field: str, value: object) -> None:

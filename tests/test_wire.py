@@ -74,7 +74,7 @@ _HOT_VALUES = st.one_of(
     st.text(max_size=3),
     st.lists(st.integers(0, 2), max_size=2),
 )
-_HOT_KEYS = ["v", "node", "t", "phase", "x", "quiet", "stop"]
+_HOT_KEYS = ["v", "node", "t", "phase", "x", "quiet", "stop", "departures"]
 
 
 def _outcome(topic: str, payload: bytes, fn: object) -> tuple[object, ...]:
@@ -82,7 +82,8 @@ def _outcome(topic: str, payload: bytes, fn: object) -> tuple[object, ...]:
         _, msg = fn(topic, payload, "nlagg", "r1")  # type: ignore[operator]
     except WireError as exc:
         return ("error", str(exc))
-    return ("ok", *(repr(getattr(msg, k)) for k in _HOT_KEYS))
+    values = (getattr(msg, k) for k in _HOT_KEYS)
+    return ("ok", *(repr(list(v) if isinstance(v, tuple) else v) for v in values))  # departures: list or tuple
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

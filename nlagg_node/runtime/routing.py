@@ -106,7 +106,7 @@ class Router:
                 self.on_reject(raw.topic, WireError("quiet/stop", (msg.quiet, msg.stop), why))
                 return
             if msg.departures is not None and not self.may_depart:
-                why = "not in a run whose nodes may not depart (may_depart is off)"
+                why = "only in a run whose nodes may depart (may_depart)"
                 self.on_reject(raw.topic, WireError("departures", list(msg.departures), why))
                 return
             routes = self.x_routes.get(msg.node)
