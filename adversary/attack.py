@@ -33,7 +33,8 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
-from .live import HIGH, LOW, SOLVED, VALUE, Exposures, iterations_run, phase_spans, replay_exposures
+from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
+from .spans import node_ends, node_iterations_run, phase_spans
 from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class AttackExtra(TypedDict, total=False):
     solved_phase: bool  # an average-consensus phase let the replay solve values
     run_id: str
     captured_x: int  # x messages in the transcript
-    expected_x: int  # n x the iterations run (T on the fixed schedule)
+    expected_x: int  # the x's of the iterations each node ran (n x T on the fixed schedule)
     departed: dict[str, int]  # nodes that left the run: node -> the iteration (announced in statuses)
 
 
@@ -239,17 +240,20 @@ def attack_arrays(
     T = rep.branch.shape[1]
     lower = np.full(n, -np.inf)
     upper = np.full(n, np.inf)
-    # With early stopping a phase's final x is where it stopped, not at the end of its t_len.
+    # With early stopping a phase's final x is where it stopped, not at the end of its t_len; where
+    # departures split the graph, each node's is where its component stopped.
     spans = phase_spans(phases, x[:, :T]) if early_stop else None
+    own_ends = node_ends(phases, x[:, :T], edges, departed) if early_stop else None
     t0, final_t = 0, T - 1
-    ends: dict[str, list[int]] = {}
+    last_t = np.full(n, T - 1, dtype=np.int64)  # each node's final iteration in the last phase reached
+    ends: dict[str, list[IntArray]] = {}
     for k, phase in enumerate(phases):
         t1 = min(t0 + phase.t_len, T)
         if t1 <= t0:
             break
         earlier = ends.get(phase.group, [])
         for i in range(n):
-            identified = [float(x[i, e]) for e in earlier if math.isfinite(x[i, e])]
+            identified = [float(x[i, e[i]]) for e in earlier if math.isfinite(x[i, e[i]])]
             if not _bypass_allows(phase, float(lower[i]), float(upper[i]), identified, epsilon):
                 continue
             codes = rep.branch[i, t0:t1]
@@ -261,11 +265,16 @@ def attack_arrays(
             if len(highs):
                 lower[i] = max(lower[i], float(highs.max()))
         final_t = spans[k][1] - 1 if spans is not None and spans[k][1] > spans[k][0] else t1 - 1
-        ends.setdefault(phase.group, []).append(final_t)
+        last_t = np.full(n, final_t, dtype=np.int64)
+        if own_ends is not None:
+            last_t = np.where(own_ends[k] > t0, own_ends[k] - 1, last_t)
+        ends.setdefault(phase.group, []).append(last_t)
         t0 = t1
     sc = scale or ValueScale()
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
-    last = x[:, final_t] if T else np.full(n, np.nan)
+    last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
+    if own_ends is not None and departed:  # a departed node's last x is no output
+        last[[j for j in departed if 0 <= j < n]] = np.nan
     output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
     findings: list[NodeFinding] = []
     for i in range(n):
@@ -390,8 +399,15 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
     # Early stopping: x's only of the iterations the phases ran (as far as the capture shows them).
     x = data["x"]
-    ran = len(iterations_run(data["phases"], x)) if cfg.early_stop else x.shape[1]
-    report.extra["expected_x"] = int(data["n"] * ran)
+    report.extra["expected_x"] = (
+        int(
+            node_iterations_run(
+                data["phases"], x, node_ends(data["phases"], x, data["edges"], data["departed"])
+            ).sum()
+        )
+        if cfg.early_stop
+        else int(data["n"] * x.shape[1])
+    )
     candidates = (
         [truth]
         if truth is not None

@@ -32,6 +32,7 @@ from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
+from nlagg_node.termination import diameter, stop_reach
 
 from .live import BRANCH_NAMES, Exposure, LiveReplay
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
@@ -62,13 +63,20 @@ class NodeView:
 
 
 def excuse_departed(
-    missing: tuple[int, int], gone: dict[int, int], t_total: int, config: ConfigMsg
+    missing: tuple[int, int],
+    gone: dict[int, int],
+    t_total: int,
+    config: ConfigMsg,
+    *,
+    early_stop: bool = False,
 ) -> tuple[int, int]:
     """``(x, z0)`` still missing, less what departed nodes never sent: their x's from their
-    departure on, and the z^(0) of every edge they had left before that dual group's exchange."""
+    departure on (with ``early_stop`` the count of missing x's already expects none of them:
+    :meth:`~adversary.transcript_db.TranscriptReader.complete`), and the z^(0) of every edge they
+    had left before that dual group's exchange."""
     if not gone:
         return missing
-    mx = missing[0] - sum(t_total - t for t in gone.values())
+    mx = missing[0] if early_stop else missing[0] - sum(t_total - t for t in gone.values())
     excused, start, group = 0, 0, ""
     for p in config.phases:
         if p["group"] != group:
@@ -265,7 +273,9 @@ class Eavesdropper:
         elif isinstance(msg, X_TYPES):
             v = self.view(msg.node)
             v.iterations = max(v.iterations, msg.t + 1)
-            if self.replay is not None and self.replay.add_x(msg.node, msg.t, msg.x):
+            if self.replay is not None and self.replay.add_x(
+                msg.node, msg.t, msg.x, msg.stop, msg.departures
+            ):
                 self._advance()
         elif isinstance(msg, AdvStateMsg):
             v = self.view(msg.node)
@@ -299,15 +309,27 @@ class Eavesdropper:
         self.scale = scale_for(cfg)
         phases = plan_phases(cfg)
         cs = [phase_c(cfg, p) for p in phases]
-        self.replay = LiveReplay(cfg.n, edges, phases, cs, cfg.theta, sealed_groups_of(cfg, phases))
+        reach = stop_reach(cfg.n, diameter(cfg.n, edges), cfg.may_depart) if cfg.early_stop else None
+        self.replay = LiveReplay(
+            cfg.n, edges, phases, cs, cfg.theta, sealed_groups_of(cfg, phases), reach=reach
+        )
         # Catch up on what arrived before the config.
         for group, arr in public_z0(cfg, edges, phases, self.transcript.z0(cfg.n, edges)).items():
             self.replay.z0[group] = arr
         for state in self.transcript.adv_states():
             self.replay.add_state(state)
+        for st in self.transcript.statuses().values():
+            for j, at in announced([st.departed]).items():
+                self.view(j).departed = at
+                self.replay.depart(j, at)
         x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
+        stops = self.transcript.x_stops(cfg.n, self.replay.t_total) if cfg.early_stop else {}
         for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):
-            self.replay.add_x(int(i), int(t), float(x[i, t]))
+            fields = stops.get((int(i), int(t)))
+            if fields is None:
+                self.replay.add_x(int(i), int(t), float(x[i, t]))
+            else:
+                self.replay.add_x(int(i), int(t), float(x[i, t]), *fields)
         self._advance()
         self._check_finished()
 
@@ -360,14 +382,17 @@ class Eavesdropper:
         done = len((self.transcript.done_nodes() | set(gone)) & set(range(self.config.n)))
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
+            early = bool(self.config.run.get("early_stop", False))
             missing = self.transcript.complete(
                 self.config.n,
                 self.replay.t_total,
                 self.config.edges,
                 groups,
-                early_stop=bool(self.config.run.get("early_stop", False)),
+                early_stop=early,
+                phases=self.replay.phases if early else None,
+                departed=gone,
             )
-            self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config)
+            self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config, early_stop=early)
             # A corrupted node's forwarded states count too: after a lost session the nodes
             # publish them again a few seconds later, and a capture that stopped first lost them.
             adv = self.missing_adv = self.transcript.missing_adv(self.config.n, self.replay.t_total)

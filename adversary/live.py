@@ -11,6 +11,15 @@ A node that departs at T (:mod:`nlagg_node.departure`, announced in its neighbou
 publishes no x from T on; the replay drops its edges after the z-update of T, as the nodes do
 (:func:`nlagg_node.departure.drop_pairs`).
 
+With early stopping a phase ends early, and where departures split the graph each connected
+component ends it at its own iteration (:mod:`nlagg_node.termination`). A node that has stopped
+publishes nothing more in the phase and its duals stay as they were: the replay leaves every pair
+whose ends have both stopped (or departed) unchanged, steps the pairs of the nodes still running,
+and moves on to the next phase's start once every node has stopped. Live, each x tells whether
+its node stops after it (:func:`nlagg_node.termination.halts` of the fields it carries); from a
+finished transcript, a node's phase ends with the last x of its component
+(:func:`adversary.spans.node_ends`).
+
 With a sealed initialization (wire protocol v2) the z^(0) of a sealed group never appear in
 plaintext; the adversary knows only those a corrupted node forwards (its state at the group's
 first iteration holds the z^(0) of its edges, both directions). Every other dual stays NaN, so
@@ -29,14 +38,28 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from nlagg_node.arrays import FloatArray, IntArray
+from nlagg_node.arrays import BoolArray, FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import dual_sum, linear_branch, z_update
 from nlagg_node.runtime.wire import AdvStateMsg
 from nlagg_node.schedule import Phase
+from nlagg_node.termination import halts
 
-__all__ = ["BRANCH_NAMES", "Exposure", "Exposures", "LiveReplay", "forwarded_z0", "replay_exposures"]
+from .spans import iterations_run, node_ends, node_iterations_run, phase_spans
+
+__all__ = [
+    "BRANCH_NAMES",
+    "Exposure",
+    "Exposures",
+    "LiveReplay",
+    "forwarded_z0",
+    "iterations_run",
+    "node_ends",
+    "node_iterations_run",
+    "phase_spans",
+    "replay_exposures",
+]
 
 
 UNKNOWN, LOW, HIGH, VALUE, SOLVED = -1, 0, 1, 2, 3
@@ -81,6 +104,12 @@ class LiveReplay:
     with :meth:`add_x`; each call of :meth:`advance` processes every iteration whose x's are all
     known and returns the new exposures. A plain group waits for all its z^(0); a ``sealed`` one
     (whose z^(0) the wire never shows) starts with what the corrupted nodes forwarded.
+
+    ``reach``: in a run with early stopping, the stop's reach
+    (:func:`nlagg_node.termination.stop_reach`); the fields an x carries (``stop``, ``departures``)
+    then tell whether its node stops after it, and the replay waits for no x of a stopped node
+    for the rest of the phase. Without it (or without the fields) a phase is over once nothing
+    is published at an iteration and the next phase has begun.
     """
 
     def __init__(
@@ -91,6 +120,8 @@ class LiveReplay:
         cs: Sequence[float],
         theta: float,
         sealed: Iterable[str] = (),
+        *,
+        reach: int | None = None,
     ) -> None:
         self.n = n
         self.layout = EdgeLayout.from_graphs(n, [np.asarray(edges, dtype=np.int64)])
@@ -103,6 +134,11 @@ class LiveReplay:
         self.t_total = sum(p.t_len for p in self.phases)
         self._phase_of = np.repeat(np.arange(len(self.phases)), [p.t_len for p in self.phases])
         self._starts = np.cumsum([0] + [p.t_len for p in self.phases])
+        self.reach = reach
+        # Early stopping: per phase, node -> the last iteration it ran (it stopped after it).
+        self.halted: list[dict[int, int]] = [{} for _ in self.phases]
+        self._halts = False  # any node stopped (the per-message paths check only this)
+        self._expected_at: dict[int, int] = {}  # _expected's answers while halts are known
         self.z0: dict[str, FloatArray] = {}
         self.x = np.full((n, self.t_total), np.nan)
         # Plain lists: read and written per captured x, where numpy's scalar access costs most.
@@ -116,6 +152,7 @@ class LiveReplay:
         self.full = self.layout  # the run's layout; ``layout`` loses the pairs of departed nodes
         self.pairs_kept = np.ones(self.layout.n_pairs, dtype=bool)
         self.departed: dict[int, int] = {}
+        self._dropped: set[int] = set()  # departed nodes whose pairs are gone from ``layout``
         self._departures: list[int] = []  # their iterations T, sorted: from T on, that node is silent
         self.sealed = frozenset(sealed)
         self._first_t: dict[str, int] = {}  # group -> its first iteration
@@ -123,11 +160,28 @@ class LiveReplay:
             self._first_t.setdefault(p.group, int(start))
 
     def depart(self, j: int, t: int) -> None:
-        """Node j departed at t (its last x was x^(t-1)): from t on nobody waits for it."""
-        if not 0 <= j < self.n or j in self.departed or not 0 <= t < self.t_total or t < self.t_next:
+        """Node j departed at t (its last x was x^(t-1)): from t on nobody waits for it.
+
+        A departure before the iterations already stepped is refused, unless (early stopping) the
+        node published nothing there: it left in the iterations its stopped phase skipped.
+        """
+        if not 0 <= j < self.n or j in self.departed or not 0 <= t < self.t_total:
+            return
+        if t < self.t_next and (self.reach is None or not np.isnan(self.x[j, t : self.t_next]).all()):
             return
         self.departed[j] = t
         bisect.insort(self._departures, t)
+        self._expected_at.clear()
+
+    def halt(self, i: int, t: int) -> None:
+        """Node i ran iteration t last in its phase (early stopping): it publishes nothing more there."""
+        if not (0 <= i < self.n and 0 <= t < self.t_total):
+            return
+        done = self.halted[int(self._phase_of[t])]
+        if i not in done:  # the first one counts: its later x's of the phase are not waited for
+            done[i] = t
+            self._halts = True
+            self._expected_at.clear()
 
     def set_z0(self, group: str, i: int, j: int, z: float) -> None:
         arr = self.z0.setdefault(group, np.full(len(self.full.src), np.nan))
@@ -150,18 +204,68 @@ class LiveReplay:
                 if e is not None and np.isnan(arr[e]):
                     arr[e] = z
 
-    def add_x(self, i: int, t: int, x: float) -> bool:
+    def add_x(
+        self, i: int, t: int, x: float, stop: int | None = None, departures: Sequence[int] | None = None
+    ) -> bool:
         """Keep ``x_i^(t)`` (the first one wins); whether iteration t now has every x it waits for,
-        so that :meth:`advance` may move on (an x that completes nothing cannot)."""
+        so that :meth:`advance` may move on (an x that completes nothing cannot).
+
+        ``stop`` and ``departures``: the early-stopping fields the x carries; with ``reach`` they
+        tell whether node i stops after t (:func:`nlagg_node.termination.halts`).
+        """
         if 0 <= i < self.n and 0 <= t < self.t_total and math.isnan(self.x[i, t]):
+            if self._halts and self._stopped_before(i, t):
+                return False  # its phase is over: nobody uses it
             self.x[i, t] = x
             self._seen[t] += 1
+            if stop == t:
+                self.note_stop(i, t, stop, departures)
             return self._seen[t] >= self._expected(t)
         return False
 
+    def note_stop(self, i: int, t: int, stop: int, departures: Sequence[int] | None = None) -> None:
+        """The early-stopping fields ``x_i^(t)`` carries: with ``reach``, whether node i stops
+        after t (:func:`nlagg_node.termination.halts`), and if so :meth:`halt`."""
+        if self.reach is not None and halts(stop, t, list(departures or ()), self.reach):
+            self.halt(i, t)
+
+    def _stopped_before(self, i: int, t: int) -> bool:
+        """Whether node i stopped its phase before iteration t (of that phase)."""
+        at = self.halted[int(self._phase_of[t])].get(i)
+        return at is not None and at < t
+
     def _expected(self, t: int) -> int:
-        """How many x's iteration t has: one per node not departed at or before t."""
-        return self.n - bisect.bisect_right(self._departures, t) if self._departures else self.n
+        """How many x's iteration t has: one per node not departed at or before t, nor stopped
+        (early) in t's phase before t."""
+        if not self._halts:
+            return self.n - bisect.bisect_right(self._departures, t) if self._departures else self.n
+        got = self._expected_at.get(t)
+        if got is None:
+            if len(self._expected_at) >= 4096:
+                self._expected_at.clear()
+            got = self._expected_at[t] = int(self.running_at(t).sum())
+        return got
+
+    def running_at(self, t: int) -> BoolArray:
+        """The nodes that publish x^(t): not departed at or before t, not stopped in its phase before t."""
+        run = np.ones(self.n, dtype=bool)
+        for j, at in self.departed.items():
+            if at <= t:
+                run[j] = False
+        for i, at in self.halted[int(self._phase_of[t])].items():
+            if at < t:
+                run[i] = False
+        return run
+
+    def _frozen_at(self, t: int) -> BoolArray | None:
+        """Early stopping: the nodes still running at t when some node of t's phase has stopped
+        before t (their pairs alone are stepped), None when none has."""
+        if not self._halts:
+            return None
+        done = self.halted[int(self._phase_of[t])]
+        if not any(at < t for at in done.values()):
+            return None
+        return self.running_at(t)
 
     def add_xs(self, nodes: IntArray, ts: IntArray, xs: FloatArray) -> None:
         """:meth:`add_x` for many messages at once (a reader catching up on a large transcript).
@@ -200,17 +304,25 @@ class LiveReplay:
         found: list[Exposure] = []
         while self.t_next < self.t_total:
             t = self.t_next
+            if self._halts and self.halted[int(self._phase_of[t])] and self._expected(t) == 0:
+                nxt = int(self._starts[self._phase_of[t] + 1])
+                if nxt >= self.t_total:
+                    break  # the run is over: t_next stays just after its last iteration
+                self.t_next = nxt  # every node stopped its phase
+                continue
             if not (force or self.ready(t)):
                 nxt = int(self._starts[self._phase_of[t] + 1])
                 if self._seen[t] or nxt >= self.t_total or not self.ready(nxt):
                     break
                 self.t_next = nxt  # the phase stopped early (nothing at t, the next one has begun)
                 continue
-            found += self._step(t)
+            found += self._step(t, self._frozen_at(t))
             self.t_next += 1
         return found
 
-    def _step(self, t: int) -> list[Exposure]:
+    def _step(self, t: int, running: BoolArray | None = None) -> list[Exposure]:
+        """Iteration t: classify the x's, then the z-update; with ``running`` (early stopping, some
+        node stopped) only the pairs with a running end are updated, the others stay as they were."""
         lay = self.layout
         k = int(self._phase_of[t])
         phase, c = self.phases[k], self.cs[k]
@@ -247,34 +359,28 @@ class LiveReplay:
         # The pairs' two directions in one call: u = [forward; reverse], each updated from the other.
         h = lay.n_pairs
         new = z_update(u, np.concatenate((u[h:], u[:h])), x[lay.dst], c, self.theta)
+        if running is not None:  # a stopped node's duals stay as they were (its pairs: both ends stopped)
+            moved = running[lay.src[:h]] | running[lay.dst[:h]]
+            new = np.where(np.concatenate((moved, moved)), new, u)
         self._u = new
-        if t in self.departed.values():  # drop the edges of those that departed at t (their x^(t) never came)
+        if len(self._dropped) < len(self.departed) and any(
+            at <= t and j not in self._dropped for j, at in self.departed.items()
+        ):  # drop the edges of those that departed at t (their x^(t) never came), or in the
+            # iterations a phase that stopped early skipped
             gone = {j for j, at in self.departed.items() if at <= t}
             self.layout, self._u, keep = drop_pairs(lay, new, gone)
             self.pairs_kept[np.flatnonzero(self.pairs_kept)[~keep]] = False
+            self._dropped |= gone
         return found
+
+    @property
+    def duals(self) -> FloatArray | None:
+        """The signed duals ``u`` after the last iteration stepped (:attr:`layout` order: the pairs
+        still here), None before the first."""
+        return self._u
 
     def result(self) -> Exposures:
         return Exposures(self.branch.copy(), self.first.copy(), self.value.copy())
-
-
-def phase_spans(phases: Sequence[Phase], x: FloatArray) -> list[tuple[int, int]]:
-    """``[start, end)`` of the iterations each phase of an early-stopping run ran, from its
-    ``(n, T)`` x's: up to the phase's last iteration with any x (every node skipped the rest);
-    ``end == start`` for a phase without any."""
-    any_x = np.asarray(np.isfinite(x).any(axis=0), dtype=bool)
-    spans: list[tuple[int, int]] = []
-    start = 0
-    for ph in phases:
-        seen = np.flatnonzero(any_x[start : start + ph.t_len])
-        spans.append((start, start + int(seen[-1]) + 1 if len(seen) else start))
-        start += ph.t_len
-    return spans
-
-
-def iterations_run(phases: Sequence[Phase], x: FloatArray) -> list[int]:
-    """The iterations an early-stopping run ran (:func:`phase_spans`), in order."""
-    return [t for start, end in phase_spans(phases, x) for t in range(start, end)]
 
 
 def forwarded_z0(
@@ -325,8 +431,10 @@ def replay_exposures(
     departed : ``{node: T}`` departures (:func:`nlagg_node.departure.announced` of the statuses).
     early_stop : the run stops its phases early: a phase's iterations after its last captured x
         were never run (the nodes skipped them), so the duals go on from there into the next
-        phase, as :meth:`LiveReplay.advance` does live. Without it every iteration is stepped and
-        missing x's make the nodes unknown.
+        phase, as :meth:`LiveReplay.advance` does live. Where departures split the graph, each
+        component ends its phase on its own (:func:`~adversary.spans.node_ends`): the pairs of a
+        component that has stopped keep their duals while the others go on. Without it every
+        iteration is stepped and missing x's make the nodes unknown.
 
     Returns
     -------
@@ -341,8 +449,17 @@ def replay_exposures(
         replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
     t_len = min(x.shape[1], replay.t_total)
     replay.x[:, :t_len] = x[:, :t_len]
-    for t in iterations_run(phases, x[:, :t_len]) if early_stop else range(t_len):
-        replay.t_next = t
-        replay._step(t)
+    if not early_stop:
+        for t in range(t_len):
+            replay.t_next = t
+            replay._step(t)
+    else:
+        ends = node_ends(phases, x[:, :t_len], edges, departed)
+        for p, start in enumerate(replay._starts[: len(phases)].tolist()):
+            end = ends[p]
+            for t in range(start, int(end.max()) if n else start):
+                running = end > t
+                replay.t_next = t
+                replay._step(t, None if running.all() else running)
     out = replay.result()
     return Exposures(out.branch[:, :t_len], out.first, out.value)

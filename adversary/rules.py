@@ -12,6 +12,9 @@ an identical copy sent again later anew (a node that resends it once its neighbo
 Inside the window the first message wins, as at the nodes (see :mod:`adversary.transcript`). In a
 run with early stopping an x carries ``quiet`` (and ``stop``), as the nodes require, and the first
 x of a phase may follow the gap a phase that stopped early leaves, so it needs nothing before it.
+Only a run whose nodes may depart (``may_depart``) has x's with ``departures``. Where departures
+split the graph, each component stops on its own: the x's of one go on while another is silent,
+and the window still holds, since a node's neighbours are all in its component or departed.
 
 A node that departs at T (:mod:`nlagg_node.departure`) is announced in its neighbours' statuses
 before they publish x^(T+1) (they say so first): from then on its x^(T-1) is the last one its
@@ -65,6 +68,7 @@ class RunRules:
         self._starts = [sum(p.t_len for p in phases[:k]) for k in range(len(phases))]
         self._phase_at = [p.name for p in phases for _ in range(p.t_len)]  # as the nodes hold it
         self.early_stop = cfg.early_stop
+        self.may_depart = cfg.early_stop and cfg.may_depart  # x's carry the departures their nodes know
         # With early stopping a phase may end before its t_len: its successor's first x follows a gap.
         self._jumps = set(self._starts[1:]) if cfg.early_stop else set()
         self.groups = {p.group for p in phases}
@@ -138,6 +142,10 @@ class RunRules:
         if (msg.quiet is None) == self.early_stop or (msg.stop is not None and not self.early_stop):
             return f"x_{i}^({t}): quiet/stop {'missing in' if self.early_stop else 'in'} a run " + (
                 "that stops early" if self.early_stop else "with a fixed schedule"
+            )
+        if msg.departures is not None and not self.may_depart:
+            return f"x_{i}^({t}): departures in a run " + (
+                "whose nodes may not depart" if self.early_stop else "with a fixed schedule"
             )
         if t >= self.gone_from[i]:
             return f"x_{i}^({t}): node {i} departed at t={self.gone_from[i]}"

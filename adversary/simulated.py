@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,11 +26,6 @@ from nlagg_node.sim import SimResult
 from nlagg_node.threat import known_duals
 
 from .attack import AttackReport, attack_arrays, score
-
-if TYPE_CHECKING:
-    from nlagg_node.runtime.wire import topics
-
-    from .transcript import Transcript
 
 
 def _check_trial(result: SimResult, trial: int) -> None:
@@ -70,13 +64,15 @@ def adversary_z0(result: SimResult, trial: int, corrupted: Sequence[int] = ()) -
 
 def trial_x(result: SimResult, trial: int) -> FloatArray:
     """Every x of one trial as ``(n, T)`` (needs ``record='all'``); with early stopping, NaN at the
-    iterations a phase skipped (nothing was published there; the simulator records its final x)."""
+    iterations each node skipped in each phase, after its own (its component's) stop: nothing was
+    published there, where the simulator records its final x."""
     _check_trial(result, trial)
     x = np.ascontiguousarray(result.recorded_x[:, trial, :].T)
     if result.config.early_stop:
         start = 0
-        for ph, ran in zip(result.phases, result.phase_iterations[trial], strict=True):
-            x[:, start + int(ran) : start + ph.t_len] = np.nan
+        for p, ph in enumerate(result.phases):
+            for i, ran in enumerate(result.node_iterations[trial, :, p].tolist()):
+                x[i, start + int(ran) : start + ph.t_len] = np.nan
             start += ph.t_len
     return x
 
@@ -105,7 +101,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         epsilon=cfg.epsilon,
         corrupted=_corrupted_values(result, trial, corrupted),
         scale=scale_for(cfg),
-        departed=result.departed,
+        departed=result.departures_of(trial),
         early_stop=cfg.early_stop,
     )
     return score(
@@ -157,12 +153,20 @@ def write_sim_transcript(
     x = trial_x(result, trial)
     corrupt = _corrupted_values(result, trial, corrupted)
     names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
-    # Each phase's last iteration run (its final x): t_len - 1, or earlier where it stopped early.
-    ends = np.cumsum([0] + [ph.t_len for ph in result.phases])[:-1] + result.phase_iterations[trial] - 1
+    # Each node's last iteration run in each phase (its final x): t_len - 1, or earlier where its
+    # component stopped early.
+    offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])[:-1]
+    ends = offsets[None, :] + result.node_iterations[trial] - 1  # (n, phases)
+    iterations = result.node_iterations[trial].sum(axis=1)  # (n,) each node's
     output = np.asarray(result.output[trial], dtype=np.float64)
     with Transcript(out, run_id=rid, prefix=prefix) as tr:
         tr.set_meta("source", f"nlagg simulator, trial {trial}, seed {cfg.seed}")
-        tr.add(tp.config, encode(build_config_msg(cfg, rid, edges)), retained=True, received=0.0)
+        config = build_config_msg(cfg, rid, edges)
+        if cfg.graph == "file" and cfg.graph_file is not None:
+            # As a deployment publishes it: the file's name keeps the message valid for readers that
+            # rebuild a RunConfig from it (its edges are in the message).
+            config = config.model_copy(update={"run": {**config.run, "graph_file": cfg.graph_file.name}})
+        tr.add(tp.config, encode(config), retained=True, received=0.0)
         sealed = sealed_groups_of(cfg, result.phases)
         for group, z in z0.items():
             if group in sealed:
@@ -173,11 +177,12 @@ def write_sim_transcript(
                     continue  # an edge of a node that had departed before this exchange
                 msg = Z0Msg.model_validate({"from": i, "to": j, "group": group, "z": float(z[e])})
                 tr.add(tp.z0(i, j), encode(msg), received=0.0)
-        gone = result.departed
+        gone = result.departures_of(trial)
         nbrs = neighbours(n, edges)
-        # Early stopping: the x's of the iterations run, with their fields (departures are refused there).
-        ran = _write_x(tr, tp, result, trial, x, names) if cfg.early_stop else int(x.shape[1])
-        for t in range(0 if cfg.early_stop else x.shape[1]):
+        # Early stopping: the x's of the iterations each node ran, with their fields.
+        stream = _early_x(result, trial, x) if cfg.early_stop else None
+        due = next(stream, None) if stream is not None else None
+        for t in range(x.shape[1]):
             for j in sorted(k for k, at in gone.items() if at + 1 == t):  # as on a network, the will
                 offline = encode(StatusMsg(node=j, state="offline"))
                 tr.add(tp.status(j), offline, retained=True, received=t - 0.5)
@@ -187,6 +192,12 @@ def write_sim_transcript(
                     told = {str(k): at for k, at in sorted(gone.items()) if k in nbrs[i] and at < t}
                     status = StatusMsg(node=i, state="running", departed=told)
                     tr.add(tp.status(i), encode(status), retained=True, received=t - 0.5)
+            if stream is not None:
+                if due is not None and due[0] == t:
+                    for i, payload in due[1]:
+                        tr.add(tp.x(i), payload, received=float(t))
+                    due = next(stream, None)
+                continue
             for i in range(n):
                 if np.isnan(x[i, t]):
                     continue  # departed
@@ -215,9 +226,9 @@ def write_sim_transcript(
                 else StatusMsg(
                     node=i,
                     state="done",
-                    final=[float(x[i, e]) for e in ends],
+                    final=[float(x[i, e]) for e in ends[i]],
                     output=[float(v) for v in np.atleast_1d(output[i])],
-                    iterations=ran,
+                    iterations=int(iterations[i]),
                     departed=final_told,
                 )
             )
@@ -233,26 +244,33 @@ def write_sim_transcript(
     return out
 
 
-def _write_x(tr: Transcript, tp: topics, result: SimResult, trial: int, x: FloatArray, names: Any) -> int:
-    """Every x_i^(t) the nodes of an early-stopping run publish: up to each phase's stop, with the
-    quiet counter and stop iteration (:func:`nlagg_node.termination.fields_along`); the iterations run."""
+def _early_x(result: SimResult, trial: int, x: FloatArray) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
+    """Every x_i^(t) the nodes of an early-stopping run publish, encoded, as ``(t, [(i, payload)])``
+    in the order of t: up to each node's stop (its component's) in each phase, before its
+    departure, with the quiet counter, the stop iteration and the departures it knows of
+    (:func:`nlagg_node.termination.fields_along`)."""
     from nlagg_node.runtime.wire import encode_x
     from nlagg_node.termination import NO_STOP, diameter, fields_along, stop_reach
 
     cfg = result.config
-    reach = stop_reach(cfg.n, diameter(cfg.n, result.graphs[trial]), cfg.may_depart)
+    edges = result.graphs[trial]
+    reach = stop_reach(cfg.n, diameter(cfg.n, edges), cfg.may_depart)
+    gone = result.departures_of(trial)
     start = 0
     for p, phase in enumerate(result.phases):
         ran = int(result.phase_iterations[trial, p])
         seg = x[:, start : start + ran].T
-        rows = fields_along(seg, result.graphs[trial], start, cfg.stop_window_value, reach, cfg.tolerance)
+        rows = fields_along(seg, edges, start, cfg.stop_window_value, reach, cfg.tolerance, departed=gone)
         for lt, row in enumerate(rows):
             t = start + lt
-            for i, (k, e, _) in ((i, f) for i, f in enumerate(row) if f is not None):
-                payload = encode_x(i, t, phase.name, float(x[i, t]), k, None if e == NO_STOP else e)
-                tr.add(tp.x(i), payload, received=float(t))
+            yield (
+                t,
+                [
+                    (i, encode_x(i, t, phase.name, float(x[i, t]), k, None if e == NO_STOP else e, deps))
+                    for i, (k, e, deps) in ((i, f) for i, f in enumerate(row) if f is not None)
+                ],
+            )
         start += phase.t_len
-    return int(result.phase_iterations[trial].sum())
 
 
 def truth_path(transcript: Path) -> Path:

@@ -15,8 +15,9 @@ The writer, :class:`adversary.transcript.Transcript`, is a reader that also capt
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -39,6 +40,9 @@ from nlagg_node.runtime.wire import (
     Z0Msg,
     decode,
 )
+from nlagg_node.schedule import Phase
+
+from .spans import node_ends, node_iterations_run
 
 __all__ = [
     "MAX_INVALID_PAYLOAD",
@@ -180,12 +184,29 @@ class TranscriptReader:
         self.close()
 
     def complete(
-        self, n: int, t_total: int, edges: list[list[int]], groups: set[str], *, early_stop: bool = False
+        self,
+        n: int,
+        t_total: int,
+        edges: list[list[int]],
+        groups: set[str],
+        *,
+        early_stop: bool = False,
+        phases: Sequence[Phase] | None = None,
+        departed: Mapping[int, int] | None = None,
     ) -> tuple[int, int]:
         """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
         directions of every edge and every dual group. Valid-looking messages outside the run
         (another node, group or edge) do not count. With ``early_stop`` the phases may end early,
-        so only the iterations of which some x was captured are expected."""
+        so only the iterations of which some x was captured are expected; given the run's
+        ``phases`` (and its ``departed`` nodes), only each node's own: those of its phases up to
+        where its connected component stopped (:func:`adversary.spans.node_ends`), a departed node's
+        up to its departure."""
+        if early_stop and phases is not None:
+            x = self.x(n, t_total)
+            pairs = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+            ends = node_ends(phases, x, pairs, departed)
+            expected_x = int(node_iterations_run(phases, x, ends).sum())
+            return expected_x - int(np.isfinite(x).sum()), self._missing_z0(edges, groups)
         if early_stop:
             t_total_seen = self._query(
                 "SELECT COUNT(DISTINCT t) FROM messages"
@@ -197,6 +218,10 @@ class TranscriptReader:
             " AND node < ? AND t < ?)",
             (n, t_total),
         ).fetchone()[0]
+        expected = n * (int(t_total_seen) if early_stop else t_total)
+        return expected - int(xs), self._missing_z0(edges, groups)
+
+    def _missing_z0(self, edges: list[list[int]], groups: set[str]) -> int:
         wanted = {(a, b) for a, b in edges} | {(b, a) for a, b in edges}
         z0 = {
             (int(i), int(j), str(g))
@@ -205,8 +230,7 @@ class TranscriptReader:
             )
             if (int(i), int(j)) in wanted and g in groups
         }
-        expected = n * (int(t_total_seen) if early_stop else t_total)
-        return expected - int(xs), len(wanted) * len(groups) - len(z0)
+        return len(wanted) * len(groups) - len(z0)
 
     def missing_adv(self, n: int, t_total: int) -> int:
         """Adversary states missing of the corrupted nodes (those that forwarded any): every
@@ -286,9 +310,30 @@ class TranscriptReader:
         if t_total is None:
             t_total = 1 + max((int(t) for _, t, _ in rows), default=-1)
         out = np.full((n, t_total), np.nan)
-        for node, t, value in rows:
-            if 0 <= node < n and 0 <= t < t_total:
-                out[node, t] = value
+        if rows:
+            node = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            t = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+            value = np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows))
+            inside = (node >= 0) & (node < n) & (t >= 0) & (t < t_total)
+            out[node[inside], t[inside]] = value[inside]  # a slot's valid rows agree (conflicts are invalid)
+        return out
+
+    def x_stops(self, n: int, t_total: int) -> dict[tuple[int, int], tuple[int, list[int] | None]]:
+        """``(node, t) -> (stop, departures)`` of the x's that carry a stop iteration (early stopping):
+        what tells a reader whether that node ended its phase after t
+        (:func:`nlagg_node.termination.halts`)."""
+        rows = self._query(
+            "SELECT node, t, payload FROM messages WHERE valid = 1 AND kind = 'x'"
+            " AND instr(payload, CAST('\"stop\":' AS BLOB)) > 0"
+        ).fetchall()
+        out: dict[tuple[int, int], tuple[int, list[int] | None]] = {}
+        for node, t, payload in rows:
+            if not (0 <= node < n and 0 <= t < t_total):
+                continue
+            doc = json.loads(bytes(payload))
+            stop, deps = doc.get("stop"), doc.get("departures")
+            if isinstance(stop, int):
+                out.setdefault((int(node), int(t)), (stop, [int(d) for d in deps] if deps else None))
         return out
 
     def adv_states(self) -> list[AdvStateMsg]:

@@ -33,11 +33,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from nlagg_node.departure import announced
 from nlagg_node.errors import ConfigError, WireError
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.wire import ConfigMsg, decode
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
+from nlagg_node.termination import diameter, stop_reach
 
 from ..attack import NodeFinding, attack_arrays
 from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
@@ -140,6 +142,8 @@ class DashboardState:
         self.bound_method = ""
         self.truth = truth if truth is not None else self._truth_beside()
         self._early_x: list[tuple[int, int, float]] = []
+        self._stops: list[tuple[int, int, int, list[int] | None]] = []  # x's with a stop, not yet fed
+        self._departed: dict[int, int] = {}  # departures the statuses announced
         self._early_z0: list[tuple[str, int, int, float]] = []
         self._all_done_since: float | None = None
         self._at_cache: OrderedDict[tuple[int, int], list[dict[str, Any]]] = OrderedDict()
@@ -171,8 +175,9 @@ class DashboardState:
         """
         with self.lock:
             rows = self.db.execute(
-                "SELECT id, valid, kind, node, peer, t, phase, value FROM messages WHERE id > ?"
-                " ORDER BY id LIMIT ?",
+                "SELECT id, valid, kind, node, peer, t, phase, value, CASE WHEN valid = 1 AND"
+                " (kind = 'status' OR (kind = 'x' AND instr(payload, CAST('\"stop\":' AS BLOB)) > 0))"
+                " THEN payload END FROM messages WHERE id > ? ORDER BY id LIMIT ?",
                 (self.last_id, CHUNK),
             ).fetchall()
             if rows:
@@ -191,11 +196,14 @@ class DashboardState:
     def _ingest(self, rows: list[tuple[Any, ...]]) -> None:
         self.last_id = int(rows[-1][0])
         xs: list[tuple[int, int, float]] = []
-        for _id, valid, kind, node, peer, t, phase, value in rows:
+        for _id, valid, kind, node, peer, t, phase, value, payload in rows:
             if not valid:
                 self.rejected += 1
             elif kind == "x":
                 xs.append((node, t, value))
+                if payload is not None:  # it carries a stop iteration (early stopping)
+                    doc = json.loads(bytes(payload))
+                    self._stops.append((int(node), int(t), int(doc["stop"]), doc.get("departures")))
             elif kind == "z0":
                 if self.replay is not None:
                     self.replay.set_z0(str(phase), int(node), int(peer), float(value))
@@ -206,6 +214,9 @@ class DashboardState:
             elif kind == "status":
                 if self.status.get(int(node)) != "done":
                     self.status[int(node)] = str(phase)
+                if payload is not None:
+                    told = json.loads(bytes(payload)).get("departed")
+                    self._departed.update(announced([told]) if isinstance(told, dict) else {})
             elif kind == "config" and self.config is None:
                 self._on_config(int(_id))
         if self.replay is None:
@@ -213,6 +224,18 @@ class DashboardState:
         elif xs:
             arr = np.array(xs, dtype=np.float64)
             self.replay.add_xs(arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2])
+        self._feed_stops()
+
+    def _feed_stops(self) -> None:
+        """Departures and the x's stop fields tell the replay whom not to wait for (once it exists)."""
+        if self.replay is None:
+            return
+        for j, at in sorted(self._departed.items(), key=lambda kv: kv[1]):
+            if j not in self.replay.departed:
+                self.replay.depart(j, at)
+        for i, t, stop, deps in self._stops:
+            self.replay.note_stop(i, t, stop, deps)
+        self._stops = []
 
     def _on_config(self, row_id: int) -> None:
         topic, payload = self.db.execute(
@@ -229,7 +252,10 @@ class DashboardState:
         self.scale = scale_for(cfg)
         self.config = msg
         self.edges = edges
-        self.replay = LiveReplay(cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta)
+        reach = stop_reach(cfg.n, diameter(cfg.n, edges), cfg.may_depart) if cfg.early_stop else None
+        self.replay = LiveReplay(
+            cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta, reach=reach
+        )
         self.early_stop = cfg.early_stop
         t_total = self.replay.t_total
         stride = max(1, math.ceil(t_total / (self.max_columns - 1)))
@@ -251,7 +277,7 @@ class DashboardState:
             return False
         before = (replay.t_next, len(self.exposures))
         self.exposures += self._user_units(replay.advance())
-        if len(self.transcript_done()) == replay.n:
+        if len(self.transcript_done() | set(replay.departed)) == replay.n:  # every node done, or departed
             now = time.monotonic()
             self._all_done_since = self._all_done_since or now
             # A run that stopped early ends before t_total: once every node is done, its x's are in.
@@ -290,6 +316,7 @@ class DashboardState:
             epsilon=cfg.epsilon,
             corrupted={i: self.scale.user_float(v) for i, v in self.corrupted.items()},
             replayed=Exposures(replay.branch, replay.first, replay.value),
+            departed=dict(replay.departed),
             scale=self.scale,
             early_stop=cfg.early_stop,
         )

@@ -1,0 +1,85 @@
+"""Where each phase of an early-stopping run ended, read from its captured x's alone.
+
+With early stopping (:mod:`nlagg_node.termination`) a phase ends before its ``t_len``; where
+departures split the graph, each connected component ends it at its own iteration. The offline
+attack (:func:`adversary.live.replay_exposures`, :func:`adversary.attack.attack_arrays`) and the
+transcript's completeness check need those ends from a transcript's ``(n, T)`` x's (NaN where
+nothing was captured): :func:`phase_spans` per phase, :func:`node_ends` per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from nlagg_node.arrays import FloatArray, IntArray
+from nlagg_node.departure import components
+from nlagg_node.schedule import Phase
+
+__all__ = ["iterations_run", "node_ends", "node_iterations_run", "phase_spans"]
+
+
+def phase_spans(phases: Sequence[Phase], x: FloatArray) -> list[tuple[int, int]]:
+    """``[start, end)`` of the iterations each phase of an early-stopping run ran, from its
+    ``(n, T)`` x's: up to the phase's last iteration with any x (every node skipped the rest);
+    ``end == start`` for a phase without any."""
+    any_x = np.asarray(np.isfinite(x).any(axis=0), dtype=bool)
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for ph in phases:
+        seen = np.flatnonzero(any_x[start : start + ph.t_len])
+        spans.append((start, start + int(seen[-1]) + 1 if len(seen) else start))
+        start += ph.t_len
+    return spans
+
+
+def iterations_run(phases: Sequence[Phase], x: FloatArray) -> list[int]:
+    """The iterations an early-stopping run ran (:func:`phase_spans`), in order."""
+    return [t for start, end in phase_spans(phases, x) for t in range(start, end)]
+
+
+def node_ends(
+    phases: Sequence[Phase],
+    x: FloatArray,
+    edges: IntArray | None = None,
+    departed: Mapping[int, int] | None = None,
+) -> IntArray:
+    """``(phases, n)``: where each node's part of each phase of an early-stopping run ended
+    (exclusive; the phase's start where the node ran none of it), from its ``(n, T)`` x's.
+
+    A node ends a phase after its last x there. With ``edges`` a node's end is its connected
+    component's: the nodes of a component stop together (:mod:`nlagg_node.termination`), so an x
+    the capture lost at the end of one node's part is a gap, not a stop. A node that departs at T
+    (``departed``) runs its phase up to T; the components are those of the nodes still there at the
+    end of the phase (:func:`nlagg_node.departure.components`). Without departures a connected graph
+    is one component: every node ends where the phase's span does (:func:`phase_spans`).
+    """
+    n = x.shape[0]
+    gone = dict(departed or {})
+    finite = np.isfinite(x)
+    out = np.zeros((len(phases), n), dtype=np.int64)
+    start = 0
+    for p, ph in enumerate(phases):
+        seg = finite[:, start : start + ph.t_len]
+        width = seg.shape[1]
+        has = seg.any(axis=1)
+        last = width - 1 - np.argmax(seg[:, ::-1], axis=1) if width else np.zeros(n, dtype=np.int64)
+        end = np.where(has, start + last + 1, start).astype(np.int64)
+        if edges is not None:
+            span_end = int(end.max()) if n else start
+            here = {j: at for j, at in gone.items() if 0 <= j < n and at <= max(span_end - 1, start)}
+            for comp in components(n, edges, here):
+                end[comp] = end[comp].max()
+            for j, at in here.items():
+                end[j] = min(max(at, start), start + width)  # it ran up to T (or none of this phase)
+        out[p] = end
+        start += ph.t_len
+    return out
+
+
+def node_iterations_run(phases: Sequence[Phase], x: FloatArray, ends: IntArray | None = None) -> IntArray:
+    """``(n,)``: the iterations each node of an early-stopping run ran (:func:`node_ends`), in all."""
+    ends = node_ends(phases, x) if ends is None else ends
+    starts = np.cumsum([0] + [ph.t_len for ph in phases])[: len(phases)]
+    return np.asarray((ends - starts[:, None]).sum(axis=0), dtype=np.int64)
