@@ -161,12 +161,7 @@ def write_sim_transcript(
     output = np.asarray(result.output[trial], dtype=np.float64)
     with Transcript(out, run_id=rid, prefix=prefix) as tr:
         tr.set_meta("source", f"nlagg simulator, trial {trial}, seed {cfg.seed}")
-        config = build_config_msg(cfg, rid, edges)
-        if cfg.graph == "file" and cfg.graph_file is not None:
-            # As a deployment publishes it: the file's name keeps the message valid for readers that
-            # rebuild a RunConfig from it (its edges are in the message).
-            config = config.model_copy(update={"run": {**config.run, "graph_file": cfg.graph_file.name}})
-        tr.add(tp.config, encode(config), retained=True, received=0.0)
+        tr.add(tp.config, encode(build_config_msg(cfg, rid, edges)), retained=True, received=0.0)
         sealed = sealed_groups_of(cfg, result.phases)
         for group, z in z0.items():
             if group in sealed:

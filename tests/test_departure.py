@@ -95,7 +95,13 @@ ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  #
     ],
 )
 async def test_survivors_equal_the_simulator_bit_for_bit(
-    op: str, graph: str, t_max: int, departures: dict[int | str, int], killed: bool, early: bool, tmp_path: Path
+    op: str,
+    graph: str,
+    t_max: int,
+    departures: dict[int | str, int],
+    killed: bool,
+    early: bool,
+    tmp_path: Path,
 ) -> None:
     """With early stopping (``may_depart``) too: every node runs the simulator's iterations, its
     component's stop included; a departure planned after the stop does not happen (the node finished)."""
@@ -105,8 +111,8 @@ async def test_survivors_equal_the_simulator_bit_for_bit(
         graph_file.write_text(ARTICULATION)
         graph = "file"
     cfg = RunConfig(
-        early_stop=early, may_depart=early, op=op, n=9 if graph_file else 8, graph=graph, graph_file=graph_file,
-        trials=1, record="all", t_max=t_max, seed=5,
+        early_stop=early, may_depart=early, op=op, n=9 if graph_file else 8, graph=graph,
+        graph_file=graph_file, trials=1, record="all", t_max=t_max, seed=5,
     )  # fmt: skip
     top = int(np.argmax(simulate(cfg).values[0]))
     dep = {top if j == "top" else int(j): t for j, t in departures.items()}
@@ -139,7 +145,9 @@ async def test_survivors_equal_the_simulator_bit_for_bit(
 async def test_a_departure_just_before_the_stop_voids_it_for_every_node_alike() -> None:
     """A departure inside ``[e - 2D, e - D]`` of the stop ``e`` (D = n - 1) may have escaped the
     counters behind it: every node voids that stop and goes on, the simulator and the nodes alike."""
-    cfg = RunConfig(early_stop=True, may_depart=True, op="max", n=8, trials=1, record="all", t_max=4000, seed=5)
+    cfg = RunConfig(
+        early_stop=True, may_depart=True, op="max", n=8, trials=1, record="all", t_max=4000, seed=5
+    )
     plain = simulate(cfg)
     e = int(plain.phase_iterations[0, 0]) - 1  # where the run stops without the departure
     low = int(np.argmin(plain.values[0]))
@@ -223,7 +231,9 @@ def test_an_edge_goes_with_either_end() -> None:
 @needs_mosquitto
 @pytest.mark.slow
 @pytest.mark.parametrize("early", [False, True], ids=["fixed-schedule", "early-stop"])
-async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(tmp_path: Path, early: bool) -> None:
+async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(
+    tmp_path: Path, early: bool
+) -> None:
     """``nlagg testbed --depart``: two node processes SIGKILLed at fixed iterations split a ring of 8;
     each component ends exact with its own maximum, bit for bit the simulator, and the eavesdropper's
     transcript and the attack know who left. With early stopping each half stops on its own."""

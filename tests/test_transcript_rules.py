@@ -163,3 +163,18 @@ def test_a_will_after_done_leaves_the_node_done(tmp_path: Path) -> None:
         assert {i: st.state for i, st in tr.statuses().items()} == {1: "done", 2: "offline"}
         assert tr.statuses()[1].output == [1.0]
         assert tr.done_nodes() == {1}  # what the eavesdropper counts before it stops
+
+
+def test_a_graph_file_runs_config_is_one_the_eavesdropper_can_read(tmp_path: Path) -> None:
+    """``nlagg testbed --graph-file``: the public config names the file (not its folder), so the
+    eavesdropper rebuilds the run from it; before, it stored the config as invalid and never finished."""
+    graph = tmp_path / "secret-folder" / "g.csv"
+    graph.parent.mkdir()
+    graph.write_text("0,1\n1,2\n2,3\n3,0\n")
+    cfg = RunConfig(n=4, graph="file", graph_file=graph, trials=1, t_max=50)
+    msg = build_config_msg(cfg, "r1", run_edges(cfg))
+    assert msg.run["graph_file"] == "g.csv"
+    with Transcript(tmp_path / "t.sqlite", run_id="r1", prefix="nlagg") as tr:
+        tr.add(topics("nlagg", "r1").config, encode(msg), retained=True)
+        assert tr.config() is not None
+        assert tr.rejected() == []

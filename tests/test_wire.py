@@ -83,7 +83,10 @@ def _outcome(topic: str, payload: bytes, fn: object) -> tuple[object, ...]:
     except WireError as exc:
         return ("error", str(exc))
     values = (getattr(msg, k) for k in _HOT_KEYS)
-    return ("ok", *(repr(list(v) if isinstance(v, tuple) else v) for v in values))  # departures: list or tuple
+    return (
+        "ok",
+        *(repr(list(v) if isinstance(v, tuple) else v) for v in values),
+    )  # departures: list or tuple
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

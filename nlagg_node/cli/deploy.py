@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..defaults import DEFAULT_BROKER
-from ._app import CorruptOpt, ForceOpt, StopWindowOpt, ToleranceOpt, app
+from ._app import CorruptOpt, EarlyStopOpt, ForceOpt, StopWindowOpt, ToleranceOpt, app
 from .net import CaFile, CertFile, KeyFile, tls_settings
 
 if TYPE_CHECKING:
@@ -49,21 +49,12 @@ QuantileOpt = Annotated[float | None, typer.Option(help="quantile level p in (0,
 ValuesOpt = Annotated[
     str | None, typer.Option(help="drawn values: normal, uniform, uniform-range or bimodal")
 ]
-PlanEarlyStopOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--early-stop/--no-early-stop",
-        help="end each phase once the network is quiet (t_max a cap). A plan's nodes may leave for good, so"
-        " its early stop waits n - 1 hops and survives departures (--no-may-depart: the graph's diameter,"
-        " and a departure fails the run); --no-early-stop runs the fixed schedule [default: on]",
-    ),
-]
 PlanMayDepartOpt = Annotated[
     bool | None,
     typer.Option(
         "--may-depart/--no-may-depart",
-        help="devices may leave for good: the early stop waits n - 1 hops and survives departures"
-        " (docs/protocol.md) [default: on]",
+        help="devices may leave for good: the early stop waits n - 1 hops and survives departures; off: the"
+        " graph's diameter, and a departure fails the run (docs/protocol.md) [default: on]",
     ),
 ]
 ValueRangeOpt = Annotated[
@@ -224,7 +215,7 @@ def plan_cmd(
     mu_z: MuZOpt = None,
     k: KOpt = None,
     quantile: QuantileOpt = None,
-    early_stop: PlanEarlyStopOpt = None,
+    early_stop: EarlyStopOpt = None,
     may_depart: PlanMayDepartOpt = None,
     stop_window: StopWindowOpt = None,
     tolerance: ToleranceOpt = None,
@@ -357,7 +348,7 @@ def compose_cmd(
     mu_z: MuZOpt = None,
     k: KOpt = None,
     quantile: QuantileOpt = None,
-    early_stop: PlanEarlyStopOpt = None,
+    early_stop: EarlyStopOpt = None,
     may_depart: PlanMayDepartOpt = None,
     stop_window: StopWindowOpt = None,
     tolerance: ToleranceOpt = None,

@@ -55,10 +55,6 @@ async def publish_config(
     prefix, run_id = run_network(config)
     cfg = load_config(config)
     msg = build_config_msg(cfg, run_id, run_edges(cfg))
-    if cfg.graph == "file" and cfg.graph_file is not None:
-        # The plan's graph file is public (its edges are in this very message); naming it keeps
-        # the message valid for readers that rebuild a RunConfig from msg.run (config_from_msg).
-        msg = msg.model_copy(update={"run": {**msg.run, "graph_file": cfg.graph_file.name}})
     topic = topics(prefix, run_id).config
     transport = MqttTransport(
         broker,

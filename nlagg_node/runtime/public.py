@@ -56,11 +56,15 @@ _PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file", "values_file"}
 def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
     """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule.
 
-    Leaves out the seed (it would reveal every node's z^(0)), the values file and simulator-only
-    fields. The value range is public: the eavesdropper maps what it learns back to the user's units.
+    Leaves out the seed (it would reveal every node's z^(0)), the values file, the graph file's
+    folder and simulator-only fields. The value range is public: the eavesdropper maps what it learns back to the user's units.
     """
     cfg = cfg.resolved()
     run = cfg.model_dump(mode="json", exclude=_PRIVATE_FIELDS)
+    if cfg.graph == "file" and cfg.graph_file is not None:
+        # The file's name only: its edges are in this very message, and naming it keeps the message
+        # valid for readers that rebuild a RunConfig from it (config_from_msg).
+        run["graph_file"] = cfg.graph_file.name
     phases = [
         {
             "name": ph.name,
