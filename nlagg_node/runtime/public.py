@@ -57,7 +57,8 @@ def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
     """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule.
 
     Leaves out the seed (it would reveal every node's z^(0)), the values file, the graph file's
-    folder and simulator-only fields. The value range is public: the eavesdropper maps what it learns back to the user's units.
+    folder and simulator-only fields. The value range is public: the eavesdropper maps what it
+    learns back to the user's units.
     """
     cfg = cfg.resolved()
     run = cfg.model_dump(mode="json", exclude=_PRIVATE_FIELDS)
