@@ -81,6 +81,8 @@ ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  #
         ("median", "rgg", 3000, {1: 40, 5: 400}, False, True),
         ("max", "articulation", 3000, {4: 300}, True, True),
         ("max", "rgg", 4000, {"top": 3990}, True, True),
+        ("median", "star", 200, {0: 50}, True, False),
+        ("median", "star", 3000, {0: 100}, True, True),
     ],
     ids=[
         "max-leaving",
@@ -92,6 +94,8 @@ ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  #
         "early-median-two-leaving",
         "early-split-stops-apart",
         "early-departure-after-the-stop",
+        "every-survivor-alone",
+        "early-every-survivor-alone",
     ],
 )
 async def test_survivors_equal_the_simulator_bit_for_bit(

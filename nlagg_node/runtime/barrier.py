@@ -196,9 +196,9 @@ class Barrier:
             finally:
                 self._waiter = None
             rnd = self._pending.get(key)
-            if rnd is None:  # every slot departed
+            if rnd is None:  # every slot departed while we waited
                 rnd = _Round(self.size)
-        del self._pending[key]
+        self._pending.pop(key, None)
         values: list[float] = rnd.values  # type: ignore[assignment]  # complete: no None left
         if self.gone:
             values = [math.nan if v is None else v for v in rnd.values]

@@ -195,9 +195,9 @@ class Member:
         row[slot] = fields
 
     def take_quiet(self, t: int) -> list[Fields]:
-        """The neighbours' ``(quiet counter, stop iteration, departures)`` sent with x^(t), by slot
-        (after taking x^(t); a departed neighbour's slot holds nothing that counts)."""
-        return self.quiet_in.pop(t)
+        """The neighbours' ``(quiet, stop, departures)`` sent with x^(t), by slot (after taking x^(t);
+        a departed neighbour's slot holds nothing that counts, and so do all when none is left)."""
+        return self.quiet_in.pop(t, None) or [(0, NO_STOP, ())] * len(self.neighbours)
 
     def count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:
         """An x_j^(t) the barrier did not take as new: a duplicate is counted, the rest rejected."""
