@@ -21,6 +21,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
 from nlagg_node.runtime.wire import topics
 from nlagg_node.sim import draw_values, simulate
+from nlagg_node.sim.output import summarize
 
 RUN = "dep"
 needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
@@ -329,3 +330,17 @@ async def test_a_node_told_to_leave_mid_run_says_leaving_and_the_rest_match_the_
 
 def neighbours_of(edges: np.ndarray, i: int) -> set[int]:
     return {int(b if a == i else a) for a, b in edges.tolist() if i in (a, b)}
+
+
+def test_a_departure_planned_after_the_stop_is_reported_as_not_happened() -> None:
+    """Early stopping: node 4 planned to leave at 1500, but most median trials stop before. One
+    trial's summary says who left in it; several trials', the share of trials each one left in."""
+    cfg = RunConfig(op="median", n=15, trials=200, seed=0, record="none", may_depart=True)
+    many = summarize(simulate(cfg, departures={4: 1500}))
+    assert 0.1 < many["departed_fraction"]["4"] < 0.9
+    one = simulate(cfg.model_copy(update={"trials": 1}), departures={4: 1500})
+    assert one.departures_of(0) == {}  # trial 0 stops before t = 1500
+    summary = summarize(one)
+    assert summary["departed"] == {}
+    assert 4 in summary["survivors"]
+    assert summary["final_x"]["4"] is not None

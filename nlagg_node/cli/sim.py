@@ -219,3 +219,7 @@ def _print_table(summary: SimSummary) -> None:
         console.print(
             f"departed: {summary['departed']} (node: iteration); components: {summary['components']}"
         )
+    if "departed_fraction" in summary:
+        console.print(
+            f"share of trials it left in (else it had stopped first): {summary['departed_fraction']}"
+        )

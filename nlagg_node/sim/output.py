@@ -61,6 +61,9 @@ class SimSummary(TypedDict):
         dict[str, float | list[float] | None]
     ]  # one trial: each node's output (None: departed)
     departed: NotRequired[dict[str, int]]  # --depart: node -> the iteration it left at
+    # Early stopping, several trials: the share of trials in which each planned departure happened
+    # (where its component had stopped before, the node finished the run instead).
+    departed_fraction: NotRequired[dict[str, float]]
     survivors: NotRequired[list[int]]
     components: NotRequired[list[list[int]]]  # trial 0's connected parts of the survivors
     warnings: NotRequired[list[str]]  # one line per operator/init choice that exposes values by construction
@@ -78,9 +81,13 @@ def summarize(result: SimResult) -> SimSummary:
             for i, v in enumerate(result.output[0])
         }
     if result.departed:
-        out["departed"] = {str(j): t for j, t in sorted(result.departed.items())}
-        out["survivors"] = [i for i in range(cfg.n) if i not in result.departed]
+        gone = result.departures_of(0) if cfg.trials == 1 else result.departed  # one trial: what happened
+        out["departed"] = {str(j): t for j, t in sorted(gone.items())}
+        out["survivors"] = [i for i in range(cfg.n) if i not in gone]
         out["components"] = result.components[0]
+        if cfg.trials > 1 and result.departed_in:
+            share = {j: float(np.mean([j in d for d in result.departed_in])) for j in sorted(result.departed)}
+            out["departed_fraction"] = {str(j): f for j, f in share.items()}
     return out
 
 
