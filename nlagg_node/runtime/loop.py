@@ -291,7 +291,7 @@ class PdmmLoop:
             if tr.sent:  # early stop: the last x may precede t - 1 (its phase stopped early)
                 last, quiet, stop, *known = tr.sent
                 stop_or_none = None if stop == NO_STOP else stop
-                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], quiet, stop_or_none, known)
+                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], (quiet, stop_or_none, known))
             else:
                 m.outbox.send_x(t - 1, phase, tr.xs[-1])
             if tr.adv is not None:
@@ -371,7 +371,7 @@ class PdmmLoop:
                     if fields is None:
                         m.outbox.send_x(t, name, x_list[k])
                     else:
-                        m.outbox.send_x(t, name, x_list[k], *fields[k])
+                        m.outbox.send_x(t, name, x_list[k], fields[k])
                         tr.sent = [t, early.k[k], early.e[k], *early.known[k]]  # type: ignore[union-attr]
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)

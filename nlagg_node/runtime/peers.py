@@ -81,17 +81,11 @@ class Outbox:
         self.key: bytes | None = None
 
     def send_x(
-        self,
-        t: int,
-        phase: str,
-        x: float,
-        quiet: int | None = None,
-        stop: int | None = None,
-        departures: Sequence[int] = (),
+        self, t: int, phase: str, x: float, fields: tuple[int, int | None, Sequence[int]] | None = None
     ) -> None:
-        """Publish x_i^(t) (with early stopping: its quiet counter, stop and the departures it knows
-        of) without waiting (hot path)."""
-        payload = encode_x(self.node, t, phase, x, quiet, stop, departures)
+        """Publish x_i^(t) without waiting (hot path); with early stopping, ``fields`` are its quiet
+        counter, stop (None while unknown) and the departures it knows of."""
+        payload = encode_x(self.node, t, phase, x, *(fields or ()))
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))
