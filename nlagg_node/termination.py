@@ -22,6 +22,13 @@ Node i runs iteration t in full (x, publish, barrier, z-update) and stops after 
 * the first proposal, made at ``t*``, is ``t* + D``, and any later one is larger; it reaches
   every node within ``D`` hops, so every node holds ``e = t* + D`` at ``t* + D`` and none
   held ``e <= t`` before: every node stops at the same iteration ``t* + D``.
+
+In a run whose nodes may depart (``may_depart``), ``D`` is ``n - 1`` (:func:`stop_reach`), a node
+that detects a departure is not quiet at the next iteration and carries the departure iterations
+it knows of in its x (merged by union, :func:`recent` ones only), and a departure in
+``[e - 2D, e - D]`` voids the stop ``e`` (:func:`voids`, :func:`halts`; a voided ``e`` is forgotten,
+:func:`live_stop`). Each connected component then stops on its own, all its nodes together
+(docs/protocol.md, "Early stopping with departures").
 """
 
 from __future__ import annotations
