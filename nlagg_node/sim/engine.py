@@ -383,12 +383,16 @@ def simulate(
     departed_in: list[dict[int, int]] = []
     comps: list[list[list[int]]] = []
     if dep is not None:
-        gone_in = moot.reshape(B, n)
-        departed_in = [{j: t for j, t in dep.at.items() if not gone_in[b, j]} for b in range(B)]
+        moot_in = moot.reshape(B, n)
+        departed_in = [{j: t for j, t in dep.at.items() if not moot_in[b, j]} for b in range(B)]
         comps = [
-            dep.components[b] if not gone_in[b].any() else components(n, graphs[b], departed_in[b])
+            dep.components[b] if not moot_in[b].any() else components(n, graphs[b], departed_in[b])
             for b in range(B)
         ]
+        starts = np.cumsum([0] + [p.t_len for p in phases])[:-1]
+        for b, left in enumerate(departed_in):  # a departed node ran its phases up to its departure
+            for j, t_left in left.items():
+                node_iterations[b, j] = np.minimum(node_iterations[b, j], np.clip(t_left - starts, 0, None))
         node_lo, node_hi = survivor_truth(cfg, s, comps)
         mse = survivor_mse(output, node_lo, node_hi)
         truth_lo, truth_hi = largest_truth(node_lo, node_hi, comps)
