@@ -344,3 +344,19 @@ def test_a_departure_planned_after_the_stop_is_reported_as_not_happened() -> Non
     assert summary["departed"] == {}
     assert 4 in summary["survivors"]
     assert summary["final_x"]["4"] is not None
+
+
+@needs_mosquitto
+@pytest.mark.slow
+async def test_testbed_departure_planned_after_the_stop_does_not_happen(tmp_path: Path) -> None:
+    """``nlagg testbed --depart 2@6000``: the run stops early before t = 6000, so node 2's process
+    finishes instead of being killed; the summary says nobody left, as the simulator's trial does."""
+    cfg = RunConfig(op="max", n=8, trials=1, seed=3, may_depart=True)
+    sim = simulate(cfg, departures={2: 6000})
+    assert sim.departures_of(0) == {}
+    summary = await run_testbed(cfg, departures={2: 6000}, out_dir=tmp_path / "run", broker_kind="mosquitto")
+    assert summary["departed"] == {}
+    assert summary["survivors"] == list(range(cfg.n))
+    assert summary["exact"]
+    assert summary["iterations"] == int(sim.phase_iterations[0].sum())
+    assert summary["final_x"] == {str(i): float(sim.output[0, i]) for i in range(cfg.n)}
