@@ -32,7 +32,7 @@ from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
-from nlagg_node.termination import diameter, stop_reach
+from nlagg_node.termination import stop_reach
 
 from .live import BRANCH_NAMES, Exposure, LiveReplay
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
@@ -309,7 +309,7 @@ class Eavesdropper:
         self.scale = scale_for(cfg)
         phases = plan_phases(cfg)
         cs = [phase_c(cfg, p) for p in phases]
-        reach = stop_reach(cfg.n, diameter(cfg.n, edges), cfg.may_depart) if cfg.early_stop else None
+        reach = stop_reach(cfg.n, edges, cfg.may_depart) if cfg.early_stop else None
         self.replay = LiveReplay(
             cfg.n, edges, phases, cs, cfg.theta, sealed_groups_of(cfg, phases), reach=reach
         )

@@ -245,11 +245,11 @@ def _early_x(result: SimResult, trial: int, x: FloatArray) -> Iterator[tuple[int
     departure, with the quiet counter, the stop iteration and the departures it knows of
     (:func:`nlagg_node.termination.fields_along`)."""
     from nlagg_node.runtime.wire import encode_x
-    from nlagg_node.termination import NO_STOP, diameter, fields_along, stop_reach
+    from nlagg_node.termination import NO_STOP, fields_along, stop_reach
 
     cfg = result.config
     edges = result.graphs[trial]
-    reach = stop_reach(cfg.n, diameter(cfg.n, edges), cfg.may_depart)
+    reach = stop_reach(cfg.n, edges, cfg.may_depart)
     gone = result.departures_of(trial)
     start = 0
     for p, phase in enumerate(result.phases):

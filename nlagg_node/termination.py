@@ -85,10 +85,11 @@ def stop_threshold(diam: int, window: int) -> int:
     return diam + window
 
 
-def stop_reach(n: int, diam: int, may_depart: bool) -> int:
-    """The hops ``D`` a proposal is given to reach every node: the diameter, or ``n - 1`` when nodes
-    may depart (a departure can lengthen the survivors' distances; ``n - 1`` bounds them all)."""
-    return n - 1 if may_depart else diam
+def stop_reach(n: int, edges: IntArray, may_depart: bool) -> int:
+    """The hops ``D`` a proposal is given to reach every node: the graph's diameter, or ``n - 1``
+    when nodes may depart (a departure can lengthen the survivors' distances; ``n - 1`` bounds
+    them all)."""
+    return n - 1 if may_depart else diameter(n, edges)
 
 
 def live_stop(e: int, t: int) -> int:

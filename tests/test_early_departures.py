@@ -31,7 +31,7 @@ from nlagg_node.runtime.node import Node, NodeResult, node_will
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import ConfigMsg, encode, encode_x, topics
 from nlagg_node.sim import SimResult, draw_values, simulate
-from nlagg_node.termination import NO_STOP, diameter, fields_along, stop_reach
+from nlagg_node.termination import NO_STOP, fields_along, stop_reach
 
 ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  # two 4-cliques through 4
 LEFT, MIDDLE, RIGHT = [0, 1, 2, 3], 4, [5, 6, 7, 8]
@@ -122,7 +122,7 @@ def test_the_transcript_holds_what_the_nodes_publish_in_time_order(tmp_path: Pat
     write_sim_transcript(sim, db, trial=b, run_id=RUN)
     edges = sim.graphs[b]
     ran = sim.node_iterations[b, :, 0]
-    reach = stop_reach(cfg.n, diameter(cfg.n, edges), True)
+    reach = stop_reach(cfg.n, edges, True)
     assert reach == cfg.n - 1
     xs = sim.recorded_x[: int(ran.max()), b, :]  # the simulator's own record (its final x after a stop)
     rows = fields_along(xs, edges, 0, cfg.stop_window_value, reach, cfg.tolerance, departed=DEPARTURES)

@@ -39,7 +39,7 @@ from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.wire import ConfigMsg, decode
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
-from nlagg_node.termination import diameter, stop_reach
+from nlagg_node.termination import stop_reach
 
 from ..attack import NodeFinding, attack_arrays
 from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
@@ -143,6 +143,7 @@ class DashboardState:
         self.truth = truth if truth is not None else self._truth_beside()
         self._early_x: list[tuple[int, int, float]] = []
         self._stops: list[tuple[int, int, int, list[int] | None]] = []  # x's with a stop, not yet fed
+        self._follow_stops = True  # whether components may stop apart (the config says; True before)
         self._departed: dict[int, int] = {}  # departures the statuses announced
         self._early_z0: list[tuple[str, int, int, float]] = []
         self._all_done_since: float | None = None
@@ -174,12 +175,23 @@ class DashboardState:
         up calls again at once). Blocking (SQLite, numpy): the server calls it in a worker thread.
         """
         with self.lock:
+            # The payloads of the statuses (departures) and, where components may stop apart
+            # (may_depart), of the x's that carry a stop iteration.
+            if self.config is None:
+                self._follow_stops = self._stops_may_matter()
+            payload = (
+                "CASE WHEN valid = 1 AND (kind = 'status' OR (kind = 'x' AND"
+                " instr(payload, CAST('\"stop\":' AS BLOB)) > 0)) THEN payload END"
+                if self._follow_stops
+                else "CASE WHEN kind = 'status' AND valid = 1 THEN id END"  # fetched below, if any
+            )
             rows = self.db.execute(
-                "SELECT id, valid, kind, node, peer, t, phase, value, CASE WHEN valid = 1 AND"
-                " (kind = 'status' OR (kind = 'x' AND instr(payload, CAST('\"stop\":' AS BLOB)) > 0))"
-                " THEN payload END FROM messages WHERE id > ? ORDER BY id LIMIT ?",
+                f"SELECT id, valid, kind, node, peer, t, phase, value, {payload}"
+                " FROM messages WHERE id > ? ORDER BY id LIMIT ?",
                 (self.last_id, CHUNK),
             ).fetchall()
+            if not self._follow_stops:
+                rows = self._with_status_payloads(rows)
             if rows:
                 self._ingest(rows)
             self.more = len(rows) == CHUNK
@@ -187,6 +199,32 @@ class DashboardState:
             if changed:
                 self.version += 1
             return changed
+
+    def _stops_may_matter(self) -> bool:
+        """Before the config is read: whether the transcript's first valid config (or none yet) may
+        let components stop apart (early stopping with ``may_depart``)."""
+        row = self.db.execute(
+            "SELECT payload FROM messages WHERE kind = 'config' AND valid = 1 ORDER BY id LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return True  # not known yet: keep what the x's say
+        try:
+            run = json.loads(bytes(row[0])).get("run", {})
+        except ValueError:
+            return True
+        return bool(run.get("early_stop", False) and run.get("may_depart", False))
+
+    def _with_status_payloads(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """``rows`` whose last column holds a valid status's id: that column becomes its payload."""
+        ids = [r[8] for r in rows if r[8] is not None]
+        if not ids:
+            return rows
+        found: dict[int, bytes] = {}
+        for start in range(0, len(ids), 500):  # SQLite's bound on the number of parameters
+            part = ids[start : start + 500]
+            marks = ",".join("?" * len(part))
+            found.update(self.db.execute(f"SELECT id, payload FROM messages WHERE id IN ({marks})", part))
+        return [r if r[8] is None else (*r[:8], found.get(r[8])) for r in rows]
 
     @property
     def verdicts_due(self) -> bool:
@@ -252,11 +290,14 @@ class DashboardState:
         self.scale = scale_for(cfg)
         self.config = msg
         self.edges = edges
-        reach = stop_reach(cfg.n, diameter(cfg.n, edges), cfg.may_depart) if cfg.early_stop else None
+        self.early_stop = cfg.early_stop
+        self._follow_stops = cfg.early_stop and cfg.may_depart
+        reach = stop_reach(cfg.n, edges, cfg.may_depart) if self._follow_stops else None
         self.replay = LiveReplay(
             cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta, reach=reach
         )
-        self.early_stop = cfg.early_stop
+        if not self._follow_stops:  # a phase ends for all at once: nothing at t and the next one begun
+            self._stops = []
         t_total = self.replay.t_total
         stride = max(1, math.ceil(t_total / (self.max_columns - 1)))
         self.sample_t = list(range(0, t_total, stride))

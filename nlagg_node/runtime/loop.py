@@ -43,7 +43,6 @@ from ..schedule import bypassed, effective_values, phase_c, value_noise
 from ..termination import (
     NO_STOP,
     Fields,
-    diameter,
     halts,
     is_quiet,
     live_stop,
@@ -164,7 +163,7 @@ class PdmmLoop:
         # z_update call per iteration updates both (element-wise the same operations, same bits).
         self.w = np.zeros(2 * self.d)
         cfg = first.cfg
-        self.reach = stop_reach(cfg.n, diameter(cfg.n, first.edges), cfg.may_depart) if cfg.early_stop else 0
+        self.reach = stop_reach(cfg.n, first.edges, cfg.may_depart) if cfg.early_stop else 0
         self.stopping: Stopping | None = None
         self.pace = Pace([m.id for m in members], first.t_total)
 

@@ -37,7 +37,7 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
-from ..termination import NO_STOP, diameter, stop_reach
+from ..termination import NO_STOP, stop_reach
 from ..threat import known_duals, solvable
 from .departures import SimDepartures, largest_truth, survivor_mse, survivor_truth
 from .values import run_values
@@ -245,9 +245,7 @@ def simulate(
     loop_seconds = 0.0
     early = cfg.early_stop
     window = cfg.stop_window_value
-    reach = np.array(
-        [stop_reach(n, diameter(n, g), cfg.may_depart) for g in graphs] if early else [0] * B, dtype=np.int64
-    )
+    reach = np.array([stop_reach(n, g, cfg.may_depart) for g in graphs] if early else [0] * B, dtype=np.int64)
     hist = np.zeros((N, window if early else 1))
     kq = np.zeros(N, dtype=np.int64)
     ev = np.full(N, NO_STOP, dtype=np.int64)
