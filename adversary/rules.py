@@ -14,7 +14,9 @@ run with early stopping an x carries ``quiet`` (and ``stop``), as the nodes requ
 x of a phase may follow the gap a phase that stopped early leaves, so it needs nothing before it.
 Only a run whose nodes may depart (``may_depart``) has x's with ``departures``. Where departures
 split the graph, each component stops on its own: the x's of one go on while another is silent,
-and the window still holds, since a node's neighbours are all in its component or departed.
+and the window still holds, since a node's neighbours are all in its component or departed. An x
+of a node after the one with which it ended its phase (its fields say so,
+:func:`nlagg_node.termination.halts`) is refused: its neighbours have moved on.
 
 A node that departs at T (:mod:`nlagg_node.departure`) is announced in its neighbours' statuses
 before they publish x^(T+1) (they say so first): from then on its x^(T-1) is the last one its
@@ -32,6 +34,8 @@ public configuration; every size they allocate comes from it once validated.
 
 from __future__ import annotations
 
+import bisect
+
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
 from nlagg_node.runtime.wire import (
     X_TYPES,
@@ -46,6 +50,7 @@ from nlagg_node.runtime.wire import (
     Z0Msg,
 )
 from nlagg_node.schedule import plan_phases, sealed_groups_of
+from nlagg_node.termination import halts, stop_reach
 
 __all__ = ["OUTSIDE_WINDOW", "RunRules", "rules_for"]
 
@@ -69,6 +74,10 @@ class RunRules:
         self._phase_at = [p.name for p in phases for _ in range(p.t_len)]  # as the nodes hold it
         self.early_stop = cfg.early_stop
         self.may_depart = cfg.early_stop and cfg.may_depart  # x's carry the departures their nodes know
+        # Early stopping: the stop's reach, and where each node stopped each phase ((phase, node) ->
+        # its last t): a later x of that phase is none its neighbours take (they have moved on).
+        self.reach = stop_reach(cfg.n, edges, cfg.may_depart) if cfg.early_stop else 0
+        self._stopped: dict[tuple[int, int], int] = {}
         # With early stopping a phase may end before its t_len: its successor's first x follows a gap.
         self._jumps = set(self._starts[1:]) if cfg.early_stop else set()
         self.groups = {p.group for p in phases}
@@ -149,6 +158,10 @@ class RunRules:
             )
         if t >= self.gone_from[i]:
             return f"x_{i}^({t}): node {i} departed at t={self.gone_from[i]}"
+        if self._stopped:
+            last = self._stopped.get((bisect.bisect_right(self._starts, t), i))
+            if last is not None and t > last:
+                return f"x_{i}^({t}): node {i} ended this phase after t={last}"
         if t > 0 and t not in self._jumps and not self._resync:
             behind = self._behind(i, t)
             if behind:
@@ -178,6 +191,9 @@ class RunRules:
         """Record a message stored as valid (the window moves on)."""
         if isinstance(msg, X_TYPES):
             self.saw_x(msg.node, msg.t)
+            t = msg.t
+            if msg.stop == t and halts(msg.stop, t, list(msg.departures or ()), self.reach):
+                self._stopped.setdefault((bisect.bisect_right(self._starts, t), msg.node), t)
         elif isinstance(msg, StatusMsg) and msg.departed:
             for j, t in msg.departed.items():
                 if 0 <= int(j) < self.n:

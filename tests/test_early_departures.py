@@ -346,6 +346,24 @@ def test_an_x_with_departures_is_valid_only_where_nodes_may_depart(
             assert tr.x(4, 20)[1, 3] == 0.5
 
 
+@pytest.mark.parametrize("may_depart", [False, True], ids=["diameter", "may-depart"])
+def test_an_x_after_its_nodes_stop_is_refused(tmp_path: Path, may_depart: bool) -> None:
+    """A node's x that says it ends the phase (stop == t) is its last of the phase: a later one (a
+    forger's) is stored invalid, so it cannot stretch the node's phase in the offline attack."""
+    cfg = RunConfig(op="max", n=4, graph="ring", t_max=20, trials=1, may_depart=may_depart)
+    tp = topics("nlagg", RUN)
+    with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
+        tr.add(tp.config, encode(build_config_msg(cfg, RUN, run_edges(cfg))), retained=True)
+        for t in range(3):
+            for i in range(4):
+                assert tr.add(tp.x(i), encode_x(i, t, "max", 1.0 - t, 0, 2)) is not None
+        assert tr.add(tp.x(1), encode_x(1, 3, "max", 0.5, 0, 2)) is None
+        [(topic, error)] = tr.rejected()
+        assert topic == tp.x(1)
+        assert "node 1 ended this phase after t=2" in error
+        assert np.isnan(tr.x(4, 20)[1, 3])
+
+
 @pytest.mark.parametrize("before", ["announced", "all"], ids=["up-to-the-departure", "everything"])
 def test_what_came_before_the_config_is_caught_up_on_departures_and_stops_included(
     tmp_path: Path, before: str
