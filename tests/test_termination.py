@@ -8,12 +8,14 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import pytest
 
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node import load_config, simulate
+from nlagg_node.graphs import sample_graphs
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.limits import MAX_ITERATIONS, MAX_NODES
 from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
@@ -34,9 +36,17 @@ def test_diameter(n: int, edges: list[list[int]], want: int) -> None:
     assert diameter(n, np.array(edges)) == want
 
 
-def test_diameter_refuses_disconnected() -> None:
+@pytest.mark.parametrize("n", [4, 300], ids=["python-search", "csgraph"])
+def test_diameter_refuses_disconnected(n: int) -> None:
     with pytest.raises(ValueError, match="not connected"):
-        diameter(4, np.array([[0, 1], [2, 3]]))
+        diameter(n, np.array([[i, i + 1] for i in range(n - 1) if i != n // 2]))
+
+
+@pytest.mark.parametrize("n", [40, 400], ids=["python-search", "csgraph"])
+def test_diameter_is_networkx_s(n: int) -> None:
+    edges = sample_graphs(load_config(n=n, trials=1).graph_spec(), 3, 1)[0]
+    graph = nx.Graph(edges.tolist())
+    assert diameter(n, edges) == nx.diameter(graph)
 
 
 def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float) -> tuple[int, np.ndarray]:
