@@ -226,7 +226,7 @@ class LiveReplay:
     def note_stop(self, i: int, t: int, stop: int, departures: Sequence[int] | None = None) -> None:
         """The early-stopping fields ``x_i^(t)`` carries: with ``reach``, whether node i stops
         after t (:func:`nlagg_node.termination.halts`), and if so :meth:`halt`."""
-        if self.reach is not None and halts(stop, t, list(departures or ()), self.reach):
+        if self.reach is not None and halts(stop, t, departures or (), self.reach):
             self.halt(i, t)
 
     def _stopped_before(self, i: int, t: int) -> bool:

@@ -192,7 +192,7 @@ class RunRules:
         if isinstance(msg, X_TYPES):
             self.saw_x(msg.node, msg.t)
             t = msg.t
-            if msg.stop == t and halts(msg.stop, t, list(msg.departures or ()), self.reach):
+            if msg.stop == t and halts(msg.stop, t, msg.departures or (), self.reach):
                 self._stopped.setdefault((bisect.bisect_right(self._starts, t), msg.node), t)
         elif isinstance(msg, StatusMsg) and msg.departed:
             for j, t in msg.departed.items():

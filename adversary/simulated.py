@@ -258,13 +258,13 @@ def _early_x(result: SimResult, trial: int, x: FloatArray) -> Iterator[tuple[int
         rows = fields_along(seg, edges, start, cfg.stop_window_value, reach, cfg.tolerance, departed=gone)
         for lt, row in enumerate(rows):
             t = start + lt
-            yield (
-                t,
-                [
-                    (i, encode_x(i, t, phase.name, float(x[i, t]), k, None if e == NO_STOP else e, deps))
-                    for i, (k, e, deps) in ((i, f) for i, f in enumerate(row) if f is not None)
-                ],
-            )
+            payloads: list[tuple[int, bytes]] = []
+            for i, fields in enumerate(row):
+                if fields is not None:  # None: node i publishes nothing at t
+                    k, e, deps = fields
+                    stop = None if e == NO_STOP else e
+                    payloads.append((i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps)))
+            yield t, payloads
         start += phase.t_len
 
 

@@ -34,11 +34,12 @@ it knows of in its x (merged by union, :func:`recent` ones only), and a departur
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from .arrays import FloatArray, IntArray
+from .graphs import neighbours
 
 __all__ = [
     "NO_STOP",
@@ -112,7 +113,7 @@ def recent(departure: int, t: int, reach: int) -> bool:
     return departure >= t - 2 * reach
 
 
-def halts(e: int, t: int, departures: list[int], reach: int) -> bool:
+def halts(e: int, t: int, departures: Iterable[int], reach: int) -> bool:
     """Whether a node holding stop ``e`` and knowing ``departures`` ends its phase after iteration t."""
     return e == t and not any(voids(d, t, reach) for d in departures)
 
@@ -141,10 +142,7 @@ def fields_along(
     """
     n = xs.shape[1]
     gone = dict(departed or {})
-    nbrs: list[list[int]] = [[] for _ in range(n)]
-    for a, b in np.asarray(edges).tolist():
-        nbrs[a].append(b)
-        nbrs[b].append(a)
+    nbrs = neighbours(n, np.asarray(edges))
     threshold = stop_threshold(reach, window)
     rows: list[list[Fields | None]] = []
     k, e = [0] * n, [NO_STOP] * n
@@ -173,7 +171,7 @@ def fields_along(
         k, e, known = k_new, e_new, known_new
         rows.append(out)
         for i in range(n):
-            if running[i] and halts(e[i], t, sorted(known[i]), reach):
+            if running[i] and halts(e[i], t, known[i], reach):
                 running[i] = False
         if not any(running):
             break
@@ -189,10 +187,7 @@ def diameter(n: int, edges: IntArray) -> int:
     """
     if n > _PY_BFS_UP_TO:
         return _csgraph_diameter(n, edges)
-    adj: list[list[int]] = [[] for _ in range(n)]
-    for a, b in np.asarray(edges).tolist():
-        adj[a].append(b)
-        adj[b].append(a)
+    adj = neighbours(n, np.asarray(edges))
     best = 0
     for root in range(n):
         dist = [-1] * n

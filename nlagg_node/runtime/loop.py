@@ -113,6 +113,12 @@ async def run_members(members: list[Member], router: Router, transport: Transpor
     return [results[m.id] for m in members]
 
 
+def still_here(slots: list[int], values: list[T]) -> list[T]:
+    """A member's per-neighbour ``values`` (one per slot, as a barrier returns them) of the
+    neighbours still here (``slots``: their slot numbers, ascending)."""
+    return values if len(slots) == len(values) else [values[q] for q in slots]
+
+
 class _Track:
     """One hosted node's record of the run so far."""
 
@@ -208,11 +214,6 @@ class PdmmLoop:
         self._layout()
         return np.concatenate([mask, mask])
 
-    def _here(self, k: int, values: list[float]) -> list[float]:
-        """Member k's values of the neighbours still here (a barrier returns every slot)."""
-        slots = self.slots[k]
-        return values if len(slots) == len(values) else [values[q] for q in slots]
-
     async def run(self) -> list[NodeResult]:
         """Announce, wait for the neighbours, run every phase, publish ``done``; the results."""
         members, tracks = self.members, self.tracks
@@ -280,7 +281,7 @@ class PdmmLoop:
             [m.exchange_z0(group, tr.z_out) for m, tr in zip(self.members, self.tracks, strict=True)]
         )
         z_out_flat = np.array([z for tr in self.tracks for z in tr.z_out])
-        z_in_flat = np.array([z for k, zs in enumerate(z_in) for z in self._here(k, zs)])
+        z_in_flat = np.array([z for k, zs in enumerate(z_in) for z in still_here(self.slots[k], zs)])
         self.w = np.concatenate([self.signs * z_out_flat, -self.signs * z_in_flat])
 
     def _republish_last(self, t: int) -> None:
@@ -374,7 +375,7 @@ class PdmmLoop:
                         tr.sent = [t, early.k[k], early.e[k], *early.known[k]]  # type: ignore[union-attr]
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
-                    got_flat += self._here(k, got)
+                    got_flat += still_here(self.slots[k], got)
                 if t == first_round:
                     for m in members:
                         m.outbox.z0_done()  # every neighbour has finished this exchange
@@ -468,9 +469,8 @@ class Stopping:
         """After taking x^(t): keep the fields of the neighbours still here; whether the phase ends
         with iteration t."""
         for k, m in enumerate(self.members):
-            row, here = m.take_quiet(t), self.slots[k]
-            self.nbr[k] = row if len(here) == len(row) else [row[q] for q in here]
-        stops = [halts(e, t, list(known), self.reach) for e, known in zip(self.e, self.known, strict=True)]
+            self.nbr[k] = still_here(self.slots[k], m.take_quiet(t))
+        stops = [halts(e, t, known, self.reach) for e, known in zip(self.e, self.known, strict=True)]
         if any(stops) and not all(stops):
             raise NlaggError(
                 f"hosted nodes disagree on the stop at t={t}: {self.e} (a departure split them into"

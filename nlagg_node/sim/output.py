@@ -86,8 +86,9 @@ def summarize(result: SimResult) -> SimSummary:
         out["survivors"] = [i for i in range(cfg.n) if i not in gone]
         out["components"] = result.components[0]
         if cfg.trials > 1 and result.departed_in:
-            share = {j: float(np.mean([j in d for d in result.departed_in])) for j in sorted(result.departed)}
-            out["departed_fraction"] = {str(j): f for j, f in share.items()}
+            out["departed_fraction"] = {
+                str(j): float(np.mean([j in d for d in result.departed_in])) for j in sorted(result.departed)
+            }
     return out
 
 
