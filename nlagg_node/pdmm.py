@@ -34,6 +34,7 @@ and the z-update of eq. (z_update)/(zji_up), for the directed edge ``j -> i``::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -107,21 +108,32 @@ def dual_sum(u: FloatArray, src: IntArray, n_nodes: int) -> FloatArray:
     return np.bincount(src, weights=u, minlength=n_nodes).astype(np.float64, copy=False)
 
 
-def x_piecewise(v: Any, s: Any, cd: Any, alpha: float, beta: float) -> Any:
-    """Piecewise-linear x-update, elementwise on scalars or arrays (eqs. (xi_up), (x_update_eq)).
+def dual_sum_one(u: Iterable[float]) -> float:
+    """:func:`dual_sum` for one node: its signed duals added in order from 0.0, as
+    ``np.bincount`` adds them (the same bits), on Python floats."""
+    v = 0.0
+    for ui in u:
+        v += ui
+    return v
+
+
+def x_piecewise(v: float, s: float, cd: float, alpha: float, beta: float) -> float:
+    """Piecewise-linear x-update of one node (eqs. (xi_up), (x_update_eq)), on scalars.
 
     ``lo = (-alpha - v) / cd`` if it lies above ``s``, else ``hi = (beta - v) / cd`` if it
-    lies below ``s``, else ``s`` itself (a matching event). The simulator's compiled
-    kernel calls this very function on scalars.
+    lies below ``s``, else ``s`` itself (a matching event). The simulator's compiled kernel and
+    a lone node (:func:`x_one`) call this very function; :func:`x_update` is its elementwise
+    form over arrays, with the same bits.
     """
     lo = (-alpha - v) / cd
+    if lo > s:
+        return lo
     hi = (beta - v) / cd
-    # lo < hi, so clipping s to [lo, hi] picks lo if lo > s, hi if hi < s, else s.
-    return np.maximum(lo, np.minimum(hi, s))
+    return hi if hi < s else s
 
 
 def x_quadratic(v: Any, s: Any, cd: Any) -> Any:
-    """Average-consensus x-update ``(s - v) / (1 + c d)``, elementwise."""
+    """Average-consensus x-update ``(s - v) / (1 + c d)``, elementwise on scalars or arrays."""
     return (s - v) / (1.0 + cd)
 
 
@@ -148,7 +160,21 @@ def x_update(objective: Objective, v: FloatArray, s: FloatArray, cd: FloatArray)
         return np.maximum((-objective.alpha - v) / cd, s)
     if objective.alpha == math.inf:
         return np.minimum((objective.beta - v) / cd, s)
-    return np.asarray(x_piecewise(v, s, cd, objective.alpha, objective.beta), dtype=np.float64)
+    lo, hi = linear_branch(objective, v, cd)
+    # lo < hi, so clipping s to [lo, hi] picks lo if lo > s, hi if hi < s, else s: x_piecewise.
+    return np.maximum(lo, np.minimum(hi, s))
+
+
+def x_one(objective: Objective, v: float, s: float, cd: float) -> float:
+    """:func:`x_update` of one node on Python floats, with the same bits (a lone node's hot path).
+
+    No numpy call: on a host shared by many node processes, each numpy call on a small array
+    cost a lone node tens of microseconds per iteration, paid with cold caches at every
+    wake-up (``benchmarks/bench_testbed.py``, one process per node).
+    """
+    if objective.kind == "quadratic":
+        return float(x_quadratic(v, s, cd))
+    return x_piecewise(v, s, cd, objective.alpha, objective.beta)
 
 
 def linear_branch(objective: Objective, v: FloatArray, cd: FloatArray) -> tuple[FloatArray, FloatArray]:

@@ -5,20 +5,16 @@ wait for ``x_j^(t)`` of every neighbour (the barrier), then update its own duals
 its copy of the neighbours' duals ``u_{j|i}`` (PDMM's broadcast form: after the z^(0) exchange
 only x's travel).
 
-The math is the simulator's: the duals of the h nodes live in one flat array, node after node
-with neighbours ascending, ``[u_{i|j} of every node; u_{j|i} of every node]``, and each
-iteration is one :func:`~nlagg_node.pdmm.x_update` and one :func:`~nlagg_node.pdmm.z_update`
-call over all of them. The operations are element-wise and :func:`~nlagg_node.pdmm.dual_sum`
-adds each node's duals in the same order, so the numbers are bit for bit those of one node per
+The math is the simulator's, over the hosted nodes' duals (:mod:`.duals`: one flat numpy
+vector for several nodes, Python floats for one). The operations are element-wise and each
+node's duals are added in the same order, so the numbers are bit for bit those of one node per
 process and of ``simulate(cfg, trials=1)``; the generators come from
 :func:`nlagg_node.rng.rng_for` in the simulator's order (DP noise first, then z^(0) once per
-dual group). One coroutine per node, with numpy calls on five-element arrays, spent more on
-scheduling and call overhead than on the math (n = 15 on Mosquitto: 1.32 ms of host CPU per
-round, 1.08 ms batched).
+dual group).
 
 A neighbour that departs at T (:mod:`nlagg_node.departure`) is dropped at the z-update of
-iteration T: its slots leave the flat arrays (the others keep their order) and the node's
-degree shrinks, exactly as the simulator drops the edge between two kernel calls.
+iteration T: its slots leave the duals (the others keep their order) and the node's degree
+shrinks, exactly as the simulator drops the edge between two kernel calls.
 
 The checkpoint hook (:meth:`PdmmLoop.checkpoint`) saves each node's state before every publish
 that depends on it, and a loop started from checkpoints resumes where they left off. Nodes with
@@ -33,11 +29,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
-from numpy.typing import NDArray
 
 from ..errors import NlaggError
 from ..init import draw_z0, perturb_value
-from ..pdmm import dual_sum, x_update, z_update
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
 from ..termination import (
@@ -53,6 +47,7 @@ from ..termination import (
     stop_threshold,
 )
 from .checkpoint import Checkpoint, Stage
+from .duals import duals_for
 from .member import Member, NodeResult
 from .pace import Pace
 from .routing import Router
@@ -163,30 +158,20 @@ class PdmmLoop:
         if len(members) > 1 and any(m.leave_at is not None for m in members):
             raise NlaggError("a hosted node cannot leave on its own: run it as a process of its own")
         self.slots = [list(range(len(m.neighbours))) for m in members]  # the neighbours still here
-        self.signs = np.array([1.0 if m.id < j else -1.0 for m in members for j in m.neighbours])
-        self._layout()
-        # Both dual vectors in one: w = [u_{i|j} (own), u_{j|i} (the neighbours', tracked)], so one
-        # z_update call per iteration updates both (element-wise the same operations, same bits).
-        self.w = np.zeros(2 * self.d)
+        self.duals = duals_for([len(m.neighbours) for m in members])
         cfg = first.cfg
         self.reach = stop_reach(cfg.n, first.edges, cfg.may_depart) if cfg.early_stop else 0
         self.stopping: Stopping | None = None
         self.pace = Pace([m.id for m in members], first.t_total)
 
-    def _layout(self) -> None:
-        """Each member's slice of the flat duals, their owners and reverses, from the slots still here."""
-        h = len(self.members)
-        deg = np.array([len(sl) for sl in self.slots], dtype=np.int64)
-        d = int(deg.sum())
-        bounds = np.concatenate([[0], np.cumsum(deg)])
-        self.own = [slice(int(bounds[k]), int(bounds[k + 1])) for k in range(h)]
-        self.owner = np.repeat(np.arange(h), deg)
-        self.swap = np.concatenate([np.arange(d, 2 * d), np.arange(d)])
-        self.cd = deg.astype(np.float64)
-        self.d = d
+    def signs(self, k: int) -> list[float]:
+        """``a_ij`` of hosted node k for its neighbours j still here, ascending."""
+        m = self.members[k]
+        return [1.0 if m.id < j else -1.0 for j in m.active]
 
-    def _drop(self, t: int) -> NDArray[np.bool_] | None:
-        """Drop the neighbours that departed at t (their x^(t) never came); the kept mask of w, or None."""
+    def _drop(self, t: int) -> list[bool] | None:
+        """Drop the neighbours that departed at t (their x^(t) never came); which slots of the
+        duals are kept (node after node), or None if all are."""
         keep: list[bool] = []
         for k, m in enumerate(self.members):
             here = [q for q in self.slots[k] if m.departed.get(m.neighbours[q]) != t]
@@ -209,10 +194,7 @@ class PdmmLoop:
             for k, m in enumerate(self.members):
                 if any(u == t for u in m.departed.values()):
                     self.stopping.detect(k, t)
-        mask = np.array(keep)
-        self.signs = self.signs[mask]
-        self._layout()
-        return np.concatenate([mask, mask])
+        return keep
 
     async def run(self) -> list[NodeResult]:
         """Announce, wait for the neighbours, run every phase, publish ``done``; the results."""
@@ -248,16 +230,16 @@ class PdmmLoop:
 
         A departed neighbour's x is NaN (:meth:`~nlagg_node.runtime.barrier.Barrier.take`): not kept.
         """
-        d, w, early = self.d, self.w, self.stopping
+        early = self.stopping
         for k, (m, tr) in enumerate(zip(self.members, self.tracks, strict=True)):
             if m.store is None:
                 continue
-            sl = self.own[k]
             in_x = stage == "x"
+            u_out, u_in = self.duals.of(k) if in_x else ([], [])
             m.save(
                 Checkpoint(
                     m.fingerprint, stage, t, p_idx, group, tr.s_used, dict(tr.rng.bit_generator.state),
-                    u_out=w[:d][sl].tolist() if in_x else [], u_in=w[d:][sl].tolist() if in_x else [],
+                    u_out=u_out, u_in=u_in,
                     z_out=[] if in_x else tr.z0_sent[group], z0_sent=tr.z0_sent, finals=tr.finals,
                     identified=tr.identified if in_x else [], xs=tr.xs,
                     prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False) if v == v},
@@ -271,18 +253,21 @@ class PdmmLoop:
         """The z^(0) exchange that starts a dual group: draw (unless resumed), save, publish, wait."""
         phase = self.phases[p_idx]
         group = phase.group
+        signs = [self.signs(k) for k in range(len(self.members))]
         if fresh:
             for k, tr in enumerate(self.tracks):
-                tr.z_out = draw_z0(phase.init, self.signs[self.own[k]], tr.rng).tolist()  # neighbours here
+                tr.z_out = draw_z0(phase.init, np.array(signs[k]), tr.rng).tolist()  # neighbours here
                 tr.z0_sent[group] = tr.z_out
                 tr.identified = []
             self.checkpoint("z0", t, p_idx, group)
         z_in = await gather_first_error(
             [m.exchange_z0(group, tr.z_out) for m, tr in zip(self.members, self.tracks, strict=True)]
         )
-        z_out_flat = np.array([z for tr in self.tracks for z in tr.z_out])
-        z_in_flat = np.array([z for k, zs in enumerate(z_in) for z in still_here(self.slots[k], zs)])
-        self.w = np.concatenate([self.signs * z_out_flat, -self.signs * z_in_flat])
+        u_out, u_in = [], []
+        for k, (sg, tr) in enumerate(zip(signs, self.tracks, strict=True)):
+            u_out.append([a * z for a, z in zip(sg, tr.z_out, strict=True)])
+            u_in.append([-a * z for a, z in zip(sg, still_here(self.slots[k], z_in[k]), strict=True)])
+        self.duals.start(u_out, u_in)
 
     def _republish_last(self, t: int) -> None:
         """Resumed mid-phase: what we may have published just before the crash goes out again."""
@@ -302,24 +287,19 @@ class PdmmLoop:
 
         Returns None, or the iteration T at which a node given ``leave_after`` leaves.
         """
-        cfg, members, tracks = self.cfg, self.members, self.tracks
-        own, owner, swap = self.own, self.owner, self.swap
-        h, d = len(members), self.d
+        cfg, members, tracks, duals = self.cfg, self.members, self.tracks, self.duals
+        h = len(members)
         lone = members[0] if h == 1 else None  # may leave (leave_after, or a SIGTERM mid-run)
         saving = any(m.store is not None for m in members)
         ck = self.start
         p_first, t, group, resuming = (0, 0, "", False) if ck is None else (ck.phase, ck.t, ck.group, True)
         if ck is not None and ck.stage == "x":
-            self.w = np.concatenate([np.array([u for tr in tracks for u in tr.ck.u_out]),  # type: ignore[union-attr]
-                                     np.array([u for tr in tracks for u in tr.ck.u_in])])  # type: ignore[union-attr]  # fmt: skip
-        x_dst = np.empty(2 * d)
+            duals.start([tr.ck.u_out for tr in tracks], [tr.ck.u_in for tr in tracks])  # type: ignore[union-attr]
         s_used = np.array([tr.s_used for tr in tracks])
         phase_start = np.cumsum([0] + [p.t_len for p in self.phases]).tolist()
         for p_idx in range(p_first, len(self.phases)):
             phase = self.phases[p_idx]
-            c = phase_c(cfg, phase)
-            cd_c = self.cd * c
-            linked = bool(cd_c.all())  # every member still has a neighbour (see the x-update below)
+            c, theta, objective = phase_c(cfg, phase), cfg.theta, phase.objective
             first_round = -1
             if (resuming and ck is not None and ck.stage == "z0") or (not resuming and phase.group != group):
                 group = phase.group
@@ -329,14 +309,11 @@ class PdmmLoop:
                 self._republish_last(t)
             resumed_at = t if resuming else -1
             resuming = False
-            own, owner, swap, d = self.own, self.owner, self.swap, self.d  # the exchange may follow a drop
-            x_dst = np.empty(2 * d)
             identified = np.array([tr.identified for tr in tracks]).T.reshape(-1, h)
             skip = bypassed(phase, s_used, identified, cfg.epsilon)
-            s_eff = effective_values(phase, s_used, skip)
+            s_eff: list[float] = effective_values(phase, s_used, skip).tolist()
             name = phase.name
             end = phase_start[p_idx] + phase.t_len
-            w = self.w
             early = (
                 Stopping(members, self.cfg.stop_window_value, self.reach, cfg.tolerance, self.slots)
                 if cfg.early_stop
@@ -351,23 +328,15 @@ class PdmmLoop:
                 if not t & 63:
                     self.pace.tick(t, name)
                 if saving:
-                    self.w = w
                     self.checkpoint("x", t, p_idx, group)
-                v = dual_sum(w[:d], owner, h)
-                if linked:
-                    x = x_update(phase.objective, v, s_eff, cd_c)
-                else:  # a member with no neighbour left: its x is its value (nlagg_node.departure)
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        x = np.where(cd_c > 0, x_update(phase.objective, v, s_eff, cd_c), s_eff)
-                x_list: list[float] = x.tolist()
+                x_list = duals.x(objective, s_eff, c)
                 fields = early.step(t - phase_start[p_idx], t, x_list) if early is not None else None
                 got_flat: list[float] = []
                 for k, m in enumerate(members):
                     tr = tracks[k]
                     tr.xs.append(x_list[k])
                     if m.corrupt:
-                        sl = own[k]
-                        tr.adv = m.publish_state(t, float(s_used[k]), self.signs[sl], w[:d][sl], w[d:][sl])
+                        tr.adv = m.publish_state(t, tr.s_used, self.signs(k), *duals.of(k))
                     if fields is None:
                         m.outbox.send_x(t, name, x_list[k])
                     else:
@@ -379,27 +348,18 @@ class PdmmLoop:
                 if t == first_round:
                     for m in members:
                         m.outbox.z0_done()  # every neighbour has finished this exchange
-                x_dst[:d] = got_flat
-                x_dst[d:] = x[owner]
+                kept = None
                 if any(m.departed for m in members) and any(
                     u == t for m in members for u in m.departed.values()
                 ):
                     kept = self._drop(t)
-                    if kept is not None:
-                        w, x_dst = w[kept], x_dst[kept]
-                        own, owner, swap, d = self.own, self.owner, self.swap, self.d
-                        cd_c = self.cd * c
-                        linked = bool(cd_c.all())
-                w = z_update(w, w[swap], x_dst, c, cfg.theta)
-                if len(x_dst) != 2 * d:
-                    x_dst = np.empty(2 * d)
+                duals.update(got_flat, c, theta, kept)
                 if early is not None and early.received(t):
                     for m in members:
                         m.iterations_run -= end - 1 - t
                         if end < phase_start[-1]:
                             m.x_in.skip_to(end)
                     break
-            self.w = w
             t = end
             for tr in tracks:
                 tr.finals.append(tr.xs[-1])

@@ -19,7 +19,6 @@ from typing import Literal
 
 import numpy as np
 
-from ..arrays import FloatArray
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray, neighbours
@@ -410,10 +409,10 @@ class Member:
         await self.outbox.send_z0(group, self.z0_payloads(group, z_out))
         return await self.z0_in.take(self.exchange_of[group])
 
-    def publish_state(self, t: int, s: float, signs: FloatArray, u_out: FloatArray, u_in: FloatArray) -> str:
-        """A corrupted node's ``adv`` state of iteration t; returns the payload (kept for a resume)."""
-        z = (signs * u_out).tolist()
-        z_in = (-signs * u_in).tolist()
+    def publish_state(self, t: int, s: float, signs: list[float], out: list[float], into: list[float]) -> str:
+        """A corrupted node's ``adv`` state of iteration t (``a_ij``, its signed duals); the payload."""
+        z = [a * u for a, u in zip(signs, out, strict=True)]
+        z_in = [-a * u for a, u in zip(signs, into, strict=True)]
         msg = AdvStateMsg(
             node=self.id,
             t=t,

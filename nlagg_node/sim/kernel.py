@@ -30,10 +30,10 @@ from numba.misc.special import literally
 from .. import pdmm, termination
 from ..jit import njit
 
-_x_piecewise = numba.njit(pdmm.x_piecewise)
 _x_quadratic = numba.njit(pdmm.x_quadratic)
 _z_update = numba.njit(pdmm.z_update)
 # Typed scalar functions (numba's stubs only cover the untyped ones above): Any keeps mypy out.
+_x_piecewise: Any = numba.njit(pdmm.x_piecewise)
 _is_quiet: Any = numba.njit(termination.is_quiet)
 _next_quiet: Any = numba.njit(termination.next_quiet)
 _next_stop: Any = numba.njit(termination.next_stop)
