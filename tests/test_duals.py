@@ -20,7 +20,8 @@ OBJECTIVES = [
 
 
 def _bits(values: list[float]) -> list[int]:
-    return np.array(values, dtype=np.float64).view(np.int64).tolist()
+    bits: list[int] = np.array(values, dtype=np.float64).view(np.int64).tolist()
+    return bits
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
