@@ -118,7 +118,8 @@ class LoneDuals:
         self._x = 0.0
 
     def start(self, u_out: list[list[float]], u_in: list[list[float]]) -> None:
-        (self.out,), (self.into,) = [list(u) for u in u_out], [list(u) for u in u_in]
+        (out,), (into,) = u_out, u_in
+        self.out, self.into, self.d = list(out), list(into), len(out)
 
     def x(self, objective: Objective, s: list[float], c: float) -> list[float]:
         if self.d == 0:  # no neighbour left: its x is its value (nlagg_node.departure)
