@@ -1,8 +1,10 @@
-"""The paper's PDMM/ADMM updates as pure functions over flat arrays.
+"""The paper's PDMM/ADMM updates as pure functions over flat arrays (and their scalar forms).
 
 This module is the one place where the equations live. The batched simulator,
 the networked node and the adversary's replay all call these functions, so a
 trajectory computed anywhere is bit-for-bit the trajectory computed elsewhere.
+The x-update has an array form (:func:`x_update`) and a scalar one (:func:`x_one`,
+:func:`x_piecewise`: the compiled kernel's and a lone node's), element-wise the same.
 
 Conventions (paper Sec. II and ``NOTES.md``)
 --------------------------------------------
