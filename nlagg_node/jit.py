@@ -15,6 +15,13 @@ and when that folder cannot be created or written (a service user whose HOME doe
 exist, a read-only NUMBA_CACHE_DIR), the kernels are compiled in memory, every process
 anew, and never written into the package.
 
+numba keys a cached kernel on its own source file only: a kernel that calls functions of
+other modules (the simulator's kernel compiles :mod:`nlagg_node.pdmm`'s and
+:mod:`nlagg_node.termination`'s update rules) would load stale code after those modules
+change (an editable install, a development tree). ``njit(depends=(module, ...))`` caches such
+a kernel in a subfolder named by a digest of those modules' sources, so a change to any of
+them compiles it anew.
+
 How, without surprises: :func:`njit` points numba's ``config.CACHE_DIR`` at the folder
 only while it decorates one of nlagg's kernels (numba fixes a function's cache location
 at decoration), then restores it. Importing nlagg sets no environment variable and
@@ -26,10 +33,12 @@ the simulator and the estimator do on first use.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,16 +67,31 @@ def cache_dir() -> Path | None:
     return root
 
 
-def njit(**options: Any) -> Callable[[F], F]:
+def source_digest(modules: Sequence[ModuleType]) -> str:
+    """A short digest of the source files of ``modules`` (what a cached kernel was compiled from)."""
+    h = hashlib.sha256()
+    for module in sorted(modules, key=lambda m: m.__name__):
+        h.update(module.__name__.encode() + b"\0" + Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def njit(*, depends: Sequence[ModuleType] = (), **options: Any) -> Callable[[F], F]:
     """``numba.njit(cache=True, **options)`` with the cache in :func:`cache_dir` (no cache if None).
 
-    Use it as ``@njit(parallel=True)``; ``cache`` must not be passed.
+    Use it as ``@njit(parallel=True)``; ``cache`` must not be passed. ``depends``: the modules
+    whose functions the kernel compiles in (its cache follows their sources, see the module).
     """
     import numba
     from numba.core import config
 
     def decorate(fn: F) -> F:
         root = cache_dir()
+        if root is not None and depends:
+            root = root / f"src-{source_digest(depends)}"
+            try:
+                root.mkdir(exist_ok=True)
+            except OSError:
+                root = None
         if root is None:
             return numba.njit(cache=False, **options)(fn)  # type: ignore[no-any-return]
         saved = config.CACHE_DIR  # type: ignore[attr-defined]

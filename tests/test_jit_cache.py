@@ -140,3 +140,28 @@ print(numba.config.NUMBA_NUM_THREADS, all(np.array_equal(a, b) for a, b in zip(s
 def test_parallel_simulation_equals_serial_bit_for_bit(tmp_path: Path) -> None:
     out = _python(_THREADS, _env(NUMBA_NUM_THREADS="4", NUMBA_CACHE_DIR=str(tmp_path)), tmp_path)
     assert out.split() == ["4", "True"]
+
+
+def test_kernel_cache_follows_the_sources_it_compiles_in(tmp_path: Path) -> None:
+    """numba keys a cache on the kernel's own file only: the simulator's kernel also compiles
+    pdmm's and termination's rules, so its cache folder is named by a digest of those sources,
+    and an edit to one of them is compiled anew, never loaded stale."""
+    from nlagg_node import pdmm, termination
+    from nlagg_node.jit import source_digest
+
+    env = _env(NUMBA_CACHE_DIR=str(tmp_path / "cache"), HOME=str(tmp_path), NUMBA_NUM_THREADS="2")
+    _python(_SIM_STATS, env, tmp_path)
+    folder = tmp_path / "cache" / f"src-{source_digest([pdmm, termination])}"
+    assert list(folder.rglob("kernel.run_phase-*.nbi"))
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        (tmp_path / "rules_probe.py").write_text("def f(x):\n    return x + 1\n")
+        import rules_probe
+
+        before = source_digest([rules_probe])
+        (tmp_path / "rules_probe.py").write_text("def f(x):\n    return x + 2\n")
+        assert source_digest([rules_probe]) != before
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("rules_probe", None)

@@ -40,9 +40,10 @@ _next_stop: Any = numba.njit(termination.next_stop)
 _stop_threshold: Any = numba.njit(termination.stop_threshold)
 _live_stop: Any = numba.njit(termination.live_stop)
 _voids: Any = numba.njit(termination.voids)
+_DEPENDS = (pdmm, termination)  # compiled into the kernels: their cache follows these sources too
 
 
-@njit(nogil=True)
+@njit(nogil=True, depends=_DEPENDS)
 def run_trial(
     b: int,
     tracked: bool,
@@ -243,7 +244,7 @@ def run_trial(
         x[g0 + i] = xl[i]
 
 
-@njit(nogil=True)
+@njit(nogil=True, depends=_DEPENDS)
 def _run_trial_of(b: int, st: Any, tracked: bool) -> None:
     """Trial ``b`` of :func:`run_phase` (``st``: its arguments, in order, as one tuple)."""
     literally(tracked)
@@ -295,7 +296,7 @@ def _run_trial_of(b: int, st: Any, tracked: bool) -> None:
     )
 
 
-@njit(parallel=True)
+@njit(parallel=True, depends=_DEPENDS)
 def run_phase(
     u: Any,
     src: Any,
