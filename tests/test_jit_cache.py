@@ -3,6 +3,7 @@ nlagg works with no writable cache at all, and the parallel simulator equals a s
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -157,8 +158,7 @@ def test_kernel_cache_follows_the_sources_it_compiles_in(tmp_path: Path) -> None
     sys.path.insert(0, str(tmp_path))
     try:
         (tmp_path / "rules_probe.py").write_text("def f(x):\n    return x + 1\n")
-        import rules_probe
-
+        rules_probe = importlib.import_module("rules_probe")
         before = source_digest([rules_probe])
         (tmp_path / "rules_probe.py").write_text("def f(x):\n    return x + 2\n")
         assert source_digest([rules_probe]) != before
