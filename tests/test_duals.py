@@ -33,7 +33,7 @@ def test_scalar_x_update_has_the_array_bits(objective: Objective) -> None:
     s[::9] = -math.inf  # a top-K node that bypasses the max
     cd = rng.uniform(0.5, 40.0, 4000)
     cd[::5] = 3.0
-    v[::7] = -3.0 * s[::7] - 1.0  # lo == s: a matching event on the branch's edge
+    v[::7] = -3.0 * s[::7] - 1.0  # with cd = 3 and alpha = 1, lo lands on or next to s: ties and near-ties
     v[np.isinf(v)] = 0.0
     arrays = x_update(objective, v, s, cd).tolist()
     scalars = [x_one(objective, a, b, c) for a, b, c in zip(v.tolist(), s.tolist(), cd.tolist(), strict=True)]
@@ -73,7 +73,7 @@ def _run(duals: FlatDuals | LoneDuals, degree: int, steps: int, drop_at: int) ->
 @pytest.mark.parametrize("degree", [1, 2, 6], ids=lambda d: f"degree-{d}")
 def test_lone_duals_follow_the_flat_ones_bit_for_bit(degree: int) -> None:
     """One node on floats and on numpy: the same x and duals at every step, across a departure
-    (after which a degree-1 node has no neighbour: its x is its value)."""
+    (degrees 2 and 6; the isolated node is the next test's)."""
     lone = _run(LoneDuals(degree), degree, 40, drop_at=17 if degree > 1 else 40)
     flat = _run(FlatDuals([degree]), degree, 40, drop_at=17 if degree > 1 else 40)
     assert [_bits(step) for step in lone] == [_bits(step) for step in flat]
