@@ -107,11 +107,11 @@ class Intruder:
         """Forged windows and phases, oversized payloads, session takeovers; returns the t it forged at."""
         t_now = self.current_t()
         x = topics(self.prefix, self.run_id).x(self.node)
-        frames = [
-            publish_frame(x, _x(self.node, t, 42.0, self.phase_at(t)))
-            for t in (t_now + 50, t_now + 1500)
-            if t < self.t_total
-        ]
+        # Outside every window: near the end of the run, not just ahead of the transcript. The
+        # transcript lags the nodes (the eavesdropper runs at nice 10), and an x forged at an
+        # iteration the nodes had already passed would be refused as a conflict instead.
+        ahead = self.t_total - 2
+        frames = [publish_frame(x, _x(self.node, ahead, 42.0, self.phase_at(ahead)))] if ahead > t_now else []
         frames.append(publish_frame(x, _x(self.node, t_now + 1, 42.0, "not-a-phase")))
         frames.append(
             publish_frame(x, _x(self.node, self.t_total + 5, 42.0, self.phase_at(self.t_total - 1)))
