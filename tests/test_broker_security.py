@@ -25,7 +25,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, TlsFiles, build_plan, security_lines, verify_password, write_plan
+from nlagg_node.deploy.mosquitto_auth import MAX_PACKET_BYTES
 from nlagg_node.runtime.brokers import BrokerHandle, mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.wire import MAX_PAYLOAD_BYTES
 
 pytestmark = [
     pytest.mark.mosquitto,
@@ -206,9 +208,21 @@ def test_payloads_over_the_protocols_limit_are_dropped_by_the_broker(connect: Co
     spy = _online(connect, "eavesdropper")
     spy.subscribe(f"{ROOT}/#")
     node1 = _online(connect, "node1")
-    node1.client.publish(f"{ROOT}/node/1/x", b"A" * (10 << 20), qos=1)
+    node1.client.publish(f"{ROOT}/node/1/x", b"A" * (MAX_PAYLOAD_BYTES + 1), qos=1)  # within the packet cap
     node1.publish(f"{ROOT}/node/1/x", b"small")
     assert spy.received_until(b"small") == [(f"{ROOT}/node/1/x", b"small")]
+    assert node1.disconnects == 0
+
+
+def test_packets_over_the_brokers_limit_cut_their_sender_off(connect: Connect) -> None:
+    spy = _online(connect, "eavesdropper")
+    spy.subscribe(f"{ROOT}/#")
+    node1 = _online(connect, "node1")
+    node1.client.publish(f"{ROOT}/node/1/x", b"A" * (MAX_PACKET_BYTES + 1), qos=1)
+    node2 = _online(connect, "node2")
+    node2.publish(f"{ROOT}/node/2/x", b"marker")
+    assert spy.received_until(b"marker") == [(f"{ROOT}/node/2/x", b"marker")]
+    assert node1.disconnects >= 1
 
 
 def test_eavesdropper_cannot_publish(connect: Connect) -> None:

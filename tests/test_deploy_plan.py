@@ -158,6 +158,8 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
         "listener 1883",
         "use_username_as_clientid true",
         "message_size_limit 1048576",
+        "max_packet_size 1114112",
+        "max_connections 4000",
     ):
         assert line in conf
     assert not any(line.startswith(("cafile", "certfile", "keyfile")) for line in conf)

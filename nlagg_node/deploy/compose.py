@@ -175,6 +175,8 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         "    volumes:",
         f"      - {src}/broker:{_PLAN_MOUNT}/broker:ro",
         "      - broker-data:/mosquitto/data",
+        "    ulimits:  # above mosquitto.conf's max_connections: idle sockets cannot exhaust its descriptors",
+        "      nofile: 65536",
         "    restart: unless-stopped",
         "",
         "  eavesdropper:",

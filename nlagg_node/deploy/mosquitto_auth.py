@@ -22,8 +22,11 @@ from ..errors import ConfigError, WireError
 from ..runtime.wire import MAX_PAYLOAD_BYTES, topics
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
     "EAVESDROPPER_USER",
     "LAUNCHER_USER",
+    "MAX_BROKER_CONNECTIONS",
+    "MAX_PACKET_BYTES",
     "PBKDF2_ITERATIONS",
     "BrokerPaths",
     "TlsFiles",
@@ -38,6 +41,12 @@ __all__ = [
 ]
 
 PBKDF2_ITERATIONS = 101  # what mosquitto_passwd 2.0 writes
+# A publish at the payload cap, with its topic (at most a few hundred bytes) and MQTT headers.
+MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + (64 << 10)
+# Sockets one listener accepts: a plan's own clients are n + 2 (nodes, eavesdropper, launcher); the
+# rest is headroom for reconnects whose old session the broker has not yet timed out.
+DEFAULT_MAX_CONNECTIONS = 4000
+MAX_BROKER_CONNECTIONS = 60000  # below the LimitNOFILE=65536 the deploy units give the broker
 _SALT_BYTES = 12
 _DIGEST_BYTES = 64
 EAVESDROPPER_USER = "eavesdropper"
@@ -192,6 +201,9 @@ def security_lines(password_file: str, acl_file: str) -> list[str]:
     connects with another node's client id gets its own session (named after its own user), so it
     can neither take over nor disconnect that node's. ``message_size_limit`` drops any payload the
     wire protocol could not carry (larger than ``MAX_PAYLOAD_BYTES``) at the broker.
+    ``max_packet_size`` closes, before login, a connection whose packet announces more than the
+    largest legitimate message (a payload at the cap, its topic and headers): a CONNECT header
+    announcing 256 MB then costs the broker nothing, where without it Mosquitto allocated it.
     """
     return [
         "allow_anonymous false",
@@ -199,6 +211,7 @@ def security_lines(password_file: str, acl_file: str) -> list[str]:
         f"acl_file {acl_file}",
         "use_username_as_clientid true",
         f"message_size_limit {MAX_PAYLOAD_BYTES}",
+        f"max_packet_size {MAX_PACKET_BYTES}",
     ]
 
 
@@ -210,17 +223,23 @@ def mosquitto_conf(
     tls: TlsFiles | None = None,
     require_certificate: bool = False,
     header: str = "",
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> str:
     """A complete ``mosquitto.conf``: one explicit listener, no anonymous access, password file, ACL.
 
     ``listen_host`` None binds every address of the host (what a broker serving a LAN of
     Raspberry Pi nodes needs); give an address to bind only that one. With ``tls`` the listener
     speaks only TLS (1.2+); ``require_certificate`` makes it refuse clients without a certificate
-    signed by the CA (the password is still checked).
+    signed by the CA (the password is still checked). ``max_connections`` bounds the listener's
+    sockets below the broker's file limit (give it ``LimitNOFILE`` above that: see
+    deploy/README.md), so idle sockets of an outsider exhaust neither descriptors nor memory;
+    per-source limits belong in the host's firewall.
     """
     if not 0 < listen_port < 65536:
         raise ConfigError("listen_port", listen_port, "must lie in 1..65535")
     listener = f"listener {listen_port}" + (f" {listen_host}" if listen_host else "")
+    if not 0 < max_connections <= MAX_BROKER_CONNECTIONS:
+        raise ConfigError("max_connections", max_connections, f"must lie in 1..{MAX_BROKER_CONNECTIONS}")
     lines = [f"# {line}" if line else "#" for line in header.strip().splitlines()]
     lines += [
         "# One listener, so the security settings below are global.",
@@ -239,6 +258,7 @@ def mosquitto_conf(
         "",
         listener,
         "protocol mqtt",
+        f"max_connections {max_connections}",
     ]
     if tls is not None:
         lines += [
