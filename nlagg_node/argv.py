@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["NLAGG", "eavesdrop_argv", "node_argv", "this_python", "tls_args"]
@@ -52,24 +53,17 @@ def eavesdrop_argv(
     run_id: str,
     transcript: str,
     *,
-    prefix: str | None = None,
-    username: str | None = None,
-    password_file: str | None = None,
-    ca_file: str | None = None,
-    cert_file: str | None = None,
-    key_file: str | None = None,
-    events: bool = False,
-    live: bool = True,
-    verbose: bool = False,
     program: Sequence[str] = NLAGG,
+    **options: Any,
 ) -> list[str]:
-    """The ``nlagg eavesdrop`` argument vector (``events``: JSON lines on stdout; ``live=False``: no view).
+    """The ``nlagg eavesdrop`` argument vector: ``options`` are fields of :class:`EavesdropOptions`
+    (``events``: JSON lines on stdout; ``live=False``: no view; ``live=True`` leaves it to the command).
 
     ``broker``: one URL, or several (site brokers bridged together: one transcript of them all).
     """
+    from .options import EavesdropOptions, to_argv
+
     brokers = [broker] if isinstance(broker, str) else list(broker)
-    argv = [*program, "eavesdrop", *(a for url in brokers for a in ("--broker", url))]
-    argv += ["--run-id", run_id, "--transcript", transcript]
-    argv += _opt("--prefix", prefix) + _opt("--username", username) + _opt("--password-file", password_file)
-    argv += tls_args(ca_file, cert_file, key_file)
-    return argv + ["--events"] * events + ["--no-live"] * (not live) + ["--verbose"] * verbose
+    given = {name: v for name, v in options.items() if v is not None and (name, v) != ("live", True)}
+    opts = EavesdropOptions(broker=brokers, run_id=run_id, transcript=Path(transcript), **given)
+    return [*program, "eavesdrop", *to_argv(opts)]

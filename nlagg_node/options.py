@@ -37,6 +37,7 @@ __all__ = [
     "VALUES",
     "ComposeOptions",
     "CorruptOptions",
+    "EavesdropOptions",
     "NodeOptions",
     "Opt",
     "PlanOptions",
@@ -525,6 +526,65 @@ class NodeOptions:
         ),
     ] = None
     verbose: Annotated[bool, _VERBOSE] = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class EavesdropOptions:
+    """``nlagg eavesdrop``: capture a run. :func:`to_argv` writes its command line."""
+
+    broker: Annotated[
+        list[str] | None,
+        Opt(
+            "broker URL, mqtt://host[:port]; repeat it for every site broker of a run with sites"
+            f" (one transcript, each message once) [default: {DEFAULT_BROKER}]",
+            NETWORK,
+        ),
+    ] = None
+    run_id: Annotated[str, Opt("the run to capture", NETWORK)]
+    transcript: Annotated[
+        Path,
+        Opt(
+            "the eavesdropper's SQLite transcript to write (created, or continued when it holds this run)",
+            OUTPUT,
+        ),
+    ] = Path("transcript.sqlite")
+    prefix: Annotated[str, Opt("topic prefix", NETWORK)] = "nlagg"
+    username: Annotated[str | None, Opt("broker user name", NETWORK)] = None
+    password_file: Annotated[str | None, Opt("file holding the broker password", NETWORK)] = None
+    ca_file: Annotated[
+        str | None, Opt("mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)", NETWORK)
+    ] = None
+    cert_file: Annotated[str | None, Opt("mqtts://: client certificate, when the broker asks", NETWORK)] = (
+        None
+    )
+    key_file: Annotated[str | None, Opt("mqtts://: the client certificate's private key", NETWORK)] = None
+    events: Annotated[
+        bool, Opt("print JSON-line events (for a supervising process)", OUTPUT, ("--events/--no-events",))
+    ] = False
+    live: Annotated[
+        bool | None, Opt("live view (default: when stdout is a terminal)", OUTPUT, ("--live/--no-live",))
+    ] = None
+    verbose: Annotated[bool, _VERBOSE] = False
+    timeout: Annotated[float | None, Opt("stop after this many seconds")] = None
+    config: Annotated[
+        str | None, Opt("the run's config file, if the retained P/R/config is not published")
+    ] = None
+    broker_cluster: Annotated[
+        bool,
+        Opt(
+            "the broker is a cluster (RabbitMQ, EMQX, VerneMQ) whose members may forward messages"
+            " out of causal order: an x that overtook the x's it was computed from waits for them (5 s)",
+            NETWORK,
+        ),
+    ] = False
+    dashboard: Annotated[
+        str | None,
+        Opt(
+            "serve the live dashboard at :PORT or HOST:PORT (loopback unless a host is given);"
+            " it keeps serving the finished capture until Ctrl-C",
+            OUTPUT,
+        ),
+    ] = None
 
 
 # Reading the declarations --------------------------------------------------------------------------

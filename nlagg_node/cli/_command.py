@@ -13,7 +13,6 @@ import inspect
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -31,7 +30,7 @@ class PanelledCommand(TyperCommand):
         kwargs["rich_markup_mode"] = "rich"
         super().__init__(*args, **kwargs)
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:
         from typer import rich_utils
 
         # A width given to the context (a test's terminal_width) holds for the rich help too.

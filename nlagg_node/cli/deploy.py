@@ -97,7 +97,8 @@ def compose_cmd(opts: ComposeOptions) -> None:
     in the volume 'transcript'), one service per node (checkpoint in its volume 'state-<i>').
 
     Without --plan, writes a fresh plan (new passwords; broker mqtt://broker:1883) under --out, then
-    the compose file and its .env beside it; run it from --out with docker-compose (docs/cli.md, 'deploy compose').
+    the compose file and its .env beside it; run it from --out with docker-compose
+    (docs/cli.md, 'deploy compose').
     """
     from ..deploy import build_plan, load_plan, plan_spec, write_plan
     from ..deploy.compose import COMPOSE_BROKER_URL, compose_yaml, write_compose_project

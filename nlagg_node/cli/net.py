@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..defaults import DEFAULT_BROKER
-from ..options import NodeOptions
-from ._app import TRANSCRIPT_HELP, VerboseOpt, app, setup_logging
+from ..options import EavesdropOptions, NodeOptions
+from ._app import app, setup_logging
 from ._command import options_command
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certifi
 
 
 def tls_settings(
-    broker: str, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+    broker: str, ca_file: str | Path | None, cert_file: str | Path | None, key_file: str | Path | None
 ) -> TlsSettings | None:
     """The :class:`TlsSettings` of ``--ca-file/--cert-file/--key-file`` (None for a plain mqtt:// broker)."""
     from ..deploy.start import tls_settings as settings
@@ -52,93 +52,51 @@ def node(opts: NodeOptions) -> None:
         print("\n".join(result_lines(opts.id, result)))
 
 
-@app.command()
-def eavesdrop(
-    run_id: Annotated[str, typer.Option(help="the run to capture")],
-    broker: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="broker URL, mqtt://host[:port]; repeat it for every site broker of a run with sites"
-            f" (one transcript, each message once) [default: {DEFAULT_BROKER}]"
-        ),
-    ] = None,
-    transcript: Annotated[
-        Path,
-        typer.Option(help=TRANSCRIPT_HELP + " to write (created, or continued when it holds this run)"),
-    ] = Path("transcript.sqlite"),
-    prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
-    username: Annotated[str | None, typer.Option(help="broker user name")] = None,
-    password_file: Annotated[Path | None, typer.Option(help="file holding the broker password")] = None,
-    live: Annotated[bool | None, typer.Option(help="live view (default: when stdout is a terminal)")] = None,
-    timeout: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
-    events: Annotated[bool, typer.Option(help="print JSON-line events (for a supervising process)")] = False,
-    config: Annotated[
-        Path | None, typer.Option(help="the run's config file, if the retained P/R/config is not published")
-    ] = None,
-    broker_cluster: Annotated[
-        bool,
-        typer.Option(
-            help="the broker is a cluster (RabbitMQ, EMQX, VerneMQ) whose members may forward messages"
-            " out of causal order: an x that overtook the x's it was computed from waits for them (5 s)"
-        ),
-    ] = False,
-    ca_file: CaFile = None,
-    cert_file: CertFile = None,
-    key_file: KeyFile = None,
-    dashboard: Annotated[
-        str | None,
-        typer.Option(
-            help="serve the live dashboard at :PORT or HOST:PORT (loopback unless a host is given);"
-            " it keeps serving the finished capture until Ctrl-C"
-        ),
-    ] = None,
-    verbose: VerboseOpt = False,
-) -> None:
+@options_command(app, EavesdropOptions)
+def eavesdrop(opts: EavesdropOptions) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
     from adversary.eavesdrop import run_eavesdropper
 
+    from ..deploy.start import read_password
     from ..lifetime import run_stoppable
 
-    setup_logging(verbose)
-    from ..deploy.start import read_password
-
-    password = read_password(password_file)
-    brokers = broker or [DEFAULT_BROKER]
-    tls = tls_settings(brokers[0], ca_file, cert_file, key_file)
+    setup_logging(opts.verbose)
+    password = read_password(opts.password_file)
+    brokers = opts.broker or [DEFAULT_BROKER]
+    tls = tls_settings(brokers[0], opts.ca_file, opts.cert_file, opts.key_file)
     for url in brokers[1:]:  # the TLS files must suit every broker
-        tls_settings(url, ca_file, cert_file, key_file)
-    show = sys.stdout.isatty() if live is None else live
+        tls_settings(url, opts.ca_file, opts.cert_file, opts.key_file)
+    show = sys.stdout.isatty() if opts.live is None else opts.live
     public = None
-    if config is not None:
+    if opts.config is not None:
         from ..config import load_config
         from ..runtime.public import build_config_msg, run_edges
 
-        cfg = load_config(config)
-        public = build_config_msg(cfg, run_id, run_edges(cfg))
+        cfg = load_config(Path(opts.config))
+        public = build_config_msg(cfg, opts.run_id, run_edges(cfg))
     capture = run_eavesdropper(
         brokers,
-        run_id,
-        transcript,
-        prefix=prefix,
-        username=username,
+        opts.run_id,
+        opts.transcript,
+        prefix=opts.prefix,
+        username=opts.username,
         password=password,
         live=show,
-        stop_after=timeout,
-        events=events,
+        stop_after=opts.timeout,
+        events=opts.events,
         config=public,
         tls=tls,
-        broker_cluster=broker_cluster,
+        broker_cluster=opts.broker_cluster,
     )
-    if dashboard is None:
+    if opts.dashboard is None:
         run_stoppable(capture)
         return
     from adversary.dashboard import parse_listen, serve_beside
 
     try:
-        parse_listen(dashboard)  # a bad address fails before anything starts
+        parse_listen(opts.dashboard)  # a bad address fails before anything starts
     except BaseException:
         capture.close()
         raise
-    run_stoppable(
-        serve_beside(transcript, dashboard, capture, lambda line: print(line, file=sys.stderr, flush=True))
-    )
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    run_stoppable(serve_beside(opts.transcript, opts.dashboard, capture, say))

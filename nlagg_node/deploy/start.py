@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..lab.summary import NodeReport
     from ..runtime.node import Node
     from ..runtime.tls import TlsSettings
-    from ..scale import Scale
+    from ..valuemap import ValueScale
 
 __all__ = ["NodeStart", "prepare_node", "result_lines", "start_node", "tls_settings"]
 
@@ -84,7 +84,7 @@ class NodeStart:
     run_id: str
     prefix: str
     value: float  # s_i on the protocol's scale
-    scale: Scale
+    scale: ValueScale
     password: str | None
     tls: TlsSettings | None
     seed: int | None
