@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..argv import NLAGG
 from ..errors import ConfigError
-from ..options import NodeOptions, to_argv
+from ..options import NodeOptions, option_fields, to_argv
 from ..valuesource import ValueSource, stored_value
 
 __all__ = [
@@ -89,22 +89,18 @@ def node_file_options(
 
     ``state_dir`` overrides the file's (the systemd unit gives its writable ``StateDirectory=``).
     """
+    # A node file holds the node's options under their own names, and its value source as [value].
+    shared = node.model_dump(include=set(option_fields(NodeOptions)) - {"run_id", "value"})
     src = node.value
     return NodeOptions(
-        id=node.id,
-        config=node.config,
-        broker=broker or node.broker,
-        value=src.value,
-        value_file=src.path,
-        value_cmd=src.command,
-        username=node.username,
-        password_file=node.password_file,
-        seed=node.seed,
-        state_dir=state_dir or node.state_dir,
-        ca_file=node.ca_file,
-        cert_file=node.cert_file,
-        key_file=node.key_file,
-        corrupt=node.corrupt,
+        **{
+            **shared,
+            "broker": broker or node.broker,
+            "state_dir": state_dir or node.state_dir,
+            "value": src.value,
+            "value_file": src.path,
+            "value_cmd": src.command,
+        }
     )
 
 

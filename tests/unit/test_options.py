@@ -178,3 +178,12 @@ def test_quiet_sim_prints_the_result_and_no_warning(
 def test_help_sends_nobody_to_the_readme() -> None:
     for command in (("sim",), ("testbed",), ("deploy", "plan"), ("node",), ("deploy", "compose")):
         assert "README" not in _help(*command)
+
+
+def test_the_cli_reference_page_is_current() -> None:
+    from nlagg_node.cli.reference import cli_reference
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+    assert page.read_text(encoding="utf-8") == cli_reference(), (
+        "docs/cli.md is stale: python -m nlagg_node.cli.reference > docs/cli.md"
+    )
