@@ -8,7 +8,20 @@ from pathlib import Path
 from typing import Annotated
 
 from ..defaults import DEFAULT_BROKER
-from .opt import ADVERSARY, CA_OPT, CERT_OPT, KEY_OPT, NETWORK, OUTPUT, VALUES, VERBOSE_OPT, Opt
+from .opt import (
+    ADVERSARY,
+    CA_OPT,
+    CERT_OPT,
+    KEY_OPT,
+    NETWORK,
+    OUTPUT,
+    VALUE_CMD_OPT,
+    VALUE_FILE_OPT,
+    VALUE_OPT,
+    VALUES,
+    VERBOSE_OPT,
+    Opt,
+)
 
 __all__ = ["EavesdropOptions", "NodeOptions"]
 
@@ -19,9 +32,9 @@ class NodeOptions:
 
     id: Annotated[int, Opt("this node's id, 0..n-1", flags=("--id",), always=True)]
     config: Annotated[str, Opt("run config (TOML with [run] and optional [network], or JSON)", always=True)]
-    value: Annotated[float | None, Opt("the private value s_i", VALUES)] = None
-    value_file: Annotated[str | None, Opt("file whose first line is s_i", VALUES)] = None
-    value_cmd: Annotated[str | None, Opt("shell command printing s_i (e.g. a sensor read)", VALUES)] = None
+    value: Annotated[float | None, VALUE_OPT] = None
+    value_file: Annotated[str | None, VALUE_FILE_OPT] = None
+    value_cmd: Annotated[str | None, VALUE_CMD_OPT] = None
     broker: Annotated[str, Opt("broker URL, mqtt://host[:port]", NETWORK, always=True)] = DEFAULT_BROKER
     run_id: Annotated[str | None, Opt("run id (default: [network].run_id of the config)", NETWORK)] = None
     prefix: Annotated[str | None, Opt("topic prefix (default: [network].prefix or nlagg)", NETWORK)] = None

@@ -62,6 +62,12 @@ CERT_OPT = Opt("mqtts://: client certificate, when the broker asks", NETWORK)
 KEY_OPT = Opt("mqtts://: the client certificate's private key", NETWORK)
 
 
+# A node's value source (nlagg_node.valuesource); deploy plan/compose give every node the same one.
+VALUE_OPT = Opt("the private value s_i (deploy: the same constant on every node)", VALUES)
+VALUE_FILE_OPT = Opt("file whose first line is s_i (deploy: each node reads its own copy)", VALUES)
+VALUE_CMD_OPT = Opt("shell command printing s_i, e.g. a sensor script (deploy: each node runs it)", VALUES)
+
+
 def default_of(field: str) -> str:
     # Options that default to None (so a --config file can set them) state the real default.
     return f" [default: {RUN_DEFAULTS[field]}]"

@@ -22,6 +22,9 @@ from .opt import (
     QUIET_OPT,
     RUN,
     STOPPING,
+    VALUE_CMD_OPT,
+    VALUE_FILE_OPT,
+    VALUE_OPT,
     VALUES,
     VERBOSE_OPT,
     Opt,
@@ -163,9 +166,9 @@ class CorruptOptions:
 class ValueSourceOptions:
     """One node's private value: a constant, a file or a command (:mod:`nlagg_node.valuesource`)."""
 
-    value: Annotated[float | None, Opt("the private value s_i", VALUES)] = None
-    value_file: Annotated[str | None, Opt("file whose first line is s_i", VALUES)] = None
-    value_cmd: Annotated[str | None, Opt("shell command printing s_i (e.g. a sensor read)", VALUES)] = None
+    value: Annotated[float | None, VALUE_OPT] = None
+    value_file: Annotated[str | None, VALUE_FILE_OPT] = None
+    value_cmd: Annotated[str | None, VALUE_CMD_OPT] = None
 
     def value_source(self) -> ValueSource | None:
         """The declared source, None when none is given; two sources are refused."""
