@@ -191,14 +191,15 @@ def node_cmd(
         str | None, typer.Option(help="override the file's checkpoint directory (systemd: StateDirectory=)")
     ] = None,
 ) -> None:
-    """Start one node from its file: runs `nlagg node` with the file's id, value source and credentials."""
-    from ..deploy.nodefile import nlagg_program, node_file_argv, resolve_node, shell_line
+    """Start one node from its file: `nlagg node` with the file's id, value source and credentials."""
+    from ..deploy.nodefile import shell_line
+    from ..deploy.start import node_file_start
+    from ..options import to_argv
+    from .net import run_node_command
 
-    node, base = resolve_node(node_file)
-    argv = node_file_argv(node, broker=broker, state_dir=state_dir)
+    opts, base = node_file_start(node_file, broker=broker, state_dir=state_dir)
     if dry_run:
-        print(f"cd {base} && {shell_line(argv)}")
+        print(f"cd {base} && {shell_line(['nlagg', 'node', *to_argv(opts)])}")
         return
-    os.chdir(base)
-    sys.stdout.flush()
-    os.execv(nlagg_program(), argv)
+    os.chdir(base)  # the file's paths are relative to its base folder
+    run_node_command(opts)

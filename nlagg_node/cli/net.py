@@ -41,6 +41,11 @@ def tls_settings(
 @options_command(app, NodeOptions)
 def node(opts: NodeOptions) -> None:
     """Run one node: connect, announce, exchange z^(0), iterate with the neighbour barrier, publish done."""
+    run_node_command(opts)
+
+
+def run_node_command(opts: NodeOptions) -> None:
+    """Start a node and print its result (``nlagg node``, ``nlagg deploy node``)."""
     from ..deploy.start import result_lines, start_node
 
     setup_logging(opts.verbose)

@@ -121,20 +121,6 @@ def read_node_value(node: NodeFile, base: Path) -> float:
     return stored_value(node.value, base)
 
 
-def nlagg_program() -> str:
-    """The ``nlagg`` executable: the one beside this Python (a venv's bin/), else the first on PATH."""
-    import shutil
-    import sys
-
-    beside = Path(sys.executable).with_name("nlagg")
-    if beside.is_file() and beside.stat().st_mode & 0o111:
-        return str(beside)
-    found = shutil.which("nlagg")
-    if found is None:
-        raise ConfigError("program", "nlagg", "not found beside the Python interpreter nor on PATH")
-    return found
-
-
 def resolve_node(path: Path) -> tuple[NodeFile, Path]:
     """Load a node file and check that its config and password file exist; return it and its base dir."""
     node = load_node_file(path)

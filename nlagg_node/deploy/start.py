@@ -1,7 +1,8 @@
 """Start one node from its files: the run config (run.toml), its value source and its credentials.
 
-``nlagg node`` is :func:`start_node` on the options of its command line; ``nlagg deploy node`` runs
-that command with the options of a node file (:func:`nlagg_node.deploy.nodefile.node_file_options`).
+``nlagg node`` is :func:`start_node` on the options of its command line; ``nlagg deploy node`` is
+:func:`start_node` on the options of a node file (:func:`node_file_start`), run from the file's base
+folder.
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ if TYPE_CHECKING:
     from ..runtime.tls import TlsSettings
     from ..valuemap import ValueScale
 
-__all__ = ["NodeStart", "prepare_node", "result_lines", "start_node", "tls_settings"]
+__all__ = [
+    "NodeStart",
+    "node_file_start",
+    "prepare_node",
+    "read_password",
+    "result_lines",
+    "run_node",
+    "start_node",
+    "tls_settings",
+]
 
 
 def tls_settings(
@@ -201,6 +211,20 @@ async def run_node(start: NodeStart) -> NodeReport:
 def start_node(opts: NodeOptions) -> NodeReport:
     """Prepare and run one node (blocking): what ``nlagg node`` does."""
     return asyncio.run(run_node(prepare_node(opts)))
+
+
+def node_file_start(
+    node_file: Path, *, broker: str | None = None, state_dir: str | None = None
+) -> tuple[NodeOptions, Path]:
+    """The options a node file stands for, and the folder its paths are relative to (its base_dir).
+
+    ``broker`` and ``state_dir`` override the file's. The file's config, password and TLS files must
+    exist (refused otherwise, naming the file).
+    """
+    from .nodefile import node_file_options, resolve_node
+
+    node, base = resolve_node(node_file)
+    return node_file_options(node, broker=broker, state_dir=state_dir), base
 
 
 def result_lines(node_id: int, result: NodeReport) -> list[str]:

@@ -92,12 +92,13 @@ class EavesdropOptions:
             NETWORK,
         ),
     ] = None
-    run_id: Annotated[str, Opt("the run to capture", NETWORK)]
+    run_id: Annotated[str, Opt("the run to capture", NETWORK, always=True)]
     transcript: Annotated[
         Path,
         Opt(
             "the eavesdropper's SQLite transcript to write (created, or continued when it holds this run)",
             OUTPUT,
+            always=True,
         ),
     ] = Path("transcript.sqlite")
     prefix: Annotated[str, Opt("topic prefix", NETWORK)] = "nlagg"
