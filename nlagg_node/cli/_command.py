@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperCommand
 
-from ..options import option_fields
+from ..options import Opt, option_fields
 
 __all__ = ["PanelledCommand", "options_command", "parse_command"]
 
@@ -48,14 +48,9 @@ def _escape(text: str) -> str:
     return text.replace("[", "\\[")
 
 
-def _parameter(name: str, base: Any, opt: Any, default: Any, rich: bool) -> inspect.Parameter:
+def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> inspect.Parameter:
     help_text = _escape(opt.help) if rich else opt.help
-    info: Any
-    if opt.argument:
-        info = typer.Argument(metavar=opt.metavar, help=help_text, rich_help_panel=opt.panel)
-    else:
-        extra = dict(opt.extra)
-        info = typer.Option(*opt.flags, help=help_text, rich_help_panel=opt.panel, **extra)
+    info = typer.Option(*opt.flags, help=help_text, rich_help_panel=opt.panel, **dict(opt.extra))
     empty = default is dataclasses.MISSING
     return inspect.Parameter(
         name,

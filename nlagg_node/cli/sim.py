@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -24,12 +25,11 @@ def sim(opts: SimOptions) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..departure import departure_defaults, parse_departures
     from ..errors import ConfigError
-    from ..options import replace
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
-    cfg = replace(opts, early_stop=early_stop, may_depart=may_depart).load()
+    cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load()
     warnings = config_warnings(cfg)
     if not opts.quiet:
         for line in warnings:

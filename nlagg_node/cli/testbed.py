@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -39,12 +40,11 @@ TESTBED_FILES = (
 def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]:
     """The run's config, corrupted set and departures; everything refused before anything starts."""
     from ..departure import departure_defaults, parse_departures
-    from ..options import replace
     from ..scale import config_warnings
     from .net import tls_settings
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
-    cfg = replace(opts, early_stop=early_stop, may_depart=may_depart).load(trials=1)
+    cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load(trials=1)
     if not opts.quiet:
         for line in config_warnings(cfg):
             print(f"nlagg: {line}", file=sys.stderr)

@@ -31,7 +31,6 @@ from .opt import (
     Opt,
     flag_of,
     option_fields,
-    replace,
     to_argv,
 )
 from .run import CorruptOptions, ModelOptions, RunOptions, SimOptions, TestbedOptions, ValueSourceOptions
@@ -62,6 +61,5 @@ __all__ = [
     "ValueSourceOptions",
     "flag_of",
     "option_fields",
-    "replace",
     "to_argv",
 ]

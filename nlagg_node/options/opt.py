@@ -24,7 +24,6 @@ __all__ = [
     "flag_of",
     "op_defaults",
     "option_fields",
-    "replace",
     "to_argv",
 ]
 
@@ -43,16 +42,13 @@ class Opt:
     """How a field appears on the command line.
 
     ``flags``: the option's declarations (``"--early-stop/--no-early-stop"``, ``"--json"``); empty =
-    ``--field-name``. ``argument``: a positional argument (``metavar`` names it). ``argv``: written by
-    :func:`to_argv`; ``always``: written even at its default. ``extra``: more ``typer.Option`` keywords.
+    ``--field-name`` (``--x/--no-x`` for a bool). ``always``: :func:`to_argv` writes it even at its
+    default. ``extra``: more ``typer.Option`` keywords.
     """
 
     help: str
     panel: str | None = None
     flags: tuple[str, ...] = ()
-    argument: bool = False
-    metavar: str | None = None
-    argv: bool = True
     always: bool = False
     extra: tuple[tuple[str, Any], ...] = ()
 
@@ -98,6 +94,8 @@ FORCE_OPT = Opt(FORCE_HELP, OUTPUT, ("--force",))
 QUIET_OPT = Opt(QUIET_HELP, OUTPUT, ("--quiet", "-q"))
 VERBOSE_OPT = Opt(VERBOSE_HELP, OUTPUT, ("--verbose", "-v"))
 DEPART_HELP = "node@iteration,...: {} (docs/protocol.md 'Nodes that leave')"
+
+
 # Reading the declarations --------------------------------------------------------------------------
 
 
@@ -139,18 +137,13 @@ def to_argv(opts: object) -> list[str]:
     argv: list[str] = []
     for name, (_, opt, default) in option_fields(type(opts)).items():
         value = getattr(opts, name)
-        if not opt.argv or value is None or (value == default and not opt.always):
+        if value is None or (value == default and not opt.always):
             continue
         if isinstance(value, bool):
             on, _, off = (opt.flags[0] if opt.flags else "--" + name.replace("_", "-")).partition("/")
-            argv.append(on if value else off or "--no-" + on.removeprefix("--"))
+            argv.append(on if value else (off or "--no-" + on.removeprefix("--")))
         elif isinstance(value, list):
             argv += [w for v in value for w in (flag_of(name, opt), *_words(v))]
         else:
             argv += [flag_of(name, opt), *_words(value)]
     return argv
-
-
-def replace(opts: Any, **changes: Any) -> Any:
-    """A copy of an options object with ``changes``."""
-    return dataclasses.replace(opts, **changes)
