@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperCommand
 
-from ..options import Opt, option_fields
+from ..options import PANELS, Opt, option_fields
 
 __all__ = ["PanelledCommand", "options_command", "parse_command"]
 
@@ -60,6 +60,10 @@ def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> insp
     )
 
 
+def _panel_rank(opt: Opt) -> int:
+    return 0 if opt.panel is None else 1 + PANELS.index(opt.panel)
+
+
 def options_command(
     app: typer.Typer, cls: type[T], name: str | None = None, *, panels: bool = False
 ) -> Callable[[Callable[[T], None]], Callable[..., None]]:
@@ -69,9 +73,9 @@ def options_command(
     """
 
     def register(fn: Callable[[T], None]) -> Callable[..., None]:
-        params = [_parameter(nm, *spec, panels) for nm, spec in option_fields(cls).items()]
-        # Required options first: Python signatures want them before the defaulted ones.
-        params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
+        fields = option_fields(cls)
+        params = [_parameter(nm, *spec, panels) for nm, spec in fields.items()]
+        params.sort(key=lambda p: _panel_rank(fields[p.name][1]))  # keyword-only: any order is valid
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> None:

@@ -38,7 +38,7 @@ def tls_settings(
     return settings(broker, ca_file, cert_file, key_file)
 
 
-@options_command(app, NodeOptions)
+@options_command(app, NodeOptions, panels=True)
 def node(opts: NodeOptions) -> None:
     """Run one node: connect, announce, exchange z^(0), iterate with the neighbour barrier, publish done."""
     run_node_command(opts)

@@ -93,7 +93,8 @@ def _flags(param: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    # Help texts of the panelled commands escape "[" for rich markup: the page shows it plain.
+    return text.replace("\\[", "[").replace("|", "\\|").replace("\n", " ")
 
 
 def _command(path: str, cmd: Any) -> list[str]:

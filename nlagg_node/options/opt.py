@@ -16,6 +16,7 @@ __all__ = [
     "GRAPH",
     "NETWORK",
     "OUTPUT",
+    "PANELS",
     "PROTOCOL",
     "RUN",
     "STOPPING",
@@ -35,6 +36,8 @@ VALUES = "Values"
 ADVERSARY = "Adversary"
 NETWORK = "Network"
 OUTPUT = "Output"
+PANELS = (RUN, GRAPH, PROTOCOL, STOPPING, VALUES, ADVERSARY, NETWORK, OUTPUT)
+"""The order the panels are shown in (options without a panel come first)."""
 
 
 @dataclass(frozen=True)
