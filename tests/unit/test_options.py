@@ -3,7 +3,9 @@ agree with it (command line -> options -> argv -> options is the identity), and 
 
 from __future__ import annotations
 
+import io
 import itertools
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -187,3 +189,30 @@ def test_the_cli_reference_page_is_current() -> None:
     assert page.read_text(encoding="utf-8") == cli_reference(), (
         "docs/cli.md is stale: python -m nlagg_node.cli.reference > docs/cli.md"
     )
+
+
+class _Terminal(io.StringIO):
+    """Standard output that says it is a terminal (rich colours only a terminal)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+COLOUR = re.compile(r"\x1b\[(?:\d+;)*(?:3\d|9\d)(?:;\d+)*m")  # a foreground colour, not bold
+
+
+@pytest.mark.parametrize(("no_color", "coloured"), [(False, True), (True, False)], ids=["tty", "NO_COLOR"])
+def test_results_honour_no_color(no_color: bool, coloured: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    if no_color:
+        monkeypatch.setenv("NO_COLOR", "1")
+    out = _Terminal()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.argv", ["nlagg", "sim", "--n", "4", "--trials", "2", "--t-max", "20"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 0
+    assert "leakage probability" in out.getvalue()
+    assert bool(COLOUR.search(out.getvalue())) == coloured
