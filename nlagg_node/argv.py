@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 __all__ = ["NLAGG", "eavesdrop_argv", "node_argv", "this_python", "tls_args"]
 
@@ -36,44 +38,14 @@ def tls_args(
 
 
 def node_argv(
-    node_id: int,
-    config: str,
-    broker: str,
-    *,
-    value: float | None = None,
-    value_file: str | None = None,
-    value_cmd: str | None = None,
-    run_id: str | None = None,
-    prefix: str | None = None,
-    username: str | None = None,
-    password_file: str | None = None,
-    neighbour_timeout: float | None = None,
-    seed: int | None = None,
-    seed_file: str | None = None,
-    state_dir: str | None = None,
-    ca_file: str | None = None,
-    cert_file: str | None = None,
-    key_file: str | None = None,
-    as_json: bool = False,
-    corrupt: bool = False,
-    leave_after: int | None = None,
-    leave_by: str | None = None,
-    program: Sequence[str] = NLAGG,
+    node_id: int, config: str, broker: str, *, program: Sequence[str] = NLAGG, **options: Any
 ) -> list[str]:
-    """The ``nlagg node`` argument vector (one private value source: value, value_file or value_cmd)."""
-    argv = [*program, "node", "--id", str(node_id), "--config", config]
-    argv += _opt("--value", None if value is None else float(value))
-    argv += _opt("--value-file", value_file) + _opt("--value-cmd", value_cmd)
-    argv += ["--broker", broker, *_opt("--run-id", run_id), *_opt("--prefix", prefix)]
-    argv += _opt("--username", username) + _opt("--password-file", password_file)
-    argv += _opt("--neighbour-timeout", neighbour_timeout) + _opt("--seed", seed)
-    argv += (
-        _opt("--seed-file", seed_file)
-        + _opt("--state-dir", state_dir)
-        + tls_args(ca_file, cert_file, key_file)
-    )
-    argv += _opt("--leave-after", leave_after) + _opt("--leave-by", leave_by)
-    return argv + ["--json"] * as_json + ["--corrupt"] * corrupt
+    """The ``nlagg node`` argument vector: ``options`` are fields of :class:`NodeOptions` (one private
+    value source: value, value_file or value_cmd); an option left at its default is not written."""
+    from .options import NodeOptions, to_argv
+
+    given = {name: v for name, v in options.items() if v is not None}
+    return [*program, "node", *to_argv(NodeOptions(id=node_id, config=config, broker=broker, **given))]
 
 
 def eavesdrop_argv(
@@ -81,24 +53,17 @@ def eavesdrop_argv(
     run_id: str,
     transcript: str,
     *,
-    prefix: str | None = None,
-    username: str | None = None,
-    password_file: str | None = None,
-    ca_file: str | None = None,
-    cert_file: str | None = None,
-    key_file: str | None = None,
-    events: bool = False,
-    live: bool = True,
-    verbose: bool = False,
     program: Sequence[str] = NLAGG,
+    **options: Any,
 ) -> list[str]:
-    """The ``nlagg eavesdrop`` argument vector (``events``: JSON lines on stdout; ``live=False``: no view).
+    """The ``nlagg eavesdrop`` argument vector: ``options`` are fields of :class:`EavesdropOptions`
+    (``events``: JSON lines on stdout; ``live=False``: no view; ``live=True`` leaves it to the command).
 
     ``broker``: one URL, or several (site brokers bridged together: one transcript of them all).
     """
+    from .options import EavesdropOptions, to_argv
+
     brokers = [broker] if isinstance(broker, str) else list(broker)
-    argv = [*program, "eavesdrop", *(a for url in brokers for a in ("--broker", url))]
-    argv += ["--run-id", run_id, "--transcript", transcript]
-    argv += _opt("--prefix", prefix) + _opt("--username", username) + _opt("--password-file", password_file)
-    argv += tls_args(ca_file, cert_file, key_file)
-    return argv + ["--events"] * events + ["--no-live"] * (not live) + ["--verbose"] * verbose
+    given = {name: v for name, v in options.items() if v is not None and (name, v) != ("live", True)}
+    opts = EavesdropOptions(broker=brokers, run_id=run_id, transcript=Path(transcript), **given)
+    return [*program, "eavesdrop", *to_argv(opts)]

@@ -210,25 +210,30 @@ class RunConfig(BaseModel):
         )
 
 
-def parse_corrupt(spec: str | None, n: int) -> list[int]:
-    """The corrupted nodes of ``--corrupt``, one meaning for every command.
+def parse_corrupt(spec: str | None, n: int, *, count: int | None = None) -> list[int]:
+    """The corrupted nodes of ``--corrupt`` / ``--corrupt-count``, one meaning for every command.
 
-    ``None``, ``""``, ``"none"`` or ``"0"``: nobody. A count ``"2"``: the nodes with the lowest ids
-    (0 and 1; private values are drawn independently of the id, so which ids is immaterial). A list
-    ``"3,7"``: those ids. At least one node must stay honest.
+    ``spec`` lists ids: ``"0"`` is node 0, ``"1,4"`` nodes 1 and 4 (``None``, ``""`` or ``"none"``:
+    nobody). ``count`` K >= 1 is the first K nodes, 0..K-1 (private values are drawn independently of
+    the id, so which ids is immaterial). Give one of the two. At least one node must stay honest.
     """
+    if count is not None:
+        if spec is not None and spec.strip() not in ("", "none"):
+            raise ConfigError("corrupt_count", count, "give --corrupt (ids) or --corrupt-count, not both")
+        if count < 1:
+            raise ConfigError(
+                "corrupt_count", count, "must be at least 1 (leave it out for no corrupted node)"
+            )
+        if count >= n:
+            raise ConfigError("corrupt_count", count, f"must lie in 1..{n - 1} (one node stays honest)")
+        return list(range(count))
     if spec is None or spec.strip() in ("", "none"):
         return []
-    text = spec.strip()
     try:
-        count = int(text) if "," not in text else None
-        ids = sorted({int(part) for part in text.split(",") if part.strip()})
+        ids = sorted({int(part) for part in spec.split(",") if part.strip()})
     except ValueError:
-        raise ConfigError("corrupt", spec, "use a count (2: nodes 0 and 1) or a list of ids (3,7)") from None
-    if count is not None:
-        if not 0 <= count < n:
-            raise ConfigError("corrupt", spec, f"a count must lie in 0..{n - 1} (one node stays honest)")
-        return list(range(count))
+        why = "use node ids (0 is node 0; 1,4 are nodes 1 and 4), or --corrupt-count K for the first K"
+        raise ConfigError("corrupt", spec, why) from None
     bad = [i for i in ids if not 0 <= i < n]
     if bad:
         raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")

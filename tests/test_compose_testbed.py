@@ -98,7 +98,7 @@ def test_compose_testbed_is_exact_resumes_a_killed_node_and_replays_the_simulato
             str(N),
             "--op",
             "max",
-            "--corrupt",
+            "--corrupt-count",
             "2",
             "--seed",
             str(SEED),

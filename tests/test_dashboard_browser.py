@@ -116,7 +116,7 @@ def test_testbed_dashboard_shows_the_maximizer_exposed(browser: Any, tmp_path: P
         pytest.skip("needs mosquitto")
     out = tmp_path / "run"
     cmd = _Command(
-        "testbed", "--n", "8", "--op", "max", "--corrupt", "1", "--seed", "3", "--t-max", str(T_MAX),
+        "testbed", "--n", "8", "--op", "max", "--corrupt", "0", "--seed", "3", "--t-max", str(T_MAX),
         "--broker-kind", "mosquitto", "--out", str(out), "--dashboard", "127.0.0.1:0",
     )  # fmt: skip
     try:

@@ -21,7 +21,7 @@ from nlagg_node.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 # The committed docker-compose.yml is what this writes (deploy/README.md, "Run the compose testbed").
-EXAMPLE_ARGS = ["--plan-dir", "deploy/testbed", "--corrupt", "2"]
+EXAMPLE_ARGS = ["--plan-dir", "deploy/testbed", "--corrupt-count", "2"]
 
 
 def run_cli(
@@ -46,7 +46,7 @@ def _mounts(service: dict[str, Any]) -> set[str]:
 def test_each_service_mounts_only_the_files_it_needs(tmp_path: Path) -> None:
     run = load_config(None, op="max", n=4, graph="ring")
     plan_dir = tmp_path / "plan"
-    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, corrupt="1")), plan_dir)
+    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, corrupt="0")), plan_dir)
     plan = load_plan(plan_dir)
     services = _services(compose_yaml(plan, compose_dir=tmp_path))
     assert list(services) == service_names(plan)
@@ -67,7 +67,7 @@ def test_each_service_mounts_only_the_files_it_needs(tmp_path: Path) -> None:
 def test_deploy_compose_writes_a_fresh_gitignored_project(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = ["deploy", "compose", "--n", "4", "--graph", "ring", "--corrupt", "1", "--run-id", "lab"]
+    args = ["deploy", "compose", "--n", "4", "--graph", "ring", "--corrupt", "0", "--run-id", "lab"]
     code, text = run_cli([*args, "--out", str(tmp_path / "a")], capsys, monkeypatch)
     assert code == 0, text
     code, text = run_cli([*args, "--out", str(tmp_path / "b")], capsys, monkeypatch)
@@ -150,7 +150,7 @@ def test_deploy_truth_writes_the_plans_values_privately(
     from nlagg_node.deploy.nodefile import read_node_value
 
     run = load_config(None, op="max", n=4, graph="ring")
-    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, corrupt="1")), tmp_path / "plan")
+    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, corrupt="0")), tmp_path / "plan")
     out = tmp_path / "summary.json"
     code, text = run_cli(
         ["deploy", "truth", "--plan", str(tmp_path / "plan"), "--out", str(out)], capsys, monkeypatch

@@ -65,7 +65,7 @@ def parse_acl(text: str) -> dict[str, set[tuple[str, str]]]:
 
 
 def test_plan_files_public_part_has_no_private_values_or_seed(tmp_path: Path) -> None:
-    out = _make_plan(tmp_path, corrupt="2")
+    out = _make_plan(tmp_path, corrupt_count=2)
     public = (out / "run.toml").read_text() + (out / "graph.json").read_text()
     nodes = [load_node_file(out / "nodes" / f"{i}.toml") for i in range(6)]
     values = [read_node_value(node, out) for node in nodes]
@@ -166,42 +166,77 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "expected"),
-    [(None, []), ("0", []), ("none", []), ("3", [0, 1, 2]), ("3,7", [3, 7]), ("7,3,3", [3, 7]), ("5,", [5])],
-    ids=["none", "zero", "none-word", "count", "ids", "dupes", "one-id"],
+    ("spec", "count", "expected"),
+    [
+        (None, None, []),
+        ("none", None, []),
+        ("0", None, [0]),
+        ("3", None, [3]),
+        ("3,7", None, [3, 7]),
+        ("7,3,3", None, [3, 7]),
+        ("5,", None, [5]),
+        (None, 3, [0, 1, 2]),
+    ],
+    ids=["none", "none-word", "node-0", "one-id", "ids", "dupes", "trailing-comma", "count"],
 )
-def test_parse_corrupt(spec: str | None, expected: list[int]) -> None:
-    assert parse_corrupt(spec, 10) == expected
+def test_parse_corrupt(spec: str | None, count: int | None, expected: list[int]) -> None:
+    assert parse_corrupt(spec, 10, count=count) == expected
 
 
-def test_corrupt_count_names_the_same_nodes_in_plan_and_sim(
+def test_corrupt_names_the_same_nodes_in_plan_and_sim(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--corrupt 2`` is nodes 0 and 1 in deploy plan as in sim and testbed (one parser)."""
+    """``--corrupt 0`` is node 0 and ``--corrupt-count 2`` nodes 0 and 1, in deploy plan as in sim."""
     from adversary.transcript import Transcript
 
-    assert load_plan(_make_plan(tmp_path, corrupt="2")).corrupted == [0, 1]
-    db = tmp_path / "t.sqlite"
-    args = ["sim", "--n", "6", "--trials", "1", "--t-max", "50", "--corrupt", "2", "--transcript", str(db)]
-    assert run_cli([*args, "--json"], capsys, monkeypatch)[0] == 0
-    with Transcript(db) as tr:
-        assert tr.corrupted() == [0, 1]
+    assert load_plan(_make_plan(tmp_path / "a", corrupt="0")).corrupted == [0]
+    assert load_plan(_make_plan(tmp_path / "b", corrupt_count=2)).corrupted == [0, 1]
+    for flags, expected in ((["--corrupt", "0"], [0]), (["--corrupt-count", "2"], [0, 1])):
+        db = tmp_path / f"t{len(expected)}.sqlite"
+        args = ["sim", "--n", "6", "--trials", "1", "--t-max", "50", *flags, "--transcript", str(db)]
+        assert run_cli([*args, "--json"], capsys, monkeypatch)[0] == 0
+        with Transcript(db) as tr:
+            assert tr.corrupted() == expected
 
 
 @pytest.mark.parametrize(
-    ("spec", "why"),
+    ("spec", "count", "why"),
     [
-        ("10", "a count must lie in 0..9"),
-        ("x", "use a count"),
-        ("3,12", "node ids must lie in 0..9"),
-        ("0,1,2,3,4,5,6,7,8,9", "at least one node must stay honest"),
+        ("10", None, "node ids must lie in 0..9"),
+        ("x", None, "use node ids"),
+        ("3,12", None, "node ids must lie in 0..9"),
+        ("0,1,2,3,4,5,6,7,8,9", None, "at least one node must stay honest"),
+        (None, 0, "corrupt_count=0: must be at least 1"),
+        (None, 10, "corrupt_count=10: must lie in 1..9"),
+        ("1", 2, "not both"),
     ],
-    ids=["all", "text", "range", "no-honest"],
+    ids=["id-range", "text", "range", "no-honest", "count-zero", "count-all", "both"],
 )
-def test_parse_corrupt_rejects(spec: str, why: str) -> None:
+def test_parse_corrupt_rejects(spec: str | None, count: int | None, why: str) -> None:
     with pytest.raises(ConfigError, match="corrupt") as exc:
-        parse_corrupt(spec, 10)
+        parse_corrupt(spec, 10, count=count)
     assert why in str(exc.value)
+
+
+def test_cli_refuses_a_zero_count_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = [
+        "sim",
+        "--trials",
+        "1",
+        "--t-max",
+        "10",
+        "--corrupt-count",
+        "0",
+        "--transcript",
+        str(tmp_path / "t"),
+    ]
+    code, text = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert text.strip().splitlines() == [
+        "nlagg: error: corrupt_count=0: must be at least 1 (leave it out for no corrupted node)"
+    ]
 
 
 def test_plan_refuses_bad_run_id_and_overwrite(tmp_path: Path) -> None:
@@ -243,7 +278,7 @@ def test_cli_plan_compose_and_dry_run(
     out = tmp_path / "lab"
     args = ["deploy", "plan", "--out", str(out), "--run-id", "lab", "--n", "5", "--graph", "ring"]
     args += [
-        "--corrupt",
+        "--corrupt-count",
         "2",
         "--seed",
         "4",

@@ -48,7 +48,9 @@ def intruder(bed: PlanBed, node: int = 0, victim: int = 1) -> Intruder:
 
 @pytest.mark.slow
 async def test_a_hostile_credential_holder_changes_nothing(tmp_path: Path) -> None:
-    async with PlanBed(CFG, tmp_path, corrupt="3", early=lambda bed: intruder(bed).before_config()) as bed:
+    async with PlanBed(
+        CFG, tmp_path, corrupt="0,1,2", early=lambda bed: intruder(bed).before_config()
+    ) as bed:
         await bed.start_nodes()
         await bed.wait_t(0.3)
         t_forged = await intruder(bed).strike()

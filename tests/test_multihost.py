@@ -66,7 +66,7 @@ def _plan(plan_dir: Path) -> dict[str, str]:
         str(RADIUS),
         "--op",
         "max",
-        "--corrupt",
+        "--corrupt-count",
         "2",
         "--seed",
         str(SEED),

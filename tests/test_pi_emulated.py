@@ -161,7 +161,7 @@ async def test_arm64_node_joins_an_x86_network_bit_for_bit(
         values_file=values_file,
     )
     check_node_value(cfg, READING / 1000)  # what node 5 checks before it publishes anything
-    bed = PlanBed(cfg, tmp_path / "bed", run_id="pi", corrupt="1")
+    bed = PlanBed(cfg, tmp_path / "bed", run_id="pi", corrupt="0")
     cpu: dict[str, float] = {}
     arm: asyncio.subprocess.Process | None = None
     with PiRoot(installed, tmp_path / "pi", bind_sys=False) as pi:

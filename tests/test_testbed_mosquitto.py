@@ -305,7 +305,7 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
     proc = subprocess.run(
         [
             *(sys.executable, "-c", "from nlagg_node.cli import main; main()", "testbed", "--n", "5"),
-            *("--op", "min", "--t-max", "30", "--in-process", "--corrupt", "4", "--json"),
+            *("--op", "min", "--t-max", "30", "--in-process", "--corrupt-count", "4", "--json"),
             *("--theta", "0.6", "--sigma-z", "2", "--values", "uniform"),
             *("--broker", mosquitto_url, "--out", str(tmp_path / "out")),
         ],

@@ -13,10 +13,10 @@ from typing import Annotated
 
 import typer
 
-# The help texts come from nlagg_node.defaults (plain Python): --help loads neither pydantic nor numpy.
-from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
+# The help texts come from nlagg_node.options (plain Python): --help loads neither pydantic nor numpy.
 from ..errors import ConfigError, NlaggError, StoppedBySignal
 from ..inputs import make_output_dir
+from ..options import FORCE_HELP, QUIET_HELP, VERBOSE_HELP
 
 # rich_markup_mode=None: plain help, so text such as "[run]" is printed, not eaten as markup.
 app = typer.Typer(
@@ -24,7 +24,6 @@ app = typer.Typer(
     help="Private distributed nonlinear aggregation: simulate, run over MQTT, eavesdrop, measure leakage.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
     rich_markup_mode=None,
 )
 
@@ -91,30 +90,7 @@ def _fail(line: str, code: int) -> None:
 
 # Options shared by several commands: one name, one meaning, one help text -------------------------
 
-
-def op_defaults(key: str) -> str:
-    """``max 100, median 10, ...``: an operator-dependent default, for a help text."""
-    seen: dict[object, list[str]] = {}
-    for op, d in OPERATOR_DEFAULTS.items():
-        seen.setdefault(d[key], []).append(op)
-    plain = "; ".join(f"{'/'.join(ops)}: {v:g}" for v, ops in seen.items())
-    return plain + " (other defaults with --value-range: see README)"
-
-
-CORRUPT_HELP = (
-    "corrupted nodes, which forward their state to the adversary: a count (2 = nodes 0 and 1)"
-    " or a list of ids (3,7)"
-)
 TRANSCRIPT_HELP = "the eavesdropper's SQLite transcript"
-VERBOSE_HELP = "log the protocol's progress to stderr"
-FORCE_HELP = "let --out replace the files of an earlier run (refused otherwise)"
-
-
-def parse_corrupt(spec: str | None, n: int) -> set[int]:
-    """The corrupted set of ``--corrupt`` (see :func:`nlagg_node.config.parse_corrupt`)."""
-    from ..config import parse_corrupt as _parse_corrupt
-
-    return set(_parse_corrupt(spec, n))
 
 
 def claim_out(out: Path, names: Iterable[str], *, force: bool, field: str = "out") -> None:
@@ -147,113 +123,9 @@ def claim_file(path: Path, *, force: bool, field: str) -> None:
             Path(str(path) + extra).unlink(missing_ok=True)
 
 
-def _d(field: str) -> str:
-    # Options that default to None (so a --config file can set them) state the real default.
-    return f" [default: {RUN_DEFAULTS[field]}]"
-
-
-OpOpt = Annotated[
-    str | None,
-    typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average" + _d("op")),
-]
-NOpt = Annotated[int | None, typer.Option(help="number of nodes" + _d("n"))]
-GraphOpt = Annotated[
-    str | None,
-    typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file" + _d("graph")),
-]
-GraphFileOpt = Annotated[
-    Path | None, typer.Option(help="edge list (CSV 'i,j' lines or JSON); implies --graph file")
-]
-TrialsOpt = Annotated[int | None, typer.Option(help="Monte Carlo trials" + _d("trials"))]
-EarlyStopOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--early-stop/--no-early-stop",
-        help="end each phase once the network is quiet, t_max a cap (docs/protocol.md); --no-early-stop"
-        " runs the paper's fixed schedule [default: on]",
-    ),
-]
-MayDepartOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--may-depart/--no-may-depart",
-        help="nodes may leave for good: early stopping then waits n - 1 hops (not the diameter) and a"
-        " departure voids a stop it could mislead, so the others go on and stop together (docs/protocol.md)"
-        " [default: on with --depart, off otherwise]",
-    ),
-]
-InitChannelOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="how z^(0) travel: sealed (encrypted per edge), plain, or auto: sealed for the average"
-        " group (average, trimmed mean), plain for the nonlinear operators [default: auto]",
-    ),
-]
-StopWindowOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="early stop: iterations x must stay within tolerance"
-        " [default: 100; 200 for topk, 400 for trimmed-mean]"
-    ),
-]
-ToleranceOpt = Annotated[
-    float | None,
-    typer.Option(
-        help="precision of the answer, a fraction of the value range (of the values' units without"
-        " --value-range): early stop ends a phase once every x stays within it, and a result is exact"
-        " within it of the true aggregate" + _d("tolerance"),
-    ),
-]
-TMaxOpt = Annotated[int | None, typer.Option(help=f"iterations per phase [default: {op_defaults('t_max')}]")]
-COpt = Annotated[
-    float | None,
-    typer.Option(help=f"PDMM step parameter c > 0, larger = smaller steps [default: {op_defaults('c')}]"),
-]
-MuZOpt = Annotated[
-    float | None,
-    typer.Option(help=f"mean offset of z^(0); x starts near mu_z / c [default: {op_defaults('mu_z')}]"),
-]
-SigmaZOpt = Annotated[float | None, typer.Option(help=f"std of z^(0) [default: {op_defaults('sigma_z')}]")]
-InitOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="dual initialization: none, dp-gauss, dp-laplace, proposed, symmetric, from-above,"
-        " from-below or prior" + _d("init")
-    ),
-]
-SeedOpt = Annotated[
-    int | None, typer.Option(help="run seed: graph, values and every z^(0) (recorded)" + _d("seed"))
-]
-KOpt = Annotated[int | None, typer.Option(help="K for topk and trimmed-mean" + _d("k"))]
-QuantileOpt = Annotated[
-    float | None,
-    typer.Option(help="quantile level p in (0, 1); 0.75 = 75th percentile" + _d("quantile")),
-]
-ThetaOpt = Annotated[
-    float | None, typer.Option(help="averaging constant in (0, 1]; 1/2 = ADMM" + _d("theta"))
-]
-ValuesOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="private values drawn from: normal, uniform, uniform-range or bimodal"
-        " [default: uniform-range with --value-range, else normal]"
-    ),
-]
-ValueRangeOpt = Annotated[
-    tuple[float, float] | None,
-    typer.Option(help="public range LO HI of the values; the protocol runs on (s - LO) / (HI - LO)"),
-]
-ValuesFileOpt = Annotated[
-    Path | None,
-    typer.Option(help="private values, CSV or whitespace-separated: one row per trial, or one row for all"),
-]
-ConfigOpt = Annotated[
-    Path | None, typer.Option(help="TOML run config ([run] table or top level); flags override it")
-]
-CorruptOpt = Annotated[str | None, typer.Option(help=CORRUPT_HELP)]
 ForceOpt = Annotated[bool, typer.Option("--force", help=FORCE_HELP)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help=VERBOSE_HELP)]
-BrokerOpt = Annotated[str, typer.Option(help="broker URL, mqtt://host[:port]")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help=QUIET_HELP)]
 
 
 def setup_logging(verbose: bool) -> None:

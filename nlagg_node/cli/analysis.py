@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ._app import TRANSCRIPT_HELP, ForceOpt, app, claim_out
+from ..options import QUIET_HELP
+from ._app import TRANSCRIPT_HELP, ForceOpt, QuietOpt, app, claim_out
 
 
 @app.command()
@@ -25,6 +26,7 @@ def attack(
         Path | None,
         typer.Option(help="ground truth to score (summary.json) [default: the one next to the transcript]"),
     ] = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Replay the public z-recursion of a transcript and report what it proves about every node."""
     from adversary.attack import attack_transcript
@@ -51,7 +53,8 @@ def attack(
         )
     console = Console()
     console.print(table)
-    console.print(
+    notes = console if not quiet else Console(quiet=True)
+    notes.print(
         "[dim]learned: exposed (=s) = a matching event x_i^(t) = s_i gave the exact value at iteration t;"
         " exposed (solved) = solved from an average-consensus x; interval = the transcript proves"
         " lower <= s_i <= upper; side/distance place that interval against the output[/dim]"
@@ -80,7 +83,7 @@ def experiment(
     ),
     force: ForceOpt = False,
     seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
-    quiet: Annotated[bool, typer.Option(help="no progress lines")] = False,
+    quiet: Annotated[bool, typer.Option(help=QUIET_HELP)] = False,
     bootstrap: Annotated[int, typer.Option(help="subsamples (80% of trials) for 90% NMI bands")] = 0,
 ) -> None:
     """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""

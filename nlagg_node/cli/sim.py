@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ._app import (
-    CORRUPT_HELP,
-    ConfigOpt,
-    COpt,
-    EarlyStopOpt,
-    ForceOpt,
-    GraphFileOpt,
-    GraphOpt,
-    InitChannelOpt,
-    InitOpt,
-    KOpt,
-    MayDepartOpt,
-    MuZOpt,
-    NOpt,
-    OpOpt,
-    QuantileOpt,
-    SeedOpt,
-    SigmaZOpt,
-    StopWindowOpt,
-    ThetaOpt,
-    TMaxOpt,
-    ToleranceOpt,
-    TrialsOpt,
-    ValueRangeOpt,
-    ValuesFileOpt,
-    ValuesOpt,
-    app,
-    claim_file,
-    claim_out,
-    parse_corrupt,
-)
+from ..options import SimOptions
+from ._app import app, claim_file, claim_out
+from ._command import options_command
 
 RUN_FILES = ("summary.json", "arrays.npz", "manifest.json")
 """What ``nlagg sim --out`` writes."""
@@ -48,133 +20,49 @@ if TYPE_CHECKING:
     from ..sim.output import SimSummary
 
 
-@app.command()
-def sim(
-    op: OpOpt = None,
-    n: NOpt = None,
-    graph: GraphOpt = None,
-    graph_file: GraphFileOpt = None,
-    trials: TrialsOpt = None,
-    t_max: TMaxOpt = None,
-    c: COpt = None,
-    init: InitOpt = None,
-    mu_z: MuZOpt = None,
-    sigma_z: SigmaZOpt = None,
-    seed: SeedOpt = None,
-    k: KOpt = None,
-    quantile: QuantileOpt = None,
-    sigma_s: Annotated[
-        float | None, typer.Option(help="std of the DP baselines' value noise [default: 0.1]")
-    ] = None,
-    theta: ThetaOpt = None,
-    epsilon: Annotated[
-        float | None, typer.Option(help="top-K tolerance for identified values [default: 1e-06]")
-    ] = None,
-    prior_median: Annotated[
-        float | None, typer.Option(help="prior median for --init prior [default: 0.0]")
-    ] = None,
-    values: ValuesOpt = None,
-    values_file: ValuesFileOpt = None,
-    value_range: ValueRangeOpt = None,
-    record: Annotated[
-        str | None,
-        typer.Option(help="iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]"),
-    ] = None,
-    early_stop: EarlyStopOpt = None,
-    may_depart: MayDepartOpt = None,
-    stop_window: StopWindowOpt = None,
-    tolerance: ToleranceOpt = None,
-    init_channel: InitChannelOpt = None,
-    config: ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON summary object")] = False,
-    out: Annotated[
-        Path | None, typer.Option(help="write summary.json, arrays.npz and manifest.json into this directory")
-    ] = None,
-    transcript: Annotated[
-        Path | None,
-        typer.Option(help="also write trial 0 as an eavesdropper transcript (SQLite), for `nlagg attack`"),
-    ] = None,
-    corrupt: Annotated[
-        str | None, typer.Option(help=CORRUPT_HELP + " in the --transcript (needs --transcript)")
-    ] = None,
-    depart: Annotated[
-        str | None,
-        typer.Option(
-            help="node@iteration,...: these nodes leave for good at those iterations, in every trial"
-            " (README 'Nodes that leave')"
-        ),
-    ] = None,
-    force: ForceOpt = False,
-) -> None:
+@options_command(app, SimOptions, panels=True)
+def sim(opts: SimOptions) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
-    from ..config import load_config
     from ..departure import departure_defaults, parse_departures
     from ..errors import ConfigError
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
 
-    early_stop, may_depart = departure_defaults(early_stop, may_depart, depart, op)
-    cfg = load_config(
-        config,
-        op=op,
-        n=n,
-        graph="file" if graph_file is not None and graph is None else graph,
-        graph_file=graph_file,
-        trials=trials,
-        t_max=t_max,
-        c=c,
-        init=init,
-        mu_z=mu_z,
-        sigma_z=sigma_z,
-        seed=seed,
-        k=k,
-        quantile=quantile,
-        sigma_s=sigma_s,
-        theta=theta,
-        epsilon=epsilon,
-        prior_median=prior_median,
-        values=values,
-        values_file=values_file,
-        value_range=value_range,
-        record=record,
-        early_stop=early_stop,
-        may_depart=may_depart,
-        stop_window=stop_window,
-        tolerance=tolerance,
-        init_channel=init_channel,
-    )
+    early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
+    cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load()
     warnings = config_warnings(cfg)
-    for line in warnings:
-        typer.echo(line, err=True)
-    corrupted = sorted(parse_corrupt(corrupt, cfg.n))
-    departures = parse_departures(depart)
-    if corrupted and transcript is None:
-        raise ConfigError("corrupt", corrupt, "only shapes the --transcript; give --transcript too")
-    if out is not None:
-        claim_out(out, RUN_FILES, force=force)
-    if transcript is not None:
-        claim_file(transcript, force=force, field="transcript")
-    result = _run_with_progress(cfg, departures)
+    if not opts.quiet:
+        for line in warnings:
+            typer.echo(line, err=True)
+    corrupted = opts.corrupted(cfg.n)
+    departures = parse_departures(opts.depart)
+    if corrupted and opts.transcript is None:
+        raise ConfigError(*opts.corrupt_field, "only shapes the --transcript; give --transcript too")
+    if opts.out is not None:
+        claim_out(opts.out, RUN_FILES, force=opts.force)
+    if opts.transcript is not None:
+        claim_file(opts.transcript, force=opts.force, field="transcript")
+    result = _run_with_progress(cfg, departures, show=not opts.quiet)
     summary = summarize(result)
     summary["warnings"] = warnings
-    if out is not None:
-        write_run(result, out, summary)
-    if transcript is not None:
+    if opts.out is not None:
+        write_run(result, opts.out, summary)
+    if opts.transcript is not None:
         from adversary.simulated import simulate_transcript
 
         summary["transcript"] = str(
-            simulate_transcript(cfg, transcript, corrupted=corrupted, departures=departures)
+            simulate_transcript(cfg, opts.transcript, corrupted=corrupted, departures=departures)
         )
-    if as_json:
+    if opts.as_json:
         typer.echo(json.dumps(summary))
     else:
         _print_table(summary)
 
 
-def _run_with_progress(cfg: Any, departures: dict[int, int]) -> Any:
+def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> Any:
     from ..sim import simulate
 
-    if not sys.stderr.isatty():
+    if not (show and sys.stderr.isatty()):
         return simulate(cfg, departures=departures)
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 

@@ -3,50 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
-
-import typer
+from typing import TYPE_CHECKING, Any, cast
 
 from ..defaults import RUN_DEFAULTS
 from ..errors import ConfigError
-from ._app import (
-    ConfigOpt,
-    COpt,
-    CorruptOpt,
-    EarlyStopOpt,
-    ForceOpt,
-    GraphFileOpt,
-    GraphOpt,
-    InitChannelOpt,
-    InitOpt,
-    KOpt,
-    MayDepartOpt,
-    MuZOpt,
-    NOpt,
-    OpOpt,
-    QuantileOpt,
-    SeedOpt,
-    SigmaZOpt,
-    StopWindowOpt,
-    ThetaOpt,
-    TMaxOpt,
-    ToleranceOpt,
-    ValueRangeOpt,
-    ValuesFileOpt,
-    ValuesOpt,
-    VerboseOpt,
-    app,
-    claim_out,
-    parse_corrupt,
-    setup_logging,
-)
-from .net import CaFile, tls_settings
+from ..options import TestbedOptions
+from ._app import app, claim_out, setup_logging
+from ._command import options_command
 
 if TYPE_CHECKING:
+    from ..config import RunConfig
     from ..lab.progress import ProgressFn
     from ..lab.summary import TestbedSummary
 
@@ -66,166 +37,88 @@ TESTBED_FILES = (
 """What ``nlagg testbed --out`` (and ``nlagg report`` on it) writes."""
 
 
-@app.command("testbed")
-def run_testbed_command(
-    n: NOpt = None,
-    op: OpOpt = None,
-    graph: GraphOpt = None,
-    graph_file: GraphFileOpt = None,
-    corrupt: CorruptOpt = None,
-    seed: SeedOpt = None,
-    run_id: Annotated[str | None, typer.Option(help="run id [default: a fresh tb-xxxxxxxx]")] = None,
-    prefix: Annotated[str, typer.Option(help="topic prefix")] = "nlagg",
-    broker: Annotated[
-        str | None,
-        typer.Option(
-            help="use this broker, mqtt:// or mqtts://host[:port] [default: a private one on a free port]"
-        ),
-    ] = None,
-    ca_file: CaFile = None,
-    broker_kind: Annotated[str, typer.Option(help="private broker: auto, mosquitto or amqtt")] = "auto",
-    in_process: Annotated[
-        bool | None,
-        typer.Option(
-            "--in-process/--processes",
-            help="host all nodes as tasks on one connection (large n), or one process per node"
-            " [default: processes, except on the embedded broker]",
-        ),
-    ] = None,
-    t_max: TMaxOpt = None,
-    c: COpt = None,
-    mu_z: MuZOpt = None,
-    sigma_z: SigmaZOpt = None,
-    theta: ThetaOpt = None,
-    k: KOpt = None,
-    quantile: QuantileOpt = None,
-    init: InitOpt = None,
-    values: ValuesOpt = None,
-    early_stop: EarlyStopOpt = None,
-    may_depart: MayDepartOpt = None,
-    stop_window: StopWindowOpt = None,
-    tolerance: ToleranceOpt = None,
-    init_channel: InitChannelOpt = None,
-    value_range: ValueRangeOpt = None,
-    values_file: ValuesFileOpt = None,
-    config: ConfigOpt = None,
-    neighbour_timeout: Annotated[float, typer.Option(help="seconds a node waits at a barrier")] = 60.0,
-    depart: Annotated[
-        str | None,
-        typer.Option(
-            help="node@iteration,...: SIGKILL these node processes for good at those iterations; the others"
-            " finish with their own aggregate (README 'Nodes that leave')"
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON object")] = False,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="keep transcript.sqlite, summary.json, manifest.json and the nodes' and the"
-            " eavesdropper's logs in this directory"
-        ),
-    ] = None,
-    force: ForceOpt = False,
-    dashboard: Annotated[
-        str | None,
-        typer.Option(
-            help="serve the live dashboard at :PORT or HOST:PORT (loopback unless a host is given);"
-            " it keeps serving the finished run until Ctrl-C"
-        ),
-    ] = None,
-    verbose: VerboseOpt = False,
-) -> None:
+def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]:
+    """The run's config, corrupted set and departures; everything refused before anything starts."""
+    from ..departure import departure_defaults, parse_departures
+    from ..scale import config_warnings
+    from .net import tls_settings
+
+    early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
+    cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load(trials=1)
+    if not opts.quiet:
+        for line in config_warnings(cfg):
+            print(f"nlagg: {line}", file=sys.stderr)
+    if opts.broker_kind not in ("auto", "mosquitto", "amqtt"):
+        raise ConfigError("broker_kind", opts.broker_kind, "use auto, mosquitto or amqtt")
+    corrupted = set(opts.corrupted(cfg.n))
+    departures = parse_departures(opts.depart)
+    if opts.ca_file is not None and opts.broker is None:
+        why = "needs an mqtts:// --broker (the private broker is plain)"
+        raise ConfigError("ca_file", str(opts.ca_file), why)
+    if opts.broker is not None:
+        tls_settings(opts.broker, opts.ca_file, None, None)  # a CA file without mqtts://, or a missing one
+    if opts.out is not None:
+        claim_out(opts.out, TESTBED_FILES, force=opts.force)
+    return cfg, corrupted, departures
+
+
+@options_command(app, TestbedOptions, "testbed", panels=True)
+def run_testbed_command(opts: TestbedOptions) -> None:
     """Run a whole network on this machine: broker, eavesdropper, n nodes; print what happened."""
     from rich.console import Console
 
-    from ..config import load_config
-    from ..departure import departure_defaults, parse_departures
     from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
     from ..lifetime import run_stoppable
-    from ..scale import config_warnings
 
-    setup_logging(verbose)
-    early_stop, may_depart = departure_defaults(early_stop, may_depart, depart, op)
-    cfg = load_config(
-        config,
-        op=op,
-        n=n,
-        graph="file" if graph_file is not None and graph is None else graph,
-        graph_file=graph_file,
-        t_max=t_max,
-        c=c,
-        mu_z=mu_z,
-        sigma_z=sigma_z,
-        theta=theta,
-        k=k,
-        quantile=quantile,
-        init=init,
-        values=values,
-        seed=seed,
-        value_range=value_range,
-        values_file=values_file,
-        trials=1,
-        early_stop=early_stop,
-        may_depart=may_depart,
-        stop_window=stop_window,
-        tolerance=tolerance,
-        init_channel=init_channel,
-    )
-    for line in config_warnings(cfg):
-        print(f"nlagg: {line}", file=sys.stderr)
-    if broker_kind not in ("auto", "mosquitto", "amqtt"):
-        raise ConfigError("broker_kind", broker_kind, "use auto, mosquitto or amqtt")
-    corrupted = parse_corrupt(corrupt, cfg.n)
-    departures = parse_departures(depart)
-    if ca_file is not None and broker is None:
-        raise ConfigError("ca_file", str(ca_file), "needs an mqtts:// --broker (the private broker is plain)")
-    if broker is not None:
-        tls_settings(broker, ca_file, None, None)  # a CA file without mqtts://, or a missing one: exit 2
-    if out is not None:
-        claim_out(out, TESTBED_FILES, force=force)
-    console = Console(stderr=as_json)
+    setup_logging(opts.verbose)
+    cfg, corrupted, departures = _checked(opts)
+    console = Console(stderr=opts.as_json)
 
     def report(summary: TestbedSummary) -> TestbedSummary:
-        if as_json:
+        if opts.as_json:
             print(json.dumps(summary), flush=True)
         else:
-            print_summary(console, summary)
+            print_summary(console, summary, quiet=opts.quiet)
         return summary
+
+    def note(msg: str) -> None:
+        if not opts.quiet:
+            console.print(f"[dim]{msg}[/dim]")
 
     async def run(out_dir: Path | None, on_progress: ProgressFn | None = None) -> TestbedSummary:
         summary = await run_testbed(
             cfg,
-            run_id=run_id,
-            prefix=prefix,
-            broker_url=broker,
-            broker_kind=broker_kind,
-            in_process=in_process,
+            run_id=opts.run_id,
+            prefix=opts.prefix,
+            broker_url=opts.broker,
+            broker_kind=opts.broker_kind,
+            in_process=opts.in_process,
             corrupt=corrupted,
             out_dir=out_dir,
-            neighbour_timeout=neighbour_timeout,
-            ca_file=ca_file,
-            on_event=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+            neighbour_timeout=opts.neighbour_timeout,
+            ca_file=opts.ca_file,
+            on_event=note,
             departures=departures,
             on_progress=on_progress,
         )
         return report(summary)
 
-    if dashboard is None:
+    if opts.dashboard is None:
         # The live line goes to stderr, and only to a terminal: --json output and logs stay clean.
-        with progress_line(sys.stderr.isatty()) as on_progress:
-            run_stoppable(run(out, on_progress))
+        with progress_line(sys.stderr.isatty() and not opts.quiet) as on_progress:
+            run_stoppable(run(opts.out, on_progress))
         return
     from adversary.dashboard import parse_listen, serve_beside
 
-    parse_listen(dashboard)  # a bad address fails before anything starts
+    parse_listen(opts.dashboard)  # a bad address fails before anything starts
     with contextlib.ExitStack() as stack:
         # The dashboard reads the transcript while the run writes it, so it needs its path now.
-        where = out if out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        where = opts.out if opts.out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         run_stoppable(
             serve_beside(
                 where / "transcript.sqlite",
-                dashboard,
+                opts.dashboard,
                 run(where),
                 lambda line: console.print(line),
                 truth=lambda summary: cast(dict[str, Any], summary),  # read as its JSON document
@@ -233,7 +126,9 @@ def run_testbed_command(
         )
 
 
-def print_summary(console: Any, s: TestbedSummary) -> None:
+def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> None:
+    """The run's table and verdict on a rich ``console`` (``quiet``: without the legend)."""
+    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"run {s['run_id']}: {s['op']} on {s['n']} nodes ({s['graph']}, {s['edges']} edges)")
@@ -262,7 +157,8 @@ def print_summary(console: Any, s: TestbedSummary) -> None:
             learned = "an interval only"
         table.add_row(key, f"{s['private_values'][key]:.6g}", str(s["final_x"][key]), learned)
     console.print(table)
-    console.print(
+    notes = console if not quiet else Console(quiet=True)
+    notes.print(
         "[dim]eavesdropper learned: s_i at t (=s) = a matching event x_i^(t) = s_i gave the exact value at"
         " iteration t; (solved) = solved from an average-consensus x; unavoidable = the node holds the"
         " output, which every exact protocol reveals (the ideal world); avoidable = more than the ideal"

@@ -96,10 +96,9 @@ def print_result(result: Any, out: Path, console: Any) -> None:
     """The Pareto table and the choice (or why none meets the target) on a rich ``console``."""
     from rich.table import Table
 
-    table = Table(
-        "init", "c", "mu_z", "sigma_z", "leakage", "95% upper", "iterations median", "p99",
-        title=f"Pareto front: leakage against iterations ({result.choice.trials} trials per setting)",
-    )  # fmt: skip
+    columns = ("init", "c", "mu_z", "sigma_z", "leakage", "95% upper", "iterations median", "p99")
+    title = f"Pareto front: leakage against iterations ({result.choice.trials} trials per setting)"
+    table = Table(*columns, title=title)
     for e in result.front:
         s = e.setting
         mark = " (chosen)" if e.setting == result.choice.setting else ""

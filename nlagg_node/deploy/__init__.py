@@ -26,6 +26,7 @@ from .plan import (
     parse_corrupt,
     write_plan,
 )
+from .spec import plan_spec
 
 __all__ = [
     "EAVESDROPPER_USER",
@@ -49,6 +50,7 @@ __all__ = [
     "node_user",
     "parse_corrupt",
     "password_file_text",
+    "plan_spec",
     "publish_config",
     "run_network",
     "security_lines",

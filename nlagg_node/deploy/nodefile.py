@@ -7,51 +7,27 @@ appears on a command line: only the path of the file holding it.
 
 from __future__ import annotations
 
-import math
 import shlex
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..argv import NLAGG, node_argv
+from ..argv import NLAGG
 from ..errors import ConfigError
+from ..options import NodeOptions, option_fields, to_argv
+from ..valuesource import ValueSource, stored_value
 
-__all__ = ["NodeFile", "ValueSource", "load_node_file", "node_file_argv", "node_file_text"]
-
-ValueKind = Literal["constant", "file", "command"]
-
-
-class ValueSource(BaseModel):
-    """Where a node's private value comes from.
-
-    ``constant``: ``value``. ``file``: the first number in ``path`` (e.g. a sensor export).
-    ``command``: the first number a shell command prints, e.g.
-    ``awk '{print $1/1000}' /sys/class/thermal/thermal_zone0/temp`` (SoC temperature in °C).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: ValueKind
-    value: float | None = None
-    path: str | None = None
-    command: str | None = None
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ValueSource:
-        given = {"constant": self.value, "file": self.path, "command": self.command}
-        if given[self.source] is None:
-            field = {"constant": "value", "file": "path", "command": "command"}[self.source]
-            raise ValueError(f"value.{field}=None: source {self.source!r} needs it")
-        extra = [k for k, v in given.items() if v is not None and k != self.source]
-        if extra:
-            raise ValueError(f"value.source={self.source!r}: also gives {extra[0]} (give exactly one source)")
-        if self.value is not None and not math.isfinite(self.value):
-            raise ValueError(f"value.value={self.value!r}: must be a finite number")
-        return self
+__all__ = [
+    "NodeFile",
+    "ValueSource",
+    "load_node_file",
+    "node_file_argv",
+    "node_file_options",
+    "node_file_text",
+]
 
 
 class NodeFile(BaseModel):
@@ -106,31 +82,33 @@ def load_node_file(path: Path) -> NodeFile:
         raise ConfigError(loc, err.get("input"), f"{msg} (in {path})") from None
 
 
-def node_file_argv(
-    node: NodeFile, *, broker: str | None = None, program: Sequence[str] = NLAGG, state_dir: str | None = None
-) -> list[str]:
-    """The ``nlagg node`` argument vector of a node file, paths relative to its ``base_dir``.
+def node_file_options(
+    node: NodeFile, *, broker: str | None = None, state_dir: str | None = None
+) -> NodeOptions:
+    """The ``nlagg node`` options of a node file, paths relative to its ``base_dir``.
 
     ``state_dir`` overrides the file's (the systemd unit gives its writable ``StateDirectory=``).
     """
+    # A node file holds the node's options under their own names, and its value source as [value].
+    shared = node.model_dump(include=set(option_fields(NodeOptions)) - {"run_id", "value"})
     src = node.value
-    return node_argv(
-        node.id,
-        node.config,
-        broker or node.broker,
-        value=src.value if src.source == "constant" else None,
-        value_file=src.path if src.source == "file" else None,
-        value_cmd=src.command if src.source == "command" else None,
-        username=node.username,
-        password_file=node.password_file,
-        seed=node.seed,
-        state_dir=state_dir or node.state_dir,
-        ca_file=node.ca_file,
-        cert_file=node.cert_file,
-        key_file=node.key_file,
-        corrupt=node.corrupt,
-        program=program,
+    return NodeOptions(
+        **{
+            **shared,
+            "broker": broker or node.broker,
+            "state_dir": state_dir or node.state_dir,
+            "value": src.value,
+            "value_file": src.path,
+            "value_cmd": src.command,
+        }
     )
+
+
+def node_file_argv(
+    node: NodeFile, *, broker: str | None = None, program: Sequence[str] = NLAGG, state_dir: str | None = None
+) -> list[str]:
+    """The ``nlagg node`` argument vector of a node file (see :func:`node_file_options`)."""
+    return [*program, "node", *to_argv(node_file_options(node, broker=broker, state_dir=state_dir))]
 
 
 def shell_line(argv: list[str]) -> str:
@@ -140,33 +118,7 @@ def shell_line(argv: list[str]) -> str:
 
 def read_node_value(node: NodeFile, base: Path) -> float:
     """The value a node's constant or file source holds (a command is not run here)."""
-    src = node.value
-    if src.source == "constant" and src.value is not None:
-        return src.value
-    if src.source == "file":
-        path = base / str(src.path)
-        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        if not lines:
-            raise ConfigError("value.path", str(path), "file is empty")
-        try:
-            return float(lines[0])
-        except ValueError:
-            raise ConfigError("value.path", str(path), f"not a number: {lines[0][:40]!r}") from None
-    raise ConfigError("value.source", src.source, "only constant and file sources hold a value")
-
-
-def nlagg_program() -> str:
-    """The ``nlagg`` executable: the one beside this Python (a venv's bin/), else the first on PATH."""
-    import shutil
-    import sys
-
-    beside = Path(sys.executable).with_name("nlagg")
-    if beside.is_file() and beside.stat().st_mode & 0o111:
-        return str(beside)
-    found = shutil.which("nlagg")
-    if found is None:
-        raise ConfigError("program", "nlagg", "not found beside the Python interpreter nor on PATH")
-    return found
+    return stored_value(node.value, base)
 
 
 def resolve_node(path: Path) -> tuple[NodeFile, Path]:

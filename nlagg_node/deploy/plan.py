@@ -37,6 +37,7 @@ from ..graphs import neighbours, sample_graphs
 from ..inputs import make_output_dir, read_input_text
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
+from ..valuesource import ValueSource
 from .commands import TRANSCRIPT_NAME, commands_text, site_conf_path
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
@@ -50,7 +51,7 @@ from .mosquitto_auth import (
     node_user,
     password_file_text,
 )
-from .nodefile import NodeFile, ValueSource, node_file_text
+from .nodefile import NodeFile, node_file_text
 from .sites import (
     Bridge,
     bridge_acl_lines,
@@ -177,7 +178,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
             "graph_file": "graph.json",
         }
     )
-    corrupted = parse_corrupt(spec.corrupt, n)
+    corrupted = parse_corrupt(spec.corrupt, n, count=spec.corrupt_count)
     if spec.value_source is None:
         from ..sim.values import run_values
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import DEFAULT_BROKER, RunConfig
+from ..options import PlanRunOptions
+from ..valuesource import ValueSource
 from .mosquitto_auth import TlsFiles
-from .nodefile import ValueSource
 
-__all__ = ["DEFAULT_PREFIX", "PlanSpec"]
+__all__ = ["DEFAULT_PREFIX", "PlanSpec", "plan_spec"]
 
 DEFAULT_PREFIX = "nlagg"
 
@@ -21,7 +22,7 @@ class PlanSpec:
     ----------
     run : the run's parameters (``graph`` may be random; it is drawn once here and frozen in graph.json).
     run_id, prefix : topic root ``prefix/run_id``.
-    corrupt : ``parse_corrupt`` spec.
+    corrupt, corrupt_count : the corrupted ids (``"1,4"``) or the first K nodes (:func:`parse_corrupt`).
     seed : the run seed; None draws one from OS entropy (then nodes draw z^(0) from OS entropy too).
     replay : give every node file the run seed, so z^(0) replays the simulator (lab testbeds only).
     broker_url : what nodes and the eavesdropper connect to.
@@ -41,6 +42,7 @@ class PlanSpec:
     run_id: str
     prefix: str = DEFAULT_PREFIX
     corrupt: str | None = None
+    corrupt_count: int | None = None
     seed: int | None = None
     replay: bool = False
     broker_url: str = DEFAULT_BROKER
@@ -57,3 +59,33 @@ class PlanSpec:
     @property
     def uses_tls(self) -> bool:
         return self.tls is not None or self.make_tls
+
+
+def plan_spec(opts: PlanRunOptions, broker_url: str = DEFAULT_BROKER) -> PlanSpec:
+    """The spec of ``nlagg deploy plan`` / ``compose`` options (errors name the option).
+
+    Early stopping survives departures unless told otherwise: devices in the field may leave
+    unannounced (docs/protocol.md). A ``--value-cmd`` sensor's declared range is the run's
+    ``value_range`` unless one is given.
+    """
+    from ..valuesource import declared_range_of
+
+    source = opts.value_source()
+    run = opts.run_config(
+        None,
+        radius=opts.radius,
+        value_range=opts.value_range if opts.value_range is not None else declared_range_of(source),
+        early_stop=True if opts.early_stop is None else opts.early_stop,
+        may_depart=True if opts.may_depart is None else opts.may_depart,
+    )
+    return PlanSpec(
+        run=run,
+        run_id=opts.run_id,
+        prefix=opts.prefix,
+        corrupt=opts.corrupt,
+        corrupt_count=opts.corrupt_count,
+        seed=opts.seed,
+        replay=opts.replay,
+        broker_url=broker_url,
+        value_source=source,
+    )

@@ -1,0 +1,102 @@
+"""Typer commands generated from an option class of :mod:`nlagg_node.options`.
+
+``@options_command(app, SimOptions)`` on ``def sim(opts: SimOptions) -> None`` gives the command one
+``typer.Option`` per field (help text, help panel, flags, default from the declaration) and calls the
+function with the options object built from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from typer.core import TyperCommand
+
+from ..options import PANELS, Opt, option_fields
+
+__all__ = ["PanelledCommand", "options_command", "parse_command"]
+
+T = TypeVar("T")
+
+
+class PanelledCommand(TyperCommand):
+    """A command whose help is rich, in the panels its options name (a long help, grouped)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["rich_markup_mode"] = "rich"
+        super().__init__(*args, **kwargs)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from typer import rich_utils
+
+        # A width given to the context (a test's terminal_width) holds for the rich help too.
+        saved = rich_utils.MAX_WIDTH
+        if ctx.terminal_width is not None:
+            rich_utils.MAX_WIDTH = ctx.terminal_width
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            rich_utils.MAX_WIDTH = saved
+
+
+def _escape(text: str) -> str:
+    # Rich markup would read "[run]" or "[default: 15]" as a style tag.
+    return text.replace("[", "\\[")
+
+
+def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> inspect.Parameter:
+    help_text = _escape(opt.help) if rich else opt.help
+    info = typer.Option(*opt.flags, help=help_text, rich_help_panel=opt.panel, **dict(opt.extra))
+    empty = default is dataclasses.MISSING
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=Annotated[base, info],
+        default=inspect.Parameter.empty if empty else default,
+    )
+
+
+def _panel_rank(opt: Opt) -> int:
+    return 0 if opt.panel is None else 1 + PANELS.index(opt.panel)
+
+
+def options_command(
+    app: typer.Typer, cls: type[T], name: str | None = None, *, panels: bool = False
+) -> Callable[[Callable[[T], None]], Callable[..., None]]:
+    """Register ``fn(opts: cls)`` as a command of ``app`` whose options are ``cls``'s fields.
+
+    ``panels``: rich help with the options grouped by their panel (for the long commands).
+    """
+
+    def register(fn: Callable[[T], None]) -> Callable[..., None]:
+        fields = option_fields(cls)
+        params = [_parameter(nm, *spec, panels) for nm, spec in fields.items()]
+        params.sort(key=lambda p: _panel_rank(fields[p.name][1]))  # keyword-only: any order is valid
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            fn(cls(**kwargs))
+
+        del command.__wrapped__  # typer reads the signature below, not fn's
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+        kw: dict[str, Any] = {"cls": PanelledCommand} if panels else {}
+        app.command(name, **kw)(command)
+        return command
+
+    return register
+
+
+def parse_command(app: typer.Typer, path: list[str], cls: type[T], args: list[str]) -> T:
+    """The options object a command line builds (what the command would be called with), for tests
+    and for checking a generated argument vector."""
+    group: Any = typer.main.get_command(app)
+    cmd = group
+    for word in path:
+        cmd = cmd.get_command(typer.Context(cmd), word)
+    ctx = cmd.make_context(path[-1], list(args))
+    return cls(**ctx.params)

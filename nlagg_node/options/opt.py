@@ -1,0 +1,152 @@
+"""How an option is declared (:class:`Opt`, the help panels, the shared help texts) and read back
+(:func:`option_fields`, :func:`to_argv`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
+
+__all__ = [
+    "ADVERSARY",
+    "GRAPH",
+    "NETWORK",
+    "OUTPUT",
+    "PANELS",
+    "PROTOCOL",
+    "RUN",
+    "STOPPING",
+    "VALUES",
+    "Opt",
+    "flag_of",
+    "op_defaults",
+    "option_fields",
+    "to_argv",
+]
+
+RUN = "Run"
+GRAPH = "Graph"
+PROTOCOL = "Protocol"
+STOPPING = "Stopping"
+VALUES = "Values"
+ADVERSARY = "Adversary"
+NETWORK = "Network"
+OUTPUT = "Output"
+PANELS = (RUN, GRAPH, PROTOCOL, STOPPING, VALUES, ADVERSARY, NETWORK, OUTPUT)
+"""The order the panels are shown in (options without a panel come first)."""
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How a field appears on the command line.
+
+    ``flags``: the option's declarations (``"--early-stop/--no-early-stop"``, ``"--json"``); empty =
+    ``--field-name`` (``--x/--no-x`` for a bool). ``always``: :func:`to_argv` writes it even at its
+    default. ``extra``: more ``typer.Option`` keywords.
+    """
+
+    help: str
+    panel: str | None = None
+    flags: tuple[str, ...] = ()
+    always: bool = False
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+CA_OPT = Opt("mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)", NETWORK)
+CERT_OPT = Opt("mqtts://: client certificate, when the broker asks", NETWORK)
+KEY_OPT = Opt("mqtts://: the client certificate's private key", NETWORK)
+
+
+# A node's value source (nlagg_node.valuesource); deploy plan/compose give every node the same one.
+VALUE_OPT = Opt("the private value s_i (deploy: the same constant on every node)", VALUES)
+VALUE_FILE_OPT = Opt("file whose first line is s_i (deploy: each node reads its own copy)", VALUES)
+VALUE_CMD_OPT = Opt("shell command printing s_i, e.g. a sensor script (deploy: each node runs it)", VALUES)
+
+
+def default_of(field: str) -> str:
+    # Options that default to None (so a --config file can set them) state the real default.
+    return f" [default: {RUN_DEFAULTS[field]}]"
+
+
+def op_defaults(key: str) -> str:
+    """``max/min: 100; median: 10 ...``: an operator-dependent default, for a help text."""
+    seen: dict[object, list[str]] = {}
+    for op, d in OPERATOR_DEFAULTS.items():
+        seen.setdefault(d[key], []).append(op)
+    plain = "; ".join(f"{'/'.join(ops)}: {v:g}" for v, ops in seen.items())
+    return plain + " (other defaults with --value-range: see docs/cli.md)"
+
+
+CORRUPT_HELP = (
+    "ids of the corrupted nodes, which forward their state to the adversary: 0 is node 0, 1,4 nodes 1"
+    " and 4 (see --corrupt-count for the first K)"
+)
+CORRUPT_COUNT_HELP = "corrupt the first K nodes (0..K-1), K >= 1; instead of --corrupt"
+FORCE_HELP = "let --out replace the files of an earlier run (refused otherwise)"
+VERBOSE_HELP = "log the protocol's progress to stderr"
+QUIET_HELP = "print only the final result and errors (no progress, notes or warnings)"
+
+
+CONFIG_OPT = Opt("TOML run config ([run] table or top level); flags override it", RUN)
+JSON_OPT = Opt("print one JSON object", OUTPUT, ("--json",))
+FORCE_OPT = Opt(FORCE_HELP, OUTPUT, ("--force",))
+QUIET_OPT = Opt(QUIET_HELP, OUTPUT, ("--quiet", "-q"))
+VERBOSE_OPT = Opt(VERBOSE_HELP, OUTPUT, ("--verbose", "-v"))
+DEPART_HELP = "node@iteration,...: {} (docs/protocol.md 'Nodes that leave')"
+
+
+# Reading the declarations --------------------------------------------------------------------------
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def option_fields(cls: type) -> dict[str, tuple[Any, Opt, Any]]:
+    """``name -> (type, Opt, default)`` of an option class, in declaration order (required: MISSING)."""
+    hints = _hints(cls)
+    out: dict[str, tuple[Any, Opt, Any]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        base, *meta = typing.get_args(hint)
+        opt = next(m for m in meta if isinstance(m, Opt))
+        out[f.name] = (base, opt, f.default)
+    return out
+
+
+def flag_of(name: str, opt: Opt) -> str:
+    """The option's first flag: ``--field-name`` unless declared."""
+    return opt.flags[0].split("/")[0] if opt.flags else "--" + name.replace("_", "-")
+
+
+def _words(value: object) -> list[str]:
+    if isinstance(value, list | tuple):
+        return [w for v in value for w in _words(v)]
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return [repr(value)]
+    return [str(value)]
+
+
+def to_argv(opts: object) -> list[str]:
+    """The command-line words that give ``opts`` (options at their default are left out).
+
+    The inverse of parsing: ``nlagg <command> *to_argv(opts)`` builds ``opts`` again.
+    """
+    argv: list[str] = []
+    for name, (_, opt, default) in option_fields(type(opts)).items():
+        value = getattr(opts, name)
+        if value is None or (value == default and not opt.always):
+            continue
+        if isinstance(value, bool):
+            on, _, off = (opt.flags[0] if opt.flags else "--" + name.replace("_", "-")).partition("/")
+            argv.append(on if value else (off or "--no-" + on.removeprefix("--")))
+        elif isinstance(value, list):
+            argv += [w for v in value for w in (flag_of(name, opt), *_words(v))]
+        else:
+            argv += [flag_of(name, opt), *_words(value)]
+    return argv
