@@ -18,6 +18,13 @@ Which duals are known depends on the initialization channel (``init_channel``, w
 A sealed group whose z^(0) is not random (``init none``, ``sigma_z = 0``) is known all the same:
 the public configuration determines it. The simulator, ``nlagg sim``'s leakage figures and the
 warnings all go through :func:`secret_groups`, :func:`known_duals` and :func:`solvable`.
+
+Even with secret duals an average phase reveals one sum per honest connected component (the graph
+without the corrupted nodes; paper Sec. V-C, [Jane2020TIFS]): with theta = 1/2, after one iteration
+``a_ij z_{i|j} + a_ji z_{j|i} = -c (x_i + x_j)`` on every edge, and the unknown differences cancel
+in the sum of a component's x-updates. A component whose other members are all known (corrupted,
+exposed by a matching event, e.g. a trimmed extreme) therefore gives away its last member:
+:func:`determined_by_sums`, the rule :mod:`adversary.linear` proves by exact rank tests.
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ import numpy as np
 
 from .arrays import BoolArray, IntArray
 
-__all__ = ["InitChannel", "group_sealed", "known_duals", "sealed_groups", "secret_groups", "solvable"]
+__all__ = [
+    "InitChannel",
+    "determined_by_sums",
+    "group_sealed",
+    "known_duals",
+    "sealed_groups",
+    "secret_groups",
+    "solvable",
+]
 
 InitChannel = Literal["plain", "sealed", "auto"]
 
@@ -84,3 +99,46 @@ def solvable(src: IntArray, dst: IntArray, n_nodes: int, known: BoolArray) -> Bo
     hidden[np.asarray(src)[unknown]] = True
     hidden[np.asarray(dst)[unknown]] = True
     return ~hidden
+
+
+def determined_by_sums(n: int, edges: IntArray, known: BoolArray, cut: Collection[int] = ()) -> BoolArray:
+    """The values an average phase with secret duals determines, given those already ``known``.
+
+    Parameters
+    ----------
+    n, edges
+        The graph (canonical undirected edges).
+    known
+        ``(n,)`` values known before: corrupted nodes' (also in ``cut``) and exposed ones.
+    cut
+        Nodes that split the graph: the corrupted ones (their values known) and those that left
+        before the average phase.
+
+    Returns
+    -------
+    ``known`` plus the one unknown member of every honest component (the graph without ``cut``)
+    that has exactly one unknown member: the component's sum gives it. Scope: every component
+    ran at least two iterations of the phase, and no node left during it (a departure in the
+    phase can reveal more; :func:`adversary.linear.linear_attack` counts it exactly).
+    """
+    out = np.array(known, dtype=bool, copy=True)
+    gone = {int(c) for c in cut}
+    parent = list(range(n))
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b in np.asarray(edges, dtype=np.int64).reshape(-1, 2).tolist():
+        if a not in gone and b not in gone:
+            parent[root(a)] = root(b)
+    unknown: dict[int, list[int]] = {}
+    for i in range(n):
+        if i not in gone and not out[i]:
+            unknown.setdefault(root(i), []).append(i)
+    for members in unknown.values():
+        if len(members) == 1:
+            out[members[0]] = True
+    return out
