@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from nlagg_node.config import RunConfig
+from nlagg_node.lab.summary import departure_outcome
 from nlagg_node.sim import simulate
 from nlagg_node.sim.output import summarize
 
@@ -47,3 +48,15 @@ def test_a_component_with_one_unknown_member_left_is_counted_determined() -> Non
     assert summary["leakage_probability"][2] == 0.0
     assert summary["determined_probability"] == [1.0] * 5
     assert summary["determined_mean"] == 5.0
+
+
+def test_the_testbed_judges_each_component_of_a_split_run_on_its_own() -> None:
+    cfg = RunConfig(op="max", n=5, graph="file", graph_file=Path("unused.csv"), may_depart=True)
+    edges = np.array([[0, 1], [1, 2], [2, 3], [3, 4]])
+    truth = np.array([[1.0], [1.0], [np.nan], [4.0], [4.0]])
+    outputs = {0: [1.0], 1: [1.0], 3: [4.0], 4: [3.5]}  # node 4 did not reach its part's maximum
+    parts = departure_outcome(cfg, {2: 10}, edges, (truth, truth), outputs)["components"]
+    assert [p["members"] for p in parts] == [[0, 1], [3, 4]]
+    assert [p["exact"] for p in parts] == [True, False]
+    assert [p["converged_fraction"] for p in parts] == [1.0, 0.5]
+    assert [p["max_error"] for p in parts] == [0.0, 0.5]
