@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.sparse import csr_matrix
 
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
@@ -83,18 +84,22 @@ class LinearFindings:
 
 
 class _System:
-    """The equations collected so far, compressed to their row space (QR of ``[A | b]``)."""
+    """The equations collected so far: only the rows that enlarge the row space are kept.
+
+    A row in the span of the kept ones carries no new information: the system is consistent (the
+    true values satisfy it), so its right-hand side is the same combination of theirs.
+    """
 
     def __init__(self, n_s: int) -> None:
         self.n_s = n_s
         self.k = 0  # unknown duals
-        self.r = np.zeros((0, n_s + 1))  # [A_s | A_w | b], upper triangular
+        self.rows = np.zeros((0, n_s + 1))  # kept [A_s | A_w | b]
         self.basis = np.zeros((0, n_s))  # orthonormal basis of the rows of [A_s | A_w]
 
     def grow(self, k: int) -> None:
         """Add ``k`` unknown-dual columns (a new dual group)."""
         at = self.n_s + self.k
-        self.r = np.insert(self.r, [at] * k, 0.0, axis=1)
+        self.rows = np.insert(self.rows, [at] * k, 0.0, axis=1)
         self.basis = np.hstack([self.basis, np.zeros((len(self.basis), k))])
         self.k += k
 
@@ -102,19 +107,18 @@ class _System:
         """Add rows ``a @ [s; w] = b``; whether the row space of the coefficients grew."""
         if not len(a):
             return False
-        stacked = np.vstack([self.r, np.hstack([a, b[:, None]])])
-        self.r = np.asarray(np.linalg.qr(stacked, mode="r"), dtype=np.float64)
         scale = np.linalg.norm(a, axis=1)
         resid = a - (a @ self.basis.T) @ self.basis
         fresh = np.linalg.norm(resid, axis=1) > RANK_TOLERANCE * np.maximum(scale, 1e-300)
         if not fresh.any():
             return False
+        self.rows = np.vstack([self.rows, np.hstack([a[fresh], b[fresh, None]])])
         self.basis = _row_basis(np.vstack([self.basis, resid[fresh]]))
         return True
 
     def functionals(self, basis: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
         """``(F, g)``: rows ``F @ s = g`` fixed once the unknown duals are eliminated."""
-        m = self.r if basis is None else np.hstack([basis, np.zeros((len(basis), 1))])
+        m = self.rows if basis is None else np.hstack([basis, np.zeros((len(basis), 1))])
         a_s, a_w, b = m[:, : self.n_s], m[:, self.n_s : self.n_s + self.k], m[:, -1]
         if self.k and len(m):
             u, sv, _ = np.linalg.svd(a_w, full_matrices=True)
@@ -192,9 +196,9 @@ class _Stepper:
     def sums(self) -> FloatArray:
         """``v`` per node and column (the affine dual sums)."""
         assert self.u is not None
-        v = np.zeros((self.n, self.u.shape[1]))
-        np.add.at(v, self.layout.src, self.u)
-        return v
+        src = self.layout.src
+        incidence = csr_matrix((np.ones(len(src)), (src, np.arange(len(src)))), shape=(self.n, len(src)))
+        return np.asarray(incidence @ self.u, dtype=np.float64)
 
     def step(self, x_t: FloatArray, c: float, theta: float, running: np.ndarray | None) -> None:
         """z-update of iteration t (x drives column 0 only); stopped pairs keep their duals."""
@@ -250,6 +254,7 @@ def linear_attack(
     dropped: set[int] = set()
     first = np.full(n, -1, dtype=np.int64)
     ends = node_ends(phases, x[:, :t_len], edges, departed) if early_stop else None
+    last = np.zeros((0, 0))  # the coefficients of the last iteration's equations
     start = 0
     for p, phase in enumerate(phases):
         stop = min(start + phase.t_len, t_len)
@@ -265,12 +270,16 @@ def linear_attack(
                 if stepper.u is None:
                     stepper.start_group(phase.group, z0.get(phase.group), system)
                 stepper.widen(system.k)
-                if _equations(stepper, system, x[:, t], cs[p], running, known, col):
+                a, b = _equations(stepper, system, x[:, t], cs[p], running, known, col)
+                # With theta = 1/2 the coefficients repeat from the second iteration on: an exact
+                # repeat of the last rows spans nothing new (the projection is skipped, not the rows).
+                if not (len(a) == len(last) and np.array_equal(a, last)) and system.add(a, b):
                     f, _ = system.functionals(system.basis)
                     fixed = _determined(f)
                     for i in free:
                         if fixed[col[i]] and first[i] < 0:
                             first[i] = t
+                last = a
                 stepper.step(x[:, t], cs[p], theta, running)
             late = {j for j, at in gone.items() if at <= t and j not in dropped}
             if late:
@@ -290,28 +299,24 @@ def _equations(
     running: np.ndarray | None,
     known: Mapping[int, float],
     col: Mapping[int, int],
-) -> bool:
-    """Add iteration t's equations (one per published x); whether the row space grew."""
+) -> tuple[FloatArray, FloatArray]:
+    """Iteration t's equations ``a @ [s; w] = b``, one per published x (known values moved right)."""
     v = stepper.sums()
     cd = c * stepper.layout.degree
     ok = np.isfinite(x_t) & np.isfinite(v[:, 0])
     if running is not None:
         ok &= running
-    rows, rhs = [], []
-    for i in np.flatnonzero(ok).tolist():
-        a = np.zeros(system.n_s + system.k)
-        a[system.n_s :] = -v[i, 1 : 1 + system.k]
-        b = float(x_t[i] * (1.0 + cd[i]) + v[i, 0])
+    nodes = np.flatnonzero(ok)
+    a = np.zeros((len(nodes), system.n_s + system.k))
+    a[:, system.n_s :] = -v[nodes, 1 : 1 + system.k]
+    b = x_t[nodes] * (1.0 + cd[nodes]) + v[nodes, 0]
+    for r, i in enumerate(nodes.tolist()):
         if i in col:
-            a[col[i]] = 1.0
+            a[r, col[i]] = 1.0
         else:
-            b -= float(known[i])
-        if np.any(a):
-            rows.append(a)
-            rhs.append(b)
-    if not rows:
-        return False
-    return system.add(np.array(rows), np.array(rhs))
+            b[r] -= float(known[i])
+    keep = np.any(a != 0.0, axis=1)
+    return a[keep], np.asarray(b[keep], dtype=np.float64)
 
 
 def _solve(n: int, free: list[int], system: _System, first: IntArray) -> LinearFindings:
