@@ -29,12 +29,12 @@ exposed by a matching event, e.g. a trimmed extreme) therefore gives away its la
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Literal
 
 import numpy as np
 
-from .arrays import BoolArray, IntArray
+from .arrays import BoolArray, FloatArray, IntArray
 
 __all__ = [
     "InitChannel",
@@ -101,7 +101,9 @@ def solvable(src: IntArray, dst: IntArray, n_nodes: int, known: BoolArray) -> Bo
     return ~hidden
 
 
-def determined_by_sums(n: int, edges: IntArray, known: BoolArray, cut: Collection[int] = ()) -> BoolArray:
+def determined_by_sums(
+    n: int, edges: IntArray, known: BoolArray, cuts: Sequence[Collection[int]] = ((),)
+) -> BoolArray:
     """The values an average phase with secret duals determines, given those already ``known``.
 
     Parameters
@@ -109,20 +111,40 @@ def determined_by_sums(n: int, edges: IntArray, known: BoolArray, cut: Collectio
     n, edges
         The graph (canonical undirected edges).
     known
-        ``(n,)`` values known before: corrupted nodes' (also in ``cut``) and exposed ones.
-    cut
-        Nodes that split the graph: the corrupted ones (their values known) and those that left
-        before the average phase.
+        ``(n,)`` values known before: corrupted nodes' and exposed ones.
+    cuts
+        One node set per stretch of the phase in which the same nodes ran: the corrupted nodes
+        and those that had left. Each stretch reveals the sum of every connected component of
+        the graph without its cut (a node that leaves during the phase starts a new stretch:
+        the sums before and after differ by its value).
 
     Returns
     -------
-    ``known`` plus the one unknown member of every honest component (the graph without ``cut``)
-    that has exactly one unknown member: the component's sum gives it. Scope: every component
-    ran at least two iterations of the phase, and no node left during it (a departure in the
-    phase can reveal more; :func:`adversary.linear.linear_attack` counts it exactly).
+    ``known`` plus every value in the span of the known values and the stretches' component
+    sums (rank tested): with one stretch, the one unknown member of every component that has
+    exactly one. A stretch counts from the phase's second iteration (the first one's sums still
+    hold the unknown pair sums of z^(0)); a node leaving before it belongs to every cut.
     """
+    rows: list[FloatArray] = [np.eye(n)[i] for i in np.flatnonzero(known)]
+    for cut in cuts:
+        gone = {int(c) for c in cut}
+        for comp in _components(n, edges, gone):
+            row = np.zeros(n)
+            row[comp] = 1.0
+            rows.append(row)
     out = np.array(known, dtype=bool, copy=True)
-    gone = {int(c) for c in cut}
+    if not rows:
+        return out
+    # e_i lies in the span of the rows iff the orthonormal basis has unit norm in column i; the rows
+    # are 0/1 vectors, so a relative rank tolerance of 1e-9 separates the singular values cleanly.
+    _, sv, vt = np.linalg.svd(np.array(rows), full_matrices=False)
+    basis = vt[: int((sv > 1e-9 * sv.max()).sum())]
+    out |= np.abs(1.0 - (basis**2).sum(axis=0)) <= 1e-6
+    return out
+
+
+def _components(n: int, edges: IntArray, gone: set[int]) -> list[list[int]]:
+    """Connected components of the graph without ``gone``."""
     parent = list(range(n))
 
     def root(a: int) -> int:
@@ -134,11 +156,8 @@ def determined_by_sums(n: int, edges: IntArray, known: BoolArray, cut: Collectio
     for a, b in np.asarray(edges, dtype=np.int64).reshape(-1, 2).tolist():
         if a not in gone and b not in gone:
             parent[root(a)] = root(b)
-    unknown: dict[int, list[int]] = {}
+    comps: dict[int, list[int]] = {}
     for i in range(n):
-        if i not in gone and not out[i]:
-            unknown.setdefault(root(i), []).append(i)
-    for members in unknown.values():
-        if len(members) == 1:
-            out[members[0]] = True
-    return out
+        if i not in gone:
+            comps.setdefault(root(i), []).append(i)
+    return list(comps.values())

@@ -153,13 +153,19 @@ def determined(result: SimResult) -> BoolArray:
     """``(B, n)``: values the transcript determines: exposed (matching event or solved), plus,
     for an operator with an average phase, the last unknown member of an honest component
     (:func:`nlagg_node.threat.determined_by_sums`; the simulator corrupts no node)."""
-    if not any(p.objective.kind == "quadratic" for p in result.phases):
+    avg = [k for k, p in enumerate(result.phases) if p.objective.kind == "quadratic"]
+    if not avg:
         return result.exposed
+    t0 = sum(p.t_len for p in result.phases[: avg[0]])
+    t1 = t0 + result.phases[avg[0]].t_len
     out = result.exposed.copy()
     n = result.config.n
     for b, edges in enumerate(result.graphs):
         gone = result.departures_of(b) if result.departed else {}
-        out[b] = determined_by_sums(n, edges, result.exposed[b], cut=list(gone))
+        # One stretch from the phase's second iteration, and a new one at every departure in it.
+        starts = [t0 + 1, *sorted({t for t in gone.values() if t0 + 1 < t < t1})]
+        cuts = [[j for j, t in gone.items() if t <= at] for at in starts]
+        out[b] = determined_by_sums(n, edges, result.exposed[b], cuts)
     return out
 
 

@@ -18,6 +18,8 @@ from nlagg_node.config import RunConfig
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.rng import rng_for
 from nlagg_node.sim import SimResult, simulate
+from nlagg_node.sim.output import summarize
+from nlagg_node.threat import determined_by_sums
 
 
 def _random_graph(rng: np.random.Generator, n: int) -> list[tuple[int, int]]:
@@ -102,6 +104,11 @@ def test_determined_set_matches_an_independent_rank_computation(case: int, tmp_p
     report = attack_simulation(res, 0, corrupted)
     expected = _reference_determined(res, corrupted)
     assert set(report.extra["determined"]) == expected
+    # nlagg sim's count, the component rule of nlagg_node.threat, agrees.
+    known = np.zeros(n, dtype=bool)
+    known[corrupted] = True
+    known |= res.matched[0]
+    assert set(np.flatnonzero(determined_by_sums(n, res.graphs[0], known, [corrupted])).tolist()) == expected
     assert report.precision == 1.0
     assert report.interval_soundness == 1.0
 
@@ -121,3 +128,18 @@ def test_path_case_reports_the_values_the_component_sums_give(tmp_path: Path) ->
         assert abs(value - values[i]) <= 1e-9
     assert found[0].how == "solved"  # an honest singleton component: every dual known
     assert report.extra["determined"] == list(range(7))
+
+
+def test_a_node_leaving_during_the_average_phase_is_exposed_and_sim_counts_it() -> None:
+    # The sums of the whole ring before the departure and of the survivors after it differ by
+    # the departed node's value.
+    cfg = RunConfig(op="average", n=6, graph="ring", trials=1, record="all", t_max=200, may_depart=True)
+    res = simulate(cfg, departures={2: 20})
+    report = attack_simulation(res, 0)
+    found = {f.node: f for f in report.findings if f.status == "exposed"}
+    assert set(found) == {2}
+    value = found[2].value
+    assert value is not None
+    assert abs(value - float(res.values[0, 2])) <= 1e-9
+    counted = summarize(res)["determined_probability"]
+    assert counted == [1.0 if r == res.rank[0, 2] else 0.0 for r in range(6)]
