@@ -33,7 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
-from .linear import LinearFindings, linear_attack, propagate_intervals
+from .linear import RelationJson, attack_linear, relations_json, tightened
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
 from .spans import node_ends, node_iterations_run, phase_spans
 from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
@@ -82,14 +82,6 @@ class AttackExtra(TypedDict, total=False):
     departed: dict[str, int]  # nodes that left the run: node -> the iteration (announced in statuses)
     determined: list[int]  # every node whose value the transcript determines (corrupted included)
     relations: list[RelationJson]  # what the average phases fix beyond them (adversary.linear)
-
-
-class RelationJson(TypedDict):
-    """One determined relation ``sum coefficients[k] * s_{nodes[k]} = value`` (user units)."""
-
-    nodes: list[int]
-    coefficients: list[float]
-    value: float
 
 
 class FindingJson(TypedDict):
@@ -285,9 +277,9 @@ def attack_arrays(
         ends.setdefault(phase.group, []).append(last_t)
         t0 = t1
     sc = scale or ValueScale()
-    lin = _linear(n, edges, phases, cs, theta, z0, x[:, :T], rep, corrupt, sc, departed, early_stop)
+    lin = attack_linear(n, edges, phases, cs, theta, z0, x[:, :T], rep, corrupt, sc, departed, early_stop)
     if lin is not None and len(lin.relations):
-        lower, upper = _tightened(lin, rep, corrupt, sc, lower, upper)
+        lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
     last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
     if own_ends is not None and departed:  # a departed node's last x is no output
@@ -311,7 +303,7 @@ def attack_arrays(
     extra: AttackExtra = {"solved_phase": SOLVED in codes_used}
     extra["determined"] = [f.node for f in findings if f.status != "interval"]
     if lin is not None:
-        extra["relations"] = _relations_json(lin, sc)
+        extra["relations"] = relations_json(lin, sc)
     return AttackReport(
         op=op,
         n=n,
@@ -321,63 +313,6 @@ def attack_arrays(
         value_range=None if sc.identity else (sc.lo, sc.hi),
         extra=extra,
     )
-
-
-def _linear(
-    n: int,
-    edges: IntArray,
-    phases: Sequence[Phase],
-    cs: Sequence[float],
-    theta: float,
-    z0: Mapping[str, FloatArray],
-    x: FloatArray,
-    rep: Exposures,
-    corrupt: Mapping[int, float],
-    sc: ValueScale,
-    departed: Mapping[int, int] | None,
-    early_stop: bool,
-) -> LinearFindings | None:
-    """The exact linear attack (:mod:`adversary.linear`) on the average phases, with every value
-    known so far (forwarded, matching events, solved by the replay) on its right-hand side."""
-    if not any(ph.objective.kind == "quadratic" for ph in phases):
-        return None
-    known = {i: sc.protocol_float(float(v)) for i, v in corrupt.items()}
-    for i in rep.exposed_nodes:
-        known.setdefault(i, float(rep.value[i]))
-    return linear_attack(n, edges, phases, cs, theta, z0, x, known, departed, early_stop=early_stop)
-
-
-def _tightened(
-    lin: LinearFindings,
-    rep: Exposures,
-    corrupt: Mapping[int, float],
-    sc: ValueScale,
-    lower: FloatArray,
-    upper: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """Intervals (protocol scale) tightened through the determined relations, known values as points."""
-    lo, hi = lower.copy(), upper.copy()
-    point = lin.value.copy()
-    for i, v in corrupt.items():
-        point[i] = sc.protocol_float(float(v))
-    for i in rep.exposed_nodes:
-        point[i] = rep.value[i]
-    fixed = np.isfinite(point)
-    lo[fixed], hi[fixed] = point[fixed], point[fixed]
-    return propagate_intervals(lin.relations, lin.rhs, lo, hi)
-
-
-def _relations_json(lin: LinearFindings, sc: ValueScale) -> list[RelationJson]:
-    """The determined relations of two or more values, ``sum_i coefficient_i s_i = value`` (user units)."""
-    out: list[RelationJson] = []
-    for f, g in zip(lin.relations, lin.rhs, strict=True):
-        nz = np.flatnonzero(f)
-        if len(nz) < 2:  # a determined value: a finding of its own
-            continue
-        # s_user = lo + span s_protocol, so sum f s_user = span g + lo sum f.
-        value = float(g) * sc.span + (sc.lo if not sc.identity else 0.0) * float(f[nz].sum())
-        out.append({"nodes": nz.tolist(), "coefficients": f[nz].tolist(), "value": value})
-    return out
 
 
 def _finding(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -48,14 +49,33 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import z_update
+from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
+from .live import Exposures
 from .spans import node_ends
 
-__all__ = ["RANK_TOLERANCE", "LinearFindings", "linear_attack", "propagate_intervals"]
+__all__ = [
+    "RANK_TOLERANCE",
+    "LinearFindings",
+    "RelationJson",
+    "attack_linear",
+    "linear_attack",
+    "propagate_intervals",
+    "relations_json",
+    "tightened",
+]
 
 RANK_TOLERANCE = 1e-9
 """Relative tolerance of every rank decision (singular values below it times the largest are 0)."""
+
+
+class RelationJson(TypedDict):
+    """One determined relation ``sum coefficients[k] * s_{nodes[k]} = value`` (user units)."""
+
+    nodes: list[int]
+    coefficients: list[float]
+    value: float
 
 
 @dataclass(frozen=True)
@@ -364,3 +384,60 @@ def propagate_intervals(
         if not changed:
             break
     return lo, hi
+
+
+def attack_linear(
+    n: int,
+    edges: IntArray,
+    phases: Sequence[Phase],
+    cs: Sequence[float],
+    theta: float,
+    z0: Mapping[str, FloatArray],
+    x: FloatArray,
+    rep: Exposures,
+    corrupt: Mapping[int, float],
+    sc: ValueScale,
+    departed: Mapping[int, int] | None,
+    early_stop: bool,
+) -> LinearFindings | None:
+    """The exact linear attack (:mod:`adversary.linear`) on the average phases, with every value
+    known so far (forwarded, matching events, solved by the replay) on its right-hand side."""
+    if not any(ph.objective.kind == "quadratic" for ph in phases):
+        return None
+    known = {i: sc.protocol_float(float(v)) for i, v in corrupt.items()}
+    for i in rep.exposed_nodes:
+        known.setdefault(i, float(rep.value[i]))
+    return linear_attack(n, edges, phases, cs, theta, z0, x, known, departed, early_stop=early_stop)
+
+
+def tightened(
+    lin: LinearFindings,
+    rep: Exposures,
+    corrupt: Mapping[int, float],
+    sc: ValueScale,
+    lower: FloatArray,
+    upper: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Intervals (protocol scale) tightened through the determined relations, known values as points."""
+    lo, hi = lower.copy(), upper.copy()
+    point = lin.value.copy()
+    for i, v in corrupt.items():
+        point[i] = sc.protocol_float(float(v))
+    for i in rep.exposed_nodes:
+        point[i] = rep.value[i]
+    fixed = np.isfinite(point)
+    lo[fixed], hi[fixed] = point[fixed], point[fixed]
+    return propagate_intervals(lin.relations, lin.rhs, lo, hi)
+
+
+def relations_json(lin: LinearFindings, sc: ValueScale) -> list[RelationJson]:
+    """The determined relations of two or more values, ``sum_i coefficient_i s_i = value`` (user units)."""
+    out: list[RelationJson] = []
+    for f, g in zip(lin.relations, lin.rhs, strict=True):
+        nz = np.flatnonzero(f)
+        if len(nz) < 2:  # a determined value: a finding of its own
+            continue
+        # s_user = lo + span s_protocol, so sum f s_user = span g + lo sum f.
+        value = float(g) * sc.span + (sc.lo if not sc.identity else 0.0) * float(f[nz].sum())
+        out.append({"nodes": nz.tolist(), "coefficients": f[nz].tolist(), "value": value})
+    return out
