@@ -33,6 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
+from .linear import RelationJson, attack_linear, relations_json, tightened
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
 from .spans import node_ends, node_iterations_run, phase_spans
 from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     pass
 
 Status = Literal["exposed", "interval", "corrupted"]
+
+SUM_SOLVED = "solved from component sum"
+"""``how`` of a value the average phases' linear relations determine (:mod:`adversary.linear`)."""
 
 SOLVED_TOLERANCE = 1e-9
 """Relative tolerance of a value solved from an average-consensus x (exact up to rounding)."""
@@ -76,6 +80,8 @@ class AttackExtra(TypedDict, total=False):
     captured_x: int  # x messages in the transcript
     expected_x: int  # the x's of the iterations each node ran (n x T on the fixed schedule)
     departed: dict[str, int]  # nodes that left the run: node -> the iteration (announced in statuses)
+    determined: list[int]  # every node whose value the transcript determines (corrupted included)
+    relations: list[RelationJson]  # what the average phases fix beyond them (adversary.linear)
 
 
 class FindingJson(TypedDict):
@@ -271,6 +277,9 @@ def attack_arrays(
         ends.setdefault(phase.group, []).append(last_t)
         t0 = t1
     sc = scale or ValueScale()
+    lin = attack_linear(n, edges, phases, cs, theta, z0, x[:, :T], rep, corrupt, sc, departed, early_stop)
+    if lin is not None and len(lin.relations):
+        lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
     last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
     if own_ends is not None and departed:  # a departed node's last x is no output
@@ -285,9 +294,16 @@ def attack_arrays(
             v = sc.user_float(float(rep.value[i]))
             how = "=s" if rep.branch[i, rep.first[i]] == VALUE else "solved"
             findings.append(_finding(i, "exposed", v, int(rep.first[i]), how, v, v, output))
+        elif lin is not None and math.isfinite(lin.value[i]):
+            v = sc.user_float(float(lin.value[i]))
+            findings.append(_finding(i, "exposed", v, int(lin.t[i]), SUM_SOLVED, v, v, output))
         else:
             findings.append(_finding(i, "interval", None, -1, "", float(lower[i]), float(upper[i]), output))
     codes_used = {int(c) for c in np.unique(rep.branch)} if T else set()
+    extra: AttackExtra = {"solved_phase": SOLVED in codes_used}
+    extra["determined"] = [f.node for f in findings if f.status != "interval"]
+    if lin is not None:
+        extra["relations"] = relations_json(lin, sc)
     return AttackReport(
         op=op,
         n=n,
@@ -295,7 +311,7 @@ def attack_arrays(
         output=output,
         findings=findings,
         value_range=None if sc.identity else (sc.lo, sc.hi),
-        extra={"solved_phase": SOLVED in codes_used},
+        extra=extra,
     )
 
 

@@ -18,18 +18,33 @@ Which duals are known depends on the initialization channel (``init_channel``, w
 A sealed group whose z^(0) is not random (``init none``, ``sigma_z = 0``) is known all the same:
 the public configuration determines it. The simulator, ``nlagg sim``'s leakage figures and the
 warnings all go through :func:`secret_groups`, :func:`known_duals` and :func:`solvable`.
+
+Even with secret duals an average phase reveals one sum per honest connected component (the graph
+without the corrupted nodes; paper Sec. V-C, [Jane2020TIFS]): with theta = 1/2, after one iteration
+``a_ij z_{i|j} + a_ji z_{j|i} = -c (x_i + x_j)`` on every edge, and the unknown differences cancel
+in the sum of a component's x-updates. A component whose other members are all known (corrupted,
+exposed by a matching event, e.g. a trimmed extreme) therefore gives away its last member:
+:func:`determined_by_sums`, the rule :mod:`adversary.linear` proves by exact rank tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Literal
 
 import numpy as np
 
-from .arrays import BoolArray, IntArray
+from .arrays import BoolArray, FloatArray, IntArray
 
-__all__ = ["InitChannel", "group_sealed", "known_duals", "sealed_groups", "secret_groups", "solvable"]
+__all__ = [
+    "InitChannel",
+    "determined_by_sums",
+    "group_sealed",
+    "known_duals",
+    "sealed_groups",
+    "secret_groups",
+    "solvable",
+]
 
 InitChannel = Literal["plain", "sealed", "auto"]
 
@@ -84,3 +99,65 @@ def solvable(src: IntArray, dst: IntArray, n_nodes: int, known: BoolArray) -> Bo
     hidden[np.asarray(src)[unknown]] = True
     hidden[np.asarray(dst)[unknown]] = True
     return ~hidden
+
+
+def determined_by_sums(
+    n: int, edges: IntArray, known: BoolArray, cuts: Sequence[Collection[int]] = ((),)
+) -> BoolArray:
+    """The values an average phase with secret duals determines, given those already ``known``.
+
+    Parameters
+    ----------
+    n, edges
+        The graph (canonical undirected edges).
+    known
+        ``(n,)`` values known before: corrupted nodes' and exposed ones.
+    cuts
+        One node set per stretch of the phase in which the same nodes ran: the corrupted nodes
+        and those that had left. Each stretch reveals the sum of every connected component of
+        the graph without its cut (a node that leaves during the phase starts a new stretch:
+        the sums before and after differ by its value).
+
+    Returns
+    -------
+    ``known`` plus every value in the span of the known values and the stretches' component
+    sums (rank tested): with one stretch, the one unknown member of every component that has
+    exactly one. A stretch counts from the phase's second iteration (the first one's sums still
+    hold the unknown pair sums of z^(0)); a node leaving before it belongs to every cut.
+    """
+    rows: list[FloatArray] = [np.eye(n)[i] for i in np.flatnonzero(known)]
+    for cut in cuts:
+        gone = {int(c) for c in cut}
+        for comp in _components(n, edges, gone):
+            row = np.zeros(n)
+            row[comp] = 1.0
+            rows.append(row)
+    out = np.array(known, dtype=bool, copy=True)
+    if not rows:
+        return out
+    # e_i lies in the span of the rows iff the orthonormal basis has unit norm in column i; the rows
+    # are 0/1 vectors, so a relative rank tolerance of 1e-9 separates the singular values cleanly.
+    _, sv, vt = np.linalg.svd(np.array(rows), full_matrices=False)
+    basis = vt[: int((sv > 1e-9 * sv.max()).sum())]
+    out |= np.abs(1.0 - (basis**2).sum(axis=0)) <= 1e-6
+    return out
+
+
+def _components(n: int, edges: IntArray, gone: set[int]) -> list[list[int]]:
+    """Connected components of the graph without ``gone``."""
+    parent = list(range(n))
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b in np.asarray(edges, dtype=np.int64).reshape(-1, 2).tolist():
+        if a not in gone and b not in gone:
+            parent[root(a)] = root(b)
+    comps: dict[int, list[int]] = {}
+    for i in range(n):
+        if i not in gone:
+            comps.setdefault(root(i), []).append(i)
+    return list(comps.values())

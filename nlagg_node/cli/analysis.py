@@ -56,9 +56,14 @@ def attack(
     notes = console if not quiet else Console(quiet=True)
     notes.print(
         "[dim]learned: exposed (=s) = a matching event x_i^(t) = s_i gave the exact value at iteration t;"
-        " exposed (solved) = solved from an average-consensus x; interval = the transcript proves"
+        " exposed (solved) = solved from an average-consensus x; exposed (solved from component sum) ="
+        " the average phase's sum over its honest component, every other member known (docs/attack.md);"
+        " interval = the transcript proves"
         " lower <= s_i <= upper; side/distance place that interval against the output[/dim]"
     )
+    for rel in report.extra.get("relations", []):
+        terms = " + ".join(f"{c:.6g} s_{i}" for c, i in zip(rel["coefficients"], rel["nodes"], strict=True))
+        console.print(f"the average phase fixes {terms} = {rel['value']:.12g}")
     if report.precision is not None:
         console.print(
             f"precision {report.precision:.3f}  recall {report.recall}  "

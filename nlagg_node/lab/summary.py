@@ -99,7 +99,9 @@ class Component(TypedDict):
 
     members: list[int]
     true_value: float | list[float]
-    exact: bool
+    exact: bool  # every member within `tolerance` of the component's own aggregate
+    converged_fraction: float  # the share of its members that are
+    max_error: float  # the worst member's distance from it (value units)
 
 
 class Departures(TypedDict):
@@ -189,11 +191,20 @@ def departure_outcome(
     out: list[Component] = []
     for comp in comps:
         lo, hi = np.ravel(node_truth[0][comp[0]]), np.ravel(node_truth[1][comp[0]])
-        err = max(float(distance_to(np.array(outputs[i]), lo, hi).max()) for i in comp) / span
+        errs = [float(distance_to(np.array(outputs[i]), lo, hi).max()) for i in comp if i in outputs]
+        within = [e / span <= cfg.tolerance for e in errs]
         true: float | list[float] = (
             float(lo[0]) if cfg.op != "topk" and lo[0] == hi[0] else [float(v) for v in lo]
         )
-        out.append({"members": comp, "true_value": true, "exact": err <= cfg.tolerance})
+        out.append(
+            {
+                "members": comp,
+                "true_value": true,
+                "exact": bool(within) and all(within),
+                "converged_fraction": sum(within) / len(comp),
+                "max_error": max(errs, default=0.0),
+            }
+        )
     return {
         "departed": {str(j): t for j, t in sorted(departed.items())},
         "survivors": survivors(cfg.n, departed),

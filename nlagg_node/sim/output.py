@@ -11,8 +11,12 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
-from ..arrays import BoolArray, IntArray
+from ..arrays import BoolArray, FloatArray, IntArray
 from ..inputs import make_output_dir
+from ..scale import scale_for
+from ..schedule import distance_to
+from ..threat import determined_by_sums
+from .departures import survivor_truth
 from .engine import SimResult
 
 _PACKAGES = ("nlagg", "numpy", "scipy", "networkx", "pydantic")
@@ -50,9 +54,18 @@ class SimSummary(TypedDict):
     mse_max: float
     leakage_probability: list[float]  # by rank, rank 0 = largest value: every value the view determines
     matching_probability: list[float]  # by rank: matching events x_i^(t) = s_i alone
-    converged_fraction: float  # trials whose every phase settles within `tolerance`
+    # By rank: every value the transcript determines, with the average phase's component sums
+    # (a component whose other members are exposed gives away the last; nlagg_node.threat).
+    determined_probability: list[float]
+    determined_mean: float  # values determined per trial, on average
+    # Trials whose every phase settles within `tolerance`; where departures split the graph, the
+    # trials whose every survivor ends within `tolerance` of its own component's aggregate.
+    converged_fraction: float
     tolerance: float  # a fraction of the value range (1 without one)
     iterations_to_converge: float | None  # median over converged trials
+    max_error: float  # worst final distance of a node's output from its exact aggregate (value units)
+    unconverged_trials: list[TrialError]  # trials not within `tolerance` (the 20 worst), worst first
+    unconverged_count: int
     early_stop: bool  # phases end once the network is quiet (t_max a cap)
     iterations_run: float  # median over trials of the iterations every phase ran
     wall_seconds: float
@@ -66,15 +79,111 @@ class SimSummary(TypedDict):
     departed_fraction: NotRequired[dict[str, float]]
     survivors: NotRequired[list[int]]
     components: NotRequired[list[list[int]]]  # trial 0's connected parts of the survivors
+    per_component: NotRequired[list[ComponentResult]]  # trial 0's components, judged on their own
     warnings: NotRequired[list[str]]  # one line per operator/init choice that exposes values by construction
+
+
+class TrialError(TypedDict):
+    """A trial that did not end within the tolerance, and its worst node's final error."""
+
+    trial: int
+    error: float
+
+
+class ComponentResult(TypedDict):
+    """One connected part of the survivors, judged against its own aggregate."""
+
+    members: list[int]
+    exact: bool  # every member within `tolerance` of the component's aggregate in every trial
+    converged_fraction: float  # trials in which every member ends within `tolerance` of it
+    max_error: float  # worst final distance over trials and members (value units)
+
+
+UNCONVERGED_LISTED = 20
+"""How many of the trials not within the tolerance the summary lists (the worst)."""
+
+
+def final_errors(result: SimResult) -> FloatArray:
+    """``(B, n)``: each node's final distance from its exact aggregate, in the user's units.
+
+    With departures a survivor is judged against its own component's aggregate (NaN for a node
+    that left); top-K takes the worst of its k values.
+    """
+    cfg = result.config
+    if result.departed:
+        lo, hi = survivor_truth(cfg, result.values, result.components)
+    elif result.output.ndim == 3:
+        lo, hi = result.truth_lo[:, None, :], result.truth_hi[:, None, :]
+    else:
+        lo, hi = result.truth_lo[:, None], result.truth_hi[:, None]
+    err = distance_to(result.output, lo, hi)
+    if err.ndim == 3:
+        err = np.where(np.isnan(err).any(axis=2), np.nan, np.nanmax(err, axis=2, initial=0.0))
+    return np.asarray(err, dtype=np.float64)
+
+
+def _converged(result: SimResult, err: FloatArray) -> BoolArray:
+    """Per trial: the kernel's verdict, or, where departures split the graph, every survivor
+    within the tolerance of its own component's aggregate at the end."""
+    ok = result.converged_iterations >= 0
+    if result.departed and any(len(c) > 1 for c in result.components):
+        tol = result.config.tolerance * scale_for(result.config).span
+        ok = np.asarray(np.nan_to_num(err, nan=0.0).max(axis=1, initial=0.0) <= tol, dtype=bool)
+    return ok
+
+
+def _per_component(result: SimResult, err: FloatArray) -> list[ComponentResult]:
+    tol = result.config.tolerance * scale_for(result.config).span
+    out: list[ComponentResult] = []
+    for members in result.components[0]:
+        worst = np.nan_to_num(err[:, members], nan=0.0).max(axis=1, initial=0.0)
+        within = worst <= tol
+        out.append(
+            {
+                "members": list(members),
+                "exact": bool(within.all()),
+                "converged_fraction": float(within.mean()),
+                "max_error": float(worst.max(initial=0.0)),
+            }
+        )
+    return out
+
+
+def determined(result: SimResult) -> BoolArray:
+    """``(B, n)``: values the transcript determines: exposed (matching event or solved), plus,
+    for an operator with an average phase, the last unknown member of an honest component
+    (:func:`nlagg_node.threat.determined_by_sums`; the simulator corrupts no node)."""
+    avg = [k for k, p in enumerate(result.phases) if p.objective.kind == "quadratic"]
+    if not avg:
+        return result.exposed
+    t0 = sum(p.t_len for p in result.phases[: avg[0]])
+    t1 = t0 + result.phases[avg[0]].t_len
+    out = result.exposed.copy()
+    n = result.config.n
+    for b, edges in enumerate(result.graphs):
+        gone = result.departures_of(b) if result.departed else {}
+        # One stretch from the phase's second iteration, and a new one at every departure in it.
+        starts = [t0 + 1, *sorted({t for t in gone.values() if t0 + 1 < t < t1})]
+        cuts = [[j for j, t in gone.items() if t <= at] for at in starts]
+        out[b] = determined_by_sums(n, edges, result.exposed[b], cuts)
+    return out
 
 
 def summarize(result: SimResult) -> SimSummary:
     """The JSON summary of a run (``nlagg sim --json``)."""
     cfg = result.config
     conv = result.converged_iterations
-    ok = conv >= 0
+    err = final_errors(result)
+    ok = _converged(result, err)
     out = _summary(result, conv, ok)
+    worst = np.nan_to_num(err, nan=0.0).max(axis=1, initial=0.0)
+    out["max_error"] = float(worst.max(initial=0.0))
+    bad = sorted(np.flatnonzero(~ok).tolist(), key=lambda b: -worst[b])
+    out["unconverged_count"] = len(bad)
+    out["unconverged_trials"] = [{"trial": b, "error": float(worst[b])} for b in bad[:UNCONVERGED_LISTED]]
+    known = determined(result)
+    out["determined_probability"] = [float(p) for p in result.by_rank(known).mean(axis=0)]
+    out["determined_mean"] = float(known.sum(axis=1).mean())
     if cfg.trials == 1:
         out["final_x"] = {
             str(i): None if np.isnan(v).any() else (float(v) if v.ndim == 0 else [float(a) for a in v])
@@ -85,6 +194,7 @@ def summarize(result: SimResult) -> SimSummary:
         out["departed"] = {str(j): t for j, t in sorted(gone.items())}
         out["survivors"] = [i for i in range(cfg.n) if i not in gone]
         out["components"] = result.components[0]
+        out["per_component"] = _per_component(result, err)
         if cfg.trials > 1 and result.departed_in:
             out["departed_fraction"] = {
                 str(j): float(np.mean([j in d for d in result.departed_in])) for j in sorted(result.departed)
@@ -113,9 +223,14 @@ def _summary(result: SimResult, conv: IntArray, ok: BoolArray) -> SimSummary:
         "mse_max": float(result.mse.max()),
         "leakage_probability": [float(p) for p in result.leakage_probability()],
         "matching_probability": [float(p) for p in result.matching_probability()],
+        "determined_probability": [],
+        "determined_mean": 0.0,
         "converged_fraction": float(ok.mean()),
         "tolerance": cfg.tolerance,
-        "iterations_to_converge": float(np.median(conv[ok])) if ok.any() else None,
+        "iterations_to_converge": float(np.median(conv[conv >= 0])) if (conv >= 0).any() else None,
+        "max_error": 0.0,
+        "unconverged_trials": [],
+        "unconverged_count": 0,
         "early_stop": cfg.early_stop,
         "iterations_run": float(np.median(result.phase_iterations.sum(axis=1))),
         "wall_seconds": result.wall_seconds,
