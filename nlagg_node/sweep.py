@@ -96,6 +96,8 @@ def run_sweep(
                     # A failed job or callback (or Ctrl-C) ends the sweep now: the jobs not
                     # started yet are dropped instead of run before the error is raised.
                     pool.shutdown(wait=False, cancel_futures=True)
+                    for worker in multiprocessing.active_children():  # the jobs running: not awaited
+                        worker.terminate()
                     raise
     return [results[i] for i in range(n_jobs)]
 

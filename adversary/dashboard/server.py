@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nlagg_node.errors import ConfigError
 
+from ..transcript_db import settle_file
 from .state import DashboardState
 
 __all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
@@ -409,8 +410,12 @@ async def serve_beside(
     Once ``work`` is over (its result is returned), the dashboard keeps serving the finished run,
     with ``truth(result)`` as ground truth, until SIGINT or SIGTERM.
     """
-    host, port = parse_listen(listen)
-    dash = Dashboard(transcript, host, port, wait=wait)
+    try:
+        host, port = parse_listen(listen)
+        dash = Dashboard(transcript, host, port, wait=wait)
+    except BaseException:
+        work.close()  # never started (the port is taken): no "coroutine was never awaited"
+        raise
     job: asyncio.Task[T] = asyncio.ensure_future(work)
     try:
         try:
@@ -432,3 +437,4 @@ async def serve_beside(
         await asyncio.gather(job, return_exceptions=True)
         await dash.close()
         dash.sock.close()
+        settle_file(transcript)  # the dashboard read last: the writer could not fold the WAL in

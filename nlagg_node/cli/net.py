@@ -186,6 +186,7 @@ def node(
     import signal
 
     from ..config import load_config
+    from ..lifetime import run_stoppable
     from ..runtime.checkpoint import CheckpointStore
     from ..runtime.mqtt import MqttTransport
     from ..runtime.node import Node, node_will
@@ -269,7 +270,7 @@ def node(
             report["left_at"] = r.left_at
         return report
 
-    result = asyncio.run(main())
+    result = run_stoppable(main())  # Ctrl-C: one line, exit 130 (SIGTERM leaves the run: see above)
     if as_json:
         print(json.dumps(result))
     elif "left_at" in result:
@@ -360,7 +361,7 @@ def eavesdrop(
         broker_cluster=broker_cluster,
     )
     if dashboard is None:
-        run_stoppable(capture)
+        run_stoppable(capture, partial=transcript)
         return
     from adversary.dashboard import parse_listen, serve_beside
 
@@ -370,5 +371,6 @@ def eavesdrop(
         capture.close()
         raise
     run_stoppable(
-        serve_beside(transcript, dashboard, capture, lambda line: print(line, file=sys.stderr, flush=True))
+        serve_beside(transcript, dashboard, capture, lambda line: print(line, file=sys.stderr, flush=True)),
+        partial=transcript,
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -142,7 +141,7 @@ def run_testbed_command(
     from ..departure import departure_defaults, parse_departures
     from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
-    from ..lifetime import run_stoppable
+    from ..lifetime import owned_tempdir, run_stoppable
     from ..scale import config_warnings
 
     setup_logging(verbose)
@@ -209,11 +208,13 @@ def run_testbed_command(
             departures=departures,
             on_progress=on_progress,
         )
+        if out is None:
+            summary["transcript"] = None  # the dashboard's temporary copy goes at exit: no path to it
         return report(summary)
 
     if dashboard is None:
         # The live line goes to stderr, and only to a terminal: --json output and logs stay clean.
-        with progress_line(sys.stderr.isatty()) as on_progress:
+        with progress_line(sys.stderr.isatty(), console) as on_progress:
             run_stoppable(run(out, on_progress))
         return
     from adversary.dashboard import parse_listen, serve_beside
@@ -221,7 +222,7 @@ def run_testbed_command(
     parse_listen(dashboard)  # a bad address fails before anything starts
     with contextlib.ExitStack() as stack:
         # The dashboard reads the transcript while the run writes it, so it needs its path now.
-        where = out if out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        where = out if out is not None else stack.enter_context(owned_tempdir("testbed"))
         run_stoppable(
             serve_beside(
                 where / "transcript.sqlite",
