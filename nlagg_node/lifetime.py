@@ -39,6 +39,7 @@ __all__ = [
     "partial_results_in",
     "run_stoppable",
     "stop_on_signals",
+    "stop_requested",
     "sweep_orphans",
 ]
 
@@ -92,6 +93,12 @@ def on_stop_signal(stop: Callable[[], object], signals: tuple[int, ...] = INTERR
     for signum in signals:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, handler, signum)
+
+
+def stop_requested() -> bool:
+    """Whether the :func:`run_stoppable` in progress has received a stop signal (its clean-up runs):
+    a coroutine that would go on waiting after its work (a dashboard) ends instead."""
+    return bool(_received)
 
 
 def run_stoppable(

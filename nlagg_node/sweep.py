@@ -34,7 +34,12 @@ def available_cores() -> int:
 
 
 def _init_worker(threads: int) -> None:
+    import signal
+
     import numba
+
+    # Ctrl-C reaches the whole process group: the parent stops the workers (no traceback from each).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     numba.set_num_threads(max(1, min(threads, numba.get_num_threads())))
 

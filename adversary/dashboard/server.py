@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.lifetime import stop_requested
 
 from ..transcript_db import settle_file
 from .state import DashboardState
@@ -429,6 +430,8 @@ async def serve_beside(
         doc = truth(result) if truth is not None else None
         if doc is not None:
             dash.state.set_truth(doc)
+        if stop_requested():  # the run was interrupted (Ctrl-C): the command ends now
+            return result
         say(f"the run is over; the dashboard still serves it at {dash.url} (Ctrl-C stops it)")
         await dash.serve_until_signal()
         return result

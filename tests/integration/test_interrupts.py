@@ -124,6 +124,29 @@ def test_sigint_stops_a_node_waiting_for_its_neighbours_and_it_says_who(
     assert_one_clean_line(cmd, "nlagg: interrupted; nothing left behind")
 
 
+@needs_mosquitto
+@pytest.mark.parametrize("dashboard", [False, True], ids=["capture", "capture-with-dashboard"])
+def test_ctrl_c_ends_a_capture_with_a_whole_transcript(
+    mosquitto_url: str, tmp_path: Path, dashboard: bool
+) -> None:
+    transcript = tmp_path / "t.sqlite"
+    args = ["eavesdrop", "--run-id", f"quiet-{os.getpid()}", "--broker", mosquitto_url]
+    args += ["--transcript", str(transcript), "--no-live"]
+    cmd = Command(tmp_path, *args, *(["--dashboard", "127.0.0.1:0"] if dashboard else []))
+    if dashboard:
+        cmd.wait_for("dashboard at http://")
+    deadline = time.monotonic() + 120
+    while not transcript.exists():
+        assert cmd.proc.poll() is None, cmd.text()
+        assert time.monotonic() < deadline, cmd.text()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    cmd.signal(signal.SIGINT, group=True)  # with a dashboard it served on, waiting for a second one
+    assert cmd.proc.wait(timeout=30) == 130
+    assert_one_clean_line(cmd, f"nlagg: interrupted; partial results in {transcript}")
+    assert sorted(p.name for p in tmp_path.glob("t.sqlite*")) == ["t.sqlite"]  # 6: no -wal left
+
+
 def test_sigterm_stops_a_simulation_with_one_line(tmp_path: Path) -> None:
     cmd = Command(tmp_path, "sim", "--n", "20", "--trials", "2000000")
     time.sleep(3.0)
