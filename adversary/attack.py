@@ -382,6 +382,17 @@ def score(
     return report
 
 
+def incomplete_note(report: AttackReport) -> str | None:
+    """A warning when the transcript holds fewer x messages than the run published (None when whole)."""
+    captured, expected = report.extra.get("captured_x"), report.extra.get("expected_x")
+    if captured is None or expected is None or captured >= expected:
+        return None
+    return (
+        f"transcript incomplete: {captured} of {expected} x messages captured (a capture cut short, or"
+        " a copy without its -wal file); the replay, its output and its findings may be wrong"
+    )
+
+
 def report_json(report: AttackReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
@@ -424,6 +435,13 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         if cfg.early_stop
         else int(data["n"] * x.shape[1])
     )
+    # A node's 'done' status says how many x it published: more than captured = a cut transcript.
+    said = sum(
+        max(0, (st.iterations or 0) - int(np.isfinite(x[i]).sum()))
+        for i, st in data["statuses"].items()
+        if st.state == "done" and 0 <= i < x.shape[0]
+    )
+    report.extra["expected_x"] = max(report.extra["expected_x"], report.extra["captured_x"] + said)
     candidates = (
         [truth]
         if truth is not None

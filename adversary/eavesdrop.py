@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.wire import ConfigMsg
 
@@ -126,9 +126,7 @@ async def run_eavesdropper(
             eaves = Eavesdropper(tr, transcript, on_exposure=report, config=config, reorder=broker_cluster)
             task = asyncio.create_task(eaves.run())
             # SIGTERM/SIGINT stop the capture through the normal path: everything is committed.
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, task.cancel)
+            on_stop_signal(task.cancel)
             await eaves.subscribed.wait()
             if events:
                 _event("subscribed")

@@ -121,9 +121,32 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
         except sqlite3.DatabaseError as exc:
             db.close()
             if "not a database" in str(exc) or "malformed" in str(exc):
-                raise ConfigError("transcript", str(path), f"not an SQLite file ({exc})") from None
+                raise ConfigError(
+                    "transcript", str(path), f"not a transcript: not an SQLite file ({exc})"
+                ) from None
             last = exc
     raise ConfigError("transcript", str(path), f"cannot open it read-only ({last})")
+
+
+def settle(db: sqlite3.Connection) -> None:
+    """Make the file self-contained before ``db`` closes: move the WAL into it and, when no other
+    connection reads it, leave WAL mode (SQLite then deletes ``-wal`` and ``-shm``). Without this,
+    a reader still attached at the writer's close (a dashboard) keeps the WAL alive, and the main
+    file alone (copied, or opened immutable) misses the messages in it. A no-op for a reader."""
+    with contextlib.suppress(sqlite3.Error):
+        db.execute("PRAGMA busy_timeout = 0")  # another reader attached: do not wait for it
+        if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            return
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode = DELETE")
+
+
+def settle_file(path: Path) -> None:
+    """:func:`settle` the transcript at ``path`` once its writer and readers are gone (if it exists)."""
+    if not path.is_file():
+        return
+    with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(path)) as db:
+        settle(db)
 
 
 def check_tables(db: sqlite3.Connection, path: Path, *, allow_empty: bool) -> None:
@@ -132,7 +155,7 @@ def check_tables(db: sqlite3.Connection, path: Path, *, allow_empty: bool) -> No
     try:
         tables = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as exc:
-        raise ConfigError("transcript", str(path), f"not an SQLite file ({exc})") from None
+        raise ConfigError("transcript", str(path), f"not a transcript: not an SQLite file ({exc})") from None
     if allow_empty and not tables:
         return
     for table, wanted in _COLUMNS.items():
@@ -170,6 +193,7 @@ class TranscriptReader:
 
     def close(self) -> None:
         self.commit()
+        settle(self.db)
         self.db.close()
 
     def __enter__(self) -> Self:

@@ -12,7 +12,7 @@
     │   └── MqttProtocolError         it sent a malformed or unexpected MQTT frame
     ├── NeighbourTimeoutError         a neighbour did not deliver within the barrier timeout
     ├── DepartedError                 this node came back after its neighbours counted it as departed
-    ├── StoppedBySignal               SIGTERM or SIGHUP cancelled the run after its clean-up (exit 128 + n)
+    ├── StoppedBySignal               Ctrl-C, SIGTERM or SIGHUP stopped the run, after its clean-up (128+n)
     └── TestbedError                  a testbed's node process failed or the run did not complete
 """
 
@@ -141,10 +141,19 @@ class DepartedError(NlaggError):
 
 
 class StoppedBySignal(NlaggError):  # noqa: N818 - a reason to stop, not a fault
-    """SIGTERM or SIGHUP cancelled the run, whose clean-up has run (:mod:`nlagg_node.lifetime`)."""
+    """SIGINT, SIGTERM or SIGHUP cancelled the run, whose clean-up has run (:mod:`nlagg_node.lifetime`)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, partial: Any = None) -> None:
         import signal
+        from pathlib import Path
 
         self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.partial = partial  # the command's output folder or file, or None
+        name = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        left = partial is not None and _holds_files(Path(partial))
+        super().__init__(f"{name}; " + (f"partial results in {partial}" if left else "nothing left behind"))
+
+
+def _holds_files(path: Any) -> bool:
+    """Whether ``path`` is a file or a folder with a file in it."""
+    return bool(path.is_file() or any(p.is_file() for p in path.rglob("*")))

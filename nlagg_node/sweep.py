@@ -34,7 +34,12 @@ def available_cores() -> int:
 
 
 def _init_worker(threads: int) -> None:
+    import signal
+
     import numba
+
+    # Ctrl-C reaches the whole process group: the parent stops the workers (no traceback from each).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     numba.set_num_threads(max(1, min(threads, numba.get_num_threads())))
 
@@ -96,6 +101,8 @@ def run_sweep(
                     # A failed job or callback (or Ctrl-C) ends the sweep now: the jobs not
                     # started yet are dropped instead of run before the error is raised.
                     pool.shutdown(wait=False, cancel_futures=True)
+                    for worker in multiprocessing.active_children():  # the jobs running: not awaited
+                        worker.terminate()
                     raise
     return [results[i] for i in range(n_jobs)]
 

@@ -98,7 +98,7 @@ def test_sigterm_stops_the_nodes_the_eavesdropper_and_the_broker(tmp_path: Path)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     stderr = (tmp_path / "stderr.txt").read_text()
-    assert "nlagg: error: stopped by SIGTERM" in stderr
+    assert "nlagg: stopped by SIGTERM; nothing left behind" in stderr
     assert "Traceback" not in stderr
     assert wait_until_gone(run_id, 10) == []
     with (

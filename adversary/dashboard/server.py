@@ -39,7 +39,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.lifetime import stop_requested
 
+from ..transcript_db import settle_file
 from .state import DashboardState
 
 __all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
@@ -409,8 +411,12 @@ async def serve_beside(
     Once ``work`` is over (its result is returned), the dashboard keeps serving the finished run,
     with ``truth(result)`` as ground truth, until SIGINT or SIGTERM.
     """
-    host, port = parse_listen(listen)
-    dash = Dashboard(transcript, host, port, wait=wait)
+    try:
+        host, port = parse_listen(listen)
+        dash = Dashboard(transcript, host, port, wait=wait)
+    except BaseException:
+        work.close()  # never started (the port is taken): no "coroutine was never awaited"
+        raise
     job: asyncio.Task[T] = asyncio.ensure_future(work)
     try:
         try:
@@ -424,6 +430,8 @@ async def serve_beside(
         doc = truth(result) if truth is not None else None
         if doc is not None:
             dash.state.set_truth(doc)
+        if stop_requested():  # the run was interrupted (Ctrl-C): the command ends now
+            return result
         say(f"the run is over; the dashboard still serves it at {dash.url} (Ctrl-C stops it)")
         await dash.serve_until_signal()
         return result
@@ -432,3 +440,4 @@ async def serve_beside(
         await asyncio.gather(job, return_exceptions=True)
         await dash.close()
         dash.sock.close()
+        settle_file(transcript)  # the dashboard read last: the writer could not fold the WAL in

@@ -43,6 +43,7 @@ from nlagg_node.termination import stop_reach
 
 from ..attack import NodeFinding, attack_arrays
 from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
+from ..transcript_db import connect_read_only
 
 __all__ = ["DashboardState", "graph_positions"]
 
@@ -105,9 +106,7 @@ class DashboardState:
             raise ConfigError("transcript", str(self.path), "no such file")
         if max_columns < 2:
             raise ConfigError("max_columns", max_columns, "must be at least 2")
-        self.db = sqlite3.connect(
-            f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
-        )
+        self.db = connect_read_only(self.path)  # leaves no -wal/-shm beside a finished transcript
         try:
             meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
         except sqlite3.DatabaseError as exc:

@@ -21,7 +21,9 @@ def _register() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    from ..lifetime import stop_on_signals
+
     _register()
-    with exit_on_error():
+    with exit_on_error(), stop_on_signals():  # Ctrl-C, SIGTERM: one line, exit 128 + signal
         app()
     sys.exit(0)

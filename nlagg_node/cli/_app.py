@@ -69,8 +69,10 @@ def exit_on_error() -> Iterator[None]:
     """
     try:
         yield
-    except StoppedBySignal as exc:
-        _fail(f"{exc} (everything the command started has been stopped)", 128 + exc.signum)
+    except (StoppedBySignal, KeyboardInterrupt) as exc:
+        from ..lifetime import exit_interrupted
+
+        exit_interrupted(exc)  # one line (the command's clean-up has run) and exit 128 + signal
     except ConfigError as exc:
         _fail(str(exc), 2)
     except NlaggError as exc:

@@ -29,9 +29,11 @@ def attack(
     quiet: QuietOpt = False,
 ) -> None:
     """Replay the public z-recursion of a transcript and report what it proves about every node."""
-    from adversary.attack import attack_transcript
+    from adversary.attack import attack_transcript, incomplete_note
 
     report = attack_transcript(transcript, truth=truth)
+    if (note := incomplete_note(report)) is not None:
+        print(f"nlagg: warning: {note}", file=sys.stderr)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return
@@ -96,6 +98,8 @@ def experiment(
 
     from adversary.experiments import run_all, run_experiment
 
+    from ..lifetime import partial_results_in
+
     def log(line: str) -> None:
         if not quiet:
             print(line, file=sys.stderr, flush=True)
@@ -107,6 +111,7 @@ def experiment(
         extra = ["index.html"] if name == "all" else []
         files = [f"{nm}.{ext}" for nm in chosen for ext in ("png", "pdf", "json")]
         claim_out(out, files + extra, force=force)
+    partial_results_in(out)  # an interrupted run keeps the figures it finished
     started = time.perf_counter()
     if name == "all":
         page = run_all(trials, out, seed=seed, log=log, bootstrap=bootstrap)

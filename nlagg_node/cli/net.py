@@ -94,7 +94,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         broker_cluster=opts.broker_cluster,
     )
     if opts.dashboard is None:
-        run_stoppable(capture)
+        run_stoppable(capture, partial=opts.transcript)
         return
     from adversary.dashboard import parse_listen, serve_beside
 
@@ -104,4 +104,4 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         capture.close()
         raise
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    run_stoppable(serve_beside(opts.transcript, opts.dashboard, capture, say))
+    run_stoppable(serve_beside(opts.transcript, opts.dashboard, capture, say), partial=opts.transcript)

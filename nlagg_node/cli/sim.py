@@ -60,6 +60,7 @@ def sim(opts: SimOptions) -> None:
 
 
 def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> Any:
+    from ..compile_cache import COMPILING, simulator_cached
     from ..sim import simulate
 
     if not (show and sys.stderr.isatty()):
@@ -69,10 +70,11 @@ def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> A
     with Progress(
         "[progress.description]{task.description}", BarColumn(), TimeRemainingColumn(), transient=True
     ) as bar:
-        task = bar.add_task(f"{cfg.op} x {cfg.trials} trials", total=None)
+        what = f"{cfg.op} x {cfg.trials} trials"
+        task = bar.add_task(what if simulator_cached() else COMPILING, total=None)
 
         def report(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            bar.update(task, completed=done, total=total, description=what)
 
         return simulate(cfg, progress=report, departures=departures)
 

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -69,7 +68,7 @@ def run_testbed_command(opts: TestbedOptions) -> None:
 
     from ..lab.progress import progress_line
     from ..lab.testbed import run_testbed
-    from ..lifetime import run_stoppable
+    from ..lifetime import owned_tempdir, run_stoppable
 
     setup_logging(opts.verbose)
     cfg, corrupted, departures = _checked(opts)
@@ -102,11 +101,13 @@ def run_testbed_command(opts: TestbedOptions) -> None:
             departures=departures,
             on_progress=on_progress,
         )
+        if opts.out is None:
+            summary["transcript"] = None  # the dashboard's temporary copy goes at exit: no path to it
         return report(summary)
 
     if opts.dashboard is None:
         # The live line goes to stderr, and only to a terminal: --json output and logs stay clean.
-        with progress_line(sys.stderr.isatty() and not opts.quiet) as on_progress:
+        with progress_line(sys.stderr.isatty() and not opts.quiet, console) as on_progress:
             run_stoppable(run(opts.out, on_progress))
         return
     from adversary.dashboard import parse_listen, serve_beside
@@ -114,7 +115,7 @@ def run_testbed_command(opts: TestbedOptions) -> None:
     parse_listen(opts.dashboard)  # a bad address fails before anything starts
     with contextlib.ExitStack() as stack:
         # The dashboard reads the transcript while the run writes it, so it needs its path now.
-        where = opts.out if opts.out is not None else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        where = opts.out if opts.out is not None else stack.enter_context(owned_tempdir("testbed"))
         run_stoppable(
             serve_beside(
                 where / "transcript.sqlite",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..inputs import read_input_text
+from ..lifetime import run_stoppable
 from ..options import NodeOptions
 
 if TYPE_CHECKING:
@@ -210,7 +211,7 @@ async def run_node(start: NodeStart) -> NodeReport:
 
 def start_node(opts: NodeOptions) -> NodeReport:
     """Prepare and run one node (blocking): what ``nlagg node`` does."""
-    return asyncio.run(run_node(prepare_node(opts)))
+    return run_stoppable(run_node(prepare_node(opts)))  # Ctrl-C: one line, exit 130; SIGTERM leaves
 
 
 def node_file_start(

@@ -9,15 +9,20 @@ on stderr, and only when stderr is a terminal (``--json`` output stays clean eit
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..runtime.transport import Message, Transport
 from ..runtime.wire import X_TYPES, HotDecoder, StatusMsg, WireError, topics
 
-__all__ = ["ProgressFn", "RunProgress", "Snapshot", "progress_line"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["ProgressFn", "RunProgress", "Snapshot", "logs_above", "progress_line"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,13 @@ class RunProgress:
 
 
 @contextmanager
-def progress_line(enabled: bool) -> Iterator[ProgressFn | None]:
-    """A rich progress line on stderr, updated by the callback this yields (None when not ``enabled``)."""
+def progress_line(enabled: bool, console: Console | None = None) -> Iterator[ProgressFn | None]:
+    """A rich progress line, updated by the callback this yields (None when not ``enabled``).
+
+    It is drawn on ``console`` when that is a terminal (the console the command prints its lines
+    with: they then appear above the bar, never inside it), else on stderr. Log records go above
+    it too while it is shown. Once every node is done the bar is full, whatever the cap.
+    """
     if not enabled:
         yield None
         return
@@ -124,14 +134,55 @@ def progress_line(enabled: bool) -> Iterator[ProgressFn | None]:
         TextColumn("done {task.fields[done]}"),
         TextColumn("exposed {task.fields[exposed]}"),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    shared = console if console is not None and console.is_terminal else Console(stderr=True)
+    with Progress(*columns, console=shared, transient=True) as bar, logs_above(bar.console):
         task = bar.add_task("run", total=1, phase="starting", rate=0.0, eta="-", done="0", exposed=0)
 
         def show(s: Snapshot) -> None:
             eta = "-" if s.eta_seconds is None else f"<= {s.eta_seconds:.0f} s"
+            finished = s.done >= s.n  # an early stop ends the run before the cap: the bar is full
             bar.update(
-                task, total=s.cap, completed=s.t + 1, phase=s.phase, rate=s.rounds_per_second,
-                eta=eta, done=f"{s.done}/{s.n}", exposed=s.exposures,
+                task, total=s.cap, completed=s.cap if finished else s.t + 1,
+                phase="done" if finished else s.phase, rate=s.rounds_per_second,
+                eta="0 s" if finished else eta, done=f"{s.done}/{s.n}", exposed=s.exposures,
             )  # fmt: skip
 
         yield show
+
+
+class _ConsoleHandler(logging.Handler):
+    """Writes records, formatted as ``like`` formats them, through a rich console (above its bar)."""
+
+    def __init__(self, console: Console, like: logging.Handler) -> None:
+        super().__init__(like.level)
+        self.console = console
+        self.setFormatter(like.formatter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.text import Text
+
+        try:
+            self.console.print(Text(self.format(record)), soft_wrap=True)
+        except Exception:  # logging must never raise: logging.Handler's own rule
+            self.handleError(record)
+
+
+@contextmanager
+def logs_above(console: Console) -> Iterator[None]:
+    """While a live display is on ``console``: the root logger's terminal stream handlers print
+    through it, so a log line goes above the display instead of into it."""
+    root = logging.getLogger()
+    swapped = [
+        (h, _ConsoleHandler(console, h))
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and getattr(h.stream, "isatty", lambda: False)()
+    ]
+    for old, new in swapped:
+        root.removeHandler(old)
+        root.addHandler(new)
+    try:
+        yield
+    finally:
+        for old, new in swapped:
+            root.removeHandler(new)
+            root.addHandler(old)

@@ -15,7 +15,6 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -29,8 +28,9 @@ from ..argv import node_argv, this_python
 from ..arrays import FloatArray
 from ..config import RunConfig
 from ..departure import check_departures, components
-from ..errors import ConfigError, NlaggError, TestbedError
+from ..errors import BrokerUnreachableError, ConfigError, NlaggError, TestbedError
 from ..inputs import make_output_dir
+from ..lifetime import owned_tempdir
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
 from ..runtime.member import check_neighbour_timeout
@@ -129,6 +129,28 @@ class _Eavesdropper:
             return await nodes
         finally:
             died.cancel()
+            if not nodes.done():  # cancelled (Ctrl-C): the nodes stop now, not at their next timeout
+                nodes.cancel()
+                await asyncio.gather(nodes, return_exceptions=True)
+
+
+class _ForgetInterrupted:
+    """An exit callback: an interrupted run (Ctrl-C) leaves nothing in ``--out``, which the next run
+    may then claim and ``nlagg report`` never mistakes for a run (a failed one keeps its logs)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    async def __call__(self, exc_type: type[BaseException] | None, *_: object) -> bool:
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError | KeyboardInterrupt):
+            for pattern in _RUN_FILES:
+                for path in self.out.glob(pattern):
+                    path.unlink(missing_ok=True)
+            shutil.rmtree(self.out / "private", ignore_errors=True)
+        return False
+
+
+_RUN_FILES = ("transcript.sqlite*", "run-config.json", "node-*.log", "eavesdropper.log", "summary.json")
 
 
 @dataclass(frozen=True)
@@ -144,6 +166,18 @@ class _Nodes:
     timeout: float  # seconds a node waits at a barrier
     departures: dict[int, int]  # node -> T: killed (SIGKILL) once its neighbours hold its x^(T-1)
     ca_file: Path | None = None  # verifies an mqtts:// broker
+
+
+async def probe_broker(url: str, tls: TlsSettings | None, run_id: str, within: float = 5.0) -> None:
+    """One MQTT connect to ``url`` within ``within`` s, or :class:`TestbedError` saying why: a port
+    that is not an MQTT broker's would otherwise be retried silently for minutes."""
+    try:
+        async with MqttTransport(
+            url, client_id=f"nlagg-{run_id}-probe", tls=tls, reconnect_tries=1, connect_timeout=within
+        ):
+            pass
+    except BrokerUnreachableError as exc:
+        raise TestbedError(f"no MQTT broker answers at {url} ({exc.last or exc}); check --broker") from None
 
 
 def _tls(ca_file: Path | None) -> TlsSettings | None:
@@ -330,8 +364,9 @@ async def run_testbed(
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
         if out_dir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nlagg-testbed-")))
+            workdir = stack.enter_context(owned_tempdir("testbed"))
         else:
+            stack.push_async_exit(_ForgetInterrupted(out_dir))
             workdir = out_dir
             make_output_dir(workdir, "out")
         db_path = workdir / "transcript.sqlite"
@@ -342,6 +377,7 @@ async def run_testbed(
             url, kind = handle.url, str(handle.kind)
         else:
             url, kind = broker_url, "external"
+            await probe_broker(url, _tls(ca_file), run_id)  # not MQTT, or nothing there: say so now
         say(f"broker {kind} at {url}; run {run_id}")
         if in_process is None:
             in_process = kind == "amqtt"

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from ..errors import BrokerError, ConfigError
-from ..lifetime import parent_death_signal
+from ..lifetime import owned_tempdir, parent_death_signal
 
 __all__ = [
     "BrokerHandle",
@@ -102,6 +101,7 @@ async def port_open(host: str, port: int) -> bool:
 
 
 def _mosquitto_config(port: int, extra_text: str, extra_lines: Sequence[str], allow_anonymous: bool) -> str:
+    extra_all = extra_text + "\n" + "\n".join(extra_lines)
     lines = [
         "# written by nlagg_node.runtime.brokers: private loopback broker",
         "per_listener_settings false",
@@ -115,9 +115,11 @@ def _mosquitto_config(port: int, extra_text: str, extra_lines: Sequence[str], al
         "log_type notice",
         f"listener {port} {LOOPBACK}",
     ]
-    extra_all = extra_text + "\n" + "\n".join(extra_lines)
-    mentions_anonymous = any(line.strip().startswith("allow_anonymous") for line in extra_all.splitlines())
-    if not mentions_anonymous:
+    if os.geteuid() == 0 and not _mentions(extra_all, "user"):
+        # Started as root, Mosquitto switches to its own user, and a process that changes its user
+        # loses its parent-death signal: a SIGKILLed launcher would leave it running.
+        lines.append("user root")
+    if not _mentions(extra_all, "allow_anonymous"):
         lines.append(f"allow_anonymous {'true' if allow_anonymous else 'false'}")
     lines.append("# --- extra configuration ---")
     lines.append(extra_all.strip())
@@ -162,7 +164,7 @@ async def start_mosquitto(
     extra_text = _read_extra(extra_config)
     with contextlib.ExitStack() as stack:
         if workdir is None:
-            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nlagg-mosquitto-")))
+            base = stack.enter_context(owned_tempdir("mosquitto"))
         else:
             base = Path(workdir)
             base.mkdir(parents=True, exist_ok=True)
@@ -198,6 +200,10 @@ async def start_mosquitto(
                 await _stop_process(proc)
             return
         raise BrokerError(f"mosquitto did not start (config in {base}): {last_error or 'port never opened'}")
+
+
+def _mentions(config: str, option: str) -> bool:
+    return any(line.split()[:1] == [option] for line in config.splitlines())
 
 
 def _read_extra(extra_config: str | os.PathLike[str] | None) -> str:
@@ -276,8 +282,22 @@ async def start_amqtt(*, port: int | None = None) -> AsyncIterator[BrokerHandle]
         log.info("embedded amqtt broker listening on %s", handle.url)
         yield handle
     finally:
-        with contextlib.suppress(Exception):
+        await _shutdown_amqtt(broker)
+
+
+async def _shutdown_amqtt(broker: Any, within: float = 3.0) -> None:
+    """Stop amqtt within ``within`` s, quietly: its shutdown waits up to 5 s per stage for clients
+    (and warns about each) that are gone or going anyway, since the run is over."""
+    amqtt_log = logging.getLogger("amqtt")
+    level = amqtt_log.level
+    amqtt_log.setLevel(logging.CRITICAL)
+    try:
+        async with asyncio.timeout(within):
             await broker.shutdown()
+    except (Exception, TimeoutError) as exc:  # the listener goes with this process either way
+        log.debug("embedded amqtt broker: shutdown cut short (%r)", exc)
+    finally:
+        amqtt_log.setLevel(level)
 
 
 @asynccontextmanager

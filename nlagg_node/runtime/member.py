@@ -26,6 +26,7 @@ from ..schedule import Phase, combine, plan_phases, sealed_groups_of
 from ..termination import NO_STOP, Fields
 from .barrier import Barrier, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
+from .patience import check_not_finished, wait_saying
 from .peers import HISTORY, Neighbours, Outbox
 from .public import build_config_msg, config_mismatch, run_edges
 from .result import NodeResult
@@ -483,12 +484,17 @@ class Member:
         await self.status("online")
         try:
             async with asyncio.timeout(self.startup_timeout):
-                await self.peers.all_live.wait()
+                await wait_saying(self.peers.all_live, self._waiting_for)
         except TimeoutError:
             missing, within = self.peers.not_live(), self.startup_timeout
             raise NeighbourTimeoutError(
                 f"node {self.id}: neighbour(s) {missing} not online within {within:g} s"
             ) from None
+        if self.resumed is None:  # a node with a checkpoint may rejoin its finished run
+            check_not_finished(self.id, self.run_id, self.peers.state, self.neighbours)
+
+    def _waiting_for(self) -> str:
+        return f"node {self.id}: waiting for neighbour(s) {self.peers.not_live()} to come online"
 
     def close(self) -> None:
         self.outbox.cancel_resends()
