@@ -9,7 +9,7 @@ import pytest
 
 from nlagg_node import EdgeLayout, SimResult, load_config, simulate
 from nlagg_node.pdmm import paper_q
-from tests.reference import run_reference
+from tests.harness.reference import run_reference
 
 CASES = [
     pytest.param({"op": "max", "init": "proposed", "c": 10.0, "mu_z": 100.0}, id="max-proposed"),

@@ -1,7 +1,7 @@
 """The transcript applies the nodes' rules: bounded integers, phases, the barrier window, one config.
 
 Hostile messages of every kind a node's own credentials can send (see also
-``tests/test_hostile.py``, which sends them through a real Mosquitto with the plan's ACL).
+``tests/integration/test_hostile.py``, which sends them through a real Mosquitto with the plan's ACL).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A testbed that can be hurt: kill/restart nodes, restart the broker, kill the eavesdropper, inject junk.
 
-Used by ``tests/test_faults.py`` and ``benchmarks/soak.py``. Everything runs as in a real deployment:
-a private Mosquitto with persistence (stopped and started again on the same port), ``nlagg
+Used by ``tests/integration/test_faults.py`` and ``benchmarks/soak.py``. Everything runs as in a real
+deployment: a private Mosquitto with persistence (stopped and started again on the same port), ``nlagg
 eavesdrop`` and one ``nlagg node --state-dir`` process per node. :meth:`FaultBed.verdict` compares
 the outcome with the simulator's trial of the same config and seed: every node's output, every x and
 z^(0) in the transcript, and the corrupted nodes' forwarded states (one per iteration each).

@@ -16,15 +16,15 @@ import pytest
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.brokers import mosquitto_binary
-from tests.hostile import Intruder
-from tests.planbed import PlanBed
+from tests.harness.hostile import Intruder
+from tests.harness.planbed import PlanBed
 
 pytestmark = [
     pytest.mark.mosquitto,
     pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed"),
 ]
 
-# The fixed schedule: tests/hostile.py forges x's without early-stop fields. 1200 iterations: the
+# The fixed schedule: tests/harness/hostile.py forges x's without early-stop fields. 1200 iterations: the
 # strike at 30% must land while the run (and the capture) still goes, on a loaded 2-core machine too.
 CFG = RunConfig(
     op="max", n=6, graph="ring", trials=1, t_max=1200, c=10.0, mu_z=30.0, seed=4, early_stop=False

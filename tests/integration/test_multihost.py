@@ -1,6 +1,6 @@
 """Multi-host test: the broker, the eavesdropper and 8 nodes each in its own network namespace.
 
-The topology (tests/netns.py, removed after the module): a bridge, one namespace per host, node
+The topology (tests/harness/netns.py, removed after the module): a bridge, one namespace per host, node
 links with 5 ms +- 2 ms of delay and 1 % loss in each direction. Every part is started with the
 exact line of the plan's commands.txt, so the generated Mosquitto config, password file and ACL
 are what runs.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import BROKER_IP, Net, namespaces, unavailable
+from tests.harness.netns import BROKER_IP, Net, namespaces, unavailable
 
 pytestmark = [pytest.mark.netns, pytest.mark.mosquitto]
 

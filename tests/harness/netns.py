@@ -5,7 +5,7 @@ veth pair. Addresses are chosen inside these namespaces only (10.213.77.0/24); n
 in the root namespace. Impaired links (the multi-host test's node links) get 5 ms +- 2 ms of delay
 and 1 % loss in each direction: ``tc netem`` when the kernel has it, otherwise the same impairment
 built from what minimal kernels do have (iptables ``statistic`` drops in the kernel and an NFQUEUE
-delayer, tests/netem_nfqueue.py, on the bridge ports).
+delayer, tests/harness/netem_nfqueue.py, on the bridge ports).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ __all__ = [
     "unavailable",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(tempfile.gettempdir()) / "nlagg-pi-cache"
 QEMU = Path("/usr/bin/qemu-aarch64-static")
 SOURCE_IN_ROOT = "home/pi/nlagg"  # where the Pi walk-through clones the repository

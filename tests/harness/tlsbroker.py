@@ -2,7 +2,8 @@
 
 Anonymous clients are admitted (a lab broker, as the testbed's private one); the TLS listener
 (TLS 1.2+) presents a certificate for ``localhost`` and ``127.0.0.1`` signed by a CA made as
-``nlagg deploy plan --tls`` makes it. Used by ``tests/test_tls.py`` and ``benchmarks/bench_testbed.py --tls``.
+``nlagg deploy plan --tls`` makes it. Used by ``tests/integration/test_tls.py`` and
+``benchmarks/bench_testbed.py --tls``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from nlagg_node.deploy import PlanSpec, ValueSource, build_plan, write_plan
 from nlagg_node.deploy.bundle import write_bundle
 from nlagg_node.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PI = REPO / "deploy" / "pi"
 SENSOR_CMD = "/opt/nlagg/sensors/soc-temperature"
 

@@ -3,7 +3,7 @@
 Three site brokers, each started from the plan's own broker/site<s>/mosquitto.conf (its bridges,
 password file and ACL), the nodes dialling their site, one eavesdropper on all three: on loopback,
 and (the 24-node runs) each site, broker and nodes, in its own network namespace, the bridges and the
-eavesdropper's sessions crossing the namespaces' network (tests/netns.py).
+eavesdropper's sessions crossing the namespaces' network (tests/harness/netns.py).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
-from tests.netns import EAVES_IP, SUBNET, Net, network, unavailable
-from tests.planbed import PlanBed
+from tests.harness.netns import EAVES_IP, SUBNET, Net, network, unavailable
+from tests.harness.planbed import PlanBed
 
 RUN = "planbed"
 

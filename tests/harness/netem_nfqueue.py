@@ -8,7 +8,7 @@ raw netfilter netlink messages (nfnetlink_queue, copy mode META, fail-open).
 
 Run inside the network namespace whose iptables rules queue the packets::
 
-    ip netns exec NS python tests/netem_nfqueue.py --queue 0 --delay-ms 5 --jitter-ms 2
+    ip netns exec NS python tests/harness/netem_nfqueue.py --queue 0 --delay-ms 5 --jitter-ms 2
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The plan's own Mosquitto configuration (password file, graph ACL, sessions bound
 cap, TLS when asked), and the plan's own ``commands.txt`` lines for the eavesdropper, the launcher
 and every node (replay mode: nodes draw z^(0) from the run seed, so the run is the simulator's
 trial 0). Used by the hostile-client test, the TLS deployment test, the site tests and
-``benchmarks/soak.py``; with a ``net`` (tests/netns.py) every part runs in a network namespace.
+``benchmarks/soak.py``; with a ``net`` (tests/harness/netns.py) every part runs in a network namespace.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from nlagg_node.schedule import plan_phases
 from nlagg_node.sim import simulate
 
 if TYPE_CHECKING:
-    from tests.netns import Net
+    from tests.harness.netns import Net
 
 __all__ = ["PlanBed", "PlanVerdict"]
 

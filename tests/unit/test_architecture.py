@@ -15,7 +15,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("nlagg_node", "adversary")
 COMPOSITION_POINTS = ("nlagg_node.cli", "nlagg_node.lab")
 

@@ -28,7 +28,7 @@ from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
 from nlagg_node.runtime.wire import StatusMsg, XMsg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
-from tests.faults import FaultBed, Verdict, hostile_messages
+from tests.harness.faults import FaultBed, Verdict, hostile_messages
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 ENTRY = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
@@ -114,7 +114,7 @@ def test_checkpoint_is_atomic_and_refuses_another_run(tmp_path: Path) -> None:
 # 4: hostile input -----------------------------------------------------------------------------------
 @needs_mosquitto
 async def test_hostile_messages_are_rejected_counted_and_change_nothing(tmp_path: Path) -> None:
-    # tests/hostile.py forges x's of a fixed-schedule run (no early-stop fields)
+    # tests/harness/hostile.py forges x's of a fixed-schedule run (no early-stop fields)
     async with FaultBed(CFG.model_copy(update={"early_stop": False}), tmp_path) as bed:
         a, b = (int(v) for v in bed.edges[0])
         junk = hostile_messages(bed.prefix, bed.run_id, a, b)

@@ -1,6 +1,6 @@
 """`nlagg deploy compose`: the compose project it writes, the committed example, the image recipe.
 
-The project is run for real (images built, containers started) by tests/test_compose_testbed.py.
+The project is run for real (images built, containers started) by tests/integration/test_compose_testbed.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, compose_yaml, load_plan, service_names, write_plan
 from nlagg_node.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The committed docker-compose.yml is what this writes (deploy/README.md, "Run the compose testbed").
 EXAMPLE_ARGS = ["--plan-dir", "deploy/testbed", "--corrupt", "2"]
 

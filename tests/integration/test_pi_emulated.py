@@ -2,7 +2,7 @@
 
 ``scripts/pi-rootfs`` builds a Raspberry Pi OS-like root filesystem (Debian bookworm arm64 with
 python3, python3-venv and systemd; cached by its inputs' hash), ``deploy/pi/install.sh`` runs in
-it exactly as on a Pi (tests/arm64.py: once from a clean state, cached; then again in a throwaway
+it exactly as on a Pi (tests/harness/arm64.py: once from a clean state, cached; then again in a throwaway
 overlay with this test's node bundle, and a third time, which must change nothing), and
 ``systemd-analyze verify`` checks the installed unit. Then a plan's Mosquitto (password file, graph
 ACL), the eavesdropper and 5 nodes run on the host and node 5 inside the rootfs, under emulation,
@@ -33,7 +33,7 @@ from nlagg_node.deploy.nodefile import ValueSource, load_node_file, node_file_te
 from nlagg_node.deploy.sensors import declared_range
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.scale import check_node_value
-from tests.arm64 import (
+from tests.harness.arm64 import (
     CACHE,
     INSTALLER,
     PiRoot,
@@ -43,11 +43,11 @@ from tests.arm64 import (
     timed,
     unavailable,
 )
-from tests.planbed import PlanBed
+from tests.harness.planbed import PlanBed
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 N, SEED, T_MAX, C, MU_Z = 6, 2, 400, 3.0, 4.5  # simulator: every output within 1e-10 of the maximum
 PI = 5  # the arm64 node
 READING = 24750  # what the fake DS18B20 reports (millidegrees): 24.75 degC, node 5's value, the maximum

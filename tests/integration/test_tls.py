@@ -26,9 +26,9 @@ from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.tls import TlsSettings
-from tests.planbed import PlanBed
-from tests.sniff import sniffing
-from tests.tlsbroker import tls_lab_broker
+from tests.harness.planbed import PlanBed
+from tests.harness.sniff import sniffing
+from tests.harness.tlsbroker import tls_lab_broker
 
 pytestmark = [
     pytest.mark.mosquitto,

@@ -6,7 +6,7 @@ the nlagg image from ``scripts/image`` (offline wheelhouse). ``nlagg deploy comp
 6-node max plan and its compose project; the test runs it as the compose file's header says, kills
 node 3's container mid-run and starts it again, and checks every node's output in its logs, the
 resume from the state volume, and the transcript (copied out of its volume) against the simulator
-bit for bit. A private dockerd is started when no engine answers (tests/docker_engine.py).
+bit for bit. A private dockerd is started when no engine answers (tests/harness/docker_engine.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.docker_engine import docker_engine, unavailable
+from tests.harness.docker_engine import docker_engine, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RUN_ID, N, SEED, T_MAX, C, MU_Z = "compose", 6, 17, 1000, 3.0, 9.0  # simulator: every x exact at t_max
 KILL_AT = 50  # node 3 is killed once its checkpoint has passed this iteration
 IMAGE = "nlagg:compose-test"
