@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from nlagg_node.cli import main
-
-
-def run_cli(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str, str]:
-    monkeypatch.setattr("sys.argv", ["nlagg", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
+from tests.harness.cli import run_cli
 
 
 def test_json_summary_has_the_documented_fields(
@@ -240,37 +229,3 @@ def test_input_messages_say_what_is_wrong(
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert expected in err
-
-
-@pytest.mark.parametrize(
-    ("command", "expected"),
-    [
-        (
-            ["eavesdrop", "--run-id", "r", "--timeout", "1"],
-            "no connection to broker {url} within 1 s (last attempt:",
-        ),
-        (["node", "--id", "0", "--value", "0.5"], "cannot connect to broker {url} after 10 tries: "),
-    ],
-    ids=["eavesdrop-timeout", "node-gives-up"],
-)
-def test_an_unreachable_broker_is_one_line_naming_it(
-    command: list[str],
-    expected: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
-    url = f"mqtt://127.0.0.1:{port}"
-    cfg = tmp_path / "run.toml"
-    cfg.write_text('[run]\nop = "max"\nn = 3\ngraph = "ring"\n[network]\nrun_id = "r"\n')
-    where = (
-        ["--transcript", str(tmp_path / "t.sqlite")] if command[0] == "eavesdrop" else ["--config", str(cfg)]
-    )
-    code, _, err = run_cli([*command, "--broker", url, *where], capsys, monkeypatch)
-    assert code == 1
-    (line,) = err.strip().splitlines()
-    assert line.startswith("nlagg: error: ")
-    assert expected.format(url=url) in line
