@@ -44,7 +44,8 @@ from nlagg_node.sim import simulate
 
 # The fault harness is a test fixture (tests/harness/faults.py), not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.harness.faults import FaultBed, Verdict, hostile_messages
+from tests.harness.faults import FaultBed, hostile_messages
+from tests.harness.verdict import Verdict
 
 FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile", "depart")
 

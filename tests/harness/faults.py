@@ -23,15 +23,10 @@ import json
 import os
 import signal
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import numpy as np
-
-from adversary.simulated import trial_x
-from adversary.transcript import Transcript
 from nlagg_node.argv import node_argv, this_python
 from nlagg_node.config import RunConfig
 from nlagg_node.lab.children import Child, start_eavesdropper
@@ -39,23 +34,10 @@ from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode, topics
-from nlagg_node.sim import simulate
 from nlagg_node.sim.values import run_values
+from tests.harness.verdict import Verdict, judge
 
-__all__ = ["FaultBed", "Verdict", "hostile_messages"]
-
-
-@dataclass
-class Verdict:
-    """How a run under faults compares with the simulator's run of the same config and seed."""
-
-    completed: bool
-    identical: bool  # every node's output and every captured x / z^(0) equal the simulator's
-    lost: int  # expected messages (x, z^(0), adv states of corrupted nodes) missing from the transcript
-    extra: int  # valid x / z^(0) / adv rows beyond one per topic and iteration (should be 0)
-    rejected_by_nodes: int
-    rejected_by_eavesdropper: int
-    detail: list[str] = field(default_factory=list)
+__all__ = ["FaultBed", "hostile_messages"]
 
 
 def hostile_messages(prefix: str, run_id: str, node: int, peer: int) -> list[tuple[str, bytes]]:
@@ -318,51 +300,7 @@ class FaultBed:
     def verdict(self, results: dict[int, dict[str, Any]], detail: list[str]) -> Verdict:
         """Against the simulator's run; with nodes killed for good, the one with the departures the
         survivors report (``departed`` of their results)."""
-        departed = {int(j): int(t) for r in results.values() for j, t in r.get("departed", {}).items()}
-        if set(departed) != self.gone:
-            detail.append(f"departures reported {departed}, nodes killed for good {sorted(self.gone)}")
-        sim = simulate(self.cfg.model_copy(update={"record": "all"}), departures=departed)
-        here = [i for i in range(self.cfg.n) if i not in departed]
-        completed = len(results) == len(here) and not detail
-        identical = completed
-        if completed:
-            out = np.array([results[i]["output"] for i in here], dtype=float)
-            if not np.array_equal(out.reshape(sim.output[0, here].shape), sim.output[0, here]):
-                identical = False
-                detail.append("node outputs differ from the simulator's")
         finished = (self.eavesdropper.last_event("finished") if self.eavesdropper else None) or {}
-        with Transcript(self.db) as tr:
-            x = tr.x(self.cfg.n, self.t_total)
-            z0 = tr.z0(self.cfg.n, self.edges)
-            adv = {(s.node, s.t) for s in tr.adv_states()}
-            counts = tr.valid_counts(sim.z0)
-        want_x = trial_x(sim, 0)  # NaN where a departed node published nothing, or a phase stopped
-        have = ~np.isnan(x)
-        lost = int((~have & ~np.isnan(want_x)).sum())  # a departed node's x's end at its departure
-        if not np.array_equal(x[have], want_x[have]):
-            identical = False
-            detail.append("captured x's differ from the simulator's")
-        n_z0 = 0
-        for group, arr in sim.z0.items():
-            got = z0.get(group, np.full_like(arr, np.nan))
-            ok = ~np.isnan(got) & ~np.isnan(arr)
-            lost += int((np.isnan(got) & ~np.isnan(arr)).sum())
-            n_z0 += int((~np.isnan(arr)).sum())
-            if not np.array_equal(got[ok], arr[ok]):
-                identical = False
-                detail.append(f"captured z0 ({group}) differ from the simulator's")
-        want_adv = {(i, int(t)) for i in self.corrupt for t in np.flatnonzero(~np.isnan(want_x[i]))}
-        lost += len(want_adv - adv)
-        expected = {"x": int((~np.isnan(want_x)).sum()), "z0": n_z0, "adv": len(want_adv)}
-        extra = sum(max(0, int(counts.get(k, 0)) - v) for k, v in expected.items())
-        if lost:
-            detail.append(f"{lost} expected messages missing from the transcript")
-        return Verdict(
-            completed=completed,
-            identical=identical,
-            lost=lost,
-            extra=extra,
-            rejected_by_nodes=sum(int(r.get("rejected", 0)) for r in results.values()),
-            rejected_by_eavesdropper=int(finished.get("rejected", 0)),
-            detail=detail,
+        return judge(
+            self.cfg, self.db, results, detail, eavesdropper=finished, corrupt=self.corrupt, gone=self.gone
         )

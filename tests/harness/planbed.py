@@ -17,42 +17,22 @@ import shlex
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import numpy as np
-
-from adversary.attack import attack_transcript
-from adversary.simulated import trial_x
-from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.schedule import plan_phases
-from nlagg_node.sim import simulate
+from tests.harness.verdict import Verdict, judge
 
 if TYPE_CHECKING:
     from tests.harness.netns import Net
 
-__all__ = ["PlanBed", "PlanVerdict"]
+__all__ = ["PlanBed"]
 
 ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
-
-
-@dataclass
-class PlanVerdict:
-    """How the deployment's run compares with the simulator's trial 0 of the same config and seed."""
-
-    completed: bool
-    identical: bool  # every node's output, every x and z^(0) in the transcript equal the simulator's
-    lost: int  # x's and z^(0)'s of the run missing from the transcript
-    extra: int  # valid x rows beyond one per node and iteration (forgeries the transcript kept)
-    precision: float | None  # of the attack on the transcript, scored with the true values
-    rejected_by_nodes: int
-    rejected_by_eavesdropper: int  # stored as invalid in the transcript
-    detail: list[str] = field(default_factory=list)
 
 
 class PlanBed:
@@ -130,7 +110,7 @@ class PlanBed:
         self._stack = contextlib.AsyncExitStack()
         self.eavesdropper: asyncio.subprocess.Process | None = None
         self.nodes: dict[int, asyncio.subprocess.Process] = {}
-        self.node_rejected = 0
+        self.eavesdropper_finished: dict[str, Any] = {}  # its last event, once it has ended
 
     def password(self, user: str) -> str:
         return (self.root / "secrets" / f"{user}.pw").read_text().strip()
@@ -279,10 +259,9 @@ class PlanBed:
                 await proc.wait()
         await self._stack.__aexit__(exc_type, exc, tb)
 
-    async def finish(self, within: float = 240.0) -> PlanVerdict:
+    async def finish(self, within: float = 240.0) -> Verdict:
         """Wait for every node and the eavesdropper, then compare with the simulator."""
-        outputs: dict[int, list[float]] = {}
-        self.node_rejected = 0
+        results: dict[int, dict[str, Any]] = {}
         detail: list[str] = []
         try:
             async with asyncio.timeout(within):
@@ -291,53 +270,32 @@ class PlanBed:
                     if proc.returncode != 0:
                         detail.append(f"node {i} exited with {proc.returncode}")
                     else:
-                        result = json.loads(out.decode().strip().splitlines()[-1])
-                        outputs[i] = result["output"]
-                        self.node_rejected += int(result.get("rejected", 0))
-                assert self.eavesdropper is not None
-                await self.eavesdropper.communicate()
-                if self.eavesdropper.returncode != 0:
-                    detail.append(f"eavesdropper exited with {self.eavesdropper.returncode}")
+                        results[i] = json.loads(out.decode().strip().splitlines()[-1])
+                await self.wait_eavesdropper(detail)
         except TimeoutError:
             detail.append(f"not finished within {within:g} s")
-        return self.verdict(outputs, detail)
+        return self.verdict(results, detail)
 
-    def verdict(self, outputs: dict[int, list[float]], detail: list[str]) -> PlanVerdict:
-        sim = simulate(self.cfg.model_copy(update={"record": "all"}))
-        n = self.cfg.n
-        completed = len(outputs) == n and not detail
-        identical = completed and np.array_equal(
-            np.array([outputs[i] for i in range(n)]).reshape(sim.output[0].shape), sim.output[0]
+    async def wait_eavesdropper(self, detail: list[str]) -> None:
+        """Wait for the eavesdropper to end; keep its ``finished`` event (what it refused)."""
+        assert self.eavesdropper is not None
+        out, _ = await self.eavesdropper.communicate()
+        if self.eavesdropper.returncode != 0:
+            detail.append(f"eavesdropper exited with {self.eavesdropper.returncode}")
+        events = [json.loads(line) for line in out.decode().splitlines() if line.startswith('{"event"')]
+        self.eavesdropper_finished = next((e for e in reversed(events) if e["event"] == "finished"), {})
+
+    def verdict(self, results: dict[int, dict[str, Any]], detail: list[str]) -> Verdict:
+        """Against the simulator's trial 0, with the attack on the transcript scored (``precision``)."""
+        return judge(
+            self.cfg,
+            self.db,
+            results,
+            detail,
+            eavesdropper=self.eavesdropper_finished,
+            corrupt=self.plan.corrupted,
+            truth=self.workdir / "truth.json",
         )
-        if completed and not identical:
-            detail.append("node outputs differ from the simulator's")
-        with Transcript(self.db) as tr:
-            x = tr.x(n, self.t_total)
-            z0 = tr.z0(n, sim.graphs[0])
-            refused = len(tr.rejected())
-        with contextlib.closing(sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)) as db:
-            valid_x = int(
-                db.execute("SELECT COUNT(*) FROM messages WHERE valid = 1 AND kind = 'x'").fetchone()[0]
-            )
-        want_x = trial_x(sim, 0)  # NaN at the iterations a phase skipped (early stopping)
-        have = ~np.isnan(x)
-        lost = int((~have & ~np.isnan(want_x)).sum())
-        if not np.array_equal(x[have], want_x[have]):
-            identical = False
-            detail.append("captured x's differ from the simulator's")
-        for group, arr in sim.z0.items():
-            got = z0.get(group, np.full_like(arr, np.nan))
-            ok = ~np.isnan(got)
-            lost += int((~ok).sum())
-            if not np.array_equal(got[ok], arr[ok]):
-                identical = False
-                detail.append(f"captured z0 ({group}) differ from the simulator's")
-        truth = self.workdir / "truth.json"
-        values = {str(i): float(v) for i, v in enumerate(sim.values[0])}
-        truth.write_text(json.dumps({"run_id": self.run_id, "private_values": values}))
-        precision = attack_transcript(self.db, truth=truth).precision
-        extra = valid_x - int((~np.isnan(want_x)).sum())
-        return PlanVerdict(completed, identical, lost, extra, precision, self.node_rejected, refused, detail)
 
     def report(self) -> dict[str, Any]:
         """Log tails, for an assertion message."""

@@ -28,7 +28,8 @@ from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
 from nlagg_node.runtime.wire import StatusMsg, XMsg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
-from tests.harness.faults import FaultBed, Verdict, hostile_messages
+from tests.harness.faults import FaultBed, hostile_messages
+from tests.harness.verdict import Verdict
 
 needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 ENTRY = (sys.executable, "-c", "from nlagg_node.cli import main; main()")

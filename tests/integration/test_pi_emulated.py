@@ -194,7 +194,7 @@ async def test_arm64_node_joins_an_x86_network_bit_for_bit(
                     arm.kill()
                     await arm.wait()
     outputs = {i: result["output"] for i, result in results.items()}
-    verdict = bed.verdict(outputs, detail)
+    verdict = bed.verdict(results, detail)
     assert verdict.completed, (verdict.detail, arm_text[-2000:], bed.report())
     truth = READING / 1000
     for i, out in outputs.items():
@@ -250,18 +250,14 @@ async def _finish(
                 return results, detail, arm_text  # its neighbours would only wait for it
             results[PI] = {"output": [float(found[1])], "iterations": int(found[2])}
             results[PI]["rounds_per_second"] = int(found[3])
-            bed.node_rejected += int(found[4])
+            results[PI]["rejected"] = int(found[4])
             for i, proc in bed.nodes.items():
                 out, _ = await proc.communicate()
                 if proc.returncode != 0:
                     detail.append(f"node {i} exited with {proc.returncode}")
                     continue
                 results[i] = json.loads(out.decode().strip().splitlines()[-1])
-                bed.node_rejected += int(results[i].get("rejected", 0))
-            assert bed.eavesdropper is not None
-            await bed.eavesdropper.communicate()
-            if bed.eavesdropper.returncode != 0:
-                detail.append(f"eavesdropper exited with {bed.eavesdropper.returncode}")
+            await bed.wait_eavesdropper(detail)
     except TimeoutError:
         detail.append(f"not finished within {within:g} s")
     return results, detail, arm_text

@@ -38,7 +38,8 @@ from nlagg_node.argv import eavesdrop_argv, node_argv
 from nlagg_node.config import RunConfig
 from nlagg_node.sim import simulate
 from tests.harness.rabbitmq import RabbitCluster, rabbitmq_scripts, start_rabbitmq_cluster
-from tests.integration.test_testbed_mosquitto import assert_transcript_is_simulation, captured_by_kind
+from tests.harness.transcripts import captured_by_kind
+from tests.harness.verdict import assert_transcript_is_simulation
 
 if TYPE_CHECKING:  # a name starting with Test in the module would be collected
     from nlagg_node.lab.summary import TestbedSummary

@@ -7,9 +7,7 @@ z^(0), every x_i^(t)); an independent ``mosquitto_sub`` must see exactly protoco
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -19,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adversary.simulated import trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.lab.children import Child
@@ -28,25 +25,12 @@ from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
 from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.wire import StatusMsg, decode, encode, parse_topic, topics
-from nlagg_node.schedule import plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
+from tests.harness.transcripts import captured_by_kind
+from tests.harness.verdict import assert_transcript_is_simulation
 
 needs_mosquitto = pytest.mark.mosquitto
 OPS = ["max", "min", "median", "quantile", "topk", "average"]
-
-
-def assert_transcript_is_simulation(cfg: RunConfig, db: Path) -> None:
-    sim = simulate(cfg.model_copy(update={"trials": 1, "record": "all"}))
-    want = trial_x(sim, 0)  # with early stopping, NaN at the iterations a phase skipped
-    with Transcript(db) as tr:
-        x = tr.x(cfg.n, want.shape[1])
-        z0 = tr.z0(cfg.n, run_edges(cfg))
-    assert np.array_equal(x, want, equal_nan=True)  # every x, stop iterations included
-    resolved = cfg.resolved()
-    sealed = sealed_groups_of(resolved, plan_phases(resolved))
-    assert z0.keys() == sim.z0.keys() - sealed  # a sealed group's z^(0) never travel in plaintext
-    for group in z0:
-        assert np.array_equal(z0[group], sim.z0[group])
 
 
 @needs_mosquitto
@@ -364,22 +348,6 @@ async def test_default_max_testbed_is_exact_with_one_process_per_node(
         wills,
     )
     assert all(st == "done" for st in summary_states(tmp_path / "transcript.sqlite").values())
-
-
-def captured_by_kind(db: Path) -> tuple[dict[str, int], dict[int, list[str]], list[tuple[str, str]]]:
-    """Valid rows per kind, every node's captured status states in order, and every invalid row."""
-    with Transcript(db) as tr:
-        invalid = tr.rejected()
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-        kinds = dict(
-            con.execute("SELECT kind, COUNT(*) FROM messages WHERE valid = 1 GROUP BY kind").fetchall()
-        )
-        states: dict[int, list[str]] = {}
-        for node, state in con.execute(
-            "SELECT node, phase FROM messages WHERE valid = 1 AND kind = 'status' ORDER BY id"
-        ):
-            states.setdefault(int(node), []).append(str(state))
-    return {str(k): int(v) for k, v in kinds.items()}, states, invalid
 
 
 def summary_states(db: Path) -> dict[int, str]:
