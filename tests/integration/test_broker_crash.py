@@ -25,7 +25,7 @@ from nlagg_node.runtime.node import Node, NodeResult, run_edges
 from nlagg_node.runtime.wire import XMsg, decode, topics
 from nlagg_node.sim import simulate
 
-pytestmark = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
+pytestmark = pytest.mark.mosquitto
 
 ENTRY = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
 CFG = RunConfig(op="max", n=6, trials=1, record="all", t_max=400, seed=4, c=10.0, mu_z=30.0)

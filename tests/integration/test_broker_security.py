@@ -25,12 +25,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, TlsFiles, build_plan, security_lines, verify_password, write_plan
-from nlagg_node.runtime.brokers import BrokerHandle, mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
 
-pytestmark = [
-    pytest.mark.mosquitto,
-    pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed"),
-]
+pytestmark = pytest.mark.mosquitto
 
 RUN = "sec"
 ROOT = f"nlagg/{RUN}"

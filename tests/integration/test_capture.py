@@ -31,11 +31,9 @@ from adversary.mqtt_codec import (
 )
 from adversary.mqtt_session import Delivery
 from nlagg_node.errors import ConfigError, MqttProtocolError, NlaggError
-from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.brokers import free_port, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.transport import Subscriber, Transport
-
-needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 
 CONNECT, PUBLISH, PUBACK, SUBSCRIBE, PINGREQ, DISCONNECT = 1, 3, 4, 8, 12, 14
 
@@ -425,7 +423,7 @@ async def test_bad_use_is_refused_with_the_field_named() -> None:
 
 
 # Against Mosquitto -----------------------------------------------------------------------------------
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_persistent_session_redelivers_exactly_what_was_not_acknowledged(mosquitto_url: str) -> None:
     async with MqttTransport(mosquitto_url, client_id="publisher") as pub:
         async with spy(mosquitto_url) as sub:
@@ -449,7 +447,7 @@ async def test_persistent_session_redelivers_exactly_what_was_not_acknowledged(m
     assert [d.payload for d in last] == [b"marker"]  # everything acknowledged stayed acknowledged
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_mosquitto_refuses_an_anonymous_capture() -> None:
     async with start_mosquitto(allow_anonymous=False) as broker:
         with pytest.raises(

@@ -11,7 +11,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,8 +44,6 @@ T_MAX = 400  # max on 8 nodes, seed 3: the maximizer is exposed at t = 263
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed")
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
@@ -110,10 +107,9 @@ def _states(page: Any) -> dict[int, dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.mosquitto
 def test_testbed_dashboard_shows_the_maximizer_exposed(browser: Any, tmp_path: Path) -> None:
     """n = 8, max, node 0 corrupted, watched live: the maximizer and only it is exposed."""
-    if shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists():
-        pytest.skip("needs mosquitto")
     out = tmp_path / "run"
     cmd = _Command(
         "testbed", "--n", "8", "--op", "max", "--corrupt", "1", "--seed", "3", "--t-max", str(T_MAX),

@@ -16,7 +16,6 @@ from nlagg_node.config import RunConfig
 from nlagg_node.departure import components, kept_edges, parse_departures
 from nlagg_node.errors import ConfigError, DepartedError
 from nlagg_node.lab.testbed import run_testbed
-from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
 from nlagg_node.runtime.wire import topics
@@ -24,7 +23,6 @@ from nlagg_node.sim import draw_values, simulate
 from nlagg_node.sim.output import summarize
 
 RUN = "dep"
-needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 
 
 class DyingTransport(MemoryTransport):
@@ -233,7 +231,7 @@ def test_an_edge_goes_with_either_end() -> None:
     assert kept_edges(lo, hi, [2]).tolist() == [True, False, False, False]
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.slow
 @pytest.mark.parametrize("early", [False, True], ids=["fixed-schedule", "early-stop"])
 async def test_testbed_ring_split_by_two_kills_reports_two_exact_components(
@@ -346,7 +344,7 @@ def test_a_departure_planned_after_the_stop_is_reported_as_not_happened() -> Non
     assert summary["final_x"]["4"] is not None
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.slow
 async def test_testbed_departure_planned_after_the_stop_does_not_happen(tmp_path: Path) -> None:
     """``nlagg testbed --depart 2@6000``: the run stops early before t = 6000, so node 2's process

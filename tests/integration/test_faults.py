@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError, WireError
-from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.checkpoint import Checkpoint, CheckpointStore
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.mqtt import MqttTransport
@@ -31,7 +31,6 @@ from nlagg_node.sim import simulate
 from tests.harness.faults import FaultBed, hostile_messages
 from tests.harness.verdict import Verdict
 
-needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 ENTRY = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
 CFG = RunConfig(op="max", n=6, trials=1, t_max=150, seed=4, c=10.0, mu_z=30.0)  # x starts near 3
 
@@ -42,7 +41,7 @@ def assert_identical(v: Verdict) -> None:
 
 
 # 1-3: crash and resume, broker restart, eavesdropper crash -------------------------------------------
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.parametrize(
     ("fault", "at"),
     [("node", 0.3), ("node-twice", 0.5), ("broker", 0.4), ("broker-kill", 0.4), ("eavesdropper", 0.5)],
@@ -75,7 +74,7 @@ async def test_run_survives_the_fault_with_identical_numbers(fault: str, at: flo
         assert (tmp_path / "state" / "nlagg-faults-node-2.json").is_file()
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_restarting_a_finished_node_announces_done_again(tmp_path: Path) -> None:
     cfg = CFG.model_copy(update={"t_max": 40})
     async with FaultBed(cfg, tmp_path) as bed:
@@ -113,7 +112,7 @@ def test_checkpoint_is_atomic_and_refuses_another_run(tmp_path: Path) -> None:
 
 
 # 4: hostile input -----------------------------------------------------------------------------------
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_hostile_messages_are_rejected_counted_and_change_nothing(tmp_path: Path) -> None:
     # tests/harness/hostile.py forges x's of a fixed-schedule run (no early-stop fields)
     async with FaultBed(CFG.model_copy(update={"early_stop": False}), tmp_path) as bed:
@@ -258,7 +257,7 @@ def error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("nlagg: error:")]
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.slow
 async def test_a_neighbour_killed_for_good_departs_and_the_survivors_finish_exact(tmp_path: Path) -> None:
     """SIGKILL, never restarted: the survivors drop it at the same iteration and end with their own
@@ -287,7 +286,7 @@ async def test_a_neighbour_killed_for_good_departs_and_the_survivors_finish_exac
     assert np.allclose(out, np.delete(bed.values, top).max(), rtol=0, atol=cfg.tolerance)
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_refused_credentials_fail_at_once_with_one_line(tmp_path: Path) -> None:
     cfg_file = tmp_path / "run.json"
     cfg_file.write_text(json.dumps({"config": CFG.model_dump(mode="json")}))
@@ -308,7 +307,7 @@ async def test_refused_credentials_fail_at_once_with_one_line(tmp_path: Path) ->
         assert "authori" in line.lower()
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_config_that_contradicts_the_retained_one_is_refused(
     mosquitto_url: str, tmp_path: Path
 ) -> None:

@@ -15,14 +15,10 @@ import pytest
 
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
-from nlagg_node.runtime.brokers import mosquitto_binary
 from tests.harness.hostile import Intruder
 from tests.harness.planbed import PlanBed
 
-pytestmark = [
-    pytest.mark.mosquitto,
-    pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed"),
-]
+pytestmark = pytest.mark.mosquitto
 
 # The fixed schedule: tests/harness/hostile.py forges x's without early-stop fields. 1200 iterations: the
 # strike at 30% must land while the run (and the capture) still goes, on a loaded 2-core machine too.

@@ -17,10 +17,8 @@ import pytest
 
 from nlagg_node.errors import StoppedBySignal
 from nlagg_node.lifetime import run_stoppable
-from nlagg_node.runtime.brokers import mosquitto_binary
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 CLI = (sys.executable, "-c", "from nlagg_node.cli import main; main()")
 
 
@@ -89,7 +87,7 @@ def start_testbed(tmp_path: Path, run_id: str, *extra: str) -> tuple[subprocess.
 
 
 @linux_only
-@needs_mosquitto
+@pytest.mark.mosquitto
 def test_sigterm_stops_the_nodes_the_eavesdropper_and_the_broker(tmp_path: Path) -> None:
     run_id = f"life-term-{os.getpid()}"
     proc, so_far = start_testbed(tmp_path, run_id)
@@ -109,7 +107,7 @@ def test_sigterm_stops_the_nodes_the_eavesdropper_and_the_broker(tmp_path: Path)
 
 
 @linux_only
-@needs_mosquitto
+@pytest.mark.mosquitto
 def test_a_killed_launcher_leaves_no_node_or_eavesdropper_running(mosquitto_url: str, tmp_path: Path) -> None:
     run_id = f"life-kill-{os.getpid()}"
     proc, _ = start_testbed(tmp_path, run_id, "--broker", mosquitto_url)

@@ -20,14 +20,12 @@ from cryptography.x509.oid import NameOID
 
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError, NlaggError
-from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.node import Node, run_edges
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.sim import simulate
-
-needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 
 
 @dataclass(frozen=True)
@@ -117,8 +115,6 @@ def _make_pki(d: Path) -> Pki:
 @pytest.fixture(params=[False, True], ids=["server-auth", "client-cert"])
 async def tls_broker(request: pytest.FixtureRequest, pki: Pki) -> AsyncIterator[tuple[str, bool]]:
     """``mqtts://127.0.0.1:PORT`` of a Mosquitto TLS listener; True if it requires a client certificate."""
-    if mosquitto_binary() is None:
-        pytest.skip("mosquitto binary not installed")
     require: bool = request.param
     lines = [
         f"cafile {pki.ca}",
@@ -130,7 +126,7 @@ async def tls_broker(request: pytest.FixtureRequest, pki: Pki) -> AsyncIterator[
         yield f"mqtts://{broker.host}:{broker.port}", require
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_nodes_over_tls_equal_the_simulator(tls_broker: tuple[str, bool], pki: Pki) -> None:
     url, _ = tls_broker
     cfg = RunConfig(op="median", n=6, trials=1, record="all", t_max=120, seed=9)
@@ -145,7 +141,7 @@ async def test_nodes_over_tls_equal_the_simulator(tls_broker: tuple[str, bool], 
     assert np.array_equal(np.array([r.x for r in results]).T, sim.recorded_x[:, 0, :])
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.parametrize("case", ["wrong-ca", "plaintext", "no-client-cert"])
 async def test_tls_refusals(tls_broker: tuple[str, bool], pki: Pki, case: str) -> None:
     url, require = tls_broker

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.netns import BROKER_IP, Net, namespaces, unavailable
+from tests.harness.netns import BROKER_IP, Net, namespaces
 
 pytestmark = [pytest.mark.netns, pytest.mark.mosquitto]
 
@@ -30,9 +30,6 @@ N_NODES = 8
 
 @pytest.fixture(scope="module")
 def net() -> Iterator[Net]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
     with namespaces(N_NODES) as built:
         yield built
 

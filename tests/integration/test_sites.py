@@ -39,13 +39,13 @@ from nlagg_node.deploy.sites import (
     read_sites_file,
 )
 from nlagg_node.errors import ConfigError
-from nlagg_node.runtime.brokers import mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
-from tests.harness.netns import EAVES_IP, SUBNET, Net, network, unavailable
+from tests.harness.netns import EAVES_IP, SUBNET, Net, network
 from tests.harness.planbed import PlanBed
 
 RUN = "planbed"
@@ -200,7 +200,6 @@ class _Client:
 
 
 @pytest.mark.mosquitto
-@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path) -> None:
     cfg = load_config(None, op="max", n=24, graph="rgg", seed=5, t_max=20)
     async with PlanBed(cfg, tmp_path, sites=3, capture=False) as bed:
@@ -285,9 +284,6 @@ async def test_site_credentials_reach_only_their_site_and_the_cut(tmp_path: Path
 def sites_net() -> Iterator[Net]:
     """Namespaces site0, site1, site2 (a site broker and its nodes each) and eaves (the eavesdropper
     and the launcher), joined by a bridge, links unimpaired; removed, with their processes, after."""
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
     with network({**{f"site{s}": f"{SUBNET}.{10 + s}" for s in range(3)}, "eaves": EAVES_IP}) as net:
         yield net
 
@@ -309,7 +305,6 @@ def _assert_placed(bed: PlanBed, net: Net) -> None:
 @pytest.mark.slow
 @pytest.mark.netns
 @pytest.mark.mosquitto
-@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 @pytest.mark.parametrize(
     "params",
     [
@@ -339,7 +334,6 @@ async def test_three_bridged_sites_are_exact_and_captured_once(
 
 @pytest.mark.slow
 @pytest.mark.mosquitto
-@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 async def test_a_sealed_run_across_three_bridged_sites_is_exact(tmp_path: Path) -> None:
     # op average with init_channel auto: every z^(0) is sealed, so each node first needs every
     # neighbour's public key (retained on node/i/key), those of its other-site neighbours bridged
@@ -361,7 +355,6 @@ async def test_a_sealed_run_across_three_bridged_sites_is_exact(tmp_path: Path) 
 
 
 @pytest.mark.mosquitto
-@pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed")
 async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_order(tmp_path: Path) -> None:
     cfg = load_config(None, op="max", n=3, graph="ring", t_max=5, seed=1, early_stop=False).resolved()
     phase = plan_phases(cfg)[0].name

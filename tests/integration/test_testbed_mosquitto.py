@@ -21,7 +21,6 @@ from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.lab.children import Child
 from nlagg_node.lab.testbed import run_testbed
-from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
 from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.wire import StatusMsg, decode, encode, parse_topic, topics
@@ -29,11 +28,10 @@ from nlagg_node.sim import simulate
 from tests.harness.transcripts import captured_by_kind
 from tests.harness.verdict import assert_transcript_is_simulation
 
-needs_mosquitto = pytest.mark.mosquitto
 OPS = ["max", "min", "median", "quantile", "topk", "average"]
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.parametrize("op", OPS, ids=OPS)
 async def test_transcript_equals_simulator_on_mosquitto(op: str, mosquitto_url: str, tmp_path: Path) -> None:
     level = 0.3 if op == "quantile" else 0.5  # a quantile other than the median
@@ -51,7 +49,7 @@ def empty_files(folder: Path, pattern: str) -> list[Path]:
     return [p for p in folder.glob(pattern) if p.stat().st_size == 0]
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_separate_processes_with_corrupted_node(
     mosquitto_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -91,7 +89,7 @@ async def test_embedded_amqtt_broker(amqtt_url: str, tmp_path: Path) -> None:
     assert summary["messages_captured"] == 1 + 6 * 80 + 2 * len(run_edges(cfg)) + 6 * 3
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="mosquitto_sub not installed")
 async def test_independent_subscriber_sees_only_protocol_messages(mosquitto_url: str, tmp_path: Path) -> None:
     host, port = parse_broker_url(mosquitto_url)
@@ -118,7 +116,7 @@ async def test_independent_subscriber_sees_only_protocol_messages(mosquitto_url:
     assert len(lines) == summary["messages_captured"]
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_junk_on_run_topics_is_rejected_and_changes_nothing(mosquitto_url: str, tmp_path: Path) -> None:
     cfg = RunConfig(op="max", n=6, trials=1, t_max=150, seed=9)
     t = topics("nlagg", "junk")
@@ -144,7 +142,7 @@ async def test_junk_on_run_topics_is_rejected_and_changes_nothing(mosquitto_url:
     assert_transcript_is_simulation(cfg, tmp_path / "transcript.sqlite")
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 def test_node_command_names_missing_neighbours(mosquitto_url: str, tmp_path: Path) -> None:
     cfg_file = tmp_path / "run.toml"
     cfg_file.write_text('[run]\nop = "max"\nn = 4\ngraph = "ring"\nt_max = 10\n')
@@ -201,7 +199,7 @@ class CuttableProxy:
         self.server.close()
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path) -> None:
     from adversary.eavesdropper import Eavesdropper
     from nlagg_node.runtime.hosted import host_nodes
@@ -282,7 +280,7 @@ REQUIRED_SUMMARY_FIELDS = {
 }
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: Path) -> None:
     import json
 
@@ -314,7 +312,7 @@ def test_testbed_command_prints_the_json_summary(mosquitto_url: str, tmp_path: P
     assert (config["theta"], config["sigma_z"], config["values"]) == (0.6, 2.0, "uniform")
 
 
-@needs_mosquitto
+@pytest.mark.mosquitto
 @pytest.mark.slow
 async def test_default_max_testbed_is_exact_with_one_process_per_node(
     mosquitto_url: str, tmp_path: Path
@@ -359,12 +357,10 @@ def summary_states(db: Path) -> dict[int, str]:
     ("broker_kind", "hosted"),
     [
         pytest.param("amqtt", True, id="embedded-in-process"),
-        pytest.param("mosquitto", False, id="mosquitto-processes"),
+        pytest.param("mosquitto", False, id="mosquitto-processes", marks=pytest.mark.mosquitto),
     ],
 )
 async def test_private_broker_picks_the_node_layout(broker_kind: str, hosted: bool) -> None:
-    if broker_kind == "mosquitto" and mosquitto_binary() is None:
-        pytest.skip("mosquitto binary not installed")
     cfg = RunConfig(op="max", n=4, graph="ring", t_max=300, c=10.0, mu_z=30.0, seed=2)
     summary = await run_testbed(cfg, broker_kind=broker_kind)
     assert summary["in_process"] is hosted

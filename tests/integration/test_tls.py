@@ -24,16 +24,13 @@ from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, NlaggError
-from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
+from nlagg_node.runtime.brokers import free_port, start_mosquitto
 from nlagg_node.runtime.tls import TlsSettings
 from tests.harness.planbed import PlanBed
 from tests.harness.sniff import sniffing
 from tests.harness.tlsbroker import tls_lab_broker
 
-pytestmark = [
-    pytest.mark.mosquitto,
-    pytest.mark.skipif(mosquitto_binary() is None, reason="mosquitto binary not installed"),
-]
+pytestmark = pytest.mark.mosquitto
 
 RUN = "tls"
 
