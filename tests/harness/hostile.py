@@ -27,21 +27,14 @@ from pathlib import Path
 from adversary.mqtt_codec import (
     CONNACK,
     DISCONNECT_FRAME,
-    PUBLISH,
     decode_connack,
     encode_connect,
-    encode_frame,
 )
 from nlagg_node.runtime.tls import broker_endpoint
 from nlagg_node.runtime.wire import topics
+from tests.harness.mqtt_frames import publish_frame
 
-__all__ = ["Intruder", "publish_frame"]
-
-
-def publish_frame(topic: str, payload: bytes) -> bytes:
-    """A QoS 0 PUBLISH (no packet id, nothing to acknowledge)."""
-    raw = topic.encode()
-    return encode_frame(PUBLISH << 4, len(raw).to_bytes(2, "big") + raw + payload)
+__all__ = ["Intruder"]
 
 
 def _x(node: int, t: int, x: float, phase: str) -> bytes:
