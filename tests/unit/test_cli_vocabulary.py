@@ -1,29 +1,19 @@
-"""One command-line vocabulary: the same option names, defaults shown, one --out rule, --version."""
+"""One command-line vocabulary: the same option names, defaults shown, one --out rule (--version and
+the entry points in a real process: tests/integration/test_cli_entry_points.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import cast
 
 import pytest
 from typer.testing import CliRunner
 
-from nlagg_node.cli import _register, app, main
+from nlagg_node.cli import _register, app
 from nlagg_node.config import DEFAULT_BROKER
+from tests.harness.cli import run_cli
 
 runner = CliRunner()
-
-
-def run_cli(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str, str]:
-    monkeypatch.setattr("sys.argv", ["nlagg", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 def help_text(*command: str) -> str:
@@ -81,40 +71,12 @@ def test_transcript_is_one_name() -> None:
     assert "TRANSCRIPT" in help_text("attack")
 
 
-def test_version_and_module_entry_point() -> None:
-    _register()
-    result = runner.invoke(app, ["--version"])
-    assert result.exit_code == 0
-    assert result.output.startswith("nlagg ")
-    proc = subprocess.run(
-        [sys.executable, "-m", "nlagg_node", "--version"], capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == result.output
-
-
 def test_help_states_the_run_configs_defaults() -> None:
     # The help texts read nlagg_node.defaults (no pydantic at start-up); RunConfig must agree.
     from nlagg_node.config import RunConfig
     from nlagg_node.defaults import RUN_DEFAULTS
 
     assert {name: getattr(RunConfig(), name) for name in RUN_DEFAULTS} == RUN_DEFAULTS
-
-
-def test_top_level_help_loads_no_numerical_stack() -> None:
-    # What keeps `nlagg --help` fast (benchmarks/bench_startup.py times it): the command modules
-    # import numpy, pydantic, numba and the adversary only inside the commands that use them.
-    probe = (
-        "import sys; sys.argv = ['nlagg', '--help']\n"
-        "from nlagg_node.cli import main\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "heavy = ('numpy', 'pydantic', 'numba', 'scipy', 'networkx', 'rich', 'adversary')\n"
-        "print(sorted(m for m in heavy if m in sys.modules))"
-    )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "Usage: nlagg" in proc.stdout
-    assert proc.stdout.splitlines()[-1] == "[]"
 
 
 def test_sim_refuses_corrupt_without_transcript(

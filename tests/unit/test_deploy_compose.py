@@ -6,8 +6,6 @@ The project is run for real (images built, containers started) by tests/integrat
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -93,39 +91,6 @@ def test_committed_compose_file_is_what_deploy_compose_writes(
     code, text = run_cli(["deploy", "compose", "--out", str(tmp_path), *EXAMPLE_ARGS], capsys, monkeypatch)
     assert code == 0, text
     assert (REPO / "docker-compose.yml").read_text() == (tmp_path / "docker-compose.yml").read_text()
-
-
-@pytest.mark.skipif(not (REPO / ".git").exists(), reason="not a git checkout")
-def test_git_holds_no_secrets() -> None:
-    tracked = subprocess.run(
-        ["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True, check=True, timeout=60
-    ).stdout.splitlines()
-    assert [p for p in tracked if "secrets/" in p or "passwd" in p] == []
-    assert not any(p.startswith("deploy/testbed/") for p in tracked)
-
-
-@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose binary not installed")
-@pytest.mark.parametrize("which", ["committed", "generated"])
-def test_docker_compose_config_accepts_the_file(tmp_path: Path, which: str) -> None:
-    if which == "committed":
-        compose, cwd = REPO / "docker-compose.yml", REPO
-        expected = ["broker", "eavesdropper", "launcher", *(f"node-{i}" for i in range(6))]
-    else:
-        run = load_config(None, op="max", n=4, graph="ring")
-        write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7)), tmp_path / "plan")
-        compose, cwd = tmp_path / "docker-compose.yml", tmp_path
-        compose.write_text(compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path))
-        expected = service_names(load_plan(tmp_path / "plan"))
-    proc = subprocess.run(
-        ["docker-compose", "-f", str(compose), "config", "--services"],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.split()) == sorted(expected)
 
 
 def test_image_recipe_is_offline_non_root_and_holds_no_plan() -> None:
