@@ -65,21 +65,6 @@ def test_index_lists_every_experiment_run(tmp_path: Path) -> None:
     assert "What to see" in text
 
 
-@pytest.mark.slow
-def test_numbers_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
-    def numbers(workers: int) -> list[dict[str, object]]:
-        out = tmp_path / f"workers-{workers}"
-        run_all(trials=30, out=out, names=["min", "quantile"], seed=3, workers=workers)
-        docs = [json.loads((out / f"{name}.json").read_text()) for name in ("min", "quantile")]
-        for doc in docs:
-            doc.pop("wall_seconds")
-            for panel in doc["panels"]:
-                panel.pop("seconds")
-        return docs
-
-    assert numbers(1) == numbers(2)
-
-
 def test_all_experiments_with_few_trials(tmp_path: Path) -> None:
     page = run_all(trials=30, out=tmp_path)
     for name in EXPERIMENTS:
