@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 import time
@@ -101,15 +102,7 @@ async def hostile_run(cfg: RunConfig, at: float, rng: np.random.Generator, workd
     detail = list(v.detail)
     if v.precision != 1.0:
         detail.append(f"attack precision {v.precision}")
-    return Verdict(
-        completed=v.completed,
-        identical=v.identical and v.precision == 1.0,
-        lost=v.lost,
-        extra=v.extra,
-        rejected_by_nodes=v.rejected_by_nodes,
-        rejected_by_eavesdropper=v.rejected_by_eavesdropper,
-        detail=detail,
-    )
+    return dataclasses.replace(v, identical=v.identical and v.precision == 1.0, detail=detail)
 
 
 async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
