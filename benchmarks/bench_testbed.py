@@ -199,7 +199,7 @@ async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int) ->
 
 
 async def tls_overhead(cfg: RunConfig, layouts: list[str], repeat: int) -> None:
-    from tests.tlsbroker import tls_lab_broker  # a test fixture, not part of the installed package
+    from tests.harness.tlsbroker import tls_lab_broker  # a test fixture, not part of the installed package
 
     rounds = cfg.t_max_value
 

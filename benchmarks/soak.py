@@ -12,7 +12,7 @@ the run (a fraction of the x's already captured):
 * ``garbage``: publish every kind of hostile message on the run's topics;
 * ``hostile``: the run as ``nlagg deploy plan`` deploys it (its Mosquitto configuration: ACL,
   sessions bound to users, payload cap) and one node's own credentials in hostile hands
-  (``tests/hostile.py``): t = 2^64 and 10^12 before the configuration, forged windows and phases,
+  (``tests/harness/hostile.py``): t = 2^64 and 10^12 before the configuration, forged windows and phases,
   10 and 100 MiB payloads, three session takeovers; the attack's precision must stay 1.0.
 * ``depart``: SIGKILL one node for good (never restarted): its neighbours count it as departed and
   the survivors finish; the run is judged against the simulator with the departure they report.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 import time
@@ -42,9 +43,10 @@ from nlagg_node.rng import rng_for
 from nlagg_node.runtime.brokers import mosquitto_binary
 from nlagg_node.sim import simulate
 
-# The fault harness is a test fixture (tests/faults.py), not part of the installed package.
+# The fault harness is a test fixture (tests/harness/faults.py), not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.faults import FaultBed, Verdict, hostile_messages
+from tests.harness.faults import FaultBed, hostile_messages
+from tests.harness.verdict import Verdict
 
 FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile", "depart")
 
@@ -62,9 +64,12 @@ def exact_seeds(base: RunConfig, first: int, count: int) -> list[int]:
 
 
 async def hostile_run(cfg: RunConfig, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
-    """The plan's deployment with one node's credentials in hostile hands (see tests/test_hostile.py)."""
-    from tests.hostile import Intruder
-    from tests.planbed import PlanBed
+    """The plan's deployment with one node's credentials in hostile hands.
+
+    See tests/integration/test_hostile.py.
+    """
+    from tests.harness.hostile import Intruder
+    from tests.harness.planbed import PlanBed
 
     corrupt, node, victim = (int(v) for v in rng.choice(cfg.n, size=3, replace=False))
 
@@ -97,15 +102,7 @@ async def hostile_run(cfg: RunConfig, at: float, rng: np.random.Generator, workd
     detail = list(v.detail)
     if v.precision != 1.0:
         detail.append(f"attack precision {v.precision}")
-    return Verdict(
-        completed=v.completed,
-        identical=v.identical and v.precision == 1.0,
-        lost=v.lost,
-        extra=v.extra,
-        rejected_by_nodes=v.rejected_by_nodes,
-        rejected_by_eavesdropper=v.rejected_by_eavesdropper,
-        detail=detail,
-    )
+    return dataclasses.replace(v, identical=v.identical and v.precision == 1.0, detail=detail)
 
 
 async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:

@@ -1,19 +1,66 @@
-"""Shared fixtures: private brokers on loopback (a real Mosquitto, the embedded amqtt broker)."""
+"""Shared fixtures: private brokers on loopback (a real Mosquitto, the embedded amqtt broker).
+
+Skips come from markers (declared in pyproject.toml): a test marked ``mosquitto``, ``netns``, ``docker``
+or ``browser`` is skipped, with the reason and what to install, where that need is not met. A test that
+uses the ``mosquitto_url`` or ``mosquitto_broker`` fixture is marked ``mosquitto`` by itself.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
+import importlib.util
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
 from nlagg_node.runtime.brokers import BrokerHandle, mosquitto_binary, start_amqtt, start_mosquitto
+from tests.harness import docker_engine, netns
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's; Playwright drives it (no ``playwright install``)
+MOSQUITTO_FIXTURES = frozenset({"mosquitto_url", "mosquitto_broker"})
+
+
+def _no_mosquitto() -> str | None:
+    if mosquitto_binary() is None:
+        return "mosquitto binary not installed (apt-get install mosquitto)"
+    return None
+
+
+def _no_browser() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed (pip install playwright)"
+    return None if CHROMIUM.exists() else "Debian's chromium is not installed (apt-get install chromium)"
+
+
+# Why a marker's need is not met here, or None; each asked once per session, and only when a test
+# with that marker is about to run (the netns probe creates a namespace).
+UNMET: dict[str, Callable[[], str | None]] = {
+    "mosquitto": functools.cache(_no_mosquitto),
+    "netns": functools.cache(netns.unavailable),
+    "docker": functools.cache(docker_engine.unavailable),
+    "browser": functools.cache(_no_browser),
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that start a Mosquitto through a fixture ``mosquitto``."""
+    for item in items:
+        if MOSQUITTO_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.mosquitto)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a marked test whose need is not met, before its fixtures start anything."""
+    for marker, unmet in UNMET.items():
+        if item.get_closest_marker(marker) is not None and (why := unmet()) is not None:
+            pytest.skip(f"{marker}: {why}")
 
 
 @pytest.fixture
 async def mosquitto_url() -> AsyncIterator[str]:
     """``mqtt://127.0.0.1:PORT`` of a private Mosquitto (set_tcp_nodelay true) started for the test."""
-    if mosquitto_binary() is None:
-        pytest.skip("mosquitto binary not installed (apt-get install mosquitto)")
     async with start_mosquitto() as broker:
         yield broker.url
 
@@ -21,8 +68,6 @@ async def mosquitto_url() -> AsyncIterator[str]:
 @pytest.fixture
 async def mosquitto_broker() -> AsyncIterator[BrokerHandle]:
     """The :class:`BrokerHandle` of a private Mosquitto (for tests that read its log or config)."""
-    if mosquitto_binary() is None:
-        pytest.skip("mosquitto binary not installed (apt-get install mosquitto)")
     async with start_mosquitto() as broker:
         yield broker
 

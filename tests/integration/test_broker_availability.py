@@ -1,0 +1,131 @@
+"""Outsiders before login: idle sockets and oversized CONNECTs against the generated broker settings.
+
+A plan's Mosquitto sets ``max_packet_size`` (a CONNECT announcing 256 MB is refused before any
+allocation) and ``max_connections``, and its deploy units give it a descriptor limit above that
+(``LimitNOFILE``/compose ``ulimits``): an outsider's 1100 idle sockets then neither exhaust the
+broker's descriptors nor lock the plan's own clients out.
+"""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from nlagg_node.config import load_config
+from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
+from nlagg_node.deploy.mosquitto_auth import DEFAULT_MAX_CONNECTIONS
+from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
+
+pytestmark = pytest.mark.mosquitto
+
+IDLE_SOCKETS = 1100
+OVERSIZED = 4
+FILE_LIMIT = 4096  # what the test raises its own (and so the broker's) soft descriptor limit to
+
+
+def _remaining_length(n: int) -> bytes:
+    """MQTT's variable-length encoding of a packet's remaining length."""
+    out = bytearray()
+    while True:
+        n, digit = divmod(n, 128)
+        out.append(digit | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+@pytest.fixture
+def file_limit() -> Iterator[None]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < FILE_LIMIT:
+        pytest.skip(f"the hard descriptor limit {hard} is below {FILE_LIMIT}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FILE_LIMIT, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.fixture
+async def broker(tmp_path: Path, file_limit: None) -> AsyncIterator[tuple[BrokerHandle, str]]:
+    run = load_config(None, op="max", n=4, graph="ring")
+    out = tmp_path / "plan"
+    write_plan(build_plan(PlanSpec(run=run, run_id="avail", seed=1)), out)
+    lines = security_lines(str(out / "broker" / "passwd"), str(out / "broker" / "acl"))
+    password = (out / "secrets" / "node0.pw").read_text().strip()
+    extra = [f"max_connections {DEFAULT_MAX_CONNECTIONS}", *lines, "user root"]
+    async with start_mosquitto(extra_lines=extra, allow_anonymous=False) as handle:
+        yield handle, password
+
+
+def _node_connects(handle: BrokerHandle, password: str) -> int:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="node0")
+    client.username_pw_set("node0", password)
+    try:
+        client.connect(handle.host, handle.port)
+        client.loop_start()
+        client.subscribe("nlagg/avail/config", qos=1)
+        info = client.publish("nlagg/avail/node/0/x", b"x", qos=1)
+        info.wait_for_publish(timeout=10)
+        return 0 if info.is_published() else 1
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+# The outsider is its own process, as on a LAN: its 1100 descriptors are not the test client's
+# (paho selects on its socket, which must stay below FD_SETSIZE).
+OUTSIDER = """
+import resource, socket, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+host, (port, idle, oversized) = sys.argv[1], map(int, sys.argv[2:5])
+header = bytes.fromhex(sys.argv[5])
+held = [socket.create_connection((host, port)) for _ in range(idle)]
+cut = 0
+for _ in range(oversized):
+    s = socket.create_connection((host, port))
+    s.settimeout(5)
+    try:  # streams 32 MiB of the announced packet, unless the broker cuts it off first
+        s.sendall(header)  # announces 256 MiB, far above MAX_PACKET_BYTES
+        for _ in range(512):
+            s.sendall(bytes(1 << 16))
+    except (ConnectionResetError, BrokenPipeError):
+        cut += 1
+    except TimeoutError:
+        pass  # still open: the broker stopped reading but keeps the connection
+    held.append(s)
+print(len(held) - oversized, cut, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_outsiders_before_login_lock_nobody_out(broker: tuple[BrokerHandle, str]) -> None:
+    handle, password = broker
+    assert handle.pid is not None
+    rss_before = _rss_kib(handle.pid)
+    header = b"\x10" + _remaining_length(256 << 20) + b"\x00\x04MQTT\x04\xc2\x00\x3c"
+    argv = [str(a) for a in (handle.host, handle.port, IDLE_SOCKETS, OVERSIZED, header.hex())]
+    with subprocess.Popen(
+        [sys.executable, "-c", OUTSIDER, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as outsider:
+        assert outsider.stdout is not None
+        assert outsider.stdin is not None
+        held, cut = map(int, outsider.stdout.readline().split())
+        try:
+            assert (held, cut) == (IDLE_SOCKETS, OVERSIZED)  # every oversized CONNECT was cut off
+            assert _node_connects(handle, password) == 0  # the plan's node still gets in and publishes
+            grown_kib = _rss_kib(handle.pid) - rss_before
+            assert grown_kib < 64 << 10, f"broker grew {grown_kib} KiB (4 CONNECTs announced 1 GiB)"
+        finally:
+            outsider.stdin.close()

@@ -1,0 +1,139 @@
+"""`nlagg deploy compose`: the compose project it writes, the committed example, the image recipe.
+
+The project is run for real (images built, containers started) by tests/integration/test_compose_testbed.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from nlagg_node.cli import main
+from nlagg_node.config import load_config
+from nlagg_node.deploy import PlanSpec, build_plan, compose_yaml, load_plan, service_names, write_plan
+from nlagg_node.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+# The committed docker-compose.yml is what this writes (deploy/README.md, "Run the compose testbed").
+EXAMPLE_ARGS = ["--plan-dir", "deploy/testbed", "--corrupt-count", "2"]
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str]:
+    monkeypatch.setattr("sys.argv", ["nlagg", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out + err
+
+
+def _services(text: str) -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(text)  # resolves the x-nlagg anchors and their merges
+    return dict(doc["services"])
+
+
+def _mounts(service: dict[str, Any]) -> set[str]:
+    return set(service.get("volumes", []))
+
+
+def test_each_service_mounts_only_the_files_it_needs(tmp_path: Path) -> None:
+    run = load_config(None, op="max", n=4, graph="ring")
+    plan_dir = tmp_path / "plan"
+    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, corrupt="0")), plan_dir)
+    plan = load_plan(plan_dir)
+    services = _services(compose_yaml(plan, compose_dir=tmp_path))
+    assert list(services) == service_names(plan)
+    for i in range(4):
+        node = services[f"node-{i}"]
+        files = ["run.toml", "graph.json", f"nodes/{i}.toml", f"secrets/node{i}.pw", f"values/{i}.txt"]
+        assert _mounts(node) == {f"./plan/{f}:/plan/{f}:ro" for f in files} | {f"state-{i}:/state"}
+        assert node["command"][-2:] == ["--state-dir", "/state"]
+        assert node["depends_on"]["eavesdropper"] == {"condition": "service_healthy"}
+        assert node["user"] == "${NLAGG_UID:-10001}:${NLAGG_GID:-10001}"
+    eaves = "secrets/eavesdropper.pw"
+    assert _mounts(services["eavesdropper"]) == {f"./plan/{eaves}:/plan/{eaves}:ro", "transcript:/transcript"}
+    assert _mounts(services["broker"]) == {"./plan/broker:/plan/broker:ro", "broker-data:/mosquitto/data"}
+    assert services["broker"]["image"] == "${NLAGG_BROKER_IMAGE:-eclipse-mosquitto:2.0}"
+    assert all("secrets/node" not in m for m in _mounts(services["launcher"]))
+
+
+def test_deploy_compose_writes_a_fresh_gitignored_project(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["deploy", "compose", "--n", "4", "--graph", "ring", "--corrupt", "0", "--run-id", "lab"]
+    code, text = run_cli([*args, "--out", str(tmp_path / "a")], capsys, monkeypatch)
+    assert code == 0, text
+    code, text = run_cli([*args, "--out", str(tmp_path / "b")], capsys, monkeypatch)
+    assert code == 0, text
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert (a / "docker-compose.yml").read_text() == compose_yaml(load_plan(a / "plan"), compose_dir=a)
+    assert (a / "docker-compose.yml").read_text() == (b / "docker-compose.yml").read_text()
+    # Fresh secrets every time, and a plan directory that ignores itself in git.
+    assert (a / "plan/secrets/node0.pw").read_text() != (b / "plan/secrets/node0.pw").read_text()
+    assert "\n*\n" in (a / "plan" / ".gitignore").read_text()
+    assert load_plan(a / "plan").broker == "mqtt://broker:1883"
+    env = dict(line.split("=", 1) for line in (a / ".env").read_text().splitlines() if "=" in line)
+    owner = (a / "plan/secrets/node0.pw").stat()
+    assert (int(env["NLAGG_UID"]), int(env["NLAGG_GID"])) == (owner.st_uid, owner.st_gid)
+    code, text = run_cli([*args, "--out", str(a)], capsys, monkeypatch)
+    assert code == 2
+    assert "--force" in text
+
+
+def test_committed_compose_file_is_what_deploy_compose_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, text = run_cli(["deploy", "compose", "--out", str(tmp_path), *EXAMPLE_ARGS], capsys, monkeypatch)
+    assert code == 0, text
+    assert (REPO / "docker-compose.yml").read_text() == (tmp_path / "docker-compose.yml").read_text()
+
+
+def test_image_recipe_is_offline_non_root_and_holds_no_plan() -> None:
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    assert "ARG BASE=python:3.11-slim" in lines
+    assert lines.count("FROM ${BASE} AS base") == 1
+    copied = {line.split()[1] for line in lines if line.startswith("COPY ") and "--from" not in line}
+    assert copied == {"ca/", "wheels/", "app/"}  # what scripts/image puts in the build context
+    installs = [line for line in lines if "pip install" in line]
+    assert installs
+    assert all("--no-index" in line for line in installs)
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users
+    assert users[-1].split(":")[0] not in ("0", "root")
+    assert any(line.strip().startswith("NUMBA_CACHE_DIR=/tmp/") for line in lines)
+    assert not any(line.startswith("# syntax=") for line in lines)  # BuildKit would need a registry
+
+
+def test_deploy_truth_writes_the_plans_values_privately(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nlagg_node.deploy.nodefile import read_node_value
+
+    run = load_config(None, op="max", n=4, graph="ring")
+    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, corrupt="0")), tmp_path / "plan")
+    out = tmp_path / "summary.json"
+    code, text = run_cli(
+        ["deploy", "truth", "--plan", str(tmp_path / "plan"), "--out", str(out)], capsys, monkeypatch
+    )
+    assert code == 0, text
+    doc = json.loads(out.read_text())
+    plan = load_plan(tmp_path / "plan")
+    assert doc == {
+        "run_id": "r1",
+        "corrupted": [0],
+        "private_values": {str(n.id): read_node_value(n, tmp_path / "plan") for n in plan.nodes},
+    }
+    assert out.stat().st_mode & 0o777 == 0o600
+
+
+def test_tls_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
+    run = load_config(None, op="max", n=3, graph="ring")
+    spec = PlanSpec(run=run, run_id="r1", seed=7, broker_url="mqtts://broker:8883", make_tls=True)
+    write_plan(build_plan(spec), tmp_path / "plan")
+    with pytest.raises(ConfigError, match="plain-MQTT"):
+        compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path)
