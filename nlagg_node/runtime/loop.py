@@ -43,7 +43,6 @@ from ..termination import (
     next_quiet,
     next_stop,
     recent,
-    stop_reach,
     stop_threshold,
 )
 from .checkpoint import Checkpoint, Stage
@@ -159,8 +158,7 @@ class PdmmLoop:
             raise NlaggError("a hosted node cannot leave on its own: run it as a process of its own")
         self.slots = [list(range(len(m.neighbours))) for m in members]  # the neighbours still here
         self.duals = duals_for([len(m.neighbours) for m in members])
-        cfg = first.cfg
-        self.reach = stop_reach(cfg.n, first.edges, cfg.may_depart) if cfg.early_stop else 0
+        self.reach = first.shape.reach
         self.stopping: Stopping | None = None
         self.pace = Pace([m.id for m in members], first.t_total)
 

@@ -22,7 +22,8 @@ import numpy as np
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray, neighbours
-from ..schedule import Phase, combine, plan_phases, sealed_groups_of
+from ..protocol import RunShape, departure_claims, key_error, status_error, z0_error
+from ..schedule import Phase, combine
 from ..termination import NO_STOP, Fields
 from .barrier import Barrier, Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
@@ -101,14 +102,13 @@ class Member:
         self.has_left = False
         self._told: dict[int, dict[str, int]] = {}  # the departures each neighbour has announced
         self._expiry: dict[int, asyncio.TimerHandle] = {}
-        self.phases: list[Phase] = plan_phases(self.cfg)
-        self.t_total = sum(p.t_len for p in self.phases)
-        self.phase_at: list[str] = [p.name for p in self.phases for _ in range(p.t_len)]
-        # The z^(0) exchanges, in order: one whenever the dual group changes.
-        groups = [p.group for p in self.phases]
-        self.exchanges = [g for k, g in enumerate(groups) if not k or g != groups[k - 1]]
-        self.exchange_of = {g: k for k, g in enumerate(self.exchanges)}
-        self.sealed = sealed_groups_of(self.cfg, self.phases)  # groups whose z^(0) travel sealed (v2)
+        self.shape = RunShape(self.cfg, self.edges)
+        self.phases: list[Phase] = self.shape.phases
+        self.t_total = self.shape.t_total
+        self.phase_at: list[str] = self.shape.phase_at
+        self.exchanges = self.shape.exchanges  # the z^(0) exchanges, one whenever the dual group changes
+        self.exchange_of = self.shape.exchange_of
+        self.sealed = self.shape.sealed  # groups whose z^(0) travel sealed (v2)
         self.public = build_config_msg(self.cfg, run_id, self.edges)
         self.peers = Neighbours(self.neighbours)
         self.outbox = Outbox(transport, self.topics, node_id)
@@ -122,8 +122,7 @@ class Member:
         )  # fmt: skip
         self.z0_in.labels = self.exchanges
         # Early stopping: every phase may end before its t_len; the next phase starts at its usual t.
-        if self.cfg.early_stop:
-            self.x_in.jumps = frozenset(np.cumsum([p.t_len for p in self.phases]).tolist()[:-1])
+        self.x_in.jumps = self.shape.jumps
         self.quiet_in: dict[int, list[Fields]] = {}
         self.iterations_run = self.t_total
         self.rejected = 0
@@ -213,30 +212,23 @@ class Member:
             self.reject(f"stale x from node {j} for t={t}; the node is at t={nxt}")
         elif outcome == "gone":
             self.reject(f"x from node {j} for t={t}: it departed at t={self.departed.get(j)}")
+        elif outcome == "stopped":
+            self.reject(f"x from node {j} for t={t}: it had ended this phase")
         else:
             self.reject(f"x from node {j} for t={t}, outside the window {nxt}..{nxt + 1}")
 
     def _z0_slot(self, msg: Z0Msg | SealedZ0Msg) -> tuple[int, int] | None:
         """``(neighbour slot, exchange)`` of a z^(0) addressed to this node; None (rejected) otherwise."""
         j = msg.from_
-        slot = self.slot.get(j)
-        if msg.to != self.id or slot is None:
-            self.reject(f"z0 from node {j} to node {msg.to}: not an edge of node {self.id}")
+        why = z0_error(self.shape, j, msg.to, msg.group, isinstance(msg, SealedZ0Msg))
+        if why is None and msg.to != self.id:
+            why = f"z0 from node {j} to node {msg.to}: not addressed to node {self.id}"
+        if why is not None:
+            if "protocol v" in why:
+                why += f" (init_channel={self.cfg.init_channel}); refused"
+            self.reject(why)
             return None
-        key = self.exchange_of.get(msg.group)
-        if key is None:
-            self.reject(f"z0 from node {j} for unknown dual group {msg.group!r}")
-            return None
-        sealed = isinstance(msg, SealedZ0Msg)
-        if sealed != (msg.group in self.sealed):
-            how = "sealed (protocol v2)" if sealed else "plaintext (protocol v1)"
-            want = "sealed" if msg.group in self.sealed else "in plaintext"
-            self.reject(
-                f"z0 {j}->{self.id} of group {msg.group!r} is {how}, but this run exchanges that group"
-                f" {want} (init_channel={self.cfg.init_channel}); refused"
-            )
-            return None
-        return slot, key
+        return self.slot[j], self.exchange_of[msg.group]
 
     def _put_z0(self, j: int, slot: int, key: int, group: str, z: float) -> None:
         outcome = self.z0_in.put(key, slot, z)
@@ -273,8 +265,11 @@ class Member:
     def on_key(self, msg: KeyMsg) -> None:
         """Neighbour j's public key of the run: open what waited for it, seal what we may resend to it."""
         j = msg.node
-        if j not in self.slot or self.keys is None:
-            self.reject(f"key of node {j}: {'not a neighbour' if self.keys else 'this run seals nothing'}")
+        why = key_error(self.shape, j)
+        if why is None and j not in self.slot:
+            why = f"key of node {j}: not a neighbour of node {self.id}"
+        if why is not None or self.keys is None:
+            self.reject(str(why))
             return
         try:
             new = self.keys.add(j, msg.key)
@@ -292,14 +287,19 @@ class Member:
     def on_status(self, msg: StatusMsg) -> None:
         j = msg.node
         slot = self.slot.get(j)
-        if slot is None:
-            self.reject(f"status of node {j}, not a neighbour of {self.id}")
+        why = status_error(self.shape, j, msg.iterations, msg.departed)
+        if why is None and slot is None:
+            why = f"status of node {j}, not a neighbour of {self.id}"
+        if why is not None or slot is None:
+            self.reject(str(why))
             return
-        if msg.departed and str(self.id) in msg.departed and not self.has_left:
-            raise DepartedError(
-                f"node {self.id}: neighbour {j} counts this node as departed at "
-                f"t={msg.departed[str(self.id)]}; a departed node is refused for the rest of the run"
-            )
+        claims = departure_claims(j, msg.state, msg.iterations, msg.departed)
+        for subject, at in claims:
+            if subject == self.id and not self.has_left:
+                raise DepartedError(
+                    f"node {self.id}: neighbour {j} counts this node as departed at "
+                    f"t={at}; a departed node is refused for the rest of the run"
+                )
         if j in self.departed:
             if msg.state in ("online", "running"):
                 self.reject(f"node {j} departed at t={self.departed[j]} and is refused for this run")
@@ -310,8 +310,10 @@ class Member:
         again = before == msg.state and not news
         self.peers.update(j, msg.state)
         self._watch(j, msg.state, before)
-        if msg.state == "leaving" and msg.iterations is not None:
-            self._depart(j, msg.iterations)
+        if msg.state == "leaving":
+            for subject, at in claims:
+                if subject == j:  # its own word; its neighbours' claims about others are theirs
+                    self._depart(j, at)
         elif msg.state == "online" or (msg.state == "running" and again):
             # j (re)started, or republished its status after the broker lost its session: it may
             # have lost what we sent (it drops duplicates).
