@@ -27,6 +27,7 @@ from nlagg_node.protocol import (
     NO_HALT,
     OUTSIDE_WINDOW,
     X_WINDOW,
+    Departures,
     RunShape,
     admit,
     adv_error,
@@ -80,7 +81,7 @@ class RunRules:
         self.neighbours = shape.neighbours
         self.latest: list[int] = [-1] * self.n  # latest valid t per node
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
-        self.gone_from: list[int] = [self.t_total] * self.n  # departures, from statuses
+        self.departures = Departures(shape)  # from statuses
         self._halted: dict[tuple[int, int], int] = {}  # (phase, node) -> the t after which it stopped
 
     def inside(self, node: int, t: int) -> bool:
@@ -124,23 +125,19 @@ class RunRules:
             return why
         halt = self._halt(i, t)
         position = NO_STOP if self._resync else self.position(i, t)
-        verdict = admit(t, position, self.gone_from[i], halt, X_WINDOW, self.shape.jumps)
+        gone = self.departures.gone_from(i)
+        verdict = admit(t, position, gone, halt, X_WINDOW, self.shape.jumps)
         if verdict == "ahead":
-            behind = self._behind(i, t)
+            behind = [k for k in self.departures.receivers(i, t) if self.latest[k] < t - 1]
             return f"x_{i}^({t}) {OUTSIDE_WINDOW}: node(s) {behind[:8]} not yet at t={t - 1}"
         if verdict is not None:
-            return f"x_{i}^({t}): " + _WHY[verdict].format(i=i, gone=self.gone_from[i], halt=halt[0])
+            return f"x_{i}^({t}): " + _WHY[verdict].format(i=i, gone=gone, halt=halt[0])
         return None
 
     def position(self, node: int, t: int) -> int:
         """The lowest position the capture has seen among the neighbours of ``node`` that wait for its
         x^(t) (:func:`~nlagg_node.protocol.lowest_position`)."""
-        return lowest_position(self.latest, self.gone_from, self.neighbours[node], t)
-
-    def _behind(self, node: int, t: int) -> list[int]:
-        """The neighbours of ``node`` not yet seen at ``t - 1`` that have not departed by then."""
-        latest, gone, before = self.latest, self.gone_from, t - 1
-        return [j for j in self.neighbours[node] if latest[j] < before and gone[j] > before]
+        return lowest_position(self.latest, self.departures.receivers(node, t))
 
     def waits(self, msg: Decoded) -> bool:
         """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour not yet seen
@@ -160,7 +157,7 @@ class RunRules:
                 self._halted.setdefault((self.shape.phase_of(stop), msg.node), stop)
         elif isinstance(msg, StatusMsg):
             for j, t in departure_claims(msg.node, msg.state, msg.iterations, msg.departed):
-                self.gone_from[j] = min(t, self.gone_from[j])
+                self.departures.claim(msg.node, j, t)
 
     def saw_x(self, node: int, t: int) -> None:
         if t > self.latest[node]:

@@ -19,7 +19,8 @@ An x ``x_j^(t)`` passes three checks, in order:
 
 A node passes its own position (its barrier's next key). The transcript stores one x per slot for
 every receiver, so it passes the lowest position it has evidence of among the sender's neighbours
-that have not departed (:func:`lowest_position`: the latest x it has seen of each; a node that
+that wait for that x (:func:`lowest_position` over :meth:`Departures.receivers`: the latest x it
+has seen of each; a node that
 published x^(p) waits for x^(p), so the capture's view is a lower bound of every receiver's
 position): it keeps an x only if every receiver's window holds it. An honest x_j^(t) is published
 after every x_k^(t-1) of its neighbours and reaches every subscriber after them, so both sides take
@@ -32,12 +33,13 @@ the run seals that group; a public key (:func:`key_error`) comes from a node of 
 a status (:func:`status_error`) is bounded by the run and its ``departed`` map names neighbours of
 its sender. A departure counts only from what the departed node says of itself (``leaving`` with
 its departure iteration) or from a neighbour's own observation of the shared edge
-(:func:`departure_claims`): a claim about a non-neighbour never counts.
+(:func:`departure_claims`), and only for that edge (:class:`Departures`): a claim about a
+non-neighbour never counts, and one neighbour's claim does not silence the sender for the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from ..termination import NO_STOP, halts
@@ -47,6 +49,7 @@ __all__ = [
     "NO_HALT",
     "OUTSIDE_WINDOW",
     "X_WINDOW",
+    "Departures",
     "Verdict",
     "admit",
     "adv_error",
@@ -109,15 +112,60 @@ def slot_verdict(held: float | None, value: float) -> Literal["new", "dup", "con
     return "dup" if held == value else "conflict"
 
 
-def lowest_position(latest: Sequence[int], gone_from: Sequence[int], receivers: Sequence[int], t: int) -> int:
-    """The lowest position among ``receivers`` still there at ``t - 1`` (departed ones wait for
-    nothing), from the latest x seen of each; :data:`NO_STOP` when none is left."""
-    before = t - 1
-    low = NO_STOP
-    for k in receivers:
-        if gone_from[k] > before and latest[k] < low:
-            low = latest[k]
-    return low
+def lowest_position(latest: Sequence[int], receivers: Iterable[int]) -> int:
+    """The lowest position among ``receivers``, from the latest x seen of each (a node that
+    published x^(p) waits for x^(p)); :data:`NO_STOP` when there is none."""
+    return min((latest[k] for k in receivers), default=NO_STOP)
+
+
+class Departures:
+    """Who has departed for whom: the departures the statuses of a run establish.
+
+    A departure is a fact about an edge: receiver k stops waiting for sender j from k's own
+    observation (j's will stayed, :mod:`nlagg_node.departure`), or for every neighbour from j's
+    own ``leaving``. An x_j^(t) is ``gone`` for a receiver from then on, and for the whole run once
+    it is gone for every neighbour of j (:meth:`gone_from`); a neighbour's claim alone never
+    silences j for the others. An x's receivers are the neighbours whose edge with its sender
+    neither end has said is gone (:meth:`receivers`). A node keeps its own column of this table in its barrier
+    (:meth:`nlagg_node.runtime.barrier.Barrier.depart`); the transcript keeps all of it.
+    """
+
+    def __init__(self, shape: RunShape) -> None:
+        self.shape = shape
+        self.own: list[int] = [shape.t_total] * shape.n  # j's own word (leaving at T)
+        self.seen: dict[tuple[int, int], int] = {}  # (receiver, sender) -> T, the receiver's word
+        self.any = False
+
+    def claim(self, claimant: int, subject: int, at: int) -> None:
+        """Record a claim of :func:`departure_claims` made in ``claimant``'s status."""
+        self.any = True
+        if claimant == subject:
+            self.own[subject] = min(at, self.own[subject])
+        else:
+            self.seen[claimant, subject] = min(at, self.seen.get((claimant, subject), at))
+
+    def gone_for(self, receiver: int, sender: int) -> int:
+        """The first iteration whose x of ``sender`` ``receiver`` no longer waits for."""
+        return min(self.own[sender], self.seen.get((receiver, sender), self.shape.t_total))
+
+    def gone_from(self, sender: int) -> int:
+        """The first iteration no neighbour of ``sender`` waits for its x (``t_total``: none)."""
+        if not self.any:
+            return self.shape.t_total
+        return min(self.own[sender], max(self.gone_for(k, sender) for k in self.shape.neighbours[sender]))
+
+    def edge_gone(self, a: int, b: int) -> int:
+        """The iteration from which the edge ``(a, b)`` carries no x: its ends' word, either end's."""
+        t_total = self.shape.t_total
+        return min(self.own[a], self.own[b], self.seen.get((a, b), t_total), self.seen.get((b, a), t_total))
+
+    def receivers(self, sender: int, t: int) -> list[int]:
+        """The neighbours of ``sender`` that wait for its x^(t): their edge still there at ``t - 1``
+        (a neighbour departed at T published x^(T-1), so it is still counted at t = T)."""
+        nbrs = self.shape.neighbours[sender]
+        if not self.any:
+            return nbrs
+        return [k for k in nbrs if self.edge_gone(sender, k) > t - 1]
 
 
 def halt_span(shape: RunShape, t: int, stop: int | None, departures: Sequence[int] | None) -> tuple[int, int]:
