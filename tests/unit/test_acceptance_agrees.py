@@ -78,7 +78,7 @@ async def _reach(sides: Sides, cfg: RunConfig) -> None:
                 if k in nbrs[i]:
                     node.feed(Message(topic, payload))
         for node in sides.nodes.values():
-            await node.x_in.take(t)
+            await node.member.x_in.take(t)
     for i in RECEIVERS:
         assert sides.transcript.add(*sides.x(i, P, honest(i, P))) is not None
 
@@ -98,7 +98,7 @@ async def sides(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         }
         tr = stack.enter_context(Transcript(tmp_path / "t.sqlite", run_id=RUN))
         tr.add(TP.config, encode(build_config_msg(cfg, RUN, edges)), retained=True)
-        s = Sides(nodes, tr, early, nodes[0].shape.exchanges[0])
+        s = Sides(nodes, tr, early, nodes[0].member.shape.exchanges[0])
         await _reach(s, cfg)
         yield s
 
@@ -182,5 +182,5 @@ async def test_the_nodes_and_the_transcript_decide_alike(sides: Sides, sequence:
     assert callable(sequence)
     for step in sequence(sides):
         (topic, payload), expected = step[0], step[1]
-        at = step[2] if len(step) > 2 else RECEIVERS  # type: ignore[misc]
+        at = step[2] if len(step) > 2 else RECEIVERS
         assert sides.decide(topic, payload, at) == {expected}, (payload, expected)

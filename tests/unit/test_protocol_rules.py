@@ -18,7 +18,7 @@ from nlagg_node.runtime.node import run_edges
 
 
 def shape_of(**fields: object) -> RunShape:
-    cfg = RunConfig(**{"op": "max", "n": 6, "graph": "ring", "t_max": 20, "trials": 1, **fields}).resolved()  # type: ignore[arg-type]
+    cfg = RunConfig(**{"op": "max", "n": 6, "graph": "ring", "t_max": 20, "trials": 1, **fields}).resolved()
     return RunShape(cfg, run_edges(cfg))
 
 
