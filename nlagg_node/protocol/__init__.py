@@ -23,7 +23,7 @@ from .accept import (
     x_form_error,
     z0_error,
 )
-from .shape import RunShape
+from .shape import RunShape, phase_starts
 
 __all__ = [
     "NO_HALT",
@@ -38,6 +38,7 @@ __all__ = [
     "halt_span",
     "key_error",
     "lowest_position",
+    "phase_starts",
     "slot_verdict",
     "status_error",
     "x_form_error",

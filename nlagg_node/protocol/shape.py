@@ -10,6 +10,7 @@ from a validated configuration; nothing in it changes during the run.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -18,7 +19,16 @@ from ..graphs import IntArray, neighbours
 from ..schedule import Phase, plan_phases, sealed_groups_of
 from ..termination import stop_reach
 
-__all__ = ["RunShape"]
+__all__ = ["RunShape", "phase_starts"]
+
+
+def phase_starts(phases: Sequence[Phase]) -> list[int]:
+    """The first iteration of every phase, then the run's ``t_total``: the phase table every driver
+    (the node loop, the replay, the transcript's rules) reads."""
+    starts = [0]
+    for p in phases:
+        starts.append(starts[-1] + p.t_len)
+    return starts
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,11 +48,8 @@ class RunShape:
 
     def __post_init__(self) -> None:
         phases = plan_phases(self.cfg)
-        starts = [0]
-        for p in phases:
-            starts.append(starts[-1] + p.t_len)
         object.__setattr__(self, "phases", phases)
-        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "starts", phase_starts(phases))
 
     @property
     def n(self) -> int:

@@ -294,7 +294,7 @@ class PdmmLoop:
         if ck is not None and ck.stage == "x":
             duals.start([tr.ck.u_out for tr in tracks], [tr.ck.u_in for tr in tracks])  # type: ignore[union-attr]
         s_used = np.array([tr.s_used for tr in tracks])
-        phase_start = np.cumsum([0] + [p.t_len for p in self.phases]).tolist()
+        phase_start = members[0].shape.starts
         for p_idx in range(p_first, len(self.phases)):
             phase = self.phases[p_idx]
             c, theta, objective = phase_c(cfg, phase), cfg.theta, phase.objective
