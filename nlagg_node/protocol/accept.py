@@ -40,7 +40,7 @@ non-neighbour never counts, and one neighbour's claim does not silence the sende
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..termination import NO_STOP, halts
 from .shape import RunShape
@@ -62,6 +62,8 @@ __all__ = [
     "x_form_error",
     "z0_error",
 ]
+
+T = TypeVar("T")
 
 Verdict = Literal["new", "dup", "conflict", "stale", "ahead", "gone", "stopped"]
 """A receiver's decision on one value: ``new`` (taken), ``dup`` (the same value again),
@@ -105,8 +107,11 @@ def admit(
     return None
 
 
-def slot_verdict(held: float | None, value: float) -> Literal["new", "dup", "conflict"]:
-    """A value for a slot that holds ``held`` (None: empty): the first one wins."""
+def slot_verdict(held: T | None, value: T) -> Literal["new", "dup", "conflict"]:
+    """A value for a slot that holds ``held`` (None: empty): the first one wins.
+
+    The nodes compare values; the transcript compares digests of the whole message (a copy with
+    other early-stop fields is another message for the same slot)."""
     if held is None:
         return "new"
     return "dup" if held == value else "conflict"
