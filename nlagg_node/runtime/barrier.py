@@ -88,7 +88,10 @@ class Barrier:
         self.labels: list[str] | None = None  # key -> label in messages (default: the key)
         self.jumps: frozenset[int] = frozenset()  # keys accepted beyond the window (see skip_to)
         self.gone: dict[int, int] = {}  # slot -> the first key it no longer delivers (departed)
-        self.halts: dict[int, tuple[int, int]] = {}  # slot -> its sender's last phase end (halt_span)
+        # Per slot, as admit() reads them on the hot path: the first key it no longer delivers
+        # (``end``: none) and its sender's last halt span (halt_span).
+        self._gone_at = [end] * self.size
+        self._halt_at = [NO_HALT] * self.size
         self._pending: dict[int, _Round] = {}
         self._taken: dict[int, list[float]] = {}
         self._waiter: asyncio.Future[None] | None = None
@@ -135,7 +138,7 @@ class Barrier:
             raise NlaggError(
                 f"node {self.owner}: {self.label(key)} of node {self.senders[slot]} was already taken"
             )
-        self.gone[slot] = min(key, self.gone.get(slot, key))
+        self.gone[slot] = self._gone_at[slot] = min(key, self.gone.get(slot, key))
         for k, rnd in self._pending.items():
             if k >= key and rnd.values[slot] is not None:
                 rnd.values[slot] = None
@@ -146,7 +149,7 @@ class Barrier:
     def halted(self, slot: int, span: tuple[int, int]) -> None:
         """``slot``'s sender ended its phase: ``span`` is ``(its last key, the phase's end)``
         (:func:`nlagg_node.protocol.halt_span`); a key between them is refused as ``stopped``."""
-        self.halts[slot] = span
+        self._halt_at[slot] = span
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -156,14 +159,7 @@ class Barrier:
 
     def put(self, key: int, slot: int, value: float) -> Outcome:
         """The value of ``slot`` for ``key``: the barrier's hot path."""
-        verdict = admit(
-            key,
-            self.next,
-            self.gone.get(slot, self.end) if self.gone else self.end,
-            self.halts.get(slot, NO_HALT) if self.halts else NO_HALT,
-            self.window,
-            self.jumps,
-        )
+        verdict = admit(key, self.next, self._gone_at[slot], self._halt_at[slot], self.window, self.jumps)
         if verdict is not None:
             return verdict
         if key < self.next:
