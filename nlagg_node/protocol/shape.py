@@ -93,6 +93,11 @@ class RunShape:
         groups = [p.group for p in self.phases]
         return [g for k, g in enumerate(groups) if not k or g != groups[k - 1]]
 
+    def opens_exchange(self, p: int) -> bool:
+        """Whether phase ``p`` starts with a z^(0) exchange: the first phase, and every phase whose
+        dual group differs from the one before (the same group carries its duals on)."""
+        return p == 0 or self.phases[p].group != self.phases[p - 1].group
+
     @cached_property
     def exchange_of(self) -> dict[str, int]:
         return {g: k for k, g in enumerate(self.exchanges)}

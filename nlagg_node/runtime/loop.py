@@ -294,12 +294,14 @@ class PdmmLoop:
         if ck is not None and ck.stage == "x":
             duals.start([tr.ck.u_out for tr in tracks], [tr.ck.u_in for tr in tracks])  # type: ignore[union-attr]
         s_used = np.array([tr.s_used for tr in tracks])
-        phase_start = members[0].shape.starts
+        shape = members[0].shape
+        phase_start = shape.starts
         for p_idx in range(p_first, len(self.phases)):
             phase = self.phases[p_idx]
             c, theta, objective = phase_c(cfg, phase), cfg.theta, phase.objective
             first_round = -1
-            if (resuming and ck is not None and ck.stage == "z0") or (not resuming and phase.group != group):
+            opens = shape.opens_exchange(p_idx)
+            if (resuming and ck is not None and ck.stage == "z0") or (not resuming and opens):
                 group = phase.group
                 await self._exchange(p_idx, t, fresh=not resuming)
                 first_round = t

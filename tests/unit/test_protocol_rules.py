@@ -58,6 +58,9 @@ def test_the_shape_follows_the_schedule() -> None:
         assert shape.phase_end(start) == shape.starts[p + 1]
         assert shape.phase_at[start] == shape.phases[p].name
     assert shape_of(early_stop=False).jumps == frozenset()
+    opens = [shape.opens_exchange(p) for p in range(len(shape.phases))]
+    assert opens[0]
+    assert [shape.phases[p].group for p in range(len(opens)) if opens[p]] == shape.exchanges
 
 
 def test_a_stop_ends_the_senders_phase_unless_a_departure_voids_it() -> None:
