@@ -184,3 +184,20 @@ async def test_the_nodes_and_the_transcript_decide_alike(sides: Sides, sequence:
         (topic, payload), expected = step[0], step[1]
         at = step[2] if len(step) > 2 else RECEIVERS
         assert sides.decide(topic, payload, at) == {expected}, (payload, expected)
+
+
+async def test_receivers_apart_the_transcript_keeps_what_every_receiver_takes(sides: Sides) -> None:
+    """Node 0 one iteration ahead of node 2: a forged x_1^(P+2) lies in node 0's window only. Node 0
+    takes it, node 2 refuses it, and so does the transcript, which stores an x only if every
+    receiver's window holds it (the real x_1^(P+2) is then a conflict node 0 reports: an
+    equivocation the receivers see, see docs/protocol.md, "Acceptance: one rule")."""
+    for k in (1, 5):
+        topic, payload = sides.x(k, P, honest(k, P))
+        sides.transcript.add(topic, payload)
+        sides.nodes[0].feed(Message(topic, payload))
+    await sides.nodes[0].member.x_in.take(P)
+    assert sides.transcript.add(*sides.x(0, P + 1, honest(0, P + 1))) is not None
+    topic, payload = sides.x(1, P + 2, 42.0)
+    made = [sides.node_decides(sides.nodes[i], topic, payload) for i in RECEIVERS]
+    assert made == ["taken", "refused"]
+    assert sides.transcript_decides(topic, payload) == "refused"
