@@ -42,6 +42,7 @@ from nlagg_node.arrays import BoolArray, FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import dual_sum, linear_branch, z_update
+from nlagg_node.protocol import phase_starts
 from nlagg_node.runtime.wire import AdvStateMsg
 from nlagg_node.schedule import Phase
 from nlagg_node.termination import halts
@@ -133,7 +134,7 @@ class LiveReplay:
         self.theta = theta
         self.t_total = sum(p.t_len for p in self.phases)
         self._phase_of = np.repeat(np.arange(len(self.phases)), [p.t_len for p in self.phases])
-        self._starts = np.cumsum([0] + [p.t_len for p in self.phases])
+        self._starts = np.asarray(phase_starts(self.phases), dtype=np.int64)
         self.reach = reach
         # Early stopping: per phase, node -> the last iteration it ran (it stopped after it).
         self.halted: list[dict[int, int]] = [{} for _ in self.phases]

@@ -15,6 +15,7 @@ import numpy as np
 
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import components
+from nlagg_node.protocol import phase_starts
 from nlagg_node.schedule import Phase
 
 __all__ = ["iterations_run", "node_ends", "node_iterations_run", "phase_spans"]
@@ -81,5 +82,5 @@ def node_ends(
 def node_iterations_run(phases: Sequence[Phase], x: FloatArray, ends: IntArray | None = None) -> IntArray:
     """``(n,)``: the iterations each node of an early-stopping run ran (:func:`node_ends`), in all."""
     ends = node_ends(phases, x) if ends is None else ends
-    starts = np.cumsum([0] + [ph.t_len for ph in phases])[: len(phases)]
+    starts = np.asarray(phase_starts(phases)[: len(phases)], dtype=np.int64)
     return np.asarray((ends - starts[:, None]).sum(axis=0), dtype=np.int64)

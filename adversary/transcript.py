@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.protocol import slot_verdict
 from nlagg_node.runtime.wire import (
     ConfigMsg,
     Decoded,
@@ -288,8 +289,10 @@ class Transcript(TranscriptReader):
         if info.kind not in ("x", "z0", "adv"):
             return None
         slot = (info.kind, topic, phase if info.kind == "z0" else t)
-        holder = self._slots.setdefault(slot, key)
-        if holder == key:
+        verdict = slot_verdict(self._slots.get(slot), key)  # the first message of a slot wins
+        if verdict == "new":
+            self._slots[slot] = key
+        if verdict != "conflict":
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"

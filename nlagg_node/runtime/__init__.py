@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .brokers import start_broker as start_broker
     from .brokers import start_mosquitto as start_mosquitto
     from .hosted import host_nodes as host_nodes
+    from .member import MemberOptions as MemberOptions
     from .memory import MemoryBroker as MemoryBroker
     from .memory import MemoryTransport as MemoryTransport
     from .node import Node as Node

@@ -11,10 +11,13 @@ order (0, 1, 2, ...); the node uses one barrier per kind of exchange:
 * ``z0``: key k, the k-th z^(0) exchange of the run (one per dual group, in schedule order);
   every later exchange is in the window.
 
-Every arriving value gets one verdict (:data:`Outcome`): ``new`` (stored), ``dup`` (the same
-value again), ``conflict`` (a different value for a slot already filled: the first one is
-kept), ``stale`` (a key already taken whose record is gone), ``ahead`` (beyond the window) or
-``gone`` (from a sender that has departed, see :meth:`Barrier.depart`).
+Every arriving value gets one verdict (:data:`Outcome`), decided by the protocol's acceptance
+rule (:func:`nlagg_node.protocol.admit` with this receiver's position, the key it waits for, then
+:func:`nlagg_node.protocol.slot_verdict`; the transcript calls the same functions): ``new``
+(stored), ``dup`` (the same value again), ``conflict`` (a different value for a slot already
+filled: the first one is kept), ``stale`` (a key already taken whose record is gone), ``ahead``
+(beyond the window), ``gone`` (from a sender that has departed, see :meth:`Barrier.depart`) or
+``stopped`` (after the sender ended its phase, see :meth:`Barrier.halted`).
 The caller decides what each verdict costs (count a duplicate, reject and log). New kinds of
 exchange (departures, keys) are new barriers, not new code paths.
 
@@ -28,13 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Literal
 
 from ..errors import NeighbourTimeoutError, NlaggError
+from ..protocol import NO_HALT, Verdict, admit, slot_verdict
 
 __all__ = ["Barrier", "Outcome"]
 
-Outcome = Literal["new", "dup", "conflict", "stale", "ahead", "gone"]
+Outcome = Verdict
 
 
 class _Round:
@@ -85,6 +88,10 @@ class Barrier:
         self.labels: list[str] | None = None  # key -> label in messages (default: the key)
         self.jumps: frozenset[int] = frozenset()  # keys accepted beyond the window (see skip_to)
         self.gone: dict[int, int] = {}  # slot -> the first key it no longer delivers (departed)
+        # Per slot, as admit() reads them on the hot path: the first key it no longer delivers
+        # (``end``: none) and its sender's last halt span (halt_span).
+        self._gone_at = [end] * self.size
+        self._halt_at = [NO_HALT] * self.size
         self._pending: dict[int, _Round] = {}
         self._taken: dict[int, list[float]] = {}
         self._waiter: asyncio.Future[None] | None = None
@@ -131,13 +138,18 @@ class Barrier:
             raise NlaggError(
                 f"node {self.owner}: {self.label(key)} of node {self.senders[slot]} was already taken"
             )
-        self.gone[slot] = min(key, self.gone.get(slot, key))
+        self.gone[slot] = self._gone_at[slot] = min(key, self.gone.get(slot, key))
         for k, rnd in self._pending.items():
             if k >= key and rnd.values[slot] is not None:
                 rnd.values[slot] = None
                 rnd.count -= 1
         self._wake()
         return key
+
+    def halted(self, slot: int, span: tuple[int, int]) -> None:
+        """``slot``'s sender ended its phase: ``span`` is ``(its last key, the phase's end)``
+        (:func:`nlagg_node.protocol.halt_span`); a key between them is refused as ``stopped``."""
+        self._halt_at[slot] = span
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -147,21 +159,20 @@ class Barrier:
 
     def put(self, key: int, slot: int, value: float) -> Outcome:
         """The value of ``slot`` for ``key``: the barrier's hot path."""
-        if self.gone and key >= self.gone.get(slot, self.end):
-            return "gone"
+        verdict = admit(key, self.next, self._gone_at[slot], self._halt_at[slot], self.window, self.jumps)
+        if verdict is not None:
+            return verdict
         if key < self.next:
             seen = self._taken.get(key)
-            if seen is None:
-                return "stale"
-            return "dup" if seen[slot] == value else "conflict"
-        if (key >= self.next + self.window and key not in self.jumps) or key >= self.end:
+            return "stale" if seen is None else slot_verdict(seen[slot], value)
+        if key >= self.end:
             return "ahead"
         rnd = self._pending.get(key)
         if rnd is None:
             rnd = self._pending[key] = _Round(self.size)
         old = rnd.values[slot]
         if old is not None:
-            return "dup" if old == value else "conflict"
+            return slot_verdict(old, value)
         rnd.values[slot] = value
         rnd.count += 1
         waiter = self._waiter

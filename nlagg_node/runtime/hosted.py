@@ -53,6 +53,7 @@ async def host_nodes(
         if on_reject is not None:
             on_reject(topic, exc)
 
-    router = Router(list(nodes), reject)
+    members = [node.member for node in nodes]
+    router = Router(members, reject)
     await transport.subscribe(*router.subscriptions())
-    return await run_members(list(nodes), router, transport)
+    return await run_members(members, router, transport)

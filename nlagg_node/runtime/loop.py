@@ -43,7 +43,6 @@ from ..termination import (
     next_quiet,
     next_stop,
     recent,
-    stop_reach,
     stop_threshold,
 )
 from .checkpoint import Checkpoint, Stage
@@ -159,8 +158,7 @@ class PdmmLoop:
             raise NlaggError("a hosted node cannot leave on its own: run it as a process of its own")
         self.slots = [list(range(len(m.neighbours))) for m in members]  # the neighbours still here
         self.duals = duals_for([len(m.neighbours) for m in members])
-        cfg = first.cfg
-        self.reach = stop_reach(cfg.n, first.edges, cfg.may_depart) if cfg.early_stop else 0
+        self.reach = first.shape.reach
         self.stopping: Stopping | None = None
         self.pace = Pace([m.id for m in members], first.t_total)
 
@@ -296,12 +294,14 @@ class PdmmLoop:
         if ck is not None and ck.stage == "x":
             duals.start([tr.ck.u_out for tr in tracks], [tr.ck.u_in for tr in tracks])  # type: ignore[union-attr]
         s_used = np.array([tr.s_used for tr in tracks])
-        phase_start = np.cumsum([0] + [p.t_len for p in self.phases]).tolist()
+        shape = members[0].shape
+        phase_start = shape.starts
         for p_idx in range(p_first, len(self.phases)):
             phase = self.phases[p_idx]
             c, theta, objective = phase_c(cfg, phase), cfg.theta, phase.objective
             first_round = -1
-            if (resuming and ck is not None and ck.stage == "z0") or (not resuming and phase.group != group):
+            opens = shape.opens_exchange(p_idx)
+            if (resuming and ck is not None and ck.stage == "z0") or (not resuming and opens):
                 group = phase.group
                 await self._exchange(p_idx, t, fresh=not resuming)
                 first_round = t

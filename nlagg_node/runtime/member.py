@@ -1,9 +1,17 @@
-"""One participant of a run as the protocol loop sees it: identity, inbox, neighbours, outbox, status.
+"""One participant of a run as the protocol loop sees it: a composition of its parts, and its status.
 
 A :class:`Member` holds everything that belongs to one node and nothing about connections or
-iterations: its configuration and schedule, its two barriers (x and z^(0), see
-:mod:`~nlagg_node.runtime.barrier`), its neighbours' statuses and its outbox (see
-:mod:`~nlagg_node.runtime.peers`), its counters, and its checkpoint store. The message router
+iterations. Its parts, one concern each:
+
+* :class:`~nlagg_node.runtime.intake.XIntake`: the neighbours' x's (a barrier, the early-stop
+  fields sent with them) and :class:`~nlagg_node.runtime.intake.Tally`, its counters;
+* :class:`~nlagg_node.runtime.exchange.Z0Exchange`: the z^(0) exchanges, sealed or not, and the
+  run's keys;
+* :class:`~nlagg_node.runtime.watch.DepartureWatch`: the neighbours that have left for good;
+* its neighbours' statuses and its outbox (:mod:`~nlagg_node.runtime.peers`), its checkpoint store.
+
+The member itself reads its neighbours' statuses (:meth:`Member.on_status`) and publishes its own.
+What each part accepts is the protocol's rule (:mod:`nlagg_node.protocol`). The message router
 (:mod:`~nlagg_node.runtime.routing`) feeds it; the loop (:mod:`~nlagg_node.runtime.loop`) drives
 it, for one node alone (:class:`~nlagg_node.runtime.node.Node`) or for several in one process
 (:func:`~nlagg_node.runtime.hosted.host_nodes`).
@@ -12,31 +20,32 @@ it, for one node alone (:class:`~nlagg_node.runtime.node.Node`) or for several i
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 import numpy as np
 
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
-from ..graphs import IntArray, neighbours
-from ..schedule import Phase, combine, plan_phases, sealed_groups_of
-from ..termination import NO_STOP, Fields
-from .barrier import Barrier, Outcome
+from ..graphs import IntArray
+from ..protocol import RunShape, departure_claims, status_error
+from ..schedule import Phase, combine
+from ..termination import Fields
+from .barrier import Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
+from .exchange import Z0Exchange
+from .intake import Tally, XIntake
 from .patience import check_not_finished, wait_saying
-from .peers import HISTORY, Neighbours, Outbox
+from .peers import Neighbours, Outbox
 from .public import build_config_msg, config_mismatch, run_edges
 from .result import NodeResult
-from .seal import KeyRing, load_or_create_key, new_key
+from .seal import KeyRing
 from .transport import Transport
-from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, WireError, Z0Msg, encode, topics
+from .watch import DepartureWatch
+from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, Z0Msg, encode, topics
 
-__all__ = ["DepartedError", "Member", "NodeResult", "check_neighbour_timeout"]
-
-log = logging.getLogger("nlagg.node")
+__all__ = ["DepartedError", "Member", "MemberOptions", "NodeResult", "check_neighbour_timeout"]
 
 
 def check_neighbour_timeout(seconds: float) -> float:
@@ -46,8 +55,36 @@ def check_neighbour_timeout(seconds: float) -> float:
     return seconds
 
 
+class MemberOptions(TypedDict, total=False):
+    """A node's options besides its configuration, id, value and connection (all optional).
+
+    prefix, edges : the topic prefix (``nlagg``) and the canonical edge list (:func:`run_edges`).
+    corrupt : publish ``adv/{i}/state`` every iteration (the paper's passive corrupted node).
+    seed : seed of the private generator ``rng_for(seed, "node", 0, i)``; ``"config"`` (default)
+        for ``cfg.seed``, None for OS entropy (a device in the field).
+    neighbour_timeout : seconds a barrier may wait (30); ``startup_timeout`` for the neighbours to
+        come online and for a z^(0) exchange (60).
+    checkpoint : where to keep the local checkpoint; a node restarted with the same store resumes.
+    departure_timeout : seconds a neighbour's will must stay before it departs (3/4 of the neighbour
+        timeout by default).
+    leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
+    leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
+    """
+
+    prefix: str
+    edges: IntArray | None
+    corrupt: bool
+    seed: int | Literal["config"] | None
+    neighbour_timeout: float
+    startup_timeout: float
+    checkpoint: CheckpointStore | None
+    departure_timeout: float | None
+    leave_after: int | None
+    leave_quietly: bool
+
+
 class Member:
-    """One node of a run; see :class:`~nlagg_node.runtime.node.Node` for the parameters."""
+    """One node of a run; see :class:`~nlagg_node.runtime.node.Node` and :class:`MemberOptions`."""
 
     def __init__(
         self,
@@ -57,16 +94,7 @@ class Member:
         transport: Transport,
         *,
         run_id: str,
-        prefix: str = "nlagg",
-        edges: IntArray | None = None,
-        corrupt: bool = False,
-        seed: int | Literal["config"] | None = "config",
-        neighbour_timeout: float = 30.0,
-        startup_timeout: float = 60.0,
-        checkpoint: CheckpointStore | None = None,
-        departure_timeout: float | None = None,
-        leave_after: int | None = None,
-        leave_quietly: bool = False,
+        **options: Unpack[MemberOptions],
     ) -> None:
         self.cfg = cfg.resolved()
         if not 0 <= node_id < self.cfg.n:
@@ -75,76 +103,73 @@ class Member:
         self.value = float(value)
         self.transport = transport
         self.run_id = run_id
-        self.prefix = prefix
-        self.topics = topics(prefix, run_id)
+        self.prefix = options.get("prefix", "nlagg")
+        self.topics = topics(self.prefix, run_id)
+        edges = options.get("edges")
         self.edges = run_edges(self.cfg) if edges is None else edges
-        self.neighbours: list[int] = neighbours(self.cfg.n, self.edges)[node_id]
+        self.shape = RunShape(self.cfg, self.edges)
+        self.neighbours: list[int] = self.shape.neighbours[node_id]
         if not self.neighbours:
             raise NlaggError(f"node {node_id} has no neighbours in the graph")
         self.slot = {j: k for k, j in enumerate(self.neighbours)}
         self.active: list[int] = list(self.neighbours)  # those not departed (the loop drops them)
-        self.corrupt = corrupt
+        self.corrupt = options.get("corrupt", False)
+        seed = options.get("seed", "config")
         self.seed = self.cfg.seed if seed == "config" else seed
-        self.neighbour_timeout = check_neighbour_timeout(neighbour_timeout)
-        self.startup_timeout = startup_timeout
-        # Departures (nlagg_node.departure): a neighbour whose last will stays longer than this has left.
-        self.departure_timeout = 0.75 * neighbour_timeout if departure_timeout is None else departure_timeout
-        if not 0 < self.departure_timeout < neighbour_timeout:
-            raise ConfigError(
-                "departure_timeout",
-                self.departure_timeout,
-                f"must lie between 0 and the neighbour timeout ({neighbour_timeout:g} s)",
-            )
-        self.departed: dict[int, int] = {}
-        self.leave_at = leave_after  # publish x^(0..T-1), then leave (None: stay)
-        self.leave_quietly = leave_quietly  # no 'leaving': wait until every neighbour holds x^(T-1)
-        self.running = False
+        neighbour_timeout = check_neighbour_timeout(options.get("neighbour_timeout", 30.0))
+        self.startup_timeout = options.get("startup_timeout", 60.0)
+        self.leave_at = options.get("leave_after")  # publish x^(0..T-1), then leave (None: stay)
+        self.leave_quietly = options.get("leave_quietly", False)  # no 'leaving': wait for x^(T)
         self.has_left = False
         self._told: dict[int, dict[str, int]] = {}  # the departures each neighbour has announced
-        self._expiry: dict[int, asyncio.TimerHandle] = {}
-        self.phases: list[Phase] = plan_phases(self.cfg)
-        self.t_total = sum(p.t_len for p in self.phases)
-        self.phase_at: list[str] = [p.name for p in self.phases for _ in range(p.t_len)]
-        # The z^(0) exchanges, in order: one whenever the dual group changes.
-        groups = [p.group for p in self.phases]
-        self.exchanges = [g for k, g in enumerate(groups) if not k or g != groups[k - 1]]
-        self.exchange_of = {g: k for k, g in enumerate(self.exchanges)}
-        self.sealed = sealed_groups_of(self.cfg, self.phases)  # groups whose z^(0) travel sealed (v2)
+        self.phases: list[Phase] = self.shape.phases
+        self.t_total = self.shape.t_total
+        self.phase_at: list[str] = self.shape.phase_at
         self.public = build_config_msg(self.cfg, run_id, self.edges)
         self.peers = Neighbours(self.neighbours)
         self.outbox = Outbox(transport, self.topics, node_id)
-        self.x_in = Barrier(
-            node_id, self.neighbours, "x^({})", timeout=neighbour_timeout, end=self.t_total, window=2,
-            keep=HISTORY,  # a neighbour's x's sent again after a broker crash are duplicates, not stale
-        )  # fmt: skip
-        self.z0_in = Barrier(
-            node_id, self.neighbours, "z0 ({})", timeout=startup_timeout,
-            end=len(self.exchanges), window=len(self.exchanges), keep=None,
-        )  # fmt: skip
-        self.z0_in.labels = self.exchanges
-        # Early stopping: every phase may end before its t_len; the next phase starts at its usual t.
-        if self.cfg.early_stop:
-            self.x_in.jumps = frozenset(np.cumsum([p.t_len for p in self.phases]).tolist()[:-1])
-        self.quiet_in: dict[int, list[Fields]] = {}
+        self.tally = Tally(node_id)
+        self.intake = XIntake(
+            node_id,
+            self.neighbours,
+            timeout=neighbour_timeout,
+            t_total=self.t_total,
+            jumps=self.shape.jumps,
+            tally=self.tally,
+        )
+        self.x_in = self.intake.barrier
+        self.store = options.get("checkpoint")
+        self.z0 = Z0Exchange(
+            self.shape,
+            node_id,
+            self.neighbours,
+            self.outbox,
+            self.topics,
+            self.tally,
+            timeout=self.startup_timeout,
+            checkpoint=self.store,
+            active=lambda: self.active,
+            run=(self.prefix, run_id),
+        )
+        self.z0_in = self.z0.barrier
+        departure_timeout = options.get("departure_timeout")
+        self.watch = DepartureWatch(
+            node_id,
+            (self.x_in, self.z0_in),
+            self.peers,
+            self.outbox,
+            self.tally.reject,
+            timeout=0.75 * neighbour_timeout if departure_timeout is None else departure_timeout,
+            neighbour_timeout=neighbour_timeout,
+        )
         self.iterations_run = self.t_total
-        self.rejected = 0
-        self.duplicates = 0
-        self.store = checkpoint
         self.resumed: Checkpoint | None = None
         self.fingerprint = ""
-        if checkpoint is not None:
+        if self.store is not None:
             self.fingerprint = fingerprint(
                 run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
             )
-            self.resumed = checkpoint.load(self.fingerprint)
-        # Sealed initialization: an ephemeral key pair per run from the OS (kept with the checkpoint,
-        # so a resumed node keeps its key); sealed z^(0) from a neighbour whose key has not come yet wait.
-        self.keys: KeyRing | None = None
-        self._early: dict[int, list[SealedZ0Msg]] = {}
-        self._resend_plain: dict[str, list[float]] = {}  # restored sealed groups, sealed once keys come
-        if self.sealed:
-            key = new_key() if checkpoint is None else load_or_create_key(checkpoint.path.with_suffix(".key"))
-            self.keys = KeyRing(node_id, self.neighbours, key, prefix=prefix, run_id=run_id)
+            self.resumed = self.store.load(self.fingerprint)
         if self.resumed is not None:
             self._restore(self.resumed)
 
@@ -159,12 +184,29 @@ class Member:
         self.x_in.resume(ck.t, prev)
         self.iterations_run = self.t_total - ck.skipped
         group = self.phases[ck.phase].group
-        self.z0_in.resume(self.exchange_of[group] + (0 if ck.stage == "z0" else 1))
-        for g, zs in ck.z0_sent.items():
-            if g in self.sealed:
-                self._resend_plain[g] = zs
-            else:
-                self.outbox.keep_z0(g, self.z0_payloads(g, zs))
+        self.z0.restore(self.shape.exchange_of[group] + (0 if ck.stage == "z0" else 1), ck.z0_sent)
+
+    # The parts' state, as the loop and the results read it ----------------------------------
+    @property
+    def rejected(self) -> int:
+        return self.tally.rejected
+
+    @property
+    def duplicates(self) -> int:
+        return self.tally.duplicates
+
+    @property
+    def departed(self) -> dict[int, int]:
+        """The departed neighbours and their departure iterations."""
+        return self.watch.departed
+
+    @property
+    def keys(self) -> KeyRing | None:
+        return self.z0.keys
+
+    @property
+    def sealed(self) -> frozenset[str]:
+        return self.shape.sealed
 
     def subscriptions(self) -> list[str]:
         """Topic filters this node needs: the retained config, its neighbours' x and status, z^(0) to it."""
@@ -176,131 +218,52 @@ class Member:
 
     # What the router hands over -------------------------------------------------------------
     def reject(self, why: str) -> None:
-        self.rejected += 1
-        log.warning("node %d: rejected message (%s)", self.id, why)
+        self.tally.reject(why)
 
     def x_inlet(self, j: int) -> tuple[Callable[[int, int, float], Outcome], int]:
         """Where neighbour j's x's go: the barrier's ``put`` and j's slot (the router's hot path).
 
-        The router puts ``x_j^(t)`` (its phase already checked) and hands back what is not
+        The router puts ``x_j^(t)`` (its form already checked) and hands back what is not
         ``"new"`` to :meth:`count_x`, and the early-stop fields of a new one to :meth:`keep_quiet`.
         """
-        return self.x_in.put, self.slot[j]
+        return self.intake.inlet(self.slot[j])
 
     def keep_quiet(self, t: int, slot: int, fields: Fields) -> None:
-        """The early-stop fields sent with a new x^(t), kept for :meth:`take_quiet`."""
-        row = self.quiet_in.get(t)
-        if row is None:
-            row = self.quiet_in[t] = [(0, NO_STOP, ())] * len(self.neighbours)
-        row[slot] = fields
+        self.intake.keep_quiet(t, slot, fields)
 
     def take_quiet(self, t: int) -> list[Fields]:
-        """The neighbours' ``(quiet, stop, departures)`` sent with x^(t), by slot (after taking x^(t);
-        a departed neighbour's slot holds nothing that counts, and so do all when none is left)."""
-        return self.quiet_in.pop(t, None) or [(0, NO_STOP, ())] * len(self.neighbours)
+        return self.intake.take_quiet(t)
 
     def count_x(self, outcome: Outcome, j: int, t: int, x: float) -> None:
-        """An x_j^(t) the barrier did not take as new: a duplicate is counted, the rest rejected."""
-        nxt = self.x_in.next
-        if outcome == "dup":
-            self.duplicates += 1
-        elif outcome == "conflict":
-            if t < nxt:
-                used = self.x_in.taken(t, self.slot[j])
-                self.reject(f"x_{j}^({t}) = {x!r} differs from the {used!r} already used")
-            else:
-                self.reject(f"second, different x_{j}^({t}); the first one is kept")
-        elif outcome == "stale":
-            self.reject(f"stale x from node {j} for t={t}; the node is at t={nxt}")
-        elif outcome == "gone":
-            self.reject(f"x from node {j} for t={t}: it departed at t={self.departed.get(j)}")
-        else:
-            self.reject(f"x from node {j} for t={t}, outside the window {nxt}..{nxt + 1}")
-
-    def _z0_slot(self, msg: Z0Msg | SealedZ0Msg) -> tuple[int, int] | None:
-        """``(neighbour slot, exchange)`` of a z^(0) addressed to this node; None (rejected) otherwise."""
-        j = msg.from_
-        slot = self.slot.get(j)
-        if msg.to != self.id or slot is None:
-            self.reject(f"z0 from node {j} to node {msg.to}: not an edge of node {self.id}")
-            return None
-        key = self.exchange_of.get(msg.group)
-        if key is None:
-            self.reject(f"z0 from node {j} for unknown dual group {msg.group!r}")
-            return None
-        sealed = isinstance(msg, SealedZ0Msg)
-        if sealed != (msg.group in self.sealed):
-            how = "sealed (protocol v2)" if sealed else "plaintext (protocol v1)"
-            want = "sealed" if msg.group in self.sealed else "in plaintext"
-            self.reject(
-                f"z0 {j}->{self.id} of group {msg.group!r} is {how}, but this run exchanges that group"
-                f" {want} (init_channel={self.cfg.init_channel}); refused"
-            )
-            return None
-        return slot, key
-
-    def _put_z0(self, j: int, slot: int, key: int, group: str, z: float) -> None:
-        outcome = self.z0_in.put(key, slot, z)
-        if outcome in ("dup", "stale"):  # stale: an exchange already done (a resent copy)
-            self.duplicates += 1
-        elif outcome == "conflict":
-            self.reject(f"second, different z0 {j}->{self.id} ({group}); the first one is kept")
+        self.intake.count(outcome, j, t, x, self.departed.get(j))
 
     def on_z0(self, msg: Z0Msg) -> None:
-        where = self._z0_slot(msg)
-        if where is not None:
-            self._put_z0(msg.from_, *where, msg.group, msg.z)
+        self.z0.on_z0(msg)
 
     def on_sealed_z0(self, msg: SealedZ0Msg) -> None:
-        """A sealed z^(0) (v2): opened with the edge's key, or kept until the sender's key comes."""
-        where = self._z0_slot(msg)
-        if where is None or self.keys is None:
-            return
-        j = msg.from_
-        if j not in self.keys.peers:
-            early = self._early.setdefault(j, [])
-            if len(early) >= 2 * len(self.exchanges):
-                self.reject(f"sealed z0 from node {j} before its key, more than the run needs; dropped")
-            else:
-                early.append(msg)
-            return
-        try:
-            z = self.keys.open(j, msg.nonce, msg.ct, self.topics.z0(j, self.id), msg.group)
-        except WireError as exc:
-            self.reject(str(exc))
-            return
-        self._put_z0(j, *where, msg.group, z)
+        self.z0.on_sealed_z0(msg)
 
     def on_key(self, msg: KeyMsg) -> None:
-        """Neighbour j's public key of the run: open what waited for it, seal what we may resend to it."""
-        j = msg.node
-        if j not in self.slot or self.keys is None:
-            self.reject(f"key of node {j}: {'not a neighbour' if self.keys else 'this run seals nothing'}")
-            return
-        try:
-            new = self.keys.add(j, msg.key)
-        except WireError as exc:
-            self.reject(str(exc))
-            return
-        if not new:
-            self.duplicates += 1
-            return
-        for early in self._early.pop(j, []):
-            self.on_sealed_z0(early)
-        for g, zs in self._resend_plain.items():
-            self.outbox.z0.setdefault(g, {})[j] = self._sealed_payload(g, j, zs[self.slot[j]])
+        self.z0.on_key(msg)
 
     def on_status(self, msg: StatusMsg) -> None:
+        """A neighbour's status: its departure claims (:func:`~nlagg_node.protocol.departure_claims`),
+        its liveness, what it may have lost."""
         j = msg.node
         slot = self.slot.get(j)
-        if slot is None:
-            self.reject(f"status of node {j}, not a neighbour of {self.id}")
+        why = status_error(self.shape, j, msg.iterations, msg.departed)
+        if why is None and slot is None:
+            why = f"status of node {j}, not a neighbour of {self.id}"
+        if why is not None or slot is None:
+            self.reject(str(why))
             return
-        if msg.departed and str(self.id) in msg.departed and not self.has_left:
-            raise DepartedError(
-                f"node {self.id}: neighbour {j} counts this node as departed at "
-                f"t={msg.departed[str(self.id)]}; a departed node is refused for the rest of the run"
-            )
+        claims = departure_claims(j, msg.state, msg.iterations, msg.departed)
+        for subject, at in claims:
+            if subject == self.id and not self.has_left:
+                raise DepartedError(
+                    f"node {self.id}: neighbour {j} counts this node as departed at "
+                    f"t={at}; a departed node is refused for the rest of the run"
+                )
         if j in self.departed:
             if msg.state in ("online", "running"):
                 self.reject(f"node {j} departed at t={self.departed[j]} and is refused for this run")
@@ -310,9 +273,11 @@ class Member:
         self._told[j] = msg.departed or {}
         again = before == msg.state and not news
         self.peers.update(j, msg.state)
-        self._watch(j, msg.state, before)
-        if msg.state == "leaving" and msg.iterations is not None:
-            self._depart(j, msg.iterations)
+        self.watch.watch(j, msg.state, before)
+        if msg.state == "leaving":
+            for subject, at in claims:
+                if subject == j:  # its own word; its claims about others are about their edges
+                    self.watch.depart(j, at)
         elif msg.state == "online" or (msg.state == "running" and again):
             # j (re)started, or republished its status after the broker lost its session: it may
             # have lost what we sent (it drops duplicates).
@@ -323,48 +288,13 @@ class Member:
             if outcome in ("dup", "conflict"):
                 self.count_x(outcome, j, self.t_total - 1, msg.final[-1])
 
-    # Departures ------------------------------------------------------------------------------
     def start_running(self) -> None:
         """The run has begun: from now on a neighbour gone offline for good departs."""
-        self.running = True
-        for j, state in list(self.peers.state.items()):
-            self._watch(j, state, None)
-
-    def _watch(self, j: int, state: str, before: str | None) -> None:
-        """Arm (offline) or disarm (back) the departure timer of neighbour j."""
-        timer = self._expiry.pop(j, None)
-        if timer is not None:
-            timer.cancel()
-        if state == "offline" and before != "done" and self.running:
-            loop = asyncio.get_running_loop()
-            self._expiry[j] = loop.call_later(self.departure_timeout, self._expired, j)
-
-    def _expired(self, j: int) -> None:
-        self._expiry.pop(j, None)
-        if self.peers.state.get(j) == "offline" and j not in self.departed:
-            self._depart(j, None)
-
-    def _depart(self, j: int, at: int | None) -> None:
-        """Neighbour j has left at ``at`` (None: the x it has not delivered); tell the other neighbours."""
-        slot = self.slot[j]
-        if at is not None and at >= self.t_total:
-            return  # it had delivered everything: nothing changes
-        try:
-            t = self.x_in.depart(slot, at)
-        except NlaggError as exc:
-            self.reject(f"node {j} leaving: {exc}")
-            return
-        if t >= self.t_total:
-            return
-        self.z0_in.depart(slot)
-        self.departed[j] = t
-        log.warning("node %d: neighbour %d departed at t=%d", self.id, j, t)
-        msg = StatusMsg(node=self.id, state="running", departed=self.departed_wire())
-        self.outbox.set_status(encode(msg))
+        self.watch.start()
 
     def departed_wire(self) -> dict[str, int] | None:
         """The departed neighbours as the wire carries them, or None."""
-        return {str(j): t for j, t in sorted(self.departed.items())} or None
+        return self.watch.wire()
 
     def on_config(self, msg: ConfigMsg) -> None:
         """Raise :class:`~nlagg_node.runtime.public.ConfigMismatchError` if the run's config differs."""
@@ -379,36 +309,11 @@ class Member:
 
     def z0_payloads(self, group: str, z_out: list[float]) -> dict[int, bytes]:
         """The z0 messages of ``group``: plaintext (v1), or sealed per edge (v2, every key known)."""
-        if group in self.sealed:
-            return {j: self._sealed_payload(group, j, z) for j, z in zip(self.neighbours, z_out, strict=True)}
-        return {
-            j: encode(Z0Msg.model_validate({"from": self.id, "to": j, "group": group, "z": z}))
-            for j, z in zip(self.active, z_out, strict=True)
-        }
-
-    def _sealed_payload(self, group: str, j: int, z: float) -> bytes:
-        assert self.keys is not None
-        nonce, ct = self.keys.seal(j, z, self.topics.z0(self.id, j), group)
-        return encode(
-            SealedZ0Msg.model_validate({"from": self.id, "to": j, "group": group, "nonce": nonce, "ct": ct})
-        )
+        return self.z0.payloads(group, z_out)
 
     async def exchange_z0(self, group: str, z_out: list[float]) -> list[float]:
-        """Publish z_{i|j}^(0) (awaiting the broker) and wait for every z_{j|i}^(0) of ``group``.
-
-        A sealed group first waits for every neighbour's public key (``startup_timeout``).
-        """
-        if group in self.sealed and self.keys is not None and not self.keys.complete.is_set():
-            try:
-                async with asyncio.timeout(self.startup_timeout):
-                    await self.keys.complete.wait()
-            except TimeoutError:
-                missing, within = self.keys.missing(), self.startup_timeout
-                raise NeighbourTimeoutError(
-                    f"node {self.id}: no public key from neighbour(s) {missing} within {within:g} s"
-                ) from None
-        await self.outbox.send_z0(group, self.z0_payloads(group, z_out))
-        return await self.z0_in.take(self.exchange_of[group])
+        """Publish z_{i|j}^(0) and wait for every z_{j|i}^(0) of ``group`` (:class:`Z0Exchange`)."""
+        return await self.z0.exchange(group, z_out)
 
     def publish_state(self, t: int, s: float, signs: list[float], out: list[float], into: list[float]) -> str:
         """A corrupted node's ``adv`` state of iteration t (``a_ij``, its signed duals); the payload."""
@@ -472,15 +377,14 @@ class Member:
 
     def left(self, t: int) -> NodeResult:
         """This node has left the run cleanly at t: no output."""
-        self.has_left, self.running = True, False
+        self.has_left, self.watch.running = True, False
         res = self.result([], [], [], {}, 0.0)
         res.left_at, res.iterations = t, t
         return res
 
     async def announce(self) -> None:
         """Publish our public key (sealed runs) and ``online``; wait until every neighbour is live."""
-        if self.keys is not None:
-            self.outbox.send_key(encode(KeyMsg(node=self.id, key=self.keys.public)))
+        self.z0.announce_key()
         await self.status("online")
         try:
             async with asyncio.timeout(self.startup_timeout):
@@ -500,6 +404,4 @@ class Member:
         self.outbox.cancel_resends()
         self.x_in.close()
         self.z0_in.close()
-        for timer in self._expiry.values():
-            timer.cancel()
-        self._expiry.clear()
+        self.watch.close()

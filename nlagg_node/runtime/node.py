@@ -1,9 +1,10 @@
 """The networked node: one participant of a run, talking wire protocol v1 through a :class:`Transport`.
 
-A node is a :class:`~nlagg_node.runtime.member.Member` (identity, barriers, neighbours, outbox,
-counters, checkpoint store) that owns its connection: ``async with`` connects and subscribes,
-:meth:`Node.run` reads its messages through a :class:`~nlagg_node.runtime.routing.Router` and
-runs the protocol loop (:mod:`~nlagg_node.runtime.loop`) with itself as the only hosted node.
+A node is a composition: its :class:`~nlagg_node.runtime.member.Member` (identity, intake,
+z^(0) exchange, departure watch, status, checkpoint store), a
+:class:`~nlagg_node.runtime.routing.Router` and, unless a host shares one, its own connection:
+``async with`` connects and subscribes, :meth:`Node.run` reads its messages through the router
+and runs the protocol loop (:mod:`~nlagg_node.runtime.loop`) with its member as the only one.
 Several nodes sharing one connection are run by :func:`~nlagg_node.runtime.hosted.host_nodes`,
 through the same router and the same loop.
 
@@ -15,14 +16,13 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self, Unpack
 
 from ..config import RunConfig
 from ..errors import NeighbourTimeoutError, NlaggError
-from ..graphs import IntArray
-from .checkpoint import CheckpointStore
+from .checkpoint import Checkpoint, CheckpointStore
 from .loop import run_members
-from .member import Member, NodeResult
+from .member import Member, MemberOptions, NodeResult
 from .public import ConfigMismatchError, build_config_msg, config_from_msg, run_edges
 from .routing import Router
 from .transport import Message, Transport, Will
@@ -48,7 +48,7 @@ def node_will(prefix: str, run_id: str, node_id: int) -> Will:
     return Will(topics(prefix, run_id).status(node_id), payload, retain=True, qos=1)
 
 
-class Node(Member):
+class Node:
     """One node of a run, as an async context manager.
 
     ``async with Node(cfg, i, s_i, transport, run_id="r1") as node: result = await node.run()``
@@ -61,21 +61,10 @@ class Node(Member):
     transport : connection to the broker. With ``own_transport`` (default) the node connects it,
         subscribes and reads it; otherwise a host (:func:`~nlagg_node.runtime.hosted.host_nodes`)
         shares one connection between several nodes.
-    run_id, prefix : topic namespace.
-    edges : canonical edge list; :func:`run_edges` of ``cfg`` when None.
-    corrupt : publish ``adv/{i}/state`` every iteration (the paper's passive corrupted node).
-    seed : seed of the private generator ``rng_for(seed, "node", 0, i)``; ``cfg.seed`` by default,
-        None for OS entropy (a device in the field).
-    neighbour_timeout : seconds a barrier may wait before :class:`NeighbourTimeoutError` names the missing
-        neighbours; ``startup_timeout`` for the neighbours to come online (and for a z^(0) exchange).
-    checkpoint : where to keep the local checkpoint (written before every publish that depends on the
-        node's state); a node restarted with the same store resumes from it with the same numbers.
-    departure_timeout : seconds a neighbour's last will (``offline``) must stay before the neighbour
-        counts as departed for good (:mod:`nlagg_node.departure`); three quarters of ``neighbour_timeout``
-        by default.
-    leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
-    leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T) (so
-        holds x^(T-1)), for a caller that then dies (``nlagg testbed --depart``: SIGKILL, the will).
+    run_id : the run's id (with ``prefix``, the topic namespace).
+    options : the rest (:class:`~nlagg_node.runtime.member.MemberOptions`): ``prefix``, ``edges``,
+        ``corrupt``, ``seed``, ``neighbour_timeout``, ``startup_timeout``, ``checkpoint``,
+        ``departure_timeout``, ``leave_after``, ``leave_quietly``.
     """
 
     def __init__(
@@ -86,29 +75,57 @@ class Node(Member):
         transport: Transport,
         *,
         run_id: str,
-        prefix: str = "nlagg",
-        edges: IntArray | None = None,
-        corrupt: bool = False,
-        seed: int | Literal["config"] | None = "config",
-        neighbour_timeout: float = 30.0,
-        startup_timeout: float = 60.0,
         own_transport: bool = True,
-        checkpoint: CheckpointStore | None = None,
-        departure_timeout: float | None = None,
-        leave_after: int | None = None,
-        leave_quietly: bool = False,
+        **options: Unpack[MemberOptions],
     ) -> None:
-        super().__init__(
-            cfg, node_id, value, transport, run_id=run_id, prefix=prefix, edges=edges, corrupt=corrupt,
-            seed=seed, neighbour_timeout=neighbour_timeout, startup_timeout=startup_timeout,
-            checkpoint=checkpoint, departure_timeout=departure_timeout, leave_after=leave_after,
-            leave_quietly=leave_quietly,
-        )  # fmt: skip
+        self.member = Member(cfg, node_id, value, transport, run_id=run_id, **options)
+        self.transport = transport
         self.own_transport = own_transport
-        self.router = Router([self], self._undecodable, self.reject)
+        self.router = Router([self.member], self._undecodable, self.member.reject)
+
+    # What callers read of the node: its member's --------------------------------------------------
+    @property
+    def id(self) -> int:
+        return self.member.id
+
+    @property
+    def prefix(self) -> str:
+        return self.member.prefix
+
+    @property
+    def run_id(self) -> str:
+        return self.member.run_id
+
+    @property
+    def neighbours(self) -> list[int]:
+        return self.member.neighbours
+
+    @property
+    def rejected(self) -> int:
+        return self.member.rejected
+
+    @property
+    def duplicates(self) -> int:
+        return self.member.duplicates
+
+    @property
+    def resumed(self) -> Checkpoint | None:
+        return self.member.resumed
+
+    @property
+    def store(self) -> CheckpointStore | None:
+        return self.member.store
+
+    def leave(self) -> None:
+        """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output."""
+        self.member.leave()
+
+    def left(self, t: int) -> NodeResult:
+        """This node has left the run cleanly at t: no output."""
+        return self.member.left(t)
 
     def _undecodable(self, topic: str, exc: WireError) -> None:
-        self.reject(f"{topic}: {exc}")
+        self.member.reject(f"{topic}: {exc}")
 
     def feed(self, msg: Message) -> None:
         """Decode and handle one raw message; malformed or foreign ones are logged and counted."""
@@ -133,5 +150,5 @@ class Node(Member):
         """Announce, wait for the neighbours, run every phase, publish ``done``; return the result."""
         if not self.own_transport:
             raise NlaggError(f"node {self.id}: a node without its own transport is run by host_nodes")
-        (result,) = await run_members([self], self.router, self.transport)
+        (result,) = await run_members([self.member], self.router, self.transport)
         return result

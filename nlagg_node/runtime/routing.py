@@ -5,8 +5,9 @@ topics) and an in-process host (every member of the process, one shared connecti
 with wildcards). Dispatch is by sender: an x or a status of node j goes to the members that
 have j as a neighbour (so does its public key in a sealed run), a z^(0) to its addressee, the
 retained run config to every member.
-The schedule check of an x (its iteration and phase) is made once per message, then each
-listening member's barrier decides (window, duplicate, conflict).
+The form check of an x (:func:`nlagg_node.protocol.x_form_error`: its iteration, phase and
+fields) is made once per message, then each listening member's barrier decides (window,
+duplicate, conflict: :func:`nlagg_node.protocol.admit`).
 
 What does not decode, or does not fit the run's schedule, goes to ``on_reject``; what no
 member listens to goes to ``on_unrouted`` (a lone node counts both as rejected; a host with
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import NlaggError
+from ..protocol import NO_HALT, halt_span, x_form_error
 from ..termination import NO_STOP
 from .barrier import Outcome
 from .member import Member
@@ -63,10 +65,7 @@ class Router:
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
-        self.phase_at = first.phase_at
-        self.t_total = len(first.phase_at)
-        self.early = first.cfg.early_stop
-        self.may_depart = first.cfg.early_stop and first.cfg.may_depart
+        self.shape = first.shape
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
         # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
@@ -96,18 +95,10 @@ class Router:
             self.on_reject(raw.topic, exc)
             return
         if isinstance(msg, X_TYPES):
-            t = msg.t
-            if t >= self.t_total or msg.phase != self.phase_at[t]:
-                bad = WireError("t/phase", (t, msg.phase), "does not fit the run's schedule")
-                self.on_reject(raw.topic, bad)
-                return
-            if (msg.quiet is None) == self.early or (msg.stop is not None and not self.early):
-                why = "missing (the run stops early)" if self.early else "not in a run with a fixed schedule"
-                self.on_reject(raw.topic, WireError("quiet/stop", (msg.quiet, msg.stop), why))
-                return
-            if msg.departures is not None and not self.may_depart:
-                why = "only in a run whose nodes may depart (may_depart)"
-                self.on_reject(raw.topic, WireError("departures", list(msg.departures), why))
+            t, stop = msg.t, msg.stop
+            why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures)
+            if why is not None:
+                self.on_reject(raw.topic, WireError("x", (msg.node, t, msg.phase), why))
                 return
             routes = self.x_routes.get(msg.node)
             if routes is None:
@@ -119,8 +110,10 @@ class Router:
                 if outcome != "new":
                     m.count_x(outcome, j, t, x)
                 elif quiet is not None:
-                    stop, deps = msg.stop, msg.departures
+                    deps = msg.departures
                     m.keep_quiet(t, slot, (quiet, NO_STOP if stop is None else stop, tuple(deps or ())))
+                    if stop == t and (span := halt_span(self.shape, t, stop, deps)) != NO_HALT:
+                        m.x_in.halted(slot, span)  # its last x of the phase: a later one is refused
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:

@@ -118,7 +118,7 @@ async def test_junk_is_counted_and_changes_nothing(caplog: pytest.LogCaptureFixt
     nbrs = neighbours(cfg.n, run_edges(cfg))
     assert all(r.rejected > 0 for r in results if 1 in nbrs[r.node])
     assert "rejected message" in caplog.text
-    assert "departures=[0]: only in a run whose nodes may depart" in caplog.text
+    assert "x_1^(0): departures in a run whose nodes may not depart" in caplog.text  # protocol.x_form_error
 
 
 async def test_missing_neighbour_is_named_after_timeout() -> None:
