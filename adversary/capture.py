@@ -28,16 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from types import TracebackType
-from typing import Self
 
 from nlagg_node.errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, NlaggError
 from nlagg_node.rng import rng_for
 from nlagg_node.runtime.mqtt_settings import jittered_backoff
 from nlagg_node.runtime.tls import TlsSettings, broker_endpoint
-from nlagg_node.runtime.transport import Message, valid_filter
+from nlagg_node.runtime.transport import Inbox, Message, Subscriber, valid_filter
 
 from .mqtt_codec import (
     CONNACK,
@@ -60,7 +57,7 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds for one attempt's TCP connect and CONNACK
 FATAL_REFUSALS = (4, 5)  # bad user name or password, not authorized: retrying cannot help
 
 
-class AckingSubscriber:
+class AckingSubscriber(Subscriber):
     """Subscribe-only MQTT 3.1.1 client (QoS <= 1): manual acks, persistent session, jittered reconnects.
 
     Parameters
@@ -118,8 +115,7 @@ class AckingSubscriber:
             client_id, keepalive=keepalive, username=username, password=password
         )
         self._filters: list[tuple[str, int]] = []
-        self._inbox: deque[Delivery] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._inbox: Inbox[Delivery] = Inbox()
         self._session: Session | None = None  # the accepted connection, None while down
         self._connection = 0
         self._packet_id = 0
@@ -267,12 +263,7 @@ class AckingSubscriber:
                 waiter.set_exception(error)
         self._subacks.clear()
         self._orphans = []
-        self.wake()
-
-    def wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._inbox.wake()
 
     # public interface -----------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -343,22 +334,14 @@ class AckingSubscriber:
             session.write(encode_pubacks(mids))
             self.acked += len(mids)
 
-    async def messages(self) -> AsyncIterator[Message]:
+    def messages(self) -> AsyncIterator[Message]:
         """Every delivery, in arrival order, across reconnections; raises if the client gave up."""
-        loop = asyncio.get_running_loop()
-        inbox = self._inbox
-        while True:
-            while inbox:
-                yield inbox.popleft()
-            if self._fatal is not None:
-                raise self._fatal
-            if self._closed:
-                return
-            self._waiter = loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        return self._inbox.drain(self._finished)
+
+    def _finished(self) -> bool:
+        if self._fatal is not None:
+            raise self._fatal
+        return self._closed
 
     async def close(self) -> None:
         """Disconnect cleanly after the acks already written (the session stays on the broker)."""
@@ -388,19 +371,7 @@ class AckingSubscriber:
             waiter.cancel()
         self._subacks.clear()
         self._orphans = []
-        self.wake()
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        self._inbox.wake()
 
 
 async def accepts_anonymous(url: str, *, tls: TlsSettings | None = None, within: float = 5.0) -> bool | None:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from nlagg_node.runtime.transport import Message
+from nlagg_node.runtime.transport import Inbox, Message
 
 from .mqtt_codec import (
     CONNACK,
@@ -50,9 +49,6 @@ class SessionOwner(Protocol):
     def suback(self, packet_id: int, codes: list[int]) -> None:
         """A SUBACK arrived."""
 
-    def wake(self) -> None:
-        """Deliveries were appended to the inbox."""
-
 
 @dataclass(frozen=True)
 class Delivery(Message):
@@ -66,7 +62,7 @@ class Delivery(Message):
 class Session(asyncio.Protocol):
     """One TCP connection: parses what arrives into the owner's inbox, keeps the connection alive."""
 
-    def __init__(self, owner: SessionOwner, inbox: deque[Delivery]) -> None:
+    def __init__(self, owner: SessionOwner, inbox: Inbox[Delivery]) -> None:
         self.owner = owner
         self.inbox = inbox
         self.loop = asyncio.get_running_loop()
@@ -88,7 +84,7 @@ class Session(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        inbox = self.inbox
+        inbox = self.inbox.items
         number = self.number
         try:
             for first, body in self.reader.feed(data):
@@ -103,7 +99,7 @@ class Session(asyncio.Protocol):
         except MqttProtocolError as exc:
             self.drop(str(exc))
         if inbox:
-            self.owner.wake()
+            self.inbox.wake()
 
     def _control(self, first: int, body: bytes) -> None:
         kind = first >> 4
