@@ -263,7 +263,7 @@ class AckingSubscriber(Subscriber):
                 waiter.set_exception(error)
         self._subacks.clear()
         self._orphans = []
-        self._inbox.wake()
+        self._inbox.fail(error)
 
     # public interface -----------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -336,12 +336,7 @@ class AckingSubscriber(Subscriber):
 
     def messages(self) -> AsyncIterator[Message]:
         """Every delivery, in arrival order, across reconnections; raises if the client gave up."""
-        return self._inbox.drain(self._finished)
-
-    def _finished(self) -> bool:
-        if self._fatal is not None:
-            raise self._fatal
-        return self._closed
+        return self._inbox.drain(lambda: self._closed)
 
     async def close(self) -> None:
         """Disconnect cleanly after the acks already written (the session stays on the broker)."""

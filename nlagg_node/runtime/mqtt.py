@@ -294,7 +294,7 @@ class MqttTransport(Transport):
             if not fut.done():
                 fut.set_exception(exc)
         self._acks.clear()
-        self._inbox.wake()
+        self._inbox.fail(exc)
 
     async def _tick(self) -> None:
         """paho's keepalive: pings, and a dropped connection when they go unanswered."""
@@ -385,12 +385,7 @@ class MqttTransport(Transport):
 
     def messages(self) -> AsyncIterator[Message]:
         """Every received message; survives reconnections; ends when the transport is closed."""
-        return self._inbox.drain(self._finished)
-
-    def _finished(self) -> bool:
-        if self._fatal is not None:
-            raise self._fatal
-        return self._closing
+        return self._inbox.drain(lambda: self._closing)
 
     async def _stop_tasks(self) -> None:
         tasks = [t for t in (self._supervisor, self._misc) if t is not None]

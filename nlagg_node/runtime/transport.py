@@ -93,11 +93,12 @@ class Inbox(Generic[M]):
 
     The callbacks :meth:`put` (or append a batch to :attr:`items` and :meth:`wake` once); the
     consumer iterates :meth:`drain`, which sleeps on a single future only while the inbox is empty
-    (no task and no lock per message).
+    (no task and no lock per message). A connection that gives up says why with :meth:`fail`.
     """
 
     def __init__(self) -> None:
         self.items: deque[M] = deque()
+        self.error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
@@ -113,14 +114,23 @@ class Inbox(Generic[M]):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def fail(self, error: BaseException) -> None:
+        """End :meth:`drain` with ``error`` once what came before it is read (the first error wins)."""
+        if self.error is None:
+            self.error = error
+        self.wake()
+
     async def drain(self, finished: Callable[[], bool]) -> AsyncIterator[M]:
-        """Every item, in arrival order. Once the inbox is empty, ``finished()`` decides: True ends
-        the iteration, an exception it raises ends it with that error, False waits for :meth:`wake`."""
+        """Every item, in arrival order. Once the inbox is empty, it raises the error given to
+        :meth:`fail`, if any; else ``finished()`` decides: True ends the iteration (an exception it
+        raises ends it with that error), False waits for :meth:`wake`."""
         loop = asyncio.get_running_loop()
         items = self.items
         while True:
             while items:
                 yield items.popleft()
+            if self.error is not None:
+                raise self.error
             if finished():
                 return
             self._waiter = loop.create_future()
