@@ -80,7 +80,7 @@ def _in(module: str, packages: tuple[str, ...]) -> bool:
 
 def test_the_walk_sees_function_level_imports() -> None:
     # cli.analysis imports the adversary only inside its command functions.
-    assert "adversary.experiments" in _imports("nlagg_node.cli.analysis")
+    assert "adversary.analysis.experiments" in _imports("nlagg_node.cli.analysis")
     assert "nlagg_node.sim.engine" in _imports("nlagg_node.sim")
 
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adversary.capture import AckingSubscriber
-from adversary.mqtt_codec import (
+from adversary.capture.mqtt_codec import (
     FrameReader,
     Publish,
     decode_connack,
@@ -29,7 +29,7 @@ from adversary.mqtt_codec import (
     encode_remaining_length,
     encode_subscribe,
 )
-from adversary.mqtt_session import Delivery
+from adversary.capture.mqtt_session import Delivery
 from nlagg_node.errors import ConfigError, MqttProtocolError, NlaggError
 from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport

@@ -327,7 +327,7 @@ def eavesdrop(
     verbose: VerboseOpt = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
-    from adversary.eavesdrop import run_eavesdropper
+    from adversary.capture.eavesdrop import run_eavesdropper
 
     from ..lifetime import run_stoppable
 
@@ -362,7 +362,7 @@ def eavesdrop(
     if dashboard is None:
         run_stoppable(capture)
         return
-    from adversary.dashboard import parse_listen, serve_beside
+    from adversary.reporting.dashboard import parse_listen, serve_beside
 
     try:
         parse_listen(dashboard)  # a bad address fails before anything starts

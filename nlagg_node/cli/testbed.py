@@ -216,7 +216,7 @@ def run_testbed_command(
         with progress_line(sys.stderr.isatty()) as on_progress:
             run_stoppable(run(out, on_progress))
         return
-    from adversary.dashboard import parse_listen, serve_beside
+    from adversary.reporting.dashboard import parse_listen, serve_beside
 
     parse_listen(dashboard)  # a bad address fails before anything starts
     with contextlib.ExitStack() as stack:

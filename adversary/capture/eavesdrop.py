@@ -1,4 +1,4 @@
-"""``nlagg eavesdrop``: run an :class:`~adversary.eavesdropper.Eavesdropper` on one broker or several
+"""``nlagg eavesdrop``: run an :class:`~adversary.capture.eavesdropper.Eavesdropper` on one broker or several
 (the bridged site brokers of one run), with a live rich table, or JSON-line events for a supervising
 process (the testbed), and a summary at the end.
 """
@@ -16,11 +16,11 @@ from typing import Any
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.wire import ConfigMsg
 
-from .capture import AckingSubscriber, accepts_anonymous
+from ..live import Exposure
+from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, NodeView
-from .live import Exposure
 from .merged import MergedSubscriber
-from .transcript import Transcript
+from .subscriber import AckingSubscriber, accepts_anonymous
 
 __all__ = ["ANONYMOUS_WARNING", "live_table", "run_eavesdropper"]
 

@@ -41,8 +41,8 @@ from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.termination import stop_reach
 
-from ..attack import NodeFinding, attack_arrays
-from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
+from ...attack import NodeFinding, attack_arrays
+from ...live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
 
 __all__ = ["DashboardState", "graph_positions"]
 
@@ -373,7 +373,7 @@ class DashboardState:
 
     def compute_verdicts(self) -> None:
         """Each node beside its ideal-world bound (a Monte Carlo: seconds; the lock is not held)."""
-        from ..report import leakage_verdicts
+        from ...report import leakage_verdicts
 
         with self.lock:
             truth, findings, config = self.truth, self.findings, self.config

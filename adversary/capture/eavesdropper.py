@@ -1,10 +1,10 @@
 """The passive eavesdropper: subscribe to ``P/R/#``, store everything, replay the attack live.
 
 ``nlagg eavesdrop --broker URL --run-id R --transcript transcript.sqlite`` runs it through
-:func:`adversary.eavesdrop.run_eavesdropper`. Every message goes to the
-:class:`~adversary.transcript.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
+:func:`adversary.capture.eavesdrop.run_eavesdropper`. Every message goes to the
+:class:`~adversary.transcript.writer.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
 which reports an exposure as soon as the iteration that reveals it is complete. Over an
-:class:`~adversary.capture.AckingSubscriber` (what ``nlagg eavesdrop`` uses) a message is
+:class:`~adversary.capture.subscriber.AckingSubscriber` (what ``nlagg eavesdrop`` uses) a message is
 acknowledged to the broker only after the transaction holding it is committed (whenever the
 inbox runs dry, every 256 messages, and every ``commit_every`` seconds): killed at any moment, the
 eavesdropper loses nothing, since the broker redelivers the rest to its persistent session.
@@ -34,10 +34,10 @@ from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
 from nlagg_node.termination import stop_reach
 
-from .live import BRANCH_NAMES, Exposure, LiveReplay
+from ..live import BRANCH_NAMES, Exposure, LiveReplay
+from ..transcript.arrays import public_z0
+from ..transcript.writer import Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
-from .transcript import Transcript
-from .transcript_arrays import public_z0
 
 __all__ = ["Eavesdropper", "NodeView"]
 
@@ -72,7 +72,7 @@ def excuse_departed(
 ) -> tuple[int, int]:
     """``(x, z0)`` still missing, less what departed nodes never sent: their x's from their
     departure on (with ``early_stop`` the count of missing x's already expects none of them:
-    :meth:`~adversary.transcript_db.TranscriptReader.complete`), and the z^(0) of every edge they
+    :meth:`~adversary.transcript.reader.TranscriptReader.complete`), and the z^(0) of every edge they
     had left before that dual group's exchange."""
     if not gone:
         return missing
@@ -101,8 +101,9 @@ class Eavesdropper:
     reorder : hold back an x captured before the x's it was computed from, even from one broker:
         for a broker cluster (RabbitMQ, EMQX, VerneMQ), whose members forward messages from
         different publishers on different paths, so one subscriber may see them out of causal
-        order. Always on over several brokers (a :class:`~adversary.merged.MergedSubscriber`).
-    reorder_grace : with ``reorder``, the longest such an x waits (:class:`~adversary.merged.CausalOrder`).
+        order. Always on over several brokers (a :class:`~adversary.capture.merged.MergedSubscriber`).
+    reorder_grace : with ``reorder``, the longest such an x waits
+        (:class:`~adversary.capture.merged.CausalOrder`).
     """
 
     def __init__(

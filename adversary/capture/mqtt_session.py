@@ -1,4 +1,4 @@
-"""One connection of the capture client (:class:`adversary.capture.AckingSubscriber`).
+"""One connection of the capture client (:class:`adversary.capture.subscriber.AckingSubscriber`).
 
 A :class:`Session` is the asyncio protocol of one TCP (or TLS) connection: it parses every complete
 frame of a read in the callback, appends each PUBLISH to the owner's inbox as a :class:`Delivery`

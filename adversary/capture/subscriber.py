@@ -6,9 +6,9 @@ TCP or TLS (``mqtts://``). Everything a node needs from MQTT goes through the ad
 (:mod:`nlagg_node.runtime.mqtt`); this client exists because the capture sees every message of a
 run, and its own codec was measured to be worth it (see below).
 
-A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.mqtt_codec`):
-deliveries reach the reader as :class:`~adversary.mqtt_session.Delivery` objects carrying their packet id, and
-:meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.Transcript.commit`.
+A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.capture.mqtt_codec`):
+deliveries reach the reader as :class:`Delivery` objects carrying their packet id, and
+:meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.writer.Transcript.commit`.
 With a persistent session (``clean_session=False``, stable client id) the broker keeps every QoS 1
 message that was not acknowledged, and everything that arrives while the eavesdropper is down, and
 delivers it again after a restart: killing the eavesdropper with SIGKILL loses nothing, and the

@@ -1,6 +1,6 @@
 """One capture over several brokers: the site brokers of a plan with sites, bridged together.
 
-:class:`MergedSubscriber` holds one :class:`~adversary.capture.AckingSubscriber` per broker and
+:class:`MergedSubscriber` holds one :class:`~adversary.capture.subscriber.AckingSubscriber` per broker and
 yields their deliveries as one stream (each broker's in its own order), tagged with the broker
 they came from, so that :meth:`MergedSubscriber.ack` sends each acknowledgement back to its own
 broker once the transcript has committed it: the zero-loss rule of a single capture holds for
@@ -22,8 +22,8 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.transport import Inbox, Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, Decoded, WireError, decode
 
-from .capture import AckingSubscriber
-from .transcript import Transcript
+from ..transcript.writer import Transcript
+from .subscriber import AckingSubscriber
 
 __all__ = ["Acknowledging", "CausalOrder", "MergedSubscriber", "SiteDelivery"]
 

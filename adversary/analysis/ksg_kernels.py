@@ -1,6 +1,6 @@
 """Compiled kernels of the KSG estimator (numba, cached on disk): exact 2-D max-norm kNN and counts.
 
-See :mod:`adversary.mi` for the estimator these kernels serve and the conventions they
+See :mod:`adversary.analysis.mi` for the estimator these kernels serve and the conventions they
 reproduce bit for bit (NPEET's ``mi``). Everything here works on plain float64/int64
 arrays; the entry points are :func:`ksg_one` (one pair), :func:`ksg_batch`
 (independent pairs in parallel) and :func:`ksg_chains` (chains of pairs sharing
