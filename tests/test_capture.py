@@ -29,7 +29,7 @@ from adversary.capture.mqtt_codec import (
     encode_remaining_length,
     encode_subscribe,
 )
-from adversary.capture.mqtt_session import Delivery
+from adversary.capture.subscriber import Delivery
 from nlagg_node.errors import ConfigError, MqttProtocolError, NlaggError
 from nlagg_node.runtime.brokers import free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport

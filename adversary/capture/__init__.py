@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from nlagg_node.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .eavesdrop import run_eavesdropper as run_eavesdropper
     from .eavesdropper import Eavesdropper as Eavesdropper
     from .eavesdropper import NodeView as NodeView
+    from .eavesdropper import run_eavesdropper as run_eavesdropper
     from .merged import MergedSubscriber as MergedSubscriber
-    from .mqtt_session import Delivery as Delivery
     from .subscriber import AckingSubscriber as AckingSubscriber
+    from .subscriber import Delivery as Delivery
     from .subscriber import accepts_anonymous as accepts_anonymous
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)

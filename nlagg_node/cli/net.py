@@ -327,7 +327,7 @@ def eavesdrop(
     verbose: VerboseOpt = False,
 ) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
-    from adversary.capture.eavesdrop import run_eavesdropper
+    from adversary.capture import run_eavesdropper
 
     from ..lifetime import run_stoppable
 
