@@ -40,26 +40,16 @@ def sweep(ps: FloatArray, qs: FloatArray, k: int, m: int, bound: float, best: Fl
     kth = bound
     pm = ps[m]
     qm = qs[m]
-    j = m + 1
-    while j < n:
-        dp = ps[j] - pm
-        if dp >= kth:
-            break
-        dq = abs(qs[j] - qm)
-        d = max(dp, dq)
-        if d < kth:
-            kth = insert(best, k, d)
-        j += 1
-    j = m - 1
-    while j >= 0:
-        dp = pm - ps[j]
-        if dp >= kth:
-            break
-        dq = abs(qs[j] - qm)
-        d = max(dp, dq)
-        if d < kth:
-            kth = insert(best, k, d)
-        j -= 1
+    for step in (1, -1):  # up, then down
+        j = m + step
+        while 0 <= j < n:
+            dp = (ps[j] - pm) * step  # |p_j - p_m|: rounding is symmetric, so -fl(a - b) = fl(b - a)
+            if dp >= kth:
+                break
+            d = max(dp, abs(qs[j] - qm))
+            if d < kth:
+                kth = insert(best, k, d)
+            j += step
     return kth
 
 
