@@ -12,6 +12,17 @@ from typing import TYPE_CHECKING
 from nlagg_node.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from .analysis.experiments import EXPERIMENTS as EXPERIMENTS
+    from .analysis.experiments import run_all as run_all
+    from .analysis.experiments import run_experiment as run_experiment
+    from .analysis.mi import leakage_probability as leakage_probability
+    from .analysis.mi import mse_curve as mse_curve
+    from .analysis.mi import mutual_information as mutual_information
+    from .analysis.mi import mutual_information_batch as mutual_information_batch
+    from .analysis.mi import mutual_information_many as mutual_information_many
+    from .analysis.mi import nmi_curves as nmi_curves
+    from .analysis.mi import nmi_with_bootstrap as nmi_with_bootstrap
+    from .analysis.mi import self_information as self_information
     from .attack import AttackReport as AttackReport
     from .attack import NodeFinding as NodeFinding
     from .attack import attack_arrays as attack_arrays
@@ -19,17 +30,6 @@ if TYPE_CHECKING:
     from .attack import score as score
     from .bounds import IdealBound as IdealBound
     from .bounds import ideal_leakage as ideal_leakage
-    from .experiments import EXPERIMENTS as EXPERIMENTS
-    from .experiments import run_all as run_all
-    from .experiments import run_experiment as run_experiment
-    from .mi import leakage_probability as leakage_probability
-    from .mi import mse_curve as mse_curve
-    from .mi import mutual_information as mutual_information
-    from .mi import mutual_information_batch as mutual_information_batch
-    from .mi import mutual_information_many as mutual_information_many
-    from .mi import nmi_curves as nmi_curves
-    from .mi import nmi_with_bootstrap as nmi_with_bootstrap
-    from .mi import self_information as self_information
     from .report import render_testbed_report as render_testbed_report
     from .simulated import attack_simulation as attack_simulation
     from .simulated import simulate_transcript as simulate_transcript

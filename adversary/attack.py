@@ -36,7 +36,7 @@ from nlagg_node.schedule import Phase
 from .linear import RelationJson, attack_linear, relations_json, tightened
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
 from .spans import node_ends, node_iterations_run, phase_spans
-from .transcript_arrays import first_matches, load_transcript_arrays, read_truth
+from .transcript.arrays import first_matches, load_transcript_arrays, read_truth
 
 if TYPE_CHECKING:
     pass

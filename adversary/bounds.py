@@ -39,7 +39,7 @@ from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.schedule import true_aggregate
 
-from .mi import mutual_information, mutual_information_batch
+from .analysis.mi import mutual_information, mutual_information_batch
 
 
 @dataclass(frozen=True)

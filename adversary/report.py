@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from nlagg_node.errors import ConfigError
 from nlagg_node.inputs import make_output_dir
 
-from .panels import ExperimentDoc, PanelDoc
+from .analysis.panels import ExperimentDoc, PanelDoc
 
 if TYPE_CHECKING:
     from nlagg_node.config import RunConfig
@@ -221,8 +221,8 @@ def _departures_html(departed: dict[int, int], summary: dict[str, Any]) -> str:
 def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
     from .attack import attack_transcript
-    from .plots import draw_testbed, params_line
-    from .transcript_arrays import load_transcript_arrays
+    from .reporting.plots import draw_testbed, params_line
+    from .transcript.arrays import load_transcript_arrays
 
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"

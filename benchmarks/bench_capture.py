@@ -9,7 +9,7 @@ capture order, fed without a broker, so only the capture's own work is timed:
   (WAL, one transaction per ``--every`` messages): what any capture that keeps the raw messages pays;
 * transcript: :meth:`adversary.transcript.Transcript.add`, committed as often: decode and validate
   (the nodes' rules, the barrier window, dedup and conflicts), the parsed fields stored beside;
-* eavesdropper: :meth:`adversary.eavesdropper.Eavesdropper.handle`: the above, plus the per-node
+* eavesdropper: :meth:`adversary.capture.eavesdropper.Eavesdropper.handle`: the above, plus the per-node
   views and the live attack's replay, one iteration at a time, as ``nlagg eavesdrop`` runs it.
 
 Each is timed in CPU time (``time.process_time``) ``--repeat`` times, interleaved, and the best of
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adversary.eavesdropper import Eavesdropper
+from adversary.capture.eavesdropper import Eavesdropper
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig

@@ -1,7 +1,7 @@
 """``nlagg experiment all`` with its panels spread over worker processes against the same run in one process.
 
 Issue 17: the sweep runner (:func:`nlagg_node.sweep.run_sweep`) spreads the distinct panels of
-``experiment all`` over the cores. This benchmark runs :func:`adversary.experiments.run_all` twice in
+``experiment all`` over the cores. This benchmark runs :func:`adversary.analysis.experiments.run_all` twice in
 one process, with the same seed: once with ``workers=1`` (every panel in this process, the numba
 kernels on all threads: the baseline) and once with the default (one worker process per core), and
 prints the wall time and the CPU time (this process and its workers, user + system) of each and
@@ -61,7 +61,7 @@ def main() -> int:
     ap.add_argument("--names", default=None, help="comma-separated experiments (default: all)")
     args = ap.parse_args()
 
-    from adversary.experiments import run_all
+    from adversary.analysis.experiments import run_all
     from nlagg_node.sweep import available_cores
 
     names = args.names.split(",") if args.names else None

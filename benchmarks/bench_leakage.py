@@ -41,7 +41,7 @@ def main() -> int:
 
     import npeet_plus
 
-    from adversary.mi import mutual_information, mutual_information_many, nmi_curves
+    from adversary.analysis.mi import mutual_information, mutual_information_many, nmi_curves
     from nlagg_node.config import RunConfig
     from nlagg_node.sim import simulate
 

@@ -26,7 +26,7 @@ How, without surprises: :func:`njit` points numba's ``config.CACHE_DIR`` at the 
 only while it decorates one of nlagg's kernels (numba fixes a function's cache location
 at decoration), then restores it. Importing nlagg sets no environment variable and
 changes no numba setting for anyone else's functions, and nothing happens before a
-kernel module (``nlagg_node.sim.kernel``, ``adversary.ksg_kernels``) is imported, which
+kernel module (``nlagg_node.sim.kernel``, ``adversary.analysis.ksg_kernels``) is imported, which
 the simulator and the estimator do on first use.
 """
 

@@ -96,7 +96,7 @@ def experiment(
     """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""
     import time
 
-    from adversary.experiments import run_all, run_experiment
+    from adversary.analysis.experiments import run_all, run_experiment
 
     from ..lifetime import partial_results_in
 
@@ -104,7 +104,7 @@ def experiment(
         if not quiet:
             print(line, file=sys.stderr, flush=True)
 
-    from adversary.experiments import experiment_names
+    from adversary.analysis.experiments import experiment_names
 
     chosen = experiment_names() if name == "all" else [name]
     if name in ("all", *experiment_names()):
@@ -163,7 +163,7 @@ def dashboard(
     """Serve a read-only web page of what the eavesdropper learns from a transcript (Ctrl-C stops it)."""
     import asyncio
 
-    from adversary.dashboard import serve_dashboard
+    from adversary.reporting.dashboard import serve_dashboard
 
     if not 0 <= port <= 65535:
         from ..errors import ConfigError

@@ -132,13 +132,12 @@ def truth_cmd(
 
     from ..deploy import load_plan
     from ..deploy.nodefile import read_node_value
+    from ..private import write_private
 
     loaded = load_plan(plan)
     values = {str(node.id): read_node_value(node, plan) for node in loaded.nodes}
     doc = {"run_id": loaded.run_id, "corrupted": loaded.corrupted, "private_values": values}
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(doc, indent=2) + "\n")
+    write_private(out, json.dumps(doc, indent=2) + "\n")
     print(f"{out}: the private values of run {loaded.run_id}'s {loaded.n} nodes")
 
 

@@ -60,7 +60,7 @@ def run_node_command(opts: NodeOptions) -> None:
 @options_command(app, EavesdropOptions)
 def eavesdrop(opts: EavesdropOptions) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
-    from adversary.eavesdrop import run_eavesdropper
+    from adversary.capture import run_eavesdropper
 
     from ..deploy.start import read_password
     from ..lifetime import run_stoppable
@@ -96,7 +96,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
     if opts.dashboard is None:
         run_stoppable(capture, partial=opts.transcript)
         return
-    from adversary.dashboard import parse_listen, serve_beside
+    from adversary.reporting.dashboard import parse_listen, serve_beside
 
     try:
         parse_listen(opts.dashboard)  # a bad address fails before anything starts

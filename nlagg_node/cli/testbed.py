@@ -110,7 +110,7 @@ def run_testbed_command(opts: TestbedOptions) -> None:
         with progress_line(sys.stderr.isatty() and not opts.quiet, console) as on_progress:
             run_stoppable(run(opts.out, on_progress))
         return
-    from adversary.dashboard import parse_listen, serve_beside
+    from adversary.reporting.dashboard import parse_listen, serve_beside
 
     parse_listen(opts.dashboard)  # a bad address fails before anything starts
     with contextlib.ExitStack() as stack:

@@ -9,11 +9,11 @@ The tarball itself holds a password and maybe a private value: it is created 060
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..private import write_private
 from .nodefile import resolve_node
 
 __all__ = ["bundle_members", "write_bundle"]
@@ -37,13 +37,8 @@ def bundle_members(plan_root: Path, node_id: int) -> list[str]:
 def write_bundle(plan_root: Path, node_id: int, out: Path) -> list[str]:
     """Write ``out`` (.tar.gz) with node ``node_id``'s files; return the member names."""
     members = bundle_members(plan_root, node_id)
-    # Created 0600 before a byte is written (and tightened if the file already existed).
-    try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError as exc:
-        raise ConfigError("out", str(out), f"cannot write it ({exc.strerror or exc})") from None
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
         for rel in members:
             src = plan_root / rel
             data = src.read_bytes()
@@ -52,4 +47,8 @@ def write_bundle(plan_root: Path, node_id: int, out: Path) -> list[str]:
             info.mode = src.stat().st_mode & 0o777
             info.mtime = int(src.stat().st_mtime)
             tar.addfile(info, io.BytesIO(data))
+    try:
+        write_private(out, raw.getvalue())
+    except OSError as exc:
+        raise ConfigError("out", str(out), f"cannot write it ({exc.strerror or exc})") from None
     return members

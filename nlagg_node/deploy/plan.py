@@ -35,6 +35,7 @@ from ..config import RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
 from ..inputs import make_output_dir, read_input_text
+from ..private import PRIVATE_FILE_MODE, write_private
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from ..valuesource import ValueSource
@@ -296,11 +297,11 @@ def _plan_toml(plan: DeployPlan) -> str:
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    if mode == PRIVATE_FILE_MODE:
+        write_private(path, text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Create with the final mode so a secret is never readable, not even for a moment.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    path.write_text(text, encoding="utf-8")
     os.chmod(path, mode)
 
 

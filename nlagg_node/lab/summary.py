@@ -16,6 +16,7 @@ import numpy as np
 from ..arrays import FloatArray, IntArray
 from ..config import RunConfig
 from ..departure import components, survivors
+from ..private import write_private
 from ..runtime.public import run_edges
 from ..scale import scale_for
 from ..schedule import distance_to, plan_phases
@@ -244,7 +245,7 @@ def capture_outcome(
 
 def write_outputs(out: Path, cfg: RunConfig, summary: TestbedSummary) -> None:
     """``summary.json`` and ``manifest.json`` (the config and seed that replay the run) into ``out``."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_private(out / "summary.json", json.dumps(summary, indent=2))  # it holds the private values
     manifest: Manifest = {
         "kind": "nlagg-testbed",
         "config": cfg.model_dump(mode="json"),

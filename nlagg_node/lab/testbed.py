@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
 import shutil
 import time
@@ -31,6 +30,7 @@ from ..departure import check_departures, components
 from ..errors import BrokerUnreachableError, ConfigError, NlaggError, TestbedError
 from ..inputs import make_output_dir
 from ..lifetime import owned_tempdir
+from ..private import write_private
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
 from ..runtime.member import check_neighbour_timeout
@@ -184,22 +184,13 @@ def _tls(ca_file: Path | None) -> TlsSettings | None:
     return None if ca_file is None else TlsSettings(ca_file=ca_file)
 
 
-def _private_file(path: Path, text: str) -> Path:
-    """``text`` in ``path``, created 0600 (a private value or the seed, never on a command line)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    return path
-
-
 async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     cfg = run.cfg
     cfg_path = workdir / "run-config.json"
     cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
     # The private value and the seed travel in 0600 files: neither shows in ps.
     private = workdir / "private"
-    private.mkdir(mode=0o700, exist_ok=True)
-    seed_file = _private_file(private / "seed", f"{cfg.seed}\n")
+    seed_file = write_private(private / "seed", f"{cfg.seed}\n")
     procs: list[Child] = []
     try:
         for i in range(cfg.n):
@@ -207,7 +198,7 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                 i,
                 str(cfg_path),
                 run.url,
-                value_file=str(_private_file(private / f"value-{i}", f"{float(run.values[i])!r}\n")),
+                value_file=str(write_private(private / f"value-{i}", f"{float(run.values[i])!r}\n")),
                 run_id=run.run_id,
                 prefix=run.prefix,
                 neighbour_timeout=run.timeout,

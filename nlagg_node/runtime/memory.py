@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Self
 
 from ..errors import ConfigError, NlaggError
-from .transport import Message, Will, topic_matches, valid_filter
+from .transport import Inbox, Message, Transport, Will, topic_matches, valid_filter
 
 __all__ = ["MemoryBroker", "MemoryTransport"]
 
@@ -53,7 +52,7 @@ class MemoryBroker:
         return [Message(t, p, True) for t, p in self.retained.items() if topic_matches(pattern, t)]
 
 
-class MemoryTransport:
+class MemoryTransport(Transport):
     """A :class:`~nlagg_node.runtime.transport.Transport` on a :class:`MemoryBroker`."""
 
     def __init__(self, broker: MemoryBroker, client_id: str, *, will: Will | None = None) -> None:
@@ -62,12 +61,14 @@ class MemoryTransport:
         self.will = will
         self._filters: list[str] = []
         self._wanted: dict[str, bool] = {}  # topic -> whether a filter matches (cleared on subscribe)
-        self._queue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._inbox: Inbox[Message] = Inbox()
         self._connected = False
+        self._dropped = False  # since the last connect: messages() ends once it has read the rest
 
     async def connect(self) -> None:
         self.broker.attach(self)
         self._connected = True
+        self._dropped = False
 
     def _require(self) -> None:
         if not self._connected:
@@ -105,21 +106,18 @@ class MemoryTransport:
         return wanted
 
     def _deliver(self, msg: Message) -> None:
-        self._queue.put_nowait(msg)
+        self._inbox.put(msg)
 
-    async def messages(self) -> AsyncIterator[Message]:
-        while True:
-            msg = await self._queue.get()
-            if msg is None:
-                return
-            yield msg
+    def messages(self) -> AsyncIterator[Message]:
+        return self._inbox.drain(lambda: self._dropped)
 
     def _drop(self, publish_will: bool) -> None:
         if not self._connected:
             return
         self._connected = False
         self.broker.detach(self)
-        self._queue.put_nowait(None)
+        self._dropped = True
+        self._inbox.wake()
         if publish_will and self.will is not None:
             self.broker.route(self.will.topic, self.will.payload, self.will.retain)
 
@@ -131,16 +129,10 @@ class MemoryTransport:
         """Unclean loss of the connection: the broker publishes the will."""
         self._drop(publish_will=True)
 
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        """A clean close, or the will when the block ends with an error (as a crash would)."""
         if exc_type is None or exc_type is asyncio.CancelledError:
             await self.close()
         else:

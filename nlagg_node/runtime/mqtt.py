@@ -28,10 +28,8 @@ import asyncio
 import logging
 import socket
 import threading
-from collections import deque
 from collections.abc import AsyncIterator, Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -41,14 +39,14 @@ from ..errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, Nl
 from ..rng import rng_for
 from .mqtt_settings import FATAL_CONNACK, jittered_backoff, parse_broker_url
 from .tls import TlsSettings, broker_endpoint
-from .transport import Message, Will, valid_filter
+from .transport import Inbox, Message, Transport, Will, valid_filter
 
 __all__ = ["BrokerRefusedError", "MqttTransport", "TlsSettings", "jittered_backoff", "parse_broker_url"]
 
 log = logging.getLogger("nlagg.mqtt")
 
 
-class MqttTransport:
+class MqttTransport(Transport):
     """A :class:`~nlagg_node.runtime.transport.Transport` over paho, MQTT 3.1.1, QoS 1.
 
     Parameters
@@ -126,8 +124,7 @@ class MqttTransport:
         self._paho = client
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._inbox: deque[Message] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._inbox: Inbox[Message] = Inbox()
         self._filters: list[tuple[str, int]] = []
         self._acks: dict[int, asyncio.Future[None]] = {}  # mid -> PUBACK/SUBACK waiter
         self._connack: asyncio.Future[tuple[int, bool]] | None = None
@@ -197,14 +194,11 @@ class MqttTransport:
         fut = self._connack
         if fut is not None and not fut.done():
             fut.set_result((-1, False))  # closed before the CONNACK
-        self._wake()
+        self._inbox.wake()
 
     def _on_message(self, client: paho.Client, _ud: object, msg: paho.MQTTMessage) -> None:
         payload = msg.payload
-        self._inbox.append(
-            Message(msg.topic, payload if type(payload) is bytes else bytes(payload), msg.retain)
-        )
-        self._wake()
+        self._inbox.put(Message(msg.topic, payload if type(payload) is bytes else bytes(payload), msg.retain))
 
     def _on_publish(self, client: paho.Client, _ud: object, mid: int, _code: object, _props: object) -> None:
         fut = self._acks.pop(mid, None)
@@ -225,11 +219,6 @@ class MqttTransport:
             )
         else:
             fut.set_result(None)
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     # connection management ----------------------------------------------------------------------------
     async def _attempt(self, first: bool) -> tuple[int, bool] | str:
@@ -305,7 +294,7 @@ class MqttTransport:
             if not fut.done():
                 fut.set_exception(exc)
         self._acks.clear()
-        self._wake()
+        self._inbox.fail(exc)
 
     async def _tick(self) -> None:
         """paho's keepalive: pings, and a dropped connection when they go unanswered."""
@@ -394,22 +383,9 @@ class MqttTransport:
         self._filters += added
         await self._subscribe_all(added)
 
-    async def messages(self) -> AsyncIterator[Message]:
+    def messages(self) -> AsyncIterator[Message]:
         """Every received message; survives reconnections; ends when the transport is closed."""
-        inbox = self._inbox
-        loop = asyncio.get_running_loop()
-        while True:
-            while inbox:
-                yield inbox.popleft()
-            if self._fatal is not None:
-                raise self._fatal
-            if self._closing:
-                return
-            self._waiter = loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        return self._inbox.drain(lambda: self._closing)
 
     async def _stop_tasks(self) -> None:
         tasks = [t for t in (self._supervisor, self._misc) if t is not None]
@@ -438,7 +414,7 @@ class MqttTransport:
                     self.close_timeout,
                 )
         self._up.clear()
-        self._wake()
+        self._inbox.wake()
 
     async def abort(self) -> None:
         """Drop the TCP connection without DISCONNECT, as a crash would (the broker publishes the will)."""
@@ -451,16 +427,4 @@ class MqttTransport:
             self._loop.remove_reader(sock)
             self._loop.remove_writer(sock)
             sock.close()
-        self._wake()
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        self._inbox.wake()

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import ConfigError, SealError, WireError
+from ..private import write_private
 
 __all__ = [
     "KEY_BYTES",
@@ -80,13 +81,7 @@ def load_or_create_key(path: Path) -> X25519PrivateKey:
         raw = key.private_bytes(
             serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
         )
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_private(path, raw)
         return key
     if len(raw) != KEY_BYTES:
         raise ConfigError("state_dir", str(path), f"not an X25519 private key ({len(raw)} bytes)")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from adversary.mqtt_codec import (
+from adversary.capture.mqtt_codec import (
     CONNACK,
     DISCONNECT_FRAME,
     decode_connack,

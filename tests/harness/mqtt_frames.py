@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from adversary.mqtt_codec import encode_frame
+from adversary.capture.mqtt_codec import encode_frame
 
 __all__ = ["publish_frame"]
 

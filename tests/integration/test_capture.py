@@ -13,8 +13,8 @@ from typing import Any, Self
 import pytest
 
 from adversary.capture import AckingSubscriber
-from adversary.mqtt_codec import FrameReader, encode_frame
-from adversary.mqtt_session import Delivery
+from adversary.capture.mqtt_codec import FrameReader, encode_frame
+from adversary.capture.subscriber import Delivery
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.runtime.brokers import free_port, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adversary.dashboard import Dashboard
+from adversary.reporting.dashboard import Dashboard
 from tests.harness.transcripts import finished_max_run
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adversary.experiments import run_all
+from adversary.analysis.experiments import run_all
 
 
 @pytest.mark.slow

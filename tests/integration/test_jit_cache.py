@@ -79,7 +79,12 @@ def _can_run_as_nobody() -> bool:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
     probe = subprocess.run(
-        [*_as_nobody(), sys.executable, "-c", "import numba, typer, nlagg_node.cli, adversary.experiments"],
+        [
+            *_as_nobody(),
+            sys.executable,
+            "-c",
+            "import numba, typer, nlagg_node.cli, adversary.analysis.experiments",
+        ],
         env=_env(HOME="/nonexistent"),
         cwd="/",
         capture_output=True,

@@ -25,8 +25,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from adversary.capture import AckingSubscriber
-from adversary.eavesdropper import Eavesdropper
-from adversary.merged import MergedSubscriber
+from adversary.capture.eavesdropper import Eavesdropper
+from adversary.capture.merged import MergedSubscriber
 from adversary.transcript import Transcript
 from nlagg_node.cli import main
 from nlagg_node.config import load_config

@@ -201,7 +201,7 @@ class CuttableProxy:
 
 @pytest.mark.mosquitto
 async def test_nodes_survive_a_cut_connection(mosquitto_url: str, tmp_path: Path) -> None:
-    from adversary.eavesdropper import Eavesdropper
+    from adversary.capture.eavesdropper import Eavesdropper
     from nlagg_node.runtime.hosted import host_nodes
     from nlagg_node.runtime.node import Node, node_will
     from nlagg_node.runtime.public import build_config_msg

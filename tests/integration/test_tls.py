@@ -19,7 +19,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from adversary.capture import AckingSubscriber, accepts_anonymous
-from adversary.eavesdrop import ANONYMOUS_WARNING, run_eavesdropper
+from adversary.capture.eavesdropper import ANONYMOUS_WARNING, run_eavesdropper
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan

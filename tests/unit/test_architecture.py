@@ -5,6 +5,13 @@ inside functions and under ``TYPE_CHECKING`` included, parsed with :mod:`ast` (n
 * ``adversary`` may import ``nlagg_node`` (its math, config and wire layers); ``nlagg_node`` never
   imports ``adversary``, except in the composition points that start both: the CLI and the lab.
 * ``adversary`` never imports those composition points.
+* Inside ``adversary``, its concept folders keep their direction: the capture (which runs beside
+  a broker) reaches neither the analysis nor the reporting, even through another module, and the
+  transcript (which any capture, simulated ones too, writes) reaches none of capture, analysis and
+  reporting.
+
+And, from the syntax tree: no function over 100 lines or with more than 15 parameters (compiled
+kernels excepted), beyond a list of known ones that may only shrink.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ def _in(module: str, packages: tuple[str, ...]) -> bool:
 
 def test_the_walk_sees_function_level_imports() -> None:
     # cli.analysis imports the adversary only inside its command functions.
-    assert "adversary.experiments" in _imports("nlagg_node.cli.analysis")
+    assert "adversary.analysis.experiments" in _imports("nlagg_node.cli.analysis")
     assert "nlagg_node.sim.engine" in _imports("nlagg_node.sim")
 
 
@@ -149,11 +156,77 @@ def test_array_aliases_are_defined_once() -> None:
     assert found == set()
 
 
-def test_no_module_over_500_lines() -> None:
-    long = {
-        str(p.relative_to(ROOT)): n
-        for pkg in PACKAGES
-        for p in (ROOT / pkg).rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > 500
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [
+        (
+            "adversary.capture",
+            ("adversary.analysis", "adversary.reporting", "adversary.attack", "adversary.report"),
+        ),
+        ("adversary.transcript", ("adversary.capture", "adversary.analysis", "adversary.reporting")),
+    ],
+    ids=["capture", "transcript"],
+)
+def test_concept_folders_keep_their_direction(folder: str, forbidden: tuple[str, ...]) -> None:
+    inside = [m for m in MODULES if _in(m, (folder,))]
+    assert inside
+    wrong = sorted(f"{m} -> {t}" for m in inside for t in nx.descendants(GRAPH, m) if _in(t, forbidden))
+    assert wrong == []
+
+
+MAX_FUNCTION_LINES = 100
+MAX_PARAMETERS = 15
+# Known offenders (issue 34: each goes once its command options or its engine are split). The list
+# may only shrink: an entry that no longer offends fails the test below until it is removed.
+KNOWN_LONG_FUNCTIONS = {
+    "adversary.attack:attack_arrays",
+    "adversary.simulated:write_sim_transcript",
+    "nlagg_node.argv:node_argv",
+    "nlagg_node.cli.deploy:_plan_spec",
+    "nlagg_node.cli.deploy:compose_cmd",
+    "nlagg_node.cli.deploy:plan_cmd",
+    "nlagg_node.cli.net:eavesdrop",
+    "nlagg_node.cli.net:node",
+    "nlagg_node.cli.sim:sim",
+    "nlagg_node.cli.testbed:run_testbed_command",
+    "nlagg_node.lab.testbed:run_testbed",
+    "nlagg_node.runtime.node:Node.__init__",
+    "nlagg_node.sim.engine:simulate",
+}
+
+
+def _function_sizes() -> dict[str, tuple[int, int]]:
+    """``module:qualname`` -> (lines, parameters without self/cls) of every function that is not
+    a compiled kernel (decorated with numba's ``njit``/``jit``)."""
+    out: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, module: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, module, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                compiled = any("jit" in ast.unparse(d) for d in child.decorator_list)
+                a = child.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+                n = len(params) - (1 if params and params[0].arg in ("self", "cls") else 0)
+                if not compiled:
+                    out[f"{module}:{prefix}{child.name}"] = (
+                        (child.end_lineno or child.lineno) - child.lineno + 1,
+                        n,
+                    )
+                visit(child, module, f"{prefix}{child.name}.")
+
+    for module, (path, _) in MODULES.items():
+        visit(ast.parse(path.read_text(encoding="utf-8")), module, "")
+    return out
+
+
+def test_functions_are_short_and_take_few_parameters() -> None:
+    sizes = _function_sizes()
+    offending = {
+        name
+        for name, (lines, params) in sizes.items()
+        if lines > MAX_FUNCTION_LINES or params > MAX_PARAMETERS
     }
-    assert long == {}
+    assert sorted(offending - KNOWN_LONG_FUNCTIONS) == []
+    assert sorted(KNOWN_LONG_FUNCTIONS - offending) == []  # fixed: remove it from the list

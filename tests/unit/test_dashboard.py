@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from adversary.attack import attack_arrays, attack_transcript
-from adversary.dashboard import DashboardState, is_loopback, parse_listen
 from adversary.live import replay_exposures
+from adversary.reporting.dashboard import DashboardState, is_loopback, parse_listen
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig

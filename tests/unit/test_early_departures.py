@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from adversary.attack import attack_transcript, score
-from adversary.eavesdropper import Eavesdropper
+from adversary.capture.eavesdropper import Eavesdropper
 from adversary.live import HIGH, LOW, VALUE, node_ends, replay_exposures
 from adversary.simulated import attack_simulation, trial_x, write_sim_transcript
 from adversary.transcript import Transcript
-from adversary.transcript_arrays import first_matches, load_transcript_arrays
+from adversary.transcript.arrays import first_matches, load_transcript_arrays
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adversary.eavesdropper import Eavesdropper
+from adversary.capture.eavesdropper import Eavesdropper
 from adversary.live import LiveReplay, replay_exposures
 from adversary.simulated import simulate_transcript, trial_x
 from adversary.transcript import Transcript

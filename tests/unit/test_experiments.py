@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from adversary.experiments import EXPERIMENTS, panel_config, run_all, run_experiment
+from adversary.analysis.experiments import EXPERIMENTS, panel_config, run_all, run_experiment
 from adversary.report import render_testbed_report
 from adversary.simulated import write_sim_transcript
 from nlagg_node.cli import _register, app
@@ -143,14 +143,14 @@ MEDIAN_GROUPS = {"output": [7], "near": [5, 6, 8, 9], "far": [0, 1, 2, 3, 4, *ra
     ],
 )
 def test_figures_colour_ranks_by_group(bound: list[float], groups: dict[str, list[int]] | None) -> None:
-    from adversary.plots import rank_groups
+    from adversary.reporting.plots import rank_groups
 
     got = rank_groups(np.array(bound))
     assert (None if got is None else {g.name: g.ranks for g in got}) == groups
 
 
 def test_figure_labels_are_mathtext() -> None:
-    from adversary.plots import params_line, tex
+    from adversary.reporting.plots import params_line, tex
 
     assert tex("c = 1, mu_z = 10") == r"$c$ = 1, $\mu_z$ = 10"
     assert tex("DP Gaussian, sigma_s = 0.1") == r"DP Gaussian, $\sigma_s$ = 0.1"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.special import digamma
 
-from adversary.mi import (
+from adversary.analysis.mi import (
     leakage_probability,
     mse_curve,
     mutual_information,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adversary.mqtt_codec import (
+from adversary.capture.mqtt_codec import (
     FrameReader,
     Publish,
     decode_connack,

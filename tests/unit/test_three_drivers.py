@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adversary.eavesdropper import Eavesdropper
+from adversary.capture.eavesdropper import Eavesdropper
 from adversary.simulated import trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig

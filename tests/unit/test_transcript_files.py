@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from adversary.attack import attack_transcript, incomplete_note
-from adversary.dashboard.state import DashboardState
+from adversary.reporting.dashboard.state import DashboardState
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node import load_config

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ..analysis.panels import Experiment, PanelResult
 from .figure import pyplot, rank_colors
-from .panels import Experiment, PanelResult
 
 MSE_FLOOR = 1e-20
 NEAR = 2

@@ -3,7 +3,7 @@
 Every panel is one batched simulation (:func:`nlagg_node.sim.simulate`) of the paper's setup
 (RGG with n = 15 unless stated, s_i ~ N(0, 1), nodes relabelled by rank per trial) followed
 by the leakage measurement: NMI ``I(S_r; X_r^(t)) / I(S_r; S_r)`` per rank at about 300
-recorded iterations (:func:`adversary.mi.nmi_curves`), the empirical leakage probability
+recorded iterations (:func:`adversary.analysis.mi.nmi_curves`), the empirical leakage probability
 (matching events), the MSE per recorded iteration, and the ideal-world bound per rank
 (:func:`adversary.bounds.ideal_leakage`). Operator parameters not set by an experiment come
 from :class:`nlagg_node.config.RunConfig` (the measured operator defaults).
@@ -183,7 +183,7 @@ def measure(cfg: RunConfig, log: Log | None = None, bootstrap: int = 0) -> Panel
     """Simulate one configuration and measure its leakage (``bootstrap`` > 1: 90% bands too)."""
     from nlagg_node.sim import simulate
 
-    from .bounds import ideal_leakage
+    from ..bounds import ideal_leakage
     from .mi import mse_curve, nmi_curves, nmi_with_bootstrap
 
     started = time.perf_counter()
@@ -312,7 +312,7 @@ def run_experiment(
 
     The panels run on ``workers`` processes (default: one per core; 1: in this process).
     """
-    from .plots import draw_experiment
+    from ..reporting.plots import draw_experiment
 
     if name not in EXPERIMENTS:
         raise ConfigError("experiment", name, f"choose one of {', '.join(EXPERIMENTS)} or all")
@@ -380,7 +380,7 @@ def run_all(
     All distinct panels are measured first, spread over ``workers`` processes (default:
     one per core); the figures are drawn afterwards. The numbers do not depend on ``workers``.
     """
-    from .report import write_index
+    from ..report import write_index
 
     chosen = list(EXPERIMENTS) if names is None else names
     unknown = [nm for nm in chosen if nm not in EXPERIMENTS]

@@ -15,7 +15,7 @@ With the same jitter values, :func:`mutual_information` equals ``npeet_plus.mi``
 bit (one compiled call per pair forms the digamma means in NumPy's summation order), and
 the batched paths (:func:`mutual_information_many`, the NMI curves) to rounding of their
 sequential means (about 1e-14 bits). The 1-D x 1-D case, the only one the NMI curves need,
-runs in compiled kernels (:mod:`adversary.ksg_kernels`): an exact k-nearest-neighbour
+runs in compiled kernels (:mod:`adversary.analysis.ksg_kernels`): an exact k-nearest-neighbour
 search for the 2-D max-norm by a sweep along one sorted coordinate (pruned as soon as
 the coordinate gap alone exceeds the current k-th distance, and started from a bound
 inherited from the previous point), and exact marginal counts on the sorted values with

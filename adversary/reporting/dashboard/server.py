@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import stop_requested
 
-from ..transcript_db import settle_file
+from ...transcript.reader import settle_file
 from .state import DashboardState
 
 __all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]

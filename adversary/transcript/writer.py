@@ -29,7 +29,7 @@ of the index instead of one page per node.
 An x is read as the nodes read it (:class:`~nlagg_node.runtime.wire.HotDecoder`: msgspec, the same
 checks as the pydantic model, which reads every other kind).
 
-The schema and the read side (the queries the analysis uses) are in :mod:`adversary.transcript_db`.
+The schema and the read side (the queries the analysis uses) are in :mod:`adversary.transcript.reader`.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from nlagg_node.runtime.wire import (
     decode,
 )
 
-from .rules import OUTSIDE_WINDOW, RunRules, rules_for
-from .transcript_db import (
+from ..rules import OUTSIDE_WINDOW, RunRules, rules_for
+from .reader import (
     MAX_INVALID_PAYLOAD,
     NO_FIELDS,
     SCHEMA,
@@ -215,7 +215,7 @@ class Transcript(TranscriptReader):
         fields: tuple[int | None, str | None, float | None],
     ) -> str | None:
         """Why ``msg`` must not count (None: it is valid and now holds its slot); ``fields`` are its
-        :func:`~adversary.transcript_db.row_fields`."""
+        :func:`~adversary.transcript.reader.row_fields`."""
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._candidate, why = rules_for(msg)
             if self._candidate is None:

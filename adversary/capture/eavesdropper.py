@@ -1,10 +1,12 @@
 """The passive eavesdropper: subscribe to ``P/R/#``, store everything, replay the attack live.
 
 ``nlagg eavesdrop --broker URL --run-id R --transcript transcript.sqlite`` runs it through
-:func:`adversary.eavesdrop.run_eavesdropper`. Every message goes to the
-:class:`~adversary.transcript.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
+:func:`run_eavesdropper` (on one broker or on the bridged site brokers of one run), with a live
+rich table, or JSON-line events for a supervising process (the testbed), and a summary at the
+end. Every message goes to the
+:class:`~adversary.transcript.writer.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
 which reports an exposure as soon as the iteration that reveals it is complete. Over an
-:class:`~adversary.capture.AckingSubscriber` (what ``nlagg eavesdrop`` uses) a message is
+:class:`~adversary.capture.subscriber.AckingSubscriber` (what ``nlagg eavesdrop`` uses) a message is
 acknowledged to the broker only after the transaction holding it is committed (whenever the
 inbox runs dry, every 256 messages, and every ``commit_every`` seconds): killed at any moment, the
 eavesdropper loses nothing, since the broker redelivers the rest to its persistent session.
@@ -18,34 +20,45 @@ what it had queued for the capture), it waits at least until the nodes' last rep
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from nlagg_node.departure import announced
+from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
+from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
 from nlagg_node.termination import stop_reach
 
-from .live import BRANCH_NAMES, Exposure, LiveReplay
+from ..live import BRANCH_NAMES, Exposure, LiveReplay
+from ..transcript.arrays import public_z0
+from ..transcript.writer import Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
-from .transcript import Transcript
-from .transcript_arrays import public_z0
+from .subscriber import AckingSubscriber, accepts_anonymous
 
-__all__ = ["Eavesdropper", "NodeView"]
+__all__ = ["ANONYMOUS_WARNING", "Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
 
 log = logging.getLogger("nlagg.eavesdropper")
 
 RESEND_MARGIN = 3.0
 """Seconds past a node's last republish (after a lost session) that the capture still waits for it:
 a node reconnects at about the time the capture does, and a loaded machine delays its timers."""
+
+ANONYMOUS_WARNING = (
+    "broker %s admits anonymous clients (allow_anonymous true): anyone can publish as any node, so"
+    " nothing protects the run's integrity; use the per-node ACL of nlagg deploy plan"
+)
 
 
 @dataclass
@@ -72,7 +85,7 @@ def excuse_departed(
 ) -> tuple[int, int]:
     """``(x, z0)`` still missing, less what departed nodes never sent: their x's from their
     departure on (with ``early_stop`` the count of missing x's already expects none of them:
-    :meth:`~adversary.transcript_db.TranscriptReader.complete`), and the z^(0) of every edge they
+    :meth:`~adversary.transcript.reader.TranscriptReader.complete`), and the z^(0) of every edge they
     had left before that dual group's exchange."""
     if not gone:
         return missing
@@ -101,8 +114,9 @@ class Eavesdropper:
     reorder : hold back an x captured before the x's it was computed from, even from one broker:
         for a broker cluster (RabbitMQ, EMQX, VerneMQ), whose members forward messages from
         different publishers on different paths, so one subscriber may see them out of causal
-        order. Always on over several brokers (a :class:`~adversary.merged.MergedSubscriber`).
-    reorder_grace : with ``reorder``, the longest such an x waits (:class:`~adversary.merged.CausalOrder`).
+        order. Always on over several brokers (a :class:`~adversary.capture.merged.MergedSubscriber`).
+    reorder_grace : with ``reorder``, the longest such an x waits
+        (:class:`~adversary.capture.merged.CausalOrder`).
     """
 
     def __init__(
@@ -433,3 +447,163 @@ class Eavesdropper:
     def honest_exposed(self) -> list[int]:
         """Honest nodes whose value the transcript exposed, ascending."""
         return sorted({e.node for e in self.exposures if not self.view(e.node).corrupted})
+
+
+def live_table(eaves: Eavesdropper) -> Any:
+    """A rich table: per node, iterations seen, its latest branch, and what is already exposed."""
+    from rich.table import Table
+
+    n = eaves.config.n if eaves.config is not None else (max(eaves.nodes, default=-1) + 1)
+    title = f"run {eaves.transcript.run_id}: {eaves.captured} messages"
+    if eaves.config is None:
+        title += " (waiting for the retained config)"
+    table = Table(title=title)
+    for col in ("node", "state", "iterations", "last x", "revealed"):
+        table.add_column(col)
+    for i in range(n):
+        v = eaves.nodes.get(i, NodeView())
+        if v.corrupted:
+            revealed = f"[yellow]corrupted: s = {v.private_value!r}[/yellow]"
+        elif v.exposed is not None:
+            revealed = f"[red]s = {v.exposed.value!r} (t={v.exposed.t}, {v.exposed.how})[/red]"
+        else:
+            revealed = "nothing yet"
+        table.add_row(str(i), v.state, str(v.iterations), v.branch, revealed)
+    return table
+
+
+def _event(kind: str, **fields: object) -> None:
+    print(json.dumps({"event": kind, **fields}), flush=True)
+
+
+async def _warn_if_anonymous(brokers: list[str], tls: TlsSettings | None, events: bool) -> None:
+    """Without per-node ACLs nothing protects the run's integrity: anyone can publish as any node."""
+    for url in brokers:
+        if await accepts_anonymous(url, tls=tls):
+            log.warning(ANONYMOUS_WARNING, url)
+            if events:
+                _event("warning", message=ANONYMOUS_WARNING % url)
+
+
+async def _until_done(
+    eaves: Eavesdropper, task: asyncio.Task[None], stop_after: float | None, live: Any | None
+) -> bool:
+    """Wait for the capture ``task`` (refreshing the ``live`` view), at most ``stop_after`` seconds;
+    whether it ended by itself. A capture failure is raised."""
+    try:
+        async with asyncio.timeout(stop_after):
+            while live is not None and not task.done():
+                await asyncio.wait({task}, timeout=0.25)
+                live.update(live_table(eaves))
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.result()
+    except TimeoutError:
+        return False
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return True
+
+
+def _summarize(eaves: Eavesdropper, db: Path, events: bool, console: Any) -> None:
+    if events:
+        _event(
+            "finished",
+            complete=eaves.finished.is_set(),
+            captured=eaves.captured,
+            stored=eaves.stored,
+            rejected=eaves.rejected,
+            missing_x=eaves.missing[0],
+            missing_z0=eaves.missing[1],
+            missing_adv=eaves.missing_adv,
+            exposed=eaves.honest_exposed(),
+            departed={str(j): t for j, t in sorted(eaves.departed().items())},
+        )
+        return
+    console.print(
+        f"{eaves.captured} messages captured into {db} ({eaves.rejected} not protocol v1); "
+        f"exposed honest nodes: {eaves.honest_exposed() or 'none'}"
+    )
+    for j, t in sorted(eaves.departed().items()):
+        console.print(f"node {j} left the run at t={t} (its last x was x^({t - 1}))")
+
+
+async def run_eavesdropper(
+    broker: str | Sequence[str],
+    run_id: str,
+    db: Path,
+    *,
+    prefix: str = "nlagg",
+    username: str | None = None,
+    password: str | None = None,
+    live: bool = True,
+    stop_after: float | None = None,
+    events: bool = False,
+    config: ConfigMsg | None = None,
+    tls: TlsSettings | None = None,
+    broker_cluster: bool = False,
+) -> Eavesdropper:
+    """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary.
+
+    With ``events`` the output is JSON lines for a supervising process (the testbed):
+    ``subscribed``, one ``exposure`` per exposed node the moment it is found, ``finished``.
+    ``tls`` verifies an ``mqtts://`` broker (and gives a client certificate when it asks for one).
+    ``broker`` may list several brokers (the bridged site brokers of one run): the capture then
+    subscribes at every one of them, into one transcript that holds each message once.
+    ``broker_cluster``: the broker is a cluster whose members may forward the messages of different
+    nodes out of causal order; an x that overtook those it was computed from waits for them.
+    At start it asks the broker whether it admits anonymous clients and warns when it does:
+    without per-node ACLs nothing protects the run's integrity (anyone can publish as any node;
+    the transcript keeps what the nodes kept, which may be forged).
+    """
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    live = live and not events
+    brokers = [broker] if isinstance(broker, str) else list(broker)
+
+    def report(e: Exposure) -> None:
+        if events:
+            _event("exposure", node=e.node, t=e.t, value=e.value, how=e.how)
+        elif not live:
+            console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
+
+    transcript = Transcript(db, run_id=run_id, prefix=prefix)
+    try:
+        await _warn_if_anonymous(brokers, tls, events)
+        # --timeout bounds the whole capture, the first connection included.
+        connect_within = 30.0 if stop_after is None else max(0.1, min(30.0, stop_after))
+        subscribers = [
+            AckingSubscriber(
+                url,
+                client_id=f"nlagg-{run_id}-eavesdropper",
+                username=username,
+                password=password,
+                tls=tls,
+                connect_timeout=connect_within,
+            )
+            for url in brokers
+        ]
+        async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
+            eaves = Eavesdropper(
+                source, transcript, on_exposure=report, config=config, reorder=broker_cluster
+            )
+            task = asyncio.create_task(eaves.run())
+            # SIGTERM/SIGINT stop the capture through the normal path: everything is committed.
+            on_stop_signal(task.cancel)
+            await eaves.subscribed.wait()
+            if events:
+                _event("subscribed")
+            if live:
+                with Live(live_table(eaves), console=console, refresh_per_second=4) as view:
+                    done = await _until_done(eaves, task, stop_after, view)
+            else:
+                done = await _until_done(eaves, task, stop_after, None)
+            if not done and not events:
+                console.print(f"stopped after {stop_after:g} s")
+    finally:
+        transcript.close()
+    _summarize(eaves, db, events, console)
+    return eaves

@@ -1,6 +1,6 @@
 """Compiled kernels of the KSG estimator (numba, cached on disk): exact 2-D max-norm kNN and counts.
 
-See :mod:`adversary.mi` for the estimator these kernels serve and the conventions they
+See :mod:`adversary.analysis.mi` for the estimator these kernels serve and the conventions they
 reproduce bit for bit (NPEET's ``mi``). Everything here works on plain float64/int64
 arrays; the entry points are :func:`ksg_one` (one pair), :func:`ksg_batch`
 (independent pairs in parallel) and :func:`ksg_chains` (chains of pairs sharing
@@ -40,26 +40,16 @@ def sweep(ps: FloatArray, qs: FloatArray, k: int, m: int, bound: float, best: Fl
     kth = bound
     pm = ps[m]
     qm = qs[m]
-    j = m + 1
-    while j < n:
-        dp = ps[j] - pm
-        if dp >= kth:
-            break
-        dq = abs(qs[j] - qm)
-        d = max(dp, dq)
-        if d < kth:
-            kth = insert(best, k, d)
-        j += 1
-    j = m - 1
-    while j >= 0:
-        dp = pm - ps[j]
-        if dp >= kth:
-            break
-        dq = abs(qs[j] - qm)
-        d = max(dp, dq)
-        if d < kth:
-            kth = insert(best, k, d)
-        j -= 1
+    for step in (1, -1):  # up, then down
+        j = m + step
+        while 0 <= j < n:
+            dp = (ps[j] - pm) * step  # |p_j - p_m|: rounding is symmetric, so -fl(a - b) = fl(b - a)
+            if dp >= kth:
+                break
+            d = max(dp, abs(qs[j] - qm))
+            if d < kth:
+                kth = insert(best, k, d)
+            j += step
     return kth
 
 
@@ -193,25 +183,15 @@ def count_within_below(vs: FloatArray, vi: float, r: float, lo: int, hi: int) ->
 
 
 @njit(nogil=True)
-def end_of_run(vs: FloatArray, vi: float, r: float, lo: int) -> int:
-    """First j >= ``lo`` of sorted ``vs`` with ``vs[j] - vi > r`` (bisection; the predicate flips once)."""
-    a, b = lo, len(vs)
+def first_past(vs: FloatArray, vi: float, bound: float, lo: int, hi: int, inclusive: bool) -> int:
+    """First j in [``lo``, ``hi``) of sorted ``vs`` with ``vs[j] - vi > bound`` (``>=`` when
+    ``inclusive``), ``hi`` if none (bisection: the predicate flips once). The end of a run within
+    ``r`` is ``first_past(vs, vi, r, lo, n, False)``, its start ``first_past(vs, vi, -r, 0, hi, True)``."""
+    a, b = lo, hi
     while a < b:
         mid = (a + b) >> 1
-        if vs[mid] - vi <= r:
-            a = mid + 1
-        else:
-            b = mid
-    return a
-
-
-@njit(nogil=True)
-def start_of_run(vs: FloatArray, vi: float, r: float, hi: int) -> int:
-    """First j < ``hi`` of sorted ``vs`` with ``vs[j] - vi >= -r``, given it holds at ``hi`` (bisection)."""
-    a, b = 0, hi
-    while a < b:
-        mid = (a + b) >> 1
-        if vs[mid] - vi < -r:
+        d = vs[mid] - vi
+        if d < bound or (d == bound and not inclusive):
             a = mid + 1
         else:
             b = mid
@@ -241,9 +221,9 @@ def marginal_counts(vs: FloatArray, order: IntArray, radius: FloatArray, out: In
         hi = m + 1 + count_within_above(vs, vi, r, m + 1, above)
         lo = m + 1 - count_within_below(vs, vi, r, below, m + 1)
         if hi == above < n:
-            hi = end_of_run(vs, vi, r, above)
+            hi = first_past(vs, vi, r, above, n, False)
         if lo == below > 0:
-            lo = start_of_run(vs, vi, r, below)
+            lo = first_past(vs, vi, -r, 0, below, True)
         out[i] = hi - lo
 
 

@@ -47,13 +47,13 @@ class TranscriptData(TypedDict):
 
 
 def load_transcript_arrays(path: str | Path) -> TranscriptData:
-    """Read what the attack needs from a transcript file (``adversary.transcript`` format)."""
+    """Read what the attack needs from a transcript file (``adversary.transcript.writer`` format)."""
     from nlagg_node.runtime.public import config_from_msg
     from nlagg_node.scale import scale_for
     from nlagg_node.schedule import phase_c, plan_phases
 
-    from .live import forwarded_z0
-    from .transcript import Transcript
+    from ..live import forwarded_z0
+    from .writer import Transcript
 
     p = Path(path)
     with Transcript.open_read_only(p) as tr:

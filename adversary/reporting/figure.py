@@ -1,6 +1,6 @@
 """Matplotlib for every figure nlagg draws: the headless Agg backend and the per-rank colours.
 
-Shared by the experiment figures (:mod:`adversary.plots`) and the testbed report
+Shared by the experiment figures (:mod:`adversary.reporting.plots`) and the testbed report
 (:mod:`adversary.report`). Matplotlib is imported on the first call, not with this module.
 """
 

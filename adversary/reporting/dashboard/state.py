@@ -41,9 +41,9 @@ from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.termination import stop_reach
 
-from ..attack import NodeFinding, attack_arrays
-from ..live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
-from ..transcript_db import connect_read_only
+from ...attack import NodeFinding, attack_arrays
+from ...live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
+from ...transcript.reader import connect_read_only
 
 __all__ = ["DashboardState", "graph_positions"]
 
@@ -372,7 +372,7 @@ class DashboardState:
 
     def compute_verdicts(self) -> None:
         """Each node beside its ideal-world bound (a Monte Carlo: seconds; the lock is not held)."""
-        from ..report import leakage_verdicts
+        from ...report import leakage_verdicts
 
         with self.lock:
             truth, findings, config = self.truth, self.findings, self.config

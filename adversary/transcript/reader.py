@@ -1,6 +1,6 @@
 """The transcript's SQLite file: its schema, how it is opened and checked, and the read side.
 
-One row per distinct message (see :mod:`adversary.transcript` for what is stored and how it is
+One row per distinct message (see :mod:`adversary.transcript.writer` for what is stored and how it is
 judged): topic, raw payload, receive time, whether the broker flagged it retained, and the parsed
 fields (kind, node, peer, t, phase, value; ``valid = 0`` with the error otherwise). ``dedup`` is a
 digest of topic + payload. The index is on ``(kind, t)``: the rows of one commit share the last
@@ -9,7 +9,7 @@ pages of the index instead of one page per node.
 :class:`TranscriptReader` gives what the analysis needs: the public config, z^(0) per directed
 edge (EdgeLayout order, like :attr:`nlagg_node.sim.SimResult.z0`), x as an ``(n, T)`` array with
 NaN where nothing was captured, the corrupted nodes' forwarded states, and the final statuses.
-The writer, :class:`adversary.transcript.Transcript`, is a reader that also captures.
+The writer, :class:`adversary.transcript.writer.Transcript`, is a reader that also captures.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from nlagg_node.runtime.wire import (
 )
 from nlagg_node.schedule import Phase
 
-from .spans import node_ends, node_iterations_run
+from ..spans import node_ends, node_iterations_run
 
 __all__ = [
     "MAX_INVALID_PAYLOAD",

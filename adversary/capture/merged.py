@@ -1,6 +1,6 @@
 """One capture over several brokers: the site brokers of a plan with sites, bridged together.
 
-:class:`MergedSubscriber` holds one :class:`~adversary.capture.AckingSubscriber` per broker and
+:class:`MergedSubscriber` holds one :class:`~adversary.capture.subscriber.AckingSubscriber` per broker and
 yields their deliveries as one stream (each broker's in its own order), tagged with the broker
 they came from, so that :meth:`MergedSubscriber.ack` sends each acknowledgement back to its own
 broker once the transcript has committed it: the zero-loss rule of a single capture holds for
@@ -14,18 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from nlagg_node.errors import ConfigError
-from nlagg_node.runtime.transport import Message
+from nlagg_node.runtime.transport import Inbox, Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, Decoded, WireError, decode
 
-from .capture import AckingSubscriber
-from .transcript import Transcript
+from ..transcript.writer import Transcript
+from .subscriber import AckingSubscriber
 
 __all__ = ["Acknowledging", "CausalOrder", "MergedSubscriber", "SiteDelivery"]
 
@@ -52,7 +50,7 @@ class SiteDelivery(Message):
     delivery: Message | None = None
 
 
-class MergedSubscriber:
+class MergedSubscriber(Subscriber):
     """Several acking subscribers read as one (see the module docstring).
 
     Parameters
@@ -65,8 +63,7 @@ class MergedSubscriber:
         if not subscribers:
             raise ConfigError("broker", [], "give at least one broker")
         self.subscribers = list(subscribers)
-        self._inbox: deque[SiteDelivery] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._inbox: Inbox[SiteDelivery] = Inbox()
         self._pumps: list[asyncio.Task[None]] = []
 
     async def connect(self) -> None:
@@ -104,41 +101,29 @@ class MergedSubscriber:
         for site, batch in by_site.items():
             self.subscribers[site].ack(batch)
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
     async def _pump(self, site: int, sub: AckingSubscriber) -> None:
         try:
             async for m in sub.messages():
-                self._inbox.append(SiteDelivery(m.topic, m.payload, m.retain, site=site, delivery=m))
-                self._wake()
+                self._inbox.put(SiteDelivery(m.topic, m.payload, m.retain, site=site, delivery=m))
         finally:
-            self._wake()
+            self._inbox.wake()
+
+    def _finished(self) -> bool:
+        for pump in self._pumps:
+            error = pump.exception() if pump.done() and not pump.cancelled() else None
+            if error is not None:
+                raise error
+        return all(pump.done() for pump in self._pumps)
 
     async def messages(self) -> AsyncIterator[SiteDelivery]:
         """Every delivery of every broker; raises as soon as one broker's subscriber gives up."""
-        loop = asyncio.get_running_loop()
-        inbox = self._inbox
         self._pumps = [
             asyncio.create_task(self._pump(k, sub), name=f"capture-site-{k}")
             for k, sub in enumerate(self.subscribers)
         ]
         try:
-            while True:
-                while inbox:
-                    yield inbox.popleft()
-                for pump in self._pumps:
-                    error = pump.exception() if pump.done() and not pump.cancelled() else None
-                    if error is not None:
-                        raise error
-                if all(pump.done() for pump in self._pumps):
-                    return
-                self._waiter = loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
+            async for delivery in self._inbox.drain(self._finished):
+                yield delivery
         finally:
             for pump in self._pumps:
                 pump.cancel()
@@ -150,18 +135,6 @@ class MergedSubscriber:
             pump.cancel()
         for sub in self.subscribers:
             await sub.close()
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class CausalOrder:

@@ -1,7 +1,8 @@
 """What an experiment is made of: its panels, and the measurements of one simulated panel.
 
-Shared by the runner (:mod:`adversary.experiments`), the figures (:mod:`adversary.plots`) and the
-pages (:mod:`adversary.report`), so none of them imports another for its types.
+Shared by the runner (:mod:`adversary.analysis.experiments`), the figures
+(:mod:`adversary.reporting.plots`) and the pages (:mod:`adversary.report`), so none of them imports
+another for its types.
 """
 
 from __future__ import annotations

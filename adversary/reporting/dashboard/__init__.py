@@ -2,9 +2,9 @@
 
 ``nlagg dashboard transcript.sqlite`` serves one transcript (a growing one live, a finished one
 for replay); ``nlagg eavesdrop --dashboard :PORT`` and ``nlagg testbed --dashboard :PORT`` serve
-the transcript they are writing. :class:`~adversary.dashboard.state.DashboardState` reads the
+the transcript they are writing. :class:`~adversary.reporting.dashboard.state.DashboardState` reads the
 transcript incrementally and runs the eavesdropper's own replay (:mod:`adversary.live`) and attack
-(:mod:`adversary.attack`); :mod:`adversary.dashboard.server` is the Starlette app and its access
+(:mod:`adversary.attack`); :mod:`adversary.reporting.dashboard.server` is the Starlette app and its access
 rules; ``static/`` holds the page (plain HTML, CSS, JavaScript and SVG: nothing to build, nothing
 from a CDN).
 """

@@ -6,9 +6,9 @@ TCP or TLS (``mqtts://``). Everything a node needs from MQTT goes through the ad
 (:mod:`nlagg_node.runtime.mqtt`); this client exists because the capture sees every message of a
 run, and its own codec was measured to be worth it (see below).
 
-A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.mqtt_codec`):
-deliveries reach the reader as :class:`~adversary.mqtt_session.Delivery` objects carrying their packet id, and
-:meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.Transcript.commit`.
+A small single-threaded asyncio MQTT 3.1.1 client (frames in :mod:`adversary.capture.mqtt_codec`):
+deliveries reach the reader as :class:`Delivery` objects carrying their packet id, and
+:meth:`AckingSubscriber.ack` sends the PUBACKs after :meth:`adversary.transcript.writer.Transcript.commit`.
 With a persistent session (``clean_session=False``, stable client id) the broker keeps every QoS 1
 message that was not acknowledged, and everything that arrives while the eavesdropper is down, and
 delivers it again after a restart: killing the eavesdropper with SIGKILL loses nothing, and the
@@ -18,41 +18,52 @@ Acknowledgements are bound to the connection they came from: after a reconnectio
 resends what was unacknowledged (same packet ids, DUP set), so acks of an older connection are
 dropped instead of being sent into a session where the packet id may name another message.
 
-The capture sees every message of a run, so the per-message cost is kept small: every complete
-frame of a read is parsed in the protocol callback, a batch of acks is one write, and the reader
-sleeps on a single future only when its queue is empty (no thread, no task per message).
+Each TCP (or TLS) connection is a :class:`Session`, the asyncio protocol that parses every
+complete frame of a read in the callback, appends each PUBLISH to the client's inbox as a
+:class:`Delivery` (with the packet id and connection number its acknowledgement needs), hands
+CONNACK and SUBACK to the client, and keeps the connection alive with PINGREQs; the client
+reconnects when it is lost. The capture sees every message of a run, so the per-message cost is
+kept small: a batch of acks is one write, and the reader sleeps on a single future only when its
+inbox is empty (no thread, no task per message).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
-from collections import deque
 from collections.abc import AsyncIterator, Iterable
-from types import TracebackType
-from typing import Self
+from dataclasses import dataclass
+from typing import Protocol
 
 from nlagg_node.errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, NlaggError
 from nlagg_node.rng import rng_for
 from nlagg_node.runtime.mqtt_settings import jittered_backoff
 from nlagg_node.runtime.tls import TlsSettings, broker_endpoint
-from nlagg_node.runtime.transport import Message, valid_filter
+from nlagg_node.runtime.transport import Inbox, Message, Subscriber, valid_filter
 
 from .mqtt_codec import (
     CONNACK,
     CONNACK_REFUSALS,
     DISCONNECT_FRAME,
+    PACKET_NAMES,
+    PINGREQ_FRAME,
+    PINGRESP,
+    PUBLISH,
+    SUBACK,
     SUBACK_FAILURE,
+    FrameReader,
     MqttProtocolError,
     decode_connack,
+    decode_publish,
+    decode_suback,
     encode_connect,
     encode_pubacks,
     encode_subscribe,
 )
-from .mqtt_session import Delivery, Session
 
-__all__ = ["AckingSubscriber", "accepts_anonymous"]
+__all__ = ["AckingSubscriber", "Delivery", "Session", "SessionOwner", "accepts_anonymous"]
 
 log = logging.getLogger("nlagg.capture")
 
@@ -60,7 +71,140 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds for one attempt's TCP connect and CONNACK
 FATAL_REFUSALS = (4, 5)  # bad user name or password, not authorized: retrying cannot help
 
 
-class AckingSubscriber:
+class SessionOwner(Protocol):
+    """What a :class:`Session` reports to: the client that opened it."""
+
+    url: str
+
+    def session_accepted(self, session: Session, session_present: bool) -> None:
+        """The broker accepted the CONNECT (``session_present``: it kept the persistent session)."""
+
+    def session_lost(self, session: Session) -> None:
+        """The connection is gone."""
+
+    def suback(self, packet_id: int, codes: list[int]) -> None:
+        """A SUBACK arrived."""
+
+
+@dataclass(frozen=True)
+class Delivery(Message):
+    """A received message and what acknowledging it needs (packet id, QoS, connection number)."""
+
+    mid: int = 0
+    qos: int = 0
+    connection: int = 0
+
+
+class Session(asyncio.Protocol):
+    """One TCP connection: parses what arrives into the owner's inbox, keeps the connection alive."""
+
+    def __init__(self, owner: SessionOwner, inbox: Inbox[Delivery]) -> None:
+        self.owner = owner
+        self.inbox = inbox
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader()
+        self.connack: asyncio.Future[tuple[bool, int]] = self.loop.create_future()
+        self.closed = asyncio.Event()
+        self.reason = "closed by the broker"
+        self.number = 0  # the connection number, from the moment the broker accepted it
+        self.wrote = False  # anything written since the last keepalive tick
+        self.ping_ticks = 0  # keepalive ticks since an unanswered PINGREQ (0: none outstanding)
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        inbox = self.inbox.items
+        number = self.number
+        try:
+            for first, body in self.reader.feed(data):
+                if first >> 4 == PUBLISH and number:
+                    topic, payload, qos, retain, _dup, mid = decode_publish(first, body)
+                    if qos > 1:
+                        raise MqttProtocolError(f"QoS {qos} PUBLISH on {topic}; subscribed at QoS <= 1")
+                    inbox.append(Delivery(topic, payload, retain, mid, qos, number))
+                else:
+                    self._control(first, body)
+                    number = self.number  # a CONNACK accepts the session in the middle of a read
+        except MqttProtocolError as exc:
+            self.drop(str(exc))
+        if inbox:
+            self.inbox.wake()
+
+    def _control(self, first: int, body: bytes) -> None:
+        kind = first >> 4
+        if kind == CONNACK and not self.connack.done():
+            present, code = decode_connack(body)
+            if code == 0:
+                self.owner.session_accepted(self, present)
+            self.connack.set_result((present, code))
+        elif not self.number:
+            raise MqttProtocolError(f"{PACKET_NAMES[kind]} from the broker before an accepting CONNACK")
+        elif kind == SUBACK:
+            self.owner.suback(*decode_suback(body))
+        elif kind == PINGRESP and not body:
+            self.ping_ticks = 0
+        else:
+            raise MqttProtocolError(
+                f"unexpected {PACKET_NAMES[kind]} ({len(body)}-byte body) from the broker"
+            )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if exc is not None and self.reason == "closed by the broker":
+            self.reason = str(exc) or type(exc).__name__
+        self.owner.session_lost(self)
+        if not self.connack.done():
+            self.connack.set_exception(ConnectionError(f"connection closed before CONNACK: {self.reason}"))
+        self.closed.set()
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.wrote = True
+        self.transport.write(data)
+
+    def drop(self, reason: str) -> None:
+        """Abort the connection (the owner reconnects)."""
+        self.reason = reason
+        log.warning("dropping the connection to %s: %s", self.owner.url, reason)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def abandon(self) -> None:
+        """Abort a connection that never became a session."""
+        if not self.connack.done():
+            self.connack.cancel()
+        elif not self.connack.cancelled():
+            self.connack.exception()  # retrieved: no "never retrieved" warning
+        if self.transport is not None:
+            self.transport.abort()
+
+    def start_keepalive(self, keepalive: int) -> None:
+        """PINGREQ after ``keepalive / 2`` s without a write; drop if no PINGRESP within ``keepalive``."""
+        if keepalive > 0:
+            self.timer = self.loop.call_later(keepalive / 2, self._tick, keepalive)
+
+    def _tick(self, keepalive: int) -> None:
+        if self.ping_ticks >= 2:
+            self.drop(f"no PINGRESP within the {keepalive} s keepalive")
+            return
+        if self.ping_ticks:
+            self.ping_ticks += 1
+        elif not self.wrote:
+            self.write(PINGREQ_FRAME)
+            self.ping_ticks = 1
+        self.wrote = False
+        self.timer = self.loop.call_later(keepalive / 2, self._tick, keepalive)
+
+
+class AckingSubscriber(Subscriber):
     """Subscribe-only MQTT 3.1.1 client (QoS <= 1): manual acks, persistent session, jittered reconnects.
 
     Parameters
@@ -118,8 +262,7 @@ class AckingSubscriber:
             client_id, keepalive=keepalive, username=username, password=password
         )
         self._filters: list[tuple[str, int]] = []
-        self._inbox: deque[Delivery] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._inbox: Inbox[Delivery] = Inbox()
         self._session: Session | None = None  # the accepted connection, None while down
         self._connection = 0
         self._packet_id = 0
@@ -267,12 +410,7 @@ class AckingSubscriber:
                 waiter.set_exception(error)
         self._subacks.clear()
         self._orphans = []
-        self.wake()
-
-    def wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._inbox.fail(error)
 
     # public interface -----------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -343,22 +481,9 @@ class AckingSubscriber:
             session.write(encode_pubacks(mids))
             self.acked += len(mids)
 
-    async def messages(self) -> AsyncIterator[Message]:
+    def messages(self) -> AsyncIterator[Message]:
         """Every delivery, in arrival order, across reconnections; raises if the client gave up."""
-        loop = asyncio.get_running_loop()
-        inbox = self._inbox
-        while True:
-            while inbox:
-                yield inbox.popleft()
-            if self._fatal is not None:
-                raise self._fatal
-            if self._closed:
-                return
-            self._waiter = loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        return self._inbox.drain(lambda: self._closed)
 
     async def close(self) -> None:
         """Disconnect cleanly after the acks already written (the session stays on the broker)."""
@@ -388,19 +513,7 @@ class AckingSubscriber:
             waiter.cancel()
         self._subacks.clear()
         self._orphans = []
-        self.wake()
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        self._inbox.wake()
 
 
 async def accepts_anonymous(url: str, *, tls: TlsSettings | None = None, within: float = 5.0) -> bool | None:

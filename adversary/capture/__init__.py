@@ -1,0 +1,25 @@
+"""The eavesdropper's capture: its MQTT client, one stream over several brokers, and the eavesdropper.
+
+:mod:`~adversary.capture.subscriber` is a subscribe-only MQTT 3.1.1 client (frames in
+:mod:`~adversary.capture.mqtt_codec`) that acknowledges a message only once the transcript has
+committed it; :mod:`~adversary.capture.merged` reads the bridged site brokers of one run as one
+stream; :mod:`~adversary.capture.eavesdropper` feeds what arrives to the transcript and the live
+replay (``nlagg eavesdrop``). The names below are re-exported lazily (see :mod:`nlagg_node.lazy`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nlagg_node.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .eavesdropper import Eavesdropper as Eavesdropper
+    from .eavesdropper import NodeView as NodeView
+    from .eavesdropper import run_eavesdropper as run_eavesdropper
+    from .merged import MergedSubscriber as MergedSubscriber
+    from .subscriber import AckingSubscriber as AckingSubscriber
+    from .subscriber import Delivery as Delivery
+    from .subscriber import accepts_anonymous as accepts_anonymous
+
+__all__, __getattr__ = lazy_exports(__name__, __file__)
