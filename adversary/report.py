@@ -265,7 +265,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         f"<td class='l'>{v['side']}</td><td>{_fmt(v['bound'])}</td><td class='l'>{v['verdict']}</td></tr>"
         for v in verdicts
     ]
-    avoidable = sum("avoidable" in row for row in rows)
+    beyond = sum(v["verdict"] == "avoidable leak" for v in verdicts)
     body = (
         f"<p>Run <code>{html.escape(str(summary.get('run_id')))}</code>: {html.escape(cfg.op)}, n = {n}, "
         f"graph {html.escape(cfg.graph)}, init {html.escape(cfg.init)}, c = {cfg.c}, mu_z = {cfg.mu_z}, "
@@ -275,7 +275,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         f"{_departures_html(data['departed'], summary)}"
         f"<p><img src='report.png' alt='trajectories'></p>"
         f"<p>Attack: precision {_fmt(report.precision)}, recall of matching events {_fmt(report.recall)}, "
-        f"intervals sound {_fmt(report.interval_soundness)}. {avoidable} honest node(s) leaked beyond the "
+        f"intervals sound {_fmt(report.interval_soundness)}. {beyond} honest node(s) leaked beyond the "
         "ideal world.</p>"
         "<table><tr><th>node</th><th>rank</th><th>s_i</th><th class='l'>adversary learned</th><th>at t</th>"
         "<th>lower</th><th>upper</th><th class='l'>side</th><th>ideal NMI bound (rank)</th>"
