@@ -139,7 +139,7 @@ def test_testbed_report_from_a_run_directory(tmp_path: Path) -> None:
     text = page.read_text()
     assert "precision 1" in text
     assert "unavoidable" in text  # the median's holder
-    beyond = text.count(">avoidable leak<")  # the holder's "unavoidable" row is not counted
+    beyond = text.count(">beyond the ideal world<")  # the holder's "unavoidable" row is not counted
     assert f"{beyond} honest node(s) leaked beyond the ideal world" in text
     assert (run_dir / "report.png").is_file()
     with pytest.raises(ConfigError) as err:

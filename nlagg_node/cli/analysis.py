@@ -29,6 +29,8 @@ def attack(
     """Replay the public z-recursion of a transcript and report what it proves about every node."""
     from adversary.attack import attack_transcript
 
+    from ..verdict import verdict
+
     report = attack_transcript(transcript, truth=truth)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
@@ -37,10 +39,11 @@ def attack(
     from rich.table import Table
 
     table = Table(title=f"{report.op}: {report.iterations} iterations replayed, output {report.output}")
-    for col in ("node", "learned", "value / interval", "at t", "side", "distance"):
+    for col in ("node", "learned", "value / interval", "at t", "side", "distance", "verdict"):
         table.add_column(col)
     for f in report.findings:
         shown = f"{f.value!r}" if f.value is not None else f"[{f.lower:.6g}, {f.upper:.6g}]"
+        exposed, corrupted = f.status == "exposed", f.status == "corrupted"
         table.add_row(
             str(f.node),
             f.status + (f" ({f.how})" if f.how else ""),
@@ -48,13 +51,16 @@ def attack(
             str(f.t) if f.t >= 0 else "-",
             f.side,
             f"{f.distance:.3g}",
+            verdict(exposed=exposed, ideal=f.side == "at", corrupted=corrupted),
         )
     console = Console()
     console.print(table)
     console.print(
         "[dim]learned: exposed (=s) = a matching event x_i^(t) = s_i gave the exact value at iteration t;"
         " exposed (solved) = solved from an average-consensus x; interval = the transcript proves"
-        " lower <= s_i <= upper; side/distance place that interval against the output[/dim]"
+        " lower <= s_i <= upper; side/distance place that interval against the output; verdict: unavoidable"
+        " = holds the output (the ideal world exposes it too), beyond the ideal world = exposed otherwise"
+        " (for top-K and the trimmed mean the K extremes are allowed too: `nlagg report` ranks them)[/dim]"
     )
     if report.precision is not None:
         console.print(

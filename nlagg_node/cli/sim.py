@@ -112,6 +112,7 @@ def sim(
     from ..errors import ConfigError
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
+    from ..verdict import far_beyond_warning
 
     early_stop, may_depart = departure_defaults(early_stop, may_depart, depart, op)
     cfg = load_config(
@@ -156,7 +157,10 @@ def sim(
         claim_file(transcript, force=force, field="transcript")
     result = _run_with_progress(cfg, departures)
     summary = summarize(result)
-    summary["warnings"] = warnings
+    far = far_beyond_warning(cfg, summary["leakage_probability"])
+    if far is not None:
+        typer.echo(far, err=True)
+    summary["warnings"] = [*warnings, *([far] if far is not None else [])]
     if out is not None:
         write_run(result, out, summary)
     if transcript is not None:
@@ -208,12 +212,19 @@ def _print_table(summary: SimSummary) -> None:
         "rank",
         "leakage probability",
         "of which matching events",
+        "ideal world",
         title="values the adversary's view determines (rank 0 = largest value)",
+        caption="ideal world: 1 = every exact protocol exposes this rank too (it holds the output)",
     )
-    for r, (p, m) in enumerate(
-        zip(summary["leakage_probability"], summary["matching_probability"], strict=True)
+    for r, (p, m, ideal) in enumerate(
+        zip(
+            summary["leakage_probability"],
+            summary["matching_probability"],
+            summary["ideal_world"],
+            strict=True,
+        )
     ):
-        table.add_row(str(r), f"{p:.3f}", f"{m:.3f}")
+        table.add_row(str(r), f"{p:.3f}", f"{m:.3f}", f"{ideal:.0f}")
     console.print(table)
     if summary.get("departed"):
         console.print(

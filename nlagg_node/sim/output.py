@@ -13,6 +13,7 @@ import numpy as np
 
 from ..arrays import BoolArray, IntArray
 from ..inputs import make_output_dir
+from ..verdict import ideal_ranks
 from .engine import SimResult
 
 _PACKAGES = ("nlagg", "numpy", "scipy", "networkx", "pydantic")
@@ -50,6 +51,9 @@ class SimSummary(TypedDict):
     mse_max: float
     leakage_probability: list[float]  # by rank, rank 0 = largest value: every value the view determines
     matching_probability: list[float]  # by rank: matching events x_i^(t) = s_i alone
+    ideal_world: list[
+        float
+    ]  # by rank: 1 where every exact protocol exposes the value too (nlagg_node.verdict)
     converged_fraction: float  # trials whose every phase settles within `tolerance`
     tolerance: float  # a fraction of the value range (1 without one)
     iterations_to_converge: float | None  # median over converged trials
@@ -113,6 +117,7 @@ def _summary(result: SimResult, conv: IntArray, ok: BoolArray) -> SimSummary:
         "mse_max": float(result.mse.max()),
         "leakage_probability": [float(p) for p in result.leakage_probability()],
         "matching_probability": [float(p) for p in result.matching_probability()],
+        "ideal_world": [float(r in ideal_ranks(cfg)) for r in range(cfg.n)],
         "converged_fraction": float(ok.mean()),
         "tolerance": cfg.tolerance,
         "iterations_to_converge": float(np.median(conv[ok])) if ok.any() else None,
