@@ -17,7 +17,7 @@ and count what leaked beyond with :func:`beyond_ideal`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .config import RunConfig
 
 __all__ = [
+    "AT_OUTPUT",
     "BEYOND",
     "CORRUPTED",
     "FAR_BEYOND",
@@ -37,6 +38,7 @@ __all__ = [
     "far_beyond_warning",
     "ideal_nodes",
     "ideal_ranks",
+    "output_holders",
     "verdict",
 ]
 
@@ -45,6 +47,9 @@ UNAVOIDABLE: Final = "unavoidable"
 BEYOND: Final = "beyond the ideal world"
 PROTECTED: Final = "protected"
 CORRUPTED: Final = "corrupted"
+
+AT_OUTPUT = 1e-6
+"""Distance to the output, as a fraction of the value range, within which a value is the output's."""
 
 FAR_BEYOND = 0.5
 """Leakage probability above which a rank the ideal world does not expose draws a warning."""
@@ -64,6 +69,22 @@ def verdict(*, exposed: bool, ideal: bool, corrupted: bool = False) -> Verdict:
     if not exposed:
         return PROTECTED
     return UNAVOIDABLE if ideal else BEYOND
+
+
+def output_holders(op: str, distances: Mapping[int, float], span: float = 1.0) -> set[int]:
+    """The exposed nodes that hold the output, from each one's distance to the run's output alone.
+
+    Used where the values' ranks are unknown (``nlagg attack`` reads only the transcript). What a
+    transcript shows as the output is a node's final x, exact only to the run's tolerance, so the
+    holder's value may differ from it: every value within :data:`AT_OUTPUT` of the range ``span``
+    is the output's, and for an operator with one output (max, min, median, quantile) the exposed
+    value nearest to it is its holder's too (the ideal world exposes that one node, Prop. 1 and 2).
+    """
+    known = {i: d for i, d in distances.items() if not math.isnan(d)}
+    holders = {i for i, d in known.items() if d <= AT_OUTPUT * span}
+    if op in ("max", "min", "median", "quantile") and known and not holders:
+        holders = {min(known, key=lambda i: known[i])}
+    return holders
 
 
 def beyond_ideal(verdicts: Iterable[str]) -> int:

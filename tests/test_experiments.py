@@ -119,6 +119,9 @@ def test_cli_experiment_and_attack(tmp_path: Path) -> None:
         assert node["lower"] is None or isinstance(node["lower"], float)
     assert doc["precision"] == 1.0
     assert doc["recall"] == 1.0
+    human = runner.invoke(app, ["attack", str(path)], env={"COLUMNS": "200"})
+    holder = next(ln for ln in human.output.splitlines() if ln.startswith(f"│ {doc['exposed'][0]} "))
+    assert "unavoidable" in holder  # the maximizer's exposure, in the shared vocabulary
     bad = runner.invoke(app, ["attack", str(tmp_path / "missing.sqlite")])
     assert bad.exit_code != 0
 

@@ -29,9 +29,11 @@ def attack(
     """Replay the public z-recursion of a transcript and report what it proves about every node."""
     from adversary.attack import attack_transcript
 
-    from ..verdict import verdict
+    from ..verdict import output_holders, verdict
 
     report = attack_transcript(transcript, truth=truth)
+    span = 1.0 if report.value_range is None else report.value_range[1] - report.value_range[0]
+    holders = output_holders(report.op, {f.node: f.distance for f in report.exposed.values()}, span)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return
@@ -51,7 +53,7 @@ def attack(
             str(f.t) if f.t >= 0 else "-",
             f.side,
             f"{f.distance:.3g}",
-            verdict(exposed=exposed, ideal=f.side == "at", corrupted=corrupted),
+            verdict(exposed=exposed, ideal=f.node in holders, corrupted=corrupted),
         )
     console = Console()
     console.print(table)

@@ -7,7 +7,7 @@ import pytest
 
 from nlagg_node.config import RunConfig
 from nlagg_node.lab.summary import capture_outcome
-from nlagg_node.verdict import BEYOND, beyond_ideal, far_beyond_warning, ideal_nodes, verdict
+from nlagg_node.verdict import BEYOND, beyond_ideal, far_beyond_warning, ideal_nodes, output_holders, verdict
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,21 @@ from nlagg_node.verdict import BEYOND, beyond_ideal, far_beyond_warning, ideal_n
 )
 def test_verdict(exposed: bool, ideal: bool, corrupted: bool, expected: str) -> None:
     assert verdict(exposed=exposed, ideal=ideal, corrupted=corrupted) == expected
+
+
+@pytest.mark.parametrize(
+    ("op", "distances", "span", "expected"),
+    [
+        pytest.param("max", {3: 3.8e-14, 5: 0.2}, 1.0, {3}, id="rounding"),
+        pytest.param("max", {3: 2.4e-5, 5: 0.2}, 1.0, {3}, id="not-converged-nearest"),
+        pytest.param("topk", {1: 0.0, 2: 0.0, 4: 0.3}, 20.0, {1, 2}, id="topk-at-output"),
+        pytest.param("topk", {4: 0.3}, 1.0, set(), id="topk-none"),
+        pytest.param("median", {}, 1.0, set(), id="nothing-exposed"),
+        pytest.param("max", {3: float("nan")}, 1.0, set(), id="no-output"),
+    ],
+)
+def test_output_holders(op: str, distances: dict[int, float], span: float, expected: set[int]) -> None:
+    assert output_holders(op, distances, span) == expected
 
 
 def test_beyond_ideal_counts_only_beyond() -> None:
