@@ -42,6 +42,7 @@ def test_readme_lists_the_two_commands_on_top() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # a testbed of 17 processes on a loaded machine: minutes
 def test_readme_commands_run_as_written(tmp_path: Path) -> None:
     require_wheel_backend()
     clone = clone_head(tmp_path / "nlagg")
@@ -51,9 +52,10 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
         if command == TEST_SUITE:
             continue
         argv = ["python", "-c", command] if lang == "python" else ["bash", "-c", command]
-        done = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=1500)
+        done = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         outputs[command] = done.stdout + done.stderr
+        print(f"$ {command}\n{outputs[command]}")  # with -s: what a user sees
     first = next(iter(outputs.values()))
     assert "exact" in first
     assert "exposed honest nodes" in first
