@@ -8,7 +8,9 @@ checked to be what CI runs.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -32,6 +34,26 @@ def readme_commands(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def run_in_group(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a command in a process group of its own, ended as a whole if it outlives its time."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=1200)
+    except BaseException:  # a timeout here or pytest's: leave no testbed or broker behind
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def test_readme_lists_the_two_commands_on_top() -> None:
     commands = readme_commands((REPO / "README.md").read_text())
     assert commands[0][1].startswith("pip install . && nlagg ")
@@ -52,7 +74,7 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
         if command == TEST_SUITE:
             continue
         argv = ["python", "-c", command] if lang == "python" else ["bash", "-c", command]
-        done = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=1200)
+        done = run_in_group(argv, clone, env)
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         outputs[command] = done.stdout + done.stderr
         print(f"$ {command}\n{outputs[command]}")  # with -s: what a user sees
