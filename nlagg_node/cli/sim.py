@@ -157,7 +157,8 @@ def sim(
         claim_file(transcript, force=force, field="transcript")
     result = _run_with_progress(cfg, departures)
     summary = summarize(result)
-    far = far_beyond_warning(cfg, summary["leakage_probability"])
+    # A config warning already says why values leak; otherwise the measured leakage says it.
+    far = None if warnings else far_beyond_warning(cfg, summary["leakage_probability"])
     if far is not None:
         typer.echo(far, err=True)
     summary["warnings"] = [*warnings, *([far] if far is not None else [])]
