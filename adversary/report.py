@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from nlagg_node.errors import ConfigError
 from nlagg_node.inputs import make_output_dir
+from nlagg_node.verdict import beyond_ideal, verdict
 
 from .analysis.panels import ExperimentDoc, PanelDoc
 
@@ -141,8 +142,8 @@ def leakage_verdicts(
     -------
     rows, bound
         One dict per node (node, rank, value, status, t, lower, upper, side, bound = ideal NMI of its
-        rank, verdict: ``unavoidable`` (exposed, and the ideal world exposes it too), ``avoidable leak``,
-        ``protected`` or ``corrupted``), and the :class:`~adversary.bounds.IdealBound` itself.
+        rank, verdict: :func:`nlagg_node.verdict.verdict` of the node, the ideal world being
+        :attr:`IdealBound.full` at its rank), and the :class:`~adversary.bounds.IdealBound` itself.
     """
     from nlagg_node.config import validate_config
     from nlagg_node.sim import draw_values
@@ -164,14 +165,9 @@ def leakage_verdicts(
     rows: list[dict[str, Any]] = []
     for f in findings:
         r = int(rank[f.node])
-        exposed = f.status == "exposed"
-        verdict = (
-            "unavoidable"
-            if bool(bound.full[r]) and exposed
-            else ("avoidable leak" if exposed else "protected")
+        label = verdict(
+            exposed=f.status == "exposed", ideal=bool(bound.full[r]), corrupted=f.status == "corrupted"
         )
-        if f.status == "corrupted":
-            verdict = "corrupted"
         rows.append(
             {
                 "node": f.node,
@@ -183,7 +179,7 @@ def leakage_verdicts(
                 "upper": f.upper,
                 "side": f.side,
                 "bound": float(bound.nmi[r]),
-                "verdict": verdict,
+                "verdict": label,
             }
         )
     return rows, bound
@@ -265,7 +261,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         f"<td class='l'>{v['side']}</td><td>{_fmt(v['bound'])}</td><td class='l'>{v['verdict']}</td></tr>"
         for v in verdicts
     ]
-    avoidable = sum("avoidable" in row for row in rows)
+    beyond = beyond_ideal(v["verdict"] for v in verdicts)
     body = (
         f"<p>Run <code>{html.escape(str(summary.get('run_id')))}</code>: {html.escape(cfg.op)}, n = {n}, "
         f"graph {html.escape(cfg.graph)}, init {html.escape(cfg.init)}, c = {cfg.c}, mu_z = {cfg.mu_z}, "
@@ -275,7 +271,7 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         f"{_departures_html(data['departed'], summary)}"
         f"<p><img src='report.png' alt='trajectories'></p>"
         f"<p>Attack: precision {_fmt(report.precision)}, recall of matching events {_fmt(report.recall)}, "
-        f"intervals sound {_fmt(report.interval_soundness)}. {avoidable} honest node(s) leaked beyond the "
+        f"intervals sound {_fmt(report.interval_soundness)}. {beyond} honest node(s) leaked beyond the "
         "ideal world.</p>"
         "<table><tr><th>node</th><th>rank</th><th>s_i</th><th class='l'>adversary learned</th><th>at t</th>"
         "<th>lower</th><th>upper</th><th class='l'>side</th><th>ideal NMI bound (rank)</th>"

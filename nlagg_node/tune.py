@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .config import PROPOSED_INIT, RunConfig
+from .verdict import ideal_ranks
 
 __all__ = [
     "Evaluation",
@@ -78,26 +79,6 @@ class Evaluation:
         out = asdict(self)
         out["leak_by_rank"] = list(self.leak_by_rank)
         return out
-
-
-def ideal_ranks(cfg: RunConfig) -> list[int]:
-    """Ranks (0 = largest) whose value every exact protocol exposes: the output's holders."""
-    n = cfg.n
-    if cfg.op == "max":
-        return [0]
-    if cfg.op == "min":
-        return [n - 1]
-    if cfg.op == "topk":
-        return list(range(cfg.k))
-    if cfg.op == "trimmed-mean":
-        return [*range(cfg.k), *range(n - cfg.k, n)]
-    if cfg.op in ("median", "quantile"):
-        p = 0.5 if cfg.op == "median" else cfg.quantile
-        pos = n * p
-        if abs(pos - round(pos)) < 1e-12:
-            return []  # an interval of minimizers: no single holder
-        return [n - math.ceil(pos)]  # the ceil(n p)-th smallest, counted from the top
-    return []
 
 
 def wilson_upper(p: float, trials: int, z: float = 1.96) -> float:

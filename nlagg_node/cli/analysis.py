@@ -31,9 +31,13 @@ def attack(
     """Replay the public z-recursion of a transcript and report what it proves about every node."""
     from adversary.attack import attack_transcript, incomplete_note
 
+    from ..verdict import output_holders, verdict
+
     report = attack_transcript(transcript, truth=truth)
     if (note := incomplete_note(report)) is not None:
         print(f"nlagg: warning: {note}", file=sys.stderr)
+    span = 1.0 if report.value_range is None else report.value_range[1] - report.value_range[0]
+    holders = output_holders(report.op, {f.node: f.distance for f in report.exposed.values()}, span)
     if as_json:
         print(json.dumps(report.to_json(), indent=2))
         return
@@ -41,10 +45,11 @@ def attack(
     from rich.table import Table
 
     table = Table(title=f"{report.op}: {report.iterations} iterations replayed, output {report.output}")
-    for col in ("node", "learned", "value / interval", "at t", "side", "distance"):
+    for col in ("node", "learned", "value / interval", "at t", "side", "distance", "verdict"):
         table.add_column(col)
     for f in report.findings:
         shown = f"{f.value!r}" if f.value is not None else f"[{f.lower:.6g}, {f.upper:.6g}]"
+        exposed, corrupted = f.status == "exposed", f.status == "corrupted"
         table.add_row(
             str(f.node),
             f.status + (f" ({f.how})" if f.how else ""),
@@ -52,6 +57,7 @@ def attack(
             str(f.t) if f.t >= 0 else "-",
             f.side,
             f"{f.distance:.3g}",
+            verdict(exposed=exposed, ideal=f.node in holders, corrupted=corrupted),
         )
     console = Console()
     console.print(table)
@@ -60,8 +66,10 @@ def attack(
         "[dim]learned: exposed (=s) = a matching event x_i^(t) = s_i gave the exact value at iteration t;"
         " exposed (solved) = solved from an average-consensus x; exposed (solved from component sum) ="
         " the average phase's sum over its honest component, every other member known (docs/attack.md);"
-        " interval = the transcript proves"
-        " lower <= s_i <= upper; side/distance place that interval against the output[/dim]"
+        " interval = the transcript proves lower <= s_i <= upper; side/distance place that interval against"
+        " the output; verdict: unavoidable = holds the output (the ideal world exposes it too), beyond the"
+        " ideal world = exposed otherwise (for top-K and the trimmed mean the K extremes are allowed too:"
+        " `nlagg report` ranks them)[/dim]"
     )
     for rel in report.extra.get("relations", []):
         terms = " + ".join(f"{c:.6g} s_{i}" for c, i in zip(rel["coefficients"], rel["nodes"], strict=True))

@@ -27,6 +27,7 @@ def sim(opts: SimOptions) -> None:
     from ..errors import ConfigError
     from ..scale import config_warnings
     from ..sim.output import summarize, write_run
+    from ..verdict import far_beyond_warning
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
     cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load()
@@ -44,7 +45,11 @@ def sim(opts: SimOptions) -> None:
         claim_file(opts.transcript, force=opts.force, field="transcript")
     result = _run_with_progress(cfg, departures, show=not opts.quiet)
     summary = summarize(result)
-    summary["warnings"] = warnings
+    # A config warning already says why values leak; otherwise the measured leakage says it.
+    far = None if warnings else far_beyond_warning(cfg, summary["leakage_probability"])
+    if far is not None and not opts.quiet:
+        typer.echo(far, err=True)
+    summary["warnings"] = [*warnings, *([far] if far is not None else [])]
     if opts.out is not None:
         write_run(result, opts.out, summary)
     if opts.transcript is not None:
@@ -98,12 +103,19 @@ def _print_table(summary: SimSummary) -> None:
         "rank",
         "leakage probability",
         "of which matching events",
+        "ideal world",
         title="values the adversary's view determines (rank 0 = largest value)",
+        caption="ideal world: 1 = every exact protocol exposes this rank too (it holds the output)",
     )
-    for r, (p, m) in enumerate(
-        zip(summary["leakage_probability"], summary["matching_probability"], strict=True)
+    for r, (p, m, ideal) in enumerate(
+        zip(
+            summary["leakage_probability"],
+            summary["matching_probability"],
+            summary["ideal_world"],
+            strict=True,
+        )
     ):
-        table.add_row(str(r), f"{p:.3f}", f"{m:.3f}")
+        table.add_row(str(r), f"{p:.3f}", f"{m:.3f}", f"{ideal:.0f}")
     console.print(table)
     if summary.get("departed"):
         console.print(

@@ -137,7 +137,8 @@ def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> No
     table.add_column("private value", justify="right")
     table.add_column("final x", justify="right")
     table.add_column("eavesdropper learned")
-    outputs = {v for lo, hi in s["true_interval"] if lo == hi for v in (lo,)}
+    from ..verdict import BEYOND, UNAVOIDABLE
+
     for i in range(s["n"]):
         key = str(i)
         exp = s["exposures"].get(key)
@@ -150,10 +151,10 @@ def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> No
         elif exp is not None:
             ok = "" if exp["correct"] else ", WRONG value"
             where = f"s_i at t={exp['t']} ({exp['how']}{ok})"
-            if exp["value"] in outputs:
-                learned = f"[yellow]{where}: unavoidable, s_i is the output[/yellow]"
+            if exp["verdict"] == UNAVOIDABLE:
+                learned = f"[yellow]{where}: {UNAVOIDABLE}, the ideal world exposes it too[/yellow]"
             else:
-                learned = f"[red]{where}: avoidable leak[/red]"
+                learned = f"[red]{where}: {exp['verdict']}[/red]"
         else:
             learned = "an interval only"
         table.add_row(key, f"{s['private_values'][key]:.6g}", str(s["final_x"][key]), learned)
@@ -161,9 +162,10 @@ def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> No
     notes = console if not quiet else Console(quiet=True)
     notes.print(
         "[dim]eavesdropper learned: s_i at t (=s) = a matching event x_i^(t) = s_i gave the exact value at"
-        " iteration t; (solved) = solved from an average-consensus x; unavoidable = the node holds the"
-        " output, which every exact protocol reveals (the ideal world); avoidable = more than the ideal"
-        " world; an interval only = the transcript bounds s_i (nlagg attack on the transcript shows it)[/dim]"
+        " iteration t; (solved) = solved from an average-consensus x; unavoidable = the node holds an"
+        " output value, which every exact protocol reveals (the ideal world); beyond the ideal world ="
+        " more than any exact protocol must reveal; an interval only = the transcript bounds s_i"
+        " (nlagg attack on the transcript shows it)[/dim]"
     )
     verdict = "[green]exact[/green]" if s["exact"] else "[red]NOT exact[/red]"
     if s["tolerance"] != RUN_DEFAULTS["tolerance"]:  # a fraction of the range, if one was declared
@@ -190,9 +192,9 @@ def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> No
         f"wall {s['wall_seconds']:.1f} s; broker {s['broker']}; "
         f"{s['messages_captured']} messages captured ({s['messages_rejected']} rejected)"
     )
-    avoidable = [int(k) for k, e in s["exposures"].items() if e["value"] not in outputs]
+    beyond = [int(k) for k, e in s["exposures"].items() if e["verdict"] == BEYOND]
     console.print(
-        f"exposed honest nodes: {s['exposed_nodes'] or 'none'} (avoidable: {avoidable or 'none'});"
+        f"exposed honest nodes: {s['exposed_nodes'] or 'none'} ({BEYOND}: {beyond or 'none'});"
         f" corrupted: {s['corrupted'] or 'none'}"
     )
     if s["transcript"]:

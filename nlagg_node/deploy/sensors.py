@@ -1,12 +1,13 @@
 """Value ranges that sensor scripts declare, so a deployment's public ``value_range`` matches its sensors.
 
-A sensor script (``deploy/pi/sensors/``) carries one header line::
+A sensor script carries one header line::
 
     # nlagg-value-range: LO HI
 
 ``nlagg deploy plan --value-cmd CMD`` reads it from the command's program (the local file, or the
-script of the same name shipped in ``deploy/pi/sensors``) and writes the range into ``run.toml``
-unless ``--value-range`` is given.
+script of the same name shipped with the package) and writes the range into ``run.toml`` unless
+``--value-range`` is given. The shipped scripts are package data (``nlagg_node/deploy/sensor_scripts/``,
+which ``deploy/pi/sensors/`` links to), so an installed wheel finds them as a source tree does.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..errors import ConfigError
 
 __all__ = ["SHIPPED_SENSORS", "declared_range", "range_for_command"]
 
-SHIPPED_SENSORS = Path(__file__).resolve().parents[2] / "deploy" / "pi" / "sensors"
+SHIPPED_SENSORS = Path(__file__).resolve().parent / "sensor_scripts"
 _DECLARATION = re.compile(r"^#\s*nlagg-value-range:\s*(\S+)\s+(\S+)")
 
 

@@ -21,6 +21,7 @@ from ..runtime.public import run_edges
 from ..scale import scale_for
 from ..schedule import distance_to, plan_phases
 from ..sim.output import Manifest, package_versions
+from ..verdict import Verdict, ideal_nodes, verdict
 
 __all__ = [
     "CaptureOutcome",
@@ -83,6 +84,7 @@ class ExposureCheck(TypedDict):
     value: float
     how: str
     correct: bool
+    verdict: Verdict  # unavoidable or beyond the ideal world (nlagg_node.verdict)
 
 
 class CaptureOutcome(TypedDict):
@@ -225,6 +227,7 @@ def capture_outcome(
 ) -> CaptureOutcome:
     """What the eavesdropper got, checked against the ground truth."""
     honest = [e for e in exposures if int(e["node"]) not in corrupt]
+    allowed = ideal_nodes(cfg, values)
     tol = 1e-9 * scale_for(cfg).span  # exposures arrive mapped back to the user's units
     return {
         "messages_captured": stored,
@@ -237,6 +240,7 @@ def capture_outcome(
                 "value": float(e["value"]),
                 "how": str(e["how"]),
                 "correct": bool(abs(float(e["value"]) - float(values[int(e["node"])])) <= tol),
+                "verdict": verdict(exposed=True, ideal=int(e["node"]) in allowed),
             }
             for e in honest
         },

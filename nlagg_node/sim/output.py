@@ -16,6 +16,7 @@ from ..inputs import make_output_dir
 from ..scale import scale_for
 from ..schedule import distance_to
 from ..threat import determined_by_sums
+from ..verdict import ideal_ranks
 from .departures import survivor_truth
 from .engine import SimResult
 
@@ -54,6 +55,8 @@ class SimSummary(TypedDict):
     mse_max: float
     leakage_probability: list[float]  # by rank, rank 0 = largest value: every value the view determines
     matching_probability: list[float]  # by rank: matching events x_i^(t) = s_i alone
+    # By rank: 1 where every exact protocol exposes the value too (nlagg_node.verdict).
+    ideal_world: list[float]
     # By rank: every value the transcript determines, with the average phase's component sums
     # (a component whose other members are exposed gives away the last; nlagg_node.threat).
     determined_probability: list[float]
@@ -223,6 +226,7 @@ def _summary(result: SimResult, conv: IntArray, ok: BoolArray) -> SimSummary:
         "mse_max": float(result.mse.max()),
         "leakage_probability": [float(p) for p in result.leakage_probability()],
         "matching_probability": [float(p) for p in result.matching_probability()],
+        "ideal_world": [float(r in ideal_ranks(cfg)) for r in range(cfg.n)],
         "determined_probability": [],
         "determined_mean": 0.0,
         "converged_fraction": float(ok.mean()),

@@ -229,3 +229,19 @@ def test_input_messages_say_what_is_wrong(
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert expected in err
+
+
+def test_a_start_that_leaks_far_beyond_the_ideal_world_warns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From above, the 0.75 quantile's x crosses every larger value: ranks 0-2 leak, the ideal world
+    exposes rank 3 alone (its holder); the warning and the ideal-world column say so (issue 33)."""
+    args = ["sim", "--op", "quantile", "--quantile", "0.75", "--init", "from-above", "--trials", "40"]
+    code, out, err = run_cli([*args, "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["ideal_world"] == [0.0, 0.0, 0.0, 1.0, *[0.0] * 11]
+    (line,) = summary["warnings"]
+    assert "leaks rank(s) 0-2" in line
+    assert "far beyond the ideal world (which exposes rank(s) 3)" in line
+    assert err.strip() == line

@@ -215,22 +215,22 @@ def _printed_summary(**fields: object) -> str:
 
 
 def test_testbed_table_explains_what_was_learned() -> None:
-    """The maximizer's exposure is unavoidable, any other avoidable; a legend; a hint when not exact."""
+    """The maximizer's exposure is unavoidable, any other beyond the ideal world; a legend; a hint."""
     exposures = {
-        "0": {"t": 5, "value": 2.0, "how": "=s", "correct": True},
-        "1": {"t": 9, "value": 1.0, "how": "=s", "correct": True},
+        "0": {"t": 5, "value": 2.0, "how": "=s", "correct": True, "verdict": "unavoidable"},
+        "1": {"t": 9, "value": 1.0, "how": "=s", "correct": True, "verdict": "beyond the ideal world"},
     }
     lines = _printed_summary(exposures=exposures, exposed_nodes=[0, 1], exact=False, mse=0.003).splitlines()
     row = {ln.split("│")[1].strip(): ln for ln in lines if ln.count("│") >= 4 and ln.split("│")[1].strip()}
     assert "unavoidable" in row["0"]
-    assert "avoidable leak" in row["1"]
+    assert "beyond the ideal world" in row["1"]
     assert "unavoidable" not in row["1"]
     assert "an interval only" in row["2"]
     text = " ".join(lines)
     assert "eavesdropper learned:" in text
     assert "NOT exact" in text
     assert "raise --t-max" in text
-    assert "(avoidable: [1])" in text
+    assert "(beyond the ideal world: [1])" in text
     assert "true aggregate 2.0: NOT exact" in text
 
 

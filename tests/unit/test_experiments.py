@@ -104,6 +104,9 @@ def test_cli_experiment_and_attack(tmp_path: Path) -> None:
         assert node["lower"] is None or isinstance(node["lower"], float)
     assert doc["precision"] == 1.0
     assert doc["recall"] == 1.0
+    human = runner.invoke(app, ["attack", str(path)], env={"COLUMNS": "200"})
+    holder = next(ln for ln in human.output.splitlines() if ln.startswith(f"│ {doc['exposed'][0]} "))
+    assert "unavoidable" in holder  # the maximizer's exposure, in the shared vocabulary
     bad = runner.invoke(app, ["attack", str(tmp_path / "missing.sqlite")])
     assert bad.exit_code != 0
 
@@ -124,6 +127,8 @@ def test_testbed_report_from_a_run_directory(tmp_path: Path) -> None:
     text = page.read_text()
     assert "precision 1" in text
     assert "unavoidable" in text  # the median's holder
+    beyond = text.count(">beyond the ideal world<")  # the holder's "unavoidable" row is not counted
+    assert f"{beyond} honest node(s) leaked beyond the ideal world" in text
     assert (run_dir / "report.png").is_file()
     with pytest.raises(ConfigError) as err:
         render_testbed_report(tmp_path / "empty")

@@ -40,6 +40,7 @@ from nlagg_node.runtime.wire import ConfigMsg, decode
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.termination import stop_reach
+from nlagg_node.verdict import output_holders
 
 from ...attack import NodeFinding, attack_arrays
 from ...live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
@@ -404,6 +405,9 @@ class DashboardState:
         if replay is None:
             return []
         out = []
+        exposed = {f.node: f.distance for f in findings or [] if f.status == "exposed"}
+        op = str(self.config.run.get("op", "")) if self.config is not None else ""
+        holders = output_holders(op, exposed, self.scale.span)  # the one rule of nlagg_node.verdict
         for i in range(replay.n):
             view: dict[str, Any] = {"node": i, "run": self.status.get(i, "-")}
             if 0 <= t < replay.t_total:
@@ -412,9 +416,7 @@ class DashboardState:
             if i in self.corrupted:
                 view.update(state="corrupted", value=_num(self.scale.user_float(self.corrupted[i])))
             elif f is not None and f.status == "exposed":
-                view.update(
-                    state="exposed", value=_num(f.value), t=f.t, how=f.how, unavoidable=f.side == "at"
-                )
+                view.update(state="exposed", value=_num(f.value), t=f.t, how=f.how, unavoidable=i in holders)
             elif f is None and 0 <= replay.first[i] <= t:
                 value = self.scale.user_float(float(replay.value[i]))
                 view.update(state="exposed", value=_num(value), t=int(replay.first[i]))

@@ -231,10 +231,10 @@ function drawLeakage() {
   if (S.verdicts && S.verdicts.length) {
     $("leak-note").textContent =
       "Ideal-world bound: the NMI any exact protocol must leak at this node's rank (1 = the ideal world reveals it). " +
-      "Verdict: unavoidable = exposed and the ideal world exposes it too; avoidable leak = exposed beyond it.";
+      "Verdict: unavoidable = exposed and the ideal world exposes it too; beyond the ideal world = exposed, and no exact protocol must expose it.";
     rows.push("<tr><th>node</th><th>rank</th><th>s<sub>i</sub></th><th class='l'>learned</th><th>at t</th><th>lower</th><th>upper</th><th>ideal bound (NMI)</th><th class='l'>verdict</th></tr>");
     for (const v of S.verdicts) {
-      const cls = v.verdict === "avoidable leak" ? "avoidable" : v.verdict === "unavoidable" ? "unavoidable" : "";
+      const cls = v.verdict === "beyond the ideal world" ? "avoidable" : v.verdict === "unavoidable" ? "unavoidable" : "";
       rows.push(`<tr class="${cls}" data-row="${v.node}"><td>${v.node}</td><td>${v.rank}</td><td>${fmt(v.value)}</td>` +
         `<td class='l'>${v.status}</td><td>${v.t >= 0 ? v.t : "–"}</td><td>${fmt(v.lower)}</td><td>${fmt(v.upper)}</td>` +
         `<td>${fmt(v.bound)}</td><td class='l'>${v.verdict}</td></tr>`);
