@@ -33,7 +33,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
-from .linear import RelationJson, attack_linear, relations_json, tightened
+from .linear import LinearFindings, RelationJson, attack_linear, relations_json, tightened
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
 from .spans import node_ends, node_iterations_run, phase_spans
 from .transcript.arrays import first_matches, load_transcript_arrays, read_truth
@@ -236,20 +236,63 @@ def attack_arrays(
     if replayed is None:
         rep = replay_exposures(n, edges, phases, cs, theta, z0, x, departed, early_stop=early_stop)
     else:
-        T = x.shape[1]
-        if replayed.branch.shape[0] != n or replayed.branch.shape[1] < T:
-            raise ConfigError("replayed", f"shape {replayed.branch.shape}", f"expected (n={n}, >= {T})")
-        seen = (replayed.first >= 0) & (replayed.first < T)
-        rep = Exposures(
-            replayed.branch[:, :T], np.where(seen, replayed.first, -1), np.where(seen, replayed.value, np.nan)
-        )
+        rep = _cut_replay(replayed, n, x.shape[1])
     T = rep.branch.shape[1]
-    lower = np.full(n, -np.inf)
-    upper = np.full(n, np.inf)
     # With early stopping a phase's final x is where it stopped, not at the end of its t_len; where
     # departures split the graph, each node's is where its component stopped.
-    spans = phase_spans(phases, x[:, :T]) if early_stop else None
     own_ends = node_ends(phases, x[:, :T], edges, departed) if early_stop else None
+    lower, upper, last_t, final_t = _branch_bounds(phases, x[:, :T], rep, epsilon, own_ends, early_stop)
+    sc = scale or ValueScale()
+    lin = attack_linear(n, edges, phases, cs, theta, z0, x[:, :T], rep, corrupt, sc, departed, early_stop)
+    if lin is not None and len(lin.relations):
+        lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
+    lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
+    last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
+    if own_ends is not None and departed:  # a departed node's last x is no output
+        last[[j for j in departed if 0 <= j < n]] = np.nan
+    output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
+    findings = _findings(n, rep, lin, corrupt, sc, (lower, upper), output)
+    codes_used = {int(c) for c in np.unique(rep.branch)} if T else set()
+    extra: AttackExtra = {"solved_phase": SOLVED in codes_used}
+    extra["determined"] = [f.node for f in findings if f.status != "interval"]
+    if lin is not None:
+        extra["relations"] = relations_json(lin, sc)
+    return AttackReport(
+        op=op,
+        n=n,
+        iterations=final_t + 1 if early_stop else T,  # up to the last iteration run
+        output=output,
+        findings=findings,
+        value_range=None if sc.identity else (sc.lo, sc.hi),
+        extra=extra,
+    )
+
+
+def _cut_replay(replayed: Exposures, n: int, T: int) -> Exposures:
+    """A live replay's exposures cut to the first ``T`` iterations (the replay is causal)."""
+    if replayed.branch.shape[0] != n or replayed.branch.shape[1] < T:
+        raise ConfigError("replayed", f"shape {replayed.branch.shape}", f"expected (n={n}, >= {T})")
+    seen = (replayed.first >= 0) & (replayed.first < T)
+    return Exposures(
+        replayed.branch[:, :T], np.where(seen, replayed.first, -1), np.where(seen, replayed.value, np.nan)
+    )
+
+
+def _branch_bounds(
+    phases: Sequence[Phase],
+    x: FloatArray,
+    rep: Exposures,
+    epsilon: float,
+    own_ends: IntArray | None,
+    early_stop: bool,
+) -> tuple[FloatArray, FloatArray, IntArray, int]:
+    """``(lower, upper, last_t, final_t)``: each node's interval from the branches its x's took
+    (an x on the low branch bounds s_i from above, one on the high branch from below), each
+    node's final iteration in the last phase reached and that phase's last iteration."""
+    n, T = x.shape
+    lower = np.full(n, -np.inf)
+    upper = np.full(n, np.inf)
+    spans = phase_spans(phases, x) if early_stop else None
     t0, final_t = 0, T - 1
     last_t = np.full(n, T - 1, dtype=np.int64)  # each node's final iteration in the last phase reached
     ends: dict[str, list[IntArray]] = {}
@@ -276,15 +319,21 @@ def attack_arrays(
             last_t = np.where(own_ends[k] > t0, own_ends[k] - 1, last_t)
         ends.setdefault(phase.group, []).append(last_t)
         t0 = t1
-    sc = scale or ValueScale()
-    lin = attack_linear(n, edges, phases, cs, theta, z0, x[:, :T], rep, corrupt, sc, departed, early_stop)
-    if lin is not None and len(lin.relations):
-        lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
-    lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
-    last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
-    if own_ends is not None and departed:  # a departed node's last x is no output
-        last[[j for j in departed if 0 <= j < n]] = np.nan
-    output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
+    return lower, upper, last_t, final_t
+
+
+def _findings(
+    n: int,
+    rep: Exposures,
+    lin: LinearFindings | None,
+    corrupt: Mapping[int, float],
+    sc: ValueScale,
+    interval: tuple[FloatArray, FloatArray],
+    output: float | None,
+) -> list[NodeFinding]:
+    """Each node's finding: forwarded, exposed (=s, solved, solved from a component sum) or the
+    interval the transcript proves (``interval``: lower and upper bounds in the user's units)."""
+    lower, upper = interval
     findings: list[NodeFinding] = []
     for i in range(n):
         if i in corrupt:
@@ -299,20 +348,7 @@ def attack_arrays(
             findings.append(_finding(i, "exposed", v, int(lin.t[i]), SUM_SOLVED, v, v, output))
         else:
             findings.append(_finding(i, "interval", None, -1, "", float(lower[i]), float(upper[i]), output))
-    codes_used = {int(c) for c in np.unique(rep.branch)} if T else set()
-    extra: AttackExtra = {"solved_phase": SOLVED in codes_used}
-    extra["determined"] = [f.node for f in findings if f.status != "interval"]
-    if lin is not None:
-        extra["relations"] = relations_json(lin, sc)
-    return AttackReport(
-        op=op,
-        n=n,
-        iterations=final_t + 1 if early_stop else T,  # up to the last iteration run
-        output=output,
-        findings=findings,
-        value_range=None if sc.identity else (sc.lo, sc.hi),
-        extra=extra,
-    )
+    return findings
 
 
 def _finding(

@@ -9,7 +9,8 @@ OPERATORS: tuple[str, ...] = ("max", "min", "topk", "median", "quantile", "trimm
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 """The broker every command connects to when none is given (the testbed starts its own instead)."""
 
-# Per-operator defaults, measured on RGG n = 15 (docs/reference.md, "Defaults: privacy against convergence time").
+# Per-operator defaults, measured on RGG n = 15 (docs/reference.md, "Defaults: privacy against
+# convergence time").
 # c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
 OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
     "max": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},

@@ -24,7 +24,7 @@ from typing import Any, cast
 from adversary.transcript import Transcript
 
 from ..argv import node_argv, this_python
-from ..arrays import FloatArray
+from ..arrays import FloatArray, IntArray
 from ..config import RunConfig
 from ..departure import check_departures, components
 from ..errors import BrokerUnreachableError, ConfigError, NlaggError, TestbedError
@@ -45,7 +45,10 @@ from ..sim.departures import survivor_truth
 from .children import Child, log_tail, start_eavesdropper
 from .progress import RunProgress, Snapshot
 from .summary import (
+    CaptureOutcome,
+    Departures,
     NodeReport,
+    RunOutcome,
     TestbedSummary,
     capture_outcome,
     departure_outcome,
@@ -96,6 +99,18 @@ class _Eavesdropper:
                 f"eavesdropper: node {event['node']} exposed at t={event['t']} ({event['how']}): "
                 f"s = {event['value']!r}"
             )
+
+    async def wait_complete(self, within: float) -> dict[str, Any]:
+        """The eavesdropper's ``finished`` event once it saw every node's ``done``, or a
+        :class:`TestbedError` quoting the event and its log."""
+        finished = await self.wait_finished(within)
+        if not finished.get("complete"):
+            tail = " | ".join(log_tail(self.log))
+            raise TestbedError(
+                f"the nodes finished but the eavesdropper did not see every 'done': {finished}"
+                + (f" (its log: {tail})" if tail else "")
+            )
+        return finished
 
     async def wait_finished(self, within: float) -> dict[str, Any]:
         assert self.child is not None
@@ -319,8 +334,6 @@ async def run_testbed(
     (the launcher then also subscribes to node 0's x and the statuses). An eavesdropper that dies
     during the run stops it at once (:class:`TestbedError`).
     """
-    from ..sim.values import run_values
-
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
     check_neighbour_timeout(neighbour_timeout)  # before anything starts (each node checks it too)
@@ -331,44 +344,17 @@ async def run_testbed(
     if eavesdropper_nice < 0:
         raise ConfigError("eavesdropper_nice", eavesdropper_nice, "must be 0 or more (a lower priority)")
     say = on_event or (lambda _msg: None)
-    values = run_values(cfg, 1)[0]  # user units, inside the declared range
-    for v in values:
-        check_start(cfg, float(v))  # refuse before any broker or node starts (each node checks too)
-    edges = run_edges(cfg)
+    values, edges = _checked_values(cfg)
     departures = dict(departures or {})
-    check_departures(
-        departures, cfg.n, sum(p.t_len for p in plan_phases(cfg)), cfg.op, cfg.early_stop, cfg.may_depart
-    )
-    comps = components(cfg.n, edges, departures)
-    if cfg.op == "topk" and min(len(c) for c in comps) < cfg.k:
-        small = min(comps, key=len)
-        raise ConfigError(
-            "depart", departures, f"top-K with k={cfg.k} leaves component {small} too few nodes"
-        )
-    if departures and in_process:
-        raise ConfigError(
-            "depart", departures, "kills node processes: run one process per node (--processes)"
-        )
-    if departures:
-        in_process = False
+    in_process = _checked_departures(cfg, edges, departures, in_process)
     t = topics(prefix, run_id)
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
-        if out_dir is None:
-            workdir = stack.enter_context(owned_tempdir("testbed"))
-        else:
-            stack.push_async_exit(_ForgetInterrupted(out_dir))
-            workdir = out_dir
-            make_output_dir(workdir, "out")
+        workdir = _workdir(stack, out_dir)
         db_path = workdir / "transcript.sqlite"
         if db_path.exists():
             raise NlaggError(f"{db_path} exists; choose another --out directory")
-        if broker_url is None:
-            handle = await stack.enter_async_context(start_broker(broker_kind))  # type: ignore[arg-type]
-            url, kind = handle.url, str(handle.kind)
-        else:
-            url, kind = broker_url, "external"
-            await probe_broker(url, _tls(ca_file), run_id)  # not MQTT, or nothing there: say so now
+        url, kind = await _broker(stack, broker_url, broker_kind, _tls(ca_file), run_id)
         say(f"broker {kind} at {url}; run {run_id}")
         if in_process is None:
             in_process = kind == "amqtt"
@@ -392,31 +378,12 @@ async def run_testbed(
         run_nodes = _run_in_process(nodes) if in_process else _run_processes(nodes, workdir)
         results = await eaves.guard(asyncio.ensure_future(run_nodes))
         node_wall = time.perf_counter() - t_nodes
-        finished = await eaves.wait_finished(30.0)
-        if not finished.get("complete"):
-            tail = " | ".join(log_tail(eaves.log))
-            raise TestbedError(
-                f"the nodes finished but the eavesdropper did not see every 'done': {finished}"
-                + (f" (its log: {tail})" if tail else "")
-            )
-        with Transcript(db_path) as transcript:
-            scale = scale_for(cfg)
-            captured = {
-                i: None if st.output is None else [scale.user_float(v) for v in st.output]
-                for i, st in transcript.statuses().items()
-                if st.state == "done"
-            }
-            stored = transcript.count()
-        outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
-        departures = {j: at for j, at in departures.items() if j not in outputs}  # those that happened
-        comps = components(cfg.n, edges, departures)
-        truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # the largest part
-        node_truth = survivor_truth(cfg, values[None], [comps])
-        node_truth = (node_truth[0][0], node_truth[1][0])
+        finished = await eaves.wait_complete(30.0)
+        ran, departed, captured = _outcome(nodes, edges, results, node_wall, eaves, db_path, finished)
         summary: TestbedSummary = {
-            **run_outcome(cfg, run_id, values, truth_lo, truth_hi, results, corrupt, node_wall, node_truth),
-            **departure_outcome(cfg, departures, edges, node_truth, outputs),
-            **capture_outcome(cfg, values, corrupt, eaves.exposures, captured, stored, finished),
+            **ran,
+            **departed,
+            **captured,
             "broker": kind,
             "broker_url": url,
             "in_process": in_process,
@@ -427,3 +394,90 @@ async def run_testbed(
         if out_dir is not None:
             write_outputs(out_dir, cfg, summary)
     return summary
+
+
+def _checked_values(cfg: RunConfig) -> tuple[FloatArray, IntArray]:
+    """The run's private values (user units, inside the declared range) and its edges; a value the
+    start would not protect is refused before any broker or node starts (each node checks too)."""
+    from ..sim.values import run_values
+
+    values = run_values(cfg, 1)[0]
+    for v in values:
+        check_start(cfg, float(v))
+    return values, run_edges(cfg)
+
+
+def _checked_departures(
+    cfg: RunConfig, edges: IntArray, departures: dict[int, int], in_process: bool | None
+) -> bool | None:
+    """The layout a run with ``departures`` takes (they kill node processes: one process per node),
+    or a :class:`ConfigError` naming what cannot be."""
+    check_departures(
+        departures, cfg.n, sum(p.t_len for p in plan_phases(cfg)), cfg.op, cfg.early_stop, cfg.may_depart
+    )
+    comps = components(cfg.n, edges, departures)
+    if cfg.op == "topk" and min(len(c) for c in comps) < cfg.k:
+        small = min(comps, key=len)
+        raise ConfigError(
+            "depart", departures, f"top-K with k={cfg.k} leaves component {small} too few nodes"
+        )
+    if departures and in_process:
+        raise ConfigError(
+            "depart", departures, "kills node processes: run one process per node (--processes)"
+        )
+    return False if departures else in_process
+
+
+async def _broker(
+    stack: AsyncExitStack, url: str | None, kind: str, tls: TlsSettings | None, run_id: str
+) -> tuple[str, str]:
+    """``(url, kind)`` of the run's broker: a private one started on ``stack`` when ``url`` is None,
+    else the given one once it answered as an MQTT broker (not MQTT, or nothing there: say so now)."""
+    if url is None:
+        handle = await stack.enter_async_context(start_broker(kind))  # type: ignore[arg-type]
+        return handle.url, str(handle.kind)
+    await probe_broker(url, tls, run_id)
+    return url, "external"
+
+
+def _workdir(stack: AsyncExitStack, out_dir: Path | None) -> Path:
+    """Where the run's files go: ``out_dir`` (emptied again if the run is interrupted), or a
+    temporary folder owned by this process (removed at exit, or by the next start after a kill)."""
+    if out_dir is None:
+        return stack.enter_context(owned_tempdir("testbed"))
+    stack.push_async_exit(_ForgetInterrupted(out_dir))
+    make_output_dir(out_dir, "out")
+    return out_dir
+
+
+def _outcome(
+    nodes: _Nodes,
+    edges: IntArray,
+    results: list[NodeReport],
+    node_wall: float,
+    eaves: _Eavesdropper,
+    db_path: Path,
+    finished: dict[str, Any],
+) -> tuple[RunOutcome, Departures, CaptureOutcome]:
+    """The summary's fields about the run itself: outputs against the truth of each surviving
+    component, the departures that happened, and what the eavesdropper captured and learned."""
+    cfg, values, corrupt = nodes.cfg, nodes.values, nodes.corrupt
+    with Transcript(db_path) as transcript:
+        scale = scale_for(cfg)
+        captured = {
+            i: None if st.output is None else [scale.user_float(v) for v in st.output]
+            for i, st in transcript.statuses().items()
+            if st.state == "done"
+        }
+        stored = transcript.count()
+    outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
+    departures = {j: at for j, at in nodes.departures.items() if j not in outputs}  # those that happened
+    comps = components(cfg.n, edges, departures)
+    truth_lo, truth_hi = true_aggregate(cfg, values[None][:, max(comps, key=len)])  # the largest part
+    node_truth = survivor_truth(cfg, values[None], [comps])
+    node_truth = (node_truth[0][0], node_truth[1][0])
+    return (
+        run_outcome(cfg, nodes.run_id, values, truth_lo, truth_hi, results, corrupt, node_wall, node_truth),
+        departure_outcome(cfg, departures, edges, node_truth, outputs),
+        capture_outcome(cfg, values, corrupt, eaves.exposures, captured, stored, finished),
+    )

@@ -179,18 +179,7 @@ MAX_PARAMETERS = 15
 # Known offenders (issue 34: each goes once its command options or its engine are split). The list
 # may only shrink: an entry that no longer offends fails the test below until it is removed.
 KNOWN_LONG_FUNCTIONS = {
-    "adversary.attack:attack_arrays",
     "adversary.simulated:write_sim_transcript",
-    "nlagg_node.argv:node_argv",
-    "nlagg_node.cli.deploy:_plan_spec",
-    "nlagg_node.cli.deploy:compose_cmd",
-    "nlagg_node.cli.deploy:plan_cmd",
-    "nlagg_node.cli.net:eavesdrop",
-    "nlagg_node.cli.net:node",
-    "nlagg_node.cli.sim:sim",
-    "nlagg_node.cli.testbed:run_testbed_command",
-    "nlagg_node.lab.testbed:run_testbed",
-    "nlagg_node.runtime.node:Node.__init__",
     "nlagg_node.sim.engine:simulate",
 }
 
