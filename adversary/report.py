@@ -186,12 +186,9 @@ def leakage_verdicts(
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    from nlagg_node.inputs import read_input_text
+    from nlagg_node.inputs import parse_document, read_input_text
 
-    try:
-        doc = json.loads(read_input_text(path, path.stem))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(path.stem, str(path), f"invalid JSON ({exc})") from None
+    doc = parse_document(read_input_text(path, path.stem), "JSON", path.stem, path)
     if not isinstance(doc, dict):
         raise ConfigError(path.stem, str(path), "expected a JSON object")
     return doc

@@ -8,9 +8,7 @@ field and the value received.
 from __future__ import annotations
 
 import ast
-import json
 import math
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +22,7 @@ from .defaults import PROPOSED_INIT as PROPOSED_INIT
 from .defaults import STOP_WINDOW
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
-from .inputs import read_input_text
+from .inputs import parse_document, read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
 from .threat import InitChannel
 
@@ -282,11 +280,7 @@ def load_config(path: Path | None = None, **overrides: Any) -> RunConfig:
         text = read_input_text(path, "config")
         if not text.strip():
             raise ConfigError("config", str(path), "is empty (it sets nothing; leave --config out)")
-        kind = "JSON" if suffix == ".json" else "TOML"
-        try:
-            doc = json.loads(text) if kind == "JSON" else tomllib.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError("config", str(path), f"invalid {kind} ({exc})") from None
+        doc = parse_document(text, "JSON" if suffix == ".json" else "TOML", "config", path)
         # A run.toml may hold a [run] table; a manifest.json holds {"config": {...}}.
         table = doc.get("run", doc.get("config", doc)) if isinstance(doc, dict) else None
         if not isinstance(table, dict):

@@ -10,7 +10,6 @@ bit-for-bit identical everywhere.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -200,10 +199,9 @@ def load_edge_list(path: Path, expected_n: int | None = None) -> tuple[int, IntA
 
 def _json_edges(path: Path, text: str) -> tuple[int | None, list[list[int]]]:
     """``(n or None, edges)`` of a JSON edge list; errors name the file, not its contents."""
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        raise ConfigError("graph_file", str(path), "malformed JSON") from None
+    from .inputs import parse_document
+
+    doc = parse_document(text, "JSON", "graph_file", path)
     n: int | None = None
     if isinstance(doc, dict):
         n_raw = doc.get("n")

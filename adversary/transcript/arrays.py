@@ -8,7 +8,6 @@ dual group without a random part) and what the corrupted nodes forwarded; :func:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -105,12 +104,9 @@ def public_z0(
 
 def read_truth(path: Path) -> dict[str, Any]:
     """A ground-truth JSON object (a testbed summary.json), or a one-line error naming the file."""
-    from nlagg_node.inputs import read_input_text
+    from nlagg_node.inputs import parse_document, read_input_text
 
-    try:
-        doc = json.loads(read_input_text(path, "truth"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError("truth", str(path), f"invalid JSON ({exc})") from None
+    doc = parse_document(read_input_text(path, "truth"), "JSON", "truth", path)
     if not isinstance(doc, dict):
         raise ConfigError("truth", str(path), "expected a JSON object (a testbed summary.json)")
     return doc

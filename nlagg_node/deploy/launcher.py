@@ -6,12 +6,11 @@ every node of it is done; in a testbed the launcher publishes it, in a deploymen
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 from ..config import load_config
 from ..errors import ConfigError
-from ..inputs import read_input_text
+from ..inputs import parse_document, read_input_text
 from ..runtime.tls import TlsSettings
 
 __all__ = ["publish_config", "run_network"]
@@ -19,11 +18,7 @@ __all__ = ["publish_config", "run_network"]
 
 def run_network(config: Path) -> tuple[str, str]:
     """``(prefix, run_id)`` from the ``[network]`` table of a plan's run.toml."""
-    text = read_input_text(config, "config")
-    try:
-        net = tomllib.loads(text).get("network", {})
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("config", str(config), f"invalid TOML ({exc})") from None
+    net = parse_document(read_input_text(config, "config"), "TOML", "config", config).get("network", {})
     run_id = net.get("run_id")
     if not isinstance(run_id, str):
         raise ConfigError(

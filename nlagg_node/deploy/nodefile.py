@@ -8,7 +8,6 @@ appears on a command line: only the path of the file holding it.
 from __future__ import annotations
 
 import shlex
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,13 +65,9 @@ def node_file_text(node: NodeFile) -> str:
 
 def load_node_file(path: Path) -> NodeFile:
     """Read and validate a node file; errors name the field and the value."""
-    from ..inputs import read_input_text
+    from ..inputs import parse_document, read_input_text
 
-    text = read_input_text(path, "node_file")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("node_file", str(path), f"invalid TOML ({exc})") from None
+    doc = parse_document(read_input_text(path, "node_file"), "TOML", "node_file", path)
     try:
         return NodeFile.model_validate(doc)
     except ValidationError as exc:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ import tomli_w
 from ..config import RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
-from ..inputs import make_output_dir, read_input_text
+from ..inputs import make_output_dir, parse_document, read_input_text
 from ..private import PRIVATE_FILE_MODE, write_private
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
@@ -450,9 +449,9 @@ def load_plan(root: Path) -> LoadedPlan:
     plan_file = root / "plan.toml"
     if not plan_file.is_file():
         raise ConfigError("plan", str(root), "no plan.toml here; create one with nlagg deploy plan")
-    text = read_input_text(plan_file, "plan")
+    table = parse_document(read_input_text(plan_file, "plan"), "TOML", "plan", plan_file)
     try:
-        doc = tomllib.loads(text)["plan"]
+        doc = table["plan"]
         n = int(doc["n"])
         info = (
             str(doc["run_id"]),
@@ -460,7 +459,7 @@ def load_plan(root: Path) -> LoadedPlan:
             [int(i) for i in doc["corrupted"]],
             str(doc["broker"]),
         )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError("plan", str(plan_file), f"malformed plan file ({exc!r})") from None
     nodes = [load_node_file(root / "nodes" / f"{i}.toml") for i in range(n)]
     return LoadedPlan(root, info[0], info[1], n, info[2], info[3], nodes)

@@ -26,7 +26,6 @@ key is topic + payload, and a bridged copy is the same bytes on the same topic).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,13 +158,9 @@ def sites_from_groups(groups: Sequence[Sequence[int]], n: int, source: str = "si
 
 def read_sites_file(path: Path, n: int) -> list[int]:
     """A ``--sites-file``: JSON ``[[0, 1, 2], [3, 4, 5], ...]``, the node ids of each site."""
-    from ..inputs import read_input_text
+    from ..inputs import parse_document, read_input_text
 
-    text = read_input_text(path, "sites_file")
-    try:
-        groups = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("sites_file", str(path), f"invalid JSON ({exc.msg})") from None
+    groups = parse_document(read_input_text(path, "sites_file"), "JSON", "sites_file", path)
     if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups) or len(groups) < 2:
         raise ConfigError("sites_file", str(path), "expected a list of at least 2 lists of node ids")
     return sites_from_groups(groups, n)

@@ -129,7 +129,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(
         pytest.param("g.json", '{"n": 1e11, "edges": [[0, 1]]}', "must lie in 2..10000", id="json-huge-n"),
         pytest.param("g.csv", "0,1\nhunter2-secret,xyz\n", "not integer ids", id="no-echo-csv"),
         pytest.param("g.json", '{"edges": [["hunter2-secret", 1]]}', "pair [i, j]", id="no-echo-json"),
-        pytest.param("g.json", "hunter2-secret", "malformed JSON", id="no-echo-not-json"),
+        pytest.param("g.json", "hunter2-secret", "not valid JSON", id="no-echo-not-json"),
     ],
 )
 def test_bad_graph_file_exits_2(
