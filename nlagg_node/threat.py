@@ -35,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from .arrays import BoolArray, FloatArray, IntArray
+from .departure import components
 
 __all__ = [
     "InitChannel",
@@ -128,7 +129,7 @@ def determined_by_sums(
     rows: list[FloatArray] = [np.eye(n)[i] for i in np.flatnonzero(known)]
     for cut in cuts:
         gone = {int(c) for c in cut}
-        for comp in _components(n, edges, gone):
+        for comp in components(n, edges, gone):
             row = np.zeros(n)
             row[comp] = 1.0
             rows.append(row)
@@ -141,23 +142,3 @@ def determined_by_sums(
     basis = vt[: int((sv > 1e-9 * sv.max()).sum())]
     out |= np.abs(1.0 - (basis**2).sum(axis=0)) <= 1e-6
     return out
-
-
-def _components(n: int, edges: IntArray, gone: set[int]) -> list[list[int]]:
-    """Connected components of the graph without ``gone``."""
-    parent = list(range(n))
-
-    def root(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for a, b in np.asarray(edges, dtype=np.int64).reshape(-1, 2).tolist():
-        if a not in gone and b not in gone:
-            parent[root(a)] = root(b)
-    comps: dict[int, list[int]] = {}
-    for i in range(n):
-        if i not in gone:
-            comps.setdefault(root(i), []).append(i)
-    return list(comps.values())

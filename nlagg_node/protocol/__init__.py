@@ -4,43 +4,34 @@ The node runtime (:mod:`nlagg_node.runtime`), the simulator and the adversary's 
 replay drive the run through this package; none of them states a rule of its own. The early-stop
 rule itself is :mod:`nlagg_node.termination` (compiled into the simulator's kernel, which hashes its
 source), the departure rule :mod:`nlagg_node.departure`.
+
+The names are re-exported lazily, listed once in the ``TYPE_CHECKING`` block below
+(:mod:`nlagg_node.lazy`).
 """
 
-from .accept import (
-    NO_HALT,
-    OUTSIDE_WINDOW,
-    X_WINDOW,
-    Departures,
-    Verdict,
-    admit,
-    adv_error,
-    departure_claims,
-    halt_span,
-    key_error,
-    lowest_position,
-    slot_verdict,
-    status_error,
-    x_form_error,
-    z0_error,
-)
-from .shape import RunShape, phase_starts
+from __future__ import annotations
 
-__all__ = [
-    "NO_HALT",
-    "OUTSIDE_WINDOW",
-    "X_WINDOW",
-    "Departures",
-    "RunShape",
-    "Verdict",
-    "admit",
-    "adv_error",
-    "departure_claims",
-    "halt_span",
-    "key_error",
-    "lowest_position",
-    "phase_starts",
-    "slot_verdict",
-    "status_error",
-    "x_form_error",
-    "z0_error",
-]
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .accept import NO_HALT as NO_HALT
+    from .accept import OUTSIDE_WINDOW as OUTSIDE_WINDOW
+    from .accept import X_WINDOW as X_WINDOW
+    from .accept import Departures as Departures
+    from .accept import Verdict as Verdict
+    from .accept import admit as admit
+    from .accept import adv_error as adv_error
+    from .accept import departure_claims as departure_claims
+    from .accept import halt_span as halt_span
+    from .accept import key_error as key_error
+    from .accept import lowest_position as lowest_position
+    from .accept import slot_verdict as slot_verdict
+    from .accept import status_error as status_error
+    from .accept import x_form_error as x_form_error
+    from .accept import z0_error as z0_error
+    from .shape import RunShape as RunShape
+    from .shape import phase_starts as phase_starts
+
+__all__, __getattr__ = lazy_exports(__name__, __file__)

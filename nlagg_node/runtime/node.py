@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import Self, Unpack
+from typing import Generic, Self, TypeVar, Unpack, cast
 
 from ..config import RunConfig
 from ..errors import NeighbourTimeoutError, NlaggError
@@ -46,6 +46,19 @@ def node_will(prefix: str, run_id: str, node_id: int) -> Will:
     """The last will of node ``node_id``: retained ``offline`` status."""
     payload = encode(StatusMsg(node=node_id, state="offline"))
     return Will(topics(prefix, run_id).status(node_id), payload, retain=True, qos=1)
+
+
+T = TypeVar("T")
+
+
+class _OfMember(Generic[T]):
+    """A read-only attribute of a :class:`Node` that is its member's (the node is a composition)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, node: Node, owner: type[Node] | None = None) -> T:
+        return cast(T, getattr(node.member, self.name))
 
 
 class Node:
@@ -84,37 +97,14 @@ class Node:
         self.router = Router([self.member], self._undecodable, self.member.reject)
 
     # What callers read of the node: its member's --------------------------------------------------
-    @property
-    def id(self) -> int:
-        return self.member.id
-
-    @property
-    def prefix(self) -> str:
-        return self.member.prefix
-
-    @property
-    def run_id(self) -> str:
-        return self.member.run_id
-
-    @property
-    def neighbours(self) -> list[int]:
-        return self.member.neighbours
-
-    @property
-    def rejected(self) -> int:
-        return self.member.rejected
-
-    @property
-    def duplicates(self) -> int:
-        return self.member.duplicates
-
-    @property
-    def resumed(self) -> Checkpoint | None:
-        return self.member.resumed
-
-    @property
-    def store(self) -> CheckpointStore | None:
-        return self.member.store
+    id = _OfMember[int]("id")
+    prefix = _OfMember[str]("prefix")
+    run_id = _OfMember[str]("run_id")
+    neighbours = _OfMember[list[int]]("neighbours")
+    rejected = _OfMember[int]("rejected")
+    duplicates = _OfMember[int]("duplicates")
+    resumed = _OfMember[Checkpoint | None]("resumed")
+    store = _OfMember[CheckpointStore | None]("store")
 
     def leave(self) -> None:
         """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output."""
