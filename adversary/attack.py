@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
@@ -34,7 +34,7 @@ from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
 
 from .linear import LinearFindings, RelationJson, attack_linear, relations_json, tightened
-from .live import HIGH, LOW, SOLVED, VALUE, Exposures, replay_exposures
+from .live import HIGH, LOW, SOLVED, VALUE, Exposures, PublicRun, replay_exposures
 from .spans import node_ends, node_iterations_run, phase_spans
 from .transcript.arrays import first_matches, load_transcript_arrays, read_truth
 
@@ -233,8 +233,9 @@ def attack_arrays(
     bad = [i for i in corrupt if not 0 <= i < n]
     if bad:
         raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
+    run = PublicRun(n, edges, phases, cs, theta, z0, x, departed)
     if replayed is None:
-        rep = replay_exposures(n, edges, phases, cs, theta, z0, x, departed, early_stop=early_stop)
+        rep = replay_exposures(run, early_stop=early_stop)
     else:
         rep = _cut_replay(replayed, n, x.shape[1])
     T = rep.branch.shape[1]
@@ -243,7 +244,7 @@ def attack_arrays(
     own_ends = node_ends(phases, x[:, :T], edges, departed) if early_stop else None
     lower, upper, last_t, final_t = _branch_bounds(phases, x[:, :T], rep, epsilon, own_ends, early_stop)
     sc = scale or ValueScale()
-    lin = attack_linear(n, edges, phases, cs, theta, z0, x[:, :T], rep, corrupt, sc, departed, early_stop)
+    lin = attack_linear(replace(run, x=x[:, :T]), rep, corrupt, sc, early_stop)
     if lin is not None and len(lin.relations):
         lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))

@@ -38,7 +38,7 @@ only where the branch is known, which is not used.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -50,9 +50,8 @@ from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import z_update
 from nlagg_node.scale import ValueScale
-from nlagg_node.schedule import Phase
 
-from .live import Exposures
+from .live import Exposures, PublicRun
 from .spans import node_ends
 
 __all__ = [
@@ -240,30 +239,20 @@ class _Stepper:
             self.u = self.u[np.concatenate([keep, keep])]
 
 
-def linear_attack(
-    n: int,
-    edges: IntArray,
-    phases: Sequence[Phase],
-    cs: Sequence[float],
-    theta: float,
-    z0: Mapping[str, FloatArray],
-    x: FloatArray,
-    known: Mapping[int, float],
-    departed: Mapping[int, int] | None = None,
-    *,
-    early_stop: bool = False,
-) -> LinearFindings:
+def linear_attack(run: PublicRun, known: Mapping[int, float], *, early_stop: bool = False) -> LinearFindings:
     """Solve the linear relations of a transcript's average phases (see the module notes).
 
     Parameters
     ----------
-    n, edges, phases, cs, theta, z0, x, departed, early_stop
+    run, early_stop
         As for :func:`adversary.live.replay_exposures` (protocol scale; z0 NaN where unknown).
     known
         Node -> a value already known on the protocol scale (corrupted nodes' forwarded values,
         matching events, values the replay solved).
     """
-    x = np.asarray(x, dtype=np.float64)
+    n, edges, phases = run.n, run.edges, run.phases
+    cs, theta, z0, departed = run.cs, run.theta, run.z0, run.departed
+    x = np.asarray(run.x, dtype=np.float64)
     t_len = min(x.shape[1], sum(p.t_len for p in phases))
     free = [i for i in range(n) if i not in known]
     col = {i: k for k, i in enumerate(free)}
@@ -387,27 +376,16 @@ def propagate_intervals(
 
 
 def attack_linear(
-    n: int,
-    edges: IntArray,
-    phases: Sequence[Phase],
-    cs: Sequence[float],
-    theta: float,
-    z0: Mapping[str, FloatArray],
-    x: FloatArray,
-    rep: Exposures,
-    corrupt: Mapping[int, float],
-    sc: ValueScale,
-    departed: Mapping[int, int] | None,
-    early_stop: bool,
+    run: PublicRun, rep: Exposures, corrupt: Mapping[int, float], sc: ValueScale, early_stop: bool
 ) -> LinearFindings | None:
     """The exact linear attack (:mod:`adversary.linear`) on the average phases, with every value
     known so far (forwarded, matching events, solved by the replay) on its right-hand side."""
-    if not any(ph.objective.kind == "quadratic" for ph in phases):
+    if not any(ph.objective.kind == "quadratic" for ph in run.phases):
         return None
     known = {i: sc.protocol_float(float(v)) for i, v in corrupt.items()}
     for i in rep.exposed_nodes:
         known.setdefault(i, float(rep.value[i]))
-    return linear_attack(n, edges, phases, cs, theta, z0, x, known, departed, early_stop=early_stop)
+    return linear_attack(run, known, early_stop=early_stop)
 
 
 def tightened(

@@ -54,6 +54,7 @@ __all__ = [
     "Exposure",
     "Exposures",
     "LiveReplay",
+    "PublicRun",
     "forwarded_z0",
     "iterations_run",
     "node_ends",
@@ -61,6 +62,34 @@ __all__ = [
     "phase_spans",
     "replay_exposures",
 ]
+
+
+@dataclass(frozen=True)
+class PublicRun:
+    """What a transcript holds of one run, as arrays: everything the replay and the linear attack read.
+
+    Attributes
+    ----------
+    n : number of nodes.
+    edges : ``(H, 2)`` canonical undirected edges (``nlagg_node.graphs.normalize_edges``).
+    phases : :func:`nlagg_node.schedule.plan_phases` of the run's config.
+    cs : the step ``c`` of each phase (:func:`nlagg_node.schedule.phase_c`).
+    theta : the z-update's averaging parameter.
+    z0 : dual group -> ``(2H,)`` z_{i|j}^(0) in :class:`~nlagg_node.graphs.EdgeLayout` order
+        (``Transcript.z0`` or ``SimResult.z0`` of a one-trial run); NaN where not captured.
+    x : ``(n, T)`` published x's (``Transcript.x``), NaN where not captured; T may be shorter than
+        the schedule (the replay stops there).
+    departed : ``{node: T}`` departures (:func:`nlagg_node.departure.announced` of the statuses).
+    """
+
+    n: int
+    edges: IntArray
+    phases: Sequence[Phase]
+    cs: Sequence[float]
+    theta: float
+    z0: Mapping[str, FloatArray]
+    x: FloatArray
+    departed: Mapping[int, int] | None = None
 
 
 UNKNOWN, LOW, HIGH, VALUE, SOLVED = -1, 0, 1, 2, 3
@@ -404,32 +433,12 @@ def forwarded_z0(
     return replay.z0
 
 
-def replay_exposures(
-    n: int,
-    edges: IntArray,
-    phases: Sequence[Phase],
-    cs: Sequence[float],
-    theta: float,
-    z0: Mapping[str, FloatArray],
-    x: FloatArray,
-    departed: Mapping[int, int] | None = None,
-    *,
-    early_stop: bool = False,
-) -> Exposures:
+def replay_exposures(run: PublicRun, *, early_stop: bool = False) -> Exposures:
     """Classify every published x_i^(t) from the transcript alone.
 
     Parameters
     ----------
-    n : number of nodes.
-    edges : ``(H, 2)`` canonical undirected edges (``nlagg_node.graphs.normalize_edges``).
-    phases : :func:`nlagg_node.schedule.plan_phases` of the run's config.
-    cs : the step ``c`` of each phase (:func:`nlagg_node.schedule.phase_c`).
-    theta : the z-update's averaging parameter.
-    z0 : dual group -> ``(2H,)`` z_{i|j}^(0) in :class:`~nlagg_node.graphs.EdgeLayout` order
-        (``Transcript.z0`` or ``SimResult.z0`` of a one-trial run); NaN where not captured.
-    x : ``(n, T)`` published x's (``Transcript.x``), NaN where not captured; T may be shorter than
-        the schedule (the replay stops there).
-    departed : ``{node: T}`` departures (:func:`nlagg_node.departure.announced` of the statuses).
+    run : the transcript's arrays (:class:`PublicRun`).
     early_stop : the run stops its phases early: a phase's iterations after its last captured x
         were never run (the nodes skipped them), so the duals go on from there into the next
         phase, as :meth:`LiveReplay.advance` does live. Where departures split the graph, each
@@ -443,10 +452,11 @@ def replay_exposures(
         Branch code per ``(node, t)``, first exposure per node and the exposed value. Nodes whose
         x or duals depend on missing data are ``unknown`` from then on (NaN propagates).
     """
-    replay = LiveReplay(n, edges, phases, cs, theta)
+    n, edges, phases, x, departed = run.n, run.edges, run.phases, run.x, run.departed
+    replay = LiveReplay(n, edges, phases, run.cs, run.theta)
     for j, at in (departed or {}).items():
         replay.depart(j, at)
-    for group, arr in z0.items():
+    for group, arr in run.z0.items():
         replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
     t_len = min(x.shape[1], replay.t_total)
     replay.x[:, :t_len] = x[:, :t_len]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from adversary.attack import attack_arrays, attack_transcript
-from adversary.live import replay_exposures
+from adversary.live import PublicRun, replay_exposures
 from adversary.reporting.dashboard import DashboardState, is_loopback, parse_listen
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
@@ -146,7 +146,7 @@ def test_replayed_exposures_give_the_same_report_as_a_fresh_replay(finished: Pat
     _caught_up(state)
     r = state.replay
     assert r is not None
-    full = replay_exposures(r.n, state.edges, r.phases, r.cs, r.theta, r.z0, r.x)
+    full = replay_exposures(PublicRun(r.n, state.edges, r.phases, r.cs, r.theta, r.z0, r.x))
     for t in (50, 300):
         fresh = attack_arrays(r.n, state.edges, r.phases, r.cs, r.theta, r.z0, r.x[:, :t])
         reused = attack_arrays(r.n, state.edges, r.phases, r.cs, r.theta, r.z0, r.x[:, :t], replayed=full)

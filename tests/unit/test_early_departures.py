@@ -20,10 +20,10 @@ import pytest
 
 from adversary.attack import attack_transcript, score
 from adversary.capture.eavesdropper import Eavesdropper
-from adversary.live import HIGH, LOW, VALUE, node_ends, replay_exposures
+from adversary.live import HIGH, LOW, VALUE, PublicRun, node_ends, replay_exposures
 from adversary.simulated import attack_simulation, trial_x, write_sim_transcript
 from adversary.transcript import Transcript
-from adversary.transcript.arrays import first_matches, load_transcript_arrays
+from adversary.transcript.arrays import TranscriptData, first_matches, load_transcript_arrays
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -39,6 +39,20 @@ DEPARTURES = {MIDDLE: 300}
 RUN = "early-dep"
 TRIALS = 3
 T_MAX = 3000  # the top-K network run's cap per phase
+
+
+def public_run(data: TranscriptData) -> PublicRun:
+    """A transcript's arrays (:func:`load_transcript_arrays`) as the replay takes them."""
+    return PublicRun(
+        data["n"],
+        data["edges"],
+        data["phases"],
+        data["cs"],
+        data["theta"],
+        data["z0"],
+        data["x"],
+        data["departed"],
+    )
 
 
 def graph_file(folder: Path) -> Path:
@@ -200,10 +214,7 @@ def test_the_live_replay_reaches_the_offline_exposures(tmp_path: Path, op: str) 
         assert not replay.advance(force=True)  # ... and steps nothing after it
         assert replay.t_next == ran.max()
         data = load_transcript_arrays(db)
-        offline = replay_exposures(
-            data["n"], data["edges"], data["phases"], data["cs"], data["theta"], data["z0"], data["x"],
-            data["departed"], early_stop=True,
-        )  # fmt: skip
+        offline = replay_exposures(public_run(data), early_stop=True)
         live = replay.result()
         assert np.array_equal(live.first, offline.first)
         assert np.array_equal(live.first, sim.first_match[b])
@@ -298,10 +309,7 @@ async def test_topk_network_split_live_and_offline_attacks_agree_with_the_truth(
     data = load_transcript_arrays(db)
     s = draw_values(cfg.values, cfg.seed, 1, cfg.n)[0]
     truth = first_matches(data["x"], s)
-    offline = replay_exposures(
-        data["n"], data["edges"], data["phases"], data["cs"], data["theta"], data["z0"], data["x"],
-        data["departed"], early_stop=True,
-    )  # fmt: skip
+    offline = replay_exposures(public_run(data), early_stop=True)
     live = replay.result()
     assert np.array_equal(offline.first, truth)
     assert np.array_equal(live.first, truth)

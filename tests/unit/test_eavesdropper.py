@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from adversary.capture.eavesdropper import Eavesdropper
-from adversary.live import LiveReplay, replay_exposures
+from adversary.live import LiveReplay, PublicRun, replay_exposures
 from adversary.simulated import simulate_transcript, trial_x
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
@@ -34,16 +34,9 @@ def test_replay_finds_exactly_the_simulators_matching_events(op: str, early_stop
     phases = plan_phases(cfg)
     x = trial_x(sim, 0)
     assert np.isnan(x).any() == early_stop
-    ex = replay_exposures(
-        cfg.n,
-        run_edges(cfg),
-        phases,
-        [phase_c(cfg, p) for p in phases],
-        cfg.theta,
-        sim.z0,
-        x,
-        early_stop=early_stop,
-    )
+    cs = [phase_c(cfg, p) for p in phases]
+    run = PublicRun(cfg.n, run_edges(cfg), phases, cs, cfg.theta, sim.z0, x)
+    ex = replay_exposures(run, early_stop=early_stop)
     assert np.array_equal(ex.first, sim.first_match[0])
     exposed = ex.first >= 0
     assert np.array_equal(ex.value[exposed], sim.values[0][exposed])
@@ -58,7 +51,7 @@ def test_replay_marks_missing_data_unknown() -> None:
     x = sim.recorded_x[:, 0, :].T.copy()
     x[3, 10] = np.nan
     phases = plan_phases(cfg)
-    ex = replay_exposures(cfg.n, run_edges(cfg), phases, [cfg.c_value], cfg.theta, sim.z0, x)
+    ex = replay_exposures(PublicRun(cfg.n, run_edges(cfg), phases, [cfg.c_value], cfg.theta, sim.z0, x))
     assert ex.branch[3, 10] == -1
     assert (ex.branch[:, :10] >= 0).all()
 
