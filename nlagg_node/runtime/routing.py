@@ -122,20 +122,17 @@ class Router:
                 target.on_z0(msg)
             else:
                 target.on_sealed_z0(msg)
-        elif isinstance(msg, KeyMsg):
+        elif isinstance(msg, KeyMsg | StatusMsg):
             listeners = self.listeners.get(msg.node)
             if listeners is None:
-                self._unrouted(f"key of node {msg.node}, not a neighbour of {sorted(self.by_id)}")
+                what = "key" if isinstance(msg, KeyMsg) else "status"
+                self._unrouted(f"{what} of node {msg.node}, not a neighbour of {sorted(self.by_id)}")
                 return
             for m in listeners:
-                m.on_key(msg)
-        elif isinstance(msg, StatusMsg):
-            listeners = self.listeners.get(msg.node)
-            if listeners is None:
-                self._unrouted(f"status of node {msg.node}, not a neighbour of {sorted(self.by_id)}")
-                return
-            for m in listeners:
-                m.on_status(msg)
+                if isinstance(msg, KeyMsg):
+                    m.on_key(msg)
+                else:
+                    m.on_status(msg)
         elif isinstance(msg, ConfigMsg):
             for m in self.members:
                 m.on_config(msg)
