@@ -22,14 +22,20 @@ Run: python benchmarks/bench_sim.py [--whole-process] [--trials 1000] [--t-max 3
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nlagg_node.sim import SimResult
 
 ROOT = Path(__file__).resolve().parents[1]
 C, MU_Z = 10.0, 100.0
@@ -175,6 +181,91 @@ def whole_process(trials: int, t_max: int, repeat: int) -> int:
     return 0 if ratio >= 4 else 1
 
 
+# The bit-equality check of any change to the simulator: one digest over every operator, early
+# stopping and the fixed schedule, serial (< 8 trials) and parallel kernels, a shared graph, a
+# progress bar's chunks, early stop on a graph that may lose nodes, and departures (with early
+# stopping and may_depart, and on the fixed schedule) that split the graph.
+_OPS = ("max", "min", "topk", "median", "quantile", "trimmed-mean", "average")
+_ARTICULATION = [
+    (0, 1),
+    (1, 2),
+    (2, 3),
+    (0, 2),
+    (1, 3),
+    (3, 4),
+    (4, 5),
+    (5, 6),
+    (6, 7),
+    (5, 7),
+    (7, 8),
+    (6, 8),
+]
+
+
+def _digest_cases(folder: Path) -> list[tuple[str, dict[str, object], dict[int, int] | None, bool]]:
+    """(name, run options, departures, with a progress callback) of every case :func:`digest` hashes."""
+    graph = folder / "articulation.csv"
+    graph.write_text("".join(f"{i},{j}\n" for i, j in _ARTICULATION))
+    split: dict[str, object] = {"n": 9, "graph": "file", "graph_file": graph, "trials": 3, "may_depart": True}
+    cases: list[tuple[str, dict[str, object], dict[int, int] | None, bool]] = []
+    for op in _OPS:
+        for early in (True, False):
+            opts: dict[str, object] = {"op": op, "n": 10, "trials": 12, "t_max": 2500, "early_stop": early}
+            cases.append((f"{op}-{'early' if early else 'fixed'}", opts, None, False))
+    cases += [
+        ("max-serial", {"op": "max", "n": 12, "trials": 3, "t_max": 3000}, None, False),
+        ("median-ring", {"op": "median", "graph": "ring", "n": 9, "trials": 9, "t_max": 3000}, None, False),
+        ("max-progress", {"op": "max", "n": 10, "trials": 12, "t_max": 2500}, None, True),
+        (
+            "max-may-depart",
+            {"op": "max", "n": 10, "trials": 12, "t_max": 2500, "may_depart": True},
+            None,
+            False,
+        ),
+        ("max-split-early", {"op": "max", **split}, {4: 300}, False),
+        ("median-split-early", {"op": "median", **split}, {4: 300}, True),
+        ("max-split-fixed", {"op": "max", **split, "early_stop": False, "t_max": 1500}, {4: 300}, False),
+        (
+            "max-rgg-departs",
+            {"op": "max", "n": 10, "trials": 12, "may_depart": True},
+            {2: 200, 7: 900},
+            False,
+        ),
+    ]
+    return cases
+
+
+def _result_digest(result: SimResult) -> bytes:
+    """sha256 of every output array of ``result`` (not its timings)."""
+    h = hashlib.sha256()
+    arrays = [result.values, result.used_values, result.rank, result.output, result.truth_lo]
+    arrays += [result.truth_hi, result.mse, result.matched, result.first_match, result.exposed]
+    arrays += [result.first_exposed, result.converged_iterations, result.phase_iterations]
+    arrays += [result.node_iterations, result.recorded_t, result.recorded_x, *result.graphs]
+    arrays += [result.z0[g] for g in sorted(result.z0)]
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(repr((result.departed, result.components, result.departed_in)).encode())
+    return h.digest()
+
+
+def digest() -> str:
+    """sha256 over the outputs of every case of :func:`_digest_cases` (prints one line per case)."""
+    from nlagg_node import load_config, simulate
+
+    whole = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, opts, departures, watched in _digest_cases(Path(tmp)):
+            cfg = load_config(seed=3, record="all", **opts)
+            result = simulate(
+                cfg, progress=(lambda done, total: None) if watched else None, departures=departures
+            )
+            one = _result_digest(result)
+            print(f"  {name}: {one.hex()[:16]} (iterations {result.phase_iterations.mean():.0f})")
+            whole.update(one)
+    return whole.hexdigest()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
@@ -183,7 +274,11 @@ def main() -> int:
     ap.add_argument("--whole-process", action="store_true", help="time whole commands side by side")
     ap.add_argument("--repeat", type=int, default=2, help="whole-process runs per side; the best counts")
     ap.add_argument("--numpy-model", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--digest", action="store_true", help="print the simulator's output digest")
     args = ap.parse_args()
+    if args.digest:
+        print(f"simulator output digest: {digest()}")
+        return 0
     if args.numpy_model:
         numpy_model(args.trials, args.t_max)
         return 0

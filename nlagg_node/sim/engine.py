@@ -37,8 +37,9 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
-from ..termination import NO_STOP, stop_reach
+from ..termination import NO_STOP
 from ..threat import known_duals, solvable
+from ..valuemap import ValueScale
 from .departures import SimDepartures, largest_truth, survivor_mse, survivor_truth
 from .values import run_values
 
@@ -167,6 +168,314 @@ def _detect(
     x[running] = np.nan
 
 
+@dataclass
+class _Plan:
+    """What a run is before its first iteration: graphs, values, phases, departures, targets."""
+
+    cfg: RunConfig
+    graphs: list[IntArray]
+    s: FloatArray  # (B, n) private values, user units
+    s_used: FloatArray  # (B n,) what the dynamics use, protocol units
+    scale: ValueScale
+    gens: list[np.random.Generator]
+    phases: list[Phase]
+    secret: frozenset[str]
+    dep: SimDepartures | None
+    # With early stopping a planned departure may not happen (its component stopped first): one
+    # target per set of departures that may have happened, the first q departure iterations
+    # (q = 0 .. all), picked at the end.
+    dep_sets: list[dict[int, int]]
+    targets: list[tuple[FloatArray, FloatArray]]  # per phase: (Q, B) lo and hi, Q = len(dep_sets)
+    record: IntArray
+    chunk: int  # iterations per kernel call
+    parallel: bool
+
+    @property
+    def t_total(self) -> int:
+        return sum(p.t_len for p in self.phases)
+
+
+def _plan(cfg: RunConfig, departures: Mapping[int, int] | None, watched: bool) -> _Plan:
+    """Draw the graphs and values of a resolved ``cfg``, plan its phases and their targets."""
+    import numba
+
+    B, n = cfg.trials, cfg.n
+    graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
+    s = run_values(cfg)  # user units, checked against the declared range
+    scale = scale_for(cfg)
+    gens = node_generators(cfg.seed, B, n)
+    noise = value_noise(cfg)
+    s_proto = np.asarray(scale.to_protocol(s), dtype=np.float64)
+    s_used = np.array(
+        [perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s_proto.ravel(), gens, strict=True)]
+    )
+    phases = plan_phases(cfg)
+    t_total = sum(p.t_len for p in phases)
+    dep = SimDepartures(cfg, departures, t_total, graphs) if departures else None
+    dep_sets = [dep.at] if dep is not None else [{}]
+    if dep is not None and cfg.early_stop:
+        times = sorted(set(dep.at.values()))
+        dep_sets = [{j: t for j, t in dep.at.items() if t in times[:q]} for q in range(len(times) + 1)]
+    # The targets convergence is judged against: the survivors'.
+    per_set = (phase_targets(cfg, phases, s_used.reshape(B, n)[:, survivors(n, d)]) for d in dep_sets)
+    targets = [
+        (np.array([lo for lo, _ in rows]), np.array([hi for _, hi in rows]))
+        for rows in zip(*per_set, strict=True)
+    ]
+    return _Plan(
+        cfg=cfg,
+        graphs=graphs,
+        s=s,
+        s_used=s_used,
+        scale=scale,
+        gens=gens,
+        phases=phases,
+        secret=secret_groups_of(cfg, phases),
+        dep=dep,
+        dep_sets=dep_sets,
+        targets=targets,
+        record=np.array(parse_record_spec(cfg.record, t_total), dtype=np.int64),
+        # One kernel call per phase, or about fifty when someone watches the progress; a parallel
+        # region only for enough trials to share out.
+        chunk=max(1, t_total // 50) if watched else max(1, t_total),
+        parallel=cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1,
+    )
+
+
+def stop_reaches(cfg: RunConfig, graphs: list[IntArray], layout: EdgeLayout) -> IntArray:
+    """Each trial's stop reach :func:`~nlagg_node.termination.stop_reach` (0 without early stopping).
+
+    The diameters come from compiled code, once per distinct graph (trials of a fixed graph
+    kind share theirs), all at once.
+    """
+    if not cfg.early_stop:
+        return np.zeros(len(graphs), dtype=np.int64)
+    if cfg.may_depart:
+        return np.full(len(graphs), cfg.n - 1, dtype=np.int64)
+    from .kernel import diameters
+
+    first: dict[int, int] = {}
+    owner = np.array([first.setdefault(id(g), b) for b, g in enumerate(graphs)], dtype=np.int64)
+    distinct = np.array(sorted(first.values()), dtype=np.int64)
+    order, starts = _out_edge_slices(layout)
+    found = diameters(starts.astype(np.int64), layout.dst[order].astype(np.int64), cfg.n, distinct)
+    if (found < 0).any():
+        raise ValueError("the graph is not connected")
+    by_trial = np.zeros(len(graphs), dtype=np.int64)
+    by_trial[distinct] = found
+    return np.asarray(by_trial[owner], dtype=np.int64)
+
+
+@dataclass
+class _State:
+    """What the iterations change: the layout (departures drop edges), duals, x and what is tracked."""
+
+    layout: EdgeLayout
+    pair_start: IntArray
+    u: FloatArray
+    x: FloatArray
+    recorded_x: FloatArray  # (R, B, n)
+    matched: BoolArray
+    first_match: IntArray
+    solved_at: IntArray
+    conv: IntArray
+    all_converged: BoolArray
+    phase_iterations: IntArray
+    node_iterations: IntArray
+    # Early stop (nlagg_node.termination), per node: the last W x's, quiet counter, stop iteration,
+    # iterations in the phase once stopped (-1 while running); the departure iterations each node
+    # knows of (this phase), those it detected at the last barrier, and the planned departures that
+    # did not happen (the node's component had stopped: it finished).
+    reach: IntArray
+    hist: FloatArray
+    kq: IntArray
+    ev: IntArray
+    halt: IntArray
+    dep_t: IntArray
+    dep_known: BoolArray
+    fresh: BoolArray
+    moot: BoolArray
+    finals: list[FloatArray] = field(default_factory=list)
+    identified: list[FloatArray] = field(default_factory=list)
+    z0: dict[str, FloatArray] = field(default_factory=dict)
+    group: str = ""
+    t0: int = 0
+    rec_ptr: int = 0
+    loop_seconds: float = 0.0
+
+    @property
+    def recorded_flat(self) -> FloatArray:
+        """``recorded_x`` as (R, B n), the kernel's view."""
+        return self.recorded_x.reshape(self.recorded_x.shape[0], self.x.shape[0])
+
+
+def _new_state(plan: _Plan) -> _State:
+    cfg, dep = plan.cfg, plan.dep
+    B, n = cfg.trials, cfg.n
+    layout = EdgeLayout.from_graphs(n, plan.graphs)
+    N = layout.n_nodes
+    early = cfg.early_stop
+    dep_t = np.array(sorted(set(dep.at.values())) if dep is not None and early else [], dtype=np.int64)
+    return _State(
+        layout=layout,
+        pair_start=np.concatenate([[0], np.cumsum([len(g) for g in plan.graphs])]).astype(np.int64),
+        u=np.empty(len(layout.src)),
+        x=np.zeros(N),
+        recorded_x=np.empty((len(plan.record), B, n)),
+        matched=np.zeros(N, dtype=bool),
+        first_match=np.full(N, -1, dtype=np.int64),
+        solved_at=np.full(N, -1, dtype=np.int64),
+        conv=np.zeros(B, dtype=np.int64),
+        all_converged=np.ones(B, dtype=bool),
+        phase_iterations=np.zeros((B, len(plan.phases)), dtype=np.int64),
+        node_iterations=np.zeros((B, n, len(plan.phases)), dtype=np.int64),
+        reach=stop_reaches(cfg, plan.graphs, layout),
+        hist=np.zeros((N, cfg.stop_window_value if early else 1)),
+        kq=np.zeros(N, dtype=np.int64),
+        ev=np.full(N, NO_STOP, dtype=np.int64),
+        halt=np.full(N, -1, dtype=np.int64),
+        dep_t=dep_t,
+        dep_known=np.zeros((N, len(dep_t)), dtype=bool),
+        fresh=np.zeros((N, len(dep_t)), dtype=bool),
+        moot=np.zeros(N, dtype=bool),
+    )
+
+
+def _enter_phase(plan: _Plan, st: _State, phase: Phase) -> FloatArray:
+    """Duals of a new group, the average's solved values, the stop state reset; the phase's values."""
+    cfg, dep = plan.cfg, plan.dep
+    layout = st.layout
+    N = layout.n_nodes
+    if phase.group != st.group:
+        st.group = phase.group
+        order, starts = _out_edge_slices(layout)
+        st.u, z0 = _draw_signed_duals(phase, layout, plan.gens, order, starts)
+        st.z0[st.group] = dep.full_order(z0) if dep is not None else z0
+        st.identified = []
+    if phase.objective.kind == "quadratic":
+        # The first x of an average phase solves for s_i wherever the duals are known.
+        known = known_duals(st.group in plan.secret, layout.src, layout.dst)  # the simulator corrupts no node
+        ok = solvable(layout.src, layout.dst, N, known) & (st.solved_at < 0)
+        st.solved_at[ok] = st.t0
+    skip = bypassed(phase, plan.s_used, np.array(st.identified).reshape(-1, N), cfg.epsilon)
+    s_eff = np.ascontiguousarray(effective_values(phase, plan.s_used, skip), dtype=np.float64)
+    if dep is not None:
+        s_eff = dep.mask_values(s_eff)
+    st.kq[:] = 0
+    st.ev[:] = NO_STOP
+    st.halt[:] = -1
+    st.dep_known[:] = False
+    st.fresh[:] = False
+    if cfg.early_stop and dep is not None and dep.gone:
+        st.halt.reshape(cfg.trials, cfg.n)[:, sorted(dep.gone)] = 0  # departed: no iteration of this phase
+    return s_eff
+
+
+def _run_span(
+    plan: _Plan,
+    st: _State,
+    phase: Phase,
+    s_eff: FloatArray,
+    targets: tuple[FloatArray, FloatArray],
+    span: tuple[int, int],
+    judged: tuple[IntArray, IntArray],
+) -> None:
+    """Iterations ``span = (start, stop)`` of the phase (phase-local) in one kernel call."""
+    from .kernel import run_phase  # numba: compiled (or loaded from cache) on first use
+
+    cfg, layout, obj = plan.cfg, st.layout, phase.objective
+    c = phase_c(cfg, phase)
+    start, stop = span
+    last_bad, ran = judged
+    tick = time.perf_counter()
+    st.rec_ptr = run_phase(
+        (st.u, layout.src, layout.dst, st.pair_start, c * layout.degree),
+        (s_eff, plan.s_used),
+        (c, cfg.theta, obj.kind == "quadratic", obj.alpha, obj.beta),
+        (cfg.n, st.t0 + start, start, stop - start),
+        (targets[0], targets[1], cfg.tolerance, st.matched, st.first_match, last_bad),
+        (plan.record, st.recorded_flat, st.rec_ptr),
+        st.x,
+        (cfg.early_stop, cfg.stop_window_value, st.reach, st.hist, st.kq, st.ev, ran, st.halt),
+        (st.dep_t, st.dep_known, st.fresh),
+        plan.parallel,
+    )
+    st.loop_seconds += time.perf_counter() - tick
+
+
+def _depart(plan: _Plan, st: _State, dep: SimDepartures, gone: list[int], t_end: int) -> None:
+    """The nodes ``gone`` depart after iteration ``t_end - 1``: their last x is dropped, their
+    neighbours detect it (early stop) and their edges leave the layout."""
+    B, n = plan.cfg.trials, plan.cfg.n
+    # Their x^(T) was computed here but never published: not recorded, matches nothing.
+    cols = (np.arange(B)[:, None] * n + np.array(gone)[None, :]).ravel()
+    recorded_flat = st.recorded_flat
+    recorded_flat[plan.record == t_end - 1, cols[:, None]] = np.nan
+    late = cols[st.first_match[cols] == t_end - 1]
+    st.matched[late], st.first_match[late] = False, -1
+    if plan.cfg.early_stop:
+        _detect(st.layout, cols, t_end - 1, st.t0, st.dep_t, st.halt, st.x, st.fresh, st.moot)
+    st.layout, st.u, st.pair_start = dep.apply(gone, st.layout, st.u, st.pair_start)
+
+
+def _record_rest(plan: _Plan, st: _State, until: int) -> None:
+    """Every trial has stopped: x is final for the recorded iterations before ``until``."""
+    flat = st.recorded_flat
+    while st.rec_ptr < len(plan.record) and plan.record[st.rec_ptr] < until:
+        flat[st.rec_ptr] = st.x
+        st.rec_ptr += 1
+
+
+def _run_phase(
+    plan: _Plan, st: _State, phase: Phase, targets: tuple[FloatArray, FloatArray], progress: Progress | None
+) -> None:
+    """One phase: kernel calls between the progress reports and departures, then its accounting."""
+    cfg, dep = plan.cfg, plan.dep
+    s_eff = _enter_phase(plan, st, phase)
+    last_bad = np.full((len(plan.dep_sets), cfg.trials), -1, dtype=np.int64)
+    ran = np.full(cfg.trials, -1, dtype=np.int64)
+    cuts = sorted(
+        {*range(plan.chunk, phase.t_len, plan.chunk), *(dep.cuts(st.t0, phase.t_len) if dep else [])}
+    )
+    for start, stop in zip([0, *cuts], [*cuts, phase.t_len], strict=True):
+        if cfg.early_stop and (ran >= 0).all():
+            _record_rest(plan, st, st.t0 + phase.t_len)
+            break
+        _run_span(plan, st, phase, s_eff, targets, (start, stop), (last_bad, ran))
+        gone = dep.due(st.t0 + stop) if dep is not None else []
+        if dep is not None and gone:
+            _depart(plan, st, dep, gone, st.t0 + stop)
+            s_eff = dep.mask_values(s_eff)
+        if progress is not None:
+            progress(st.t0 + stop, plan.t_total)
+    _end_phase(plan, st, phase, last_bad, np.where(ran >= 0, ran, phase.t_len))
+
+
+def _end_phase(plan: _Plan, st: _State, phase: Phase, last_bad: IntArray, ran: IntArray) -> None:
+    """The phase's iterations, convergence (against the target of the departures that happened)
+    and final x."""
+    cfg, dep = plan.cfg, plan.dep
+    B, n = cfg.trials, cfg.n
+    p = len(st.finals)
+    st.phase_iterations[:, p] = ran
+    if cfg.early_stop and dep is not None:  # departures never reached: every trial had stopped before
+        late = [j for j, at in dep.at.items() if st.t0 <= at < st.t0 + phase.t_len and j not in dep.gone]
+        st.moot.reshape(B, n)[:, late] = True
+    if dep is not None and len(plan.dep_sets) > 1:
+        happened = ~st.moot.reshape(B, n)[:, np.array(list(dep.at))]
+        at = np.array(list(dep.at.values()))
+        q = np.array([len(set(at[h].tolist())) for h in happened])
+        bad = last_bad[q, np.arange(B)]
+    else:
+        bad = last_bad[0]
+    st.node_iterations[:, :, p] = np.where(st.halt >= 0, st.halt, phase.t_len).reshape(B, n)
+    st.all_converged &= bad < ran - 1
+    st.conv += bad + 1
+    st.finals.append(st.x.reshape(B, n).copy())
+    st.identified.append(st.x.copy())
+    st.t0 += phase.t_len
+
+
 def simulate(
     cfg: RunConfig, progress: Progress | None = None, departures: Mapping[int, int] | None = None
 ) -> SimResult:
@@ -183,214 +492,50 @@ def simulate(
         output of a departed node is NaN, ``truth_lo/hi`` are those of the survivors' largest
         component and ``mse`` measures every survivor against its own component's aggregate.
     """
-    import numba
-
-    from .kernel import run_phase  # numba: compiled (or loaded from cache) on first use
-
     started = time.perf_counter()
-    cfg = cfg.resolved()
-    B, n = cfg.trials, cfg.n
-    graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
-    s = run_values(cfg)  # user units, checked against the declared range
-    scale = scale_for(cfg)
-    gens = node_generators(cfg.seed, B, n)
-    noise = value_noise(cfg)
-    s_proto = np.asarray(scale.to_protocol(s), dtype=np.float64)
-    s_used = np.array(
-        [perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s_proto.ravel(), gens, strict=True)]
-    )
-    layout = EdgeLayout.from_graphs(n, graphs)
-    phases = plan_phases(cfg)
-    secret = secret_groups_of(cfg, phases)
-    t_total = sum(p.t_len for p in phases)
-    dep = SimDepartures(cfg, departures, t_total, graphs) if departures else None
-    # The targets convergence is judged against: the survivors'. With early stopping a planned
-    # departure may not happen (its component stopped first): one target per set of departures
-    # that may have happened, the first q departure iterations (q = 0 .. all), picked at the end.
-    dep_sets = [dep.at] if dep is not None else [{}]
-    if dep is not None and cfg.early_stop:
-        times = sorted(set(dep.at.values()))
-        dep_sets = [{j: t for j, t in dep.at.items() if t in times[:q]} for q in range(len(times) + 1)]
-    targets = [
-        (np.array([lo for lo, _ in per_set]), np.array([hi for _, hi in per_set]))
-        for per_set in zip(
-            *(phase_targets(cfg, phases, s_used.reshape(B, n)[:, survivors(n, d)]) for d in dep_sets),
-            strict=True,
-        )
-    ]
-    record = np.array(parse_record_spec(cfg.record, t_total), dtype=np.int64)
-    recorded_x = np.empty((len(record), B, n))
-
-    N, E = layout.n_nodes, len(layout.src)
-    order, starts = _out_edge_slices(layout)
-    pair_start = np.concatenate([[0], np.cumsum([len(g) for g in graphs])]).astype(np.int64)
-    matched = np.zeros(N, dtype=bool)
-    first_match = np.full(N, -1, dtype=np.int64)
-    conv = np.zeros(B, dtype=np.int64)
-    all_converged = np.ones(B, dtype=bool)
-    finals: list[FloatArray] = []
-    identified: list[FloatArray] = []
-    z0: dict[str, FloatArray] = {}
-    u = np.empty(E)
-    x = np.zeros(N)
-    recorded_flat = recorded_x.reshape(len(record), N)
-    solved_at = np.full(N, -1, dtype=np.int64)
-    group = ""
-    t0 = 0
-    rec_ptr = 0
-    # One kernel call per phase, or about fifty when someone watches the progress; a parallel
-    # region only for enough trials to share out.
-    chunk = max(1, t_total // 50) if progress is not None else max(1, t_total)
-    parallel = cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1
-    loop_seconds = 0.0
-    early = cfg.early_stop
-    window = cfg.stop_window_value
-    reach = np.array([stop_reach(n, g, cfg.may_depart) for g in graphs] if early else [0] * B, dtype=np.int64)
-    hist = np.zeros((N, window if early else 1))
-    kq = np.zeros(N, dtype=np.int64)
-    ev = np.full(N, NO_STOP, dtype=np.int64)
-    halt = np.full(N, -1, dtype=np.int64)  # early stop: each node's iterations in the phase once stopped
-    dep_t = np.array(sorted(set(dep.at.values())) if dep is not None and early else [], dtype=np.int64)
-    dep_known = np.zeros((N, len(dep_t)), dtype=bool)  # departures each node knows of (this phase)
-    fresh = np.zeros((N, len(dep_t)), dtype=bool)  # ... and those it detected at the last barrier
-    moot = np.zeros(N, dtype=bool)  # planned to depart, but its component had stopped (it finished)
-    phase_iterations = np.zeros((B, len(phases)), dtype=np.int64)
-    node_iterations = np.zeros((B, n, len(phases)), dtype=np.int64)
-    for phase, (tlo, thi) in zip(phases, targets, strict=True):
-        c = phase_c(cfg, phase)
-        cd = c * layout.degree
-        if phase.group != group:
-            group = phase.group
-            u, z0[group] = _draw_signed_duals(phase, layout, gens, order, starts)
-            if dep is not None:
-                z0[group] = dep.full_order(z0[group])
-            identified = []
-        if phase.objective.kind == "quadratic":
-            # The first x of an average phase solves for s_i wherever the duals are known.
-            known = known_duals(group in secret, layout.src, layout.dst)  # the simulator corrupts no node
-            ok = solvable(layout.src, layout.dst, N, known) & (solved_at < 0)
-            solved_at[ok] = t0
-        skip = bypassed(phase, s_used, np.array(identified).reshape(-1, N), cfg.epsilon)
-        s_eff = np.ascontiguousarray(effective_values(phase, s_used, skip), dtype=np.float64)
-        if dep is not None:
-            s_eff = dep.mask_values(s_eff)
-        last_bad = np.full((len(dep_sets), B), -1, dtype=np.int64)
-        ran = np.full(B, -1, dtype=np.int64)
-        kq[:] = 0
-        ev[:] = NO_STOP
-        halt[:] = -1
-        dep_known[:] = False
-        fresh[:] = False
-        if early and dep is not None and dep.gone:
-            halt.reshape(B, n)[:, sorted(dep.gone)] = 0  # departed: no iteration of this phase
-        obj = phase.objective
-        cuts = sorted({*range(chunk, phase.t_len, chunk), *(dep.cuts(t0, phase.t_len) if dep else [])})
-        for start, stop in zip([0, *cuts], [*cuts, phase.t_len], strict=True):
-            if early and (ran >= 0).all():  # every trial has stopped: x is final for the rest
-                while rec_ptr < len(record) and record[rec_ptr] < t0 + phase.t_len:
-                    recorded_flat[rec_ptr] = x
-                    rec_ptr += 1
-                break
-            steps = stop - start
-            tick = time.perf_counter()
-            rec_ptr = run_phase(
-                u,
-                layout.src,
-                layout.dst,
-                pair_start,
-                s_eff,
-                s_used,
-                cd,
-                c,
-                cfg.theta,
-                obj.kind == "quadratic",
-                obj.alpha,
-                obj.beta,
-                n,
-                t0 + start,
-                start,
-                steps,
-                tlo,
-                thi,
-                cfg.tolerance,
-                matched,
-                first_match,
-                last_bad,
-                record,
-                recorded_flat,
-                rec_ptr,
-                x,
-                early,
-                window,
-                reach,
-                hist,
-                kq,
-                ev,
-                ran,
-                halt,
-                dep_t,
-                dep_known,
-                fresh,
-                parallel,
-            )
-            loop_seconds += time.perf_counter() - tick
-            gone = dep.due(t0 + stop) if dep is not None else []
-            if dep is not None and gone:
-                # Their x^(T) was computed here but never published: not recorded, matches nothing.
-                cols = (np.arange(B)[:, None] * n + np.array(gone)[None, :]).ravel()
-                recorded_flat[record == t0 + stop - 1, cols[:, None]] = np.nan
-                late = cols[first_match[cols] == t0 + stop - 1]
-                matched[late], first_match[late] = False, -1
-                if early:
-                    _detect(layout, cols, t0 + stop - 1, t0, dep_t, halt, x, fresh, moot)
-                layout, u, pair_start = dep.apply(gone, layout, u, pair_start)
-                order, starts = _out_edge_slices(layout)
-                E = len(layout.src)
-                cd = c * layout.degree
-                s_eff = dep.mask_values(s_eff)
-            if progress is not None:
-                progress(t0 + start + steps, t_total)
-        ran = np.where(ran >= 0, ran, phase.t_len)
-        phase_iterations[:, len(finals)] = ran
-        if early and dep is not None:  # departures never reached: every trial had stopped before
-            late = [j for j, at in dep.at.items() if t0 <= at < t0 + phase.t_len and j not in dep.gone]
-            moot.reshape(B, n)[:, late] = True
-        if dep is not None and len(dep_sets) > 1:  # the target of the departures that happened
-            happened = ~moot.reshape(B, n)[:, np.array(list(dep.at))]
-            at = np.array(list(dep.at.values()))
-            q = np.array([len(set(at[h].tolist())) for h in happened])
-            last_bad = last_bad[q, np.arange(B)]
-        else:
-            last_bad = last_bad[0]
-        node_iterations[:, :, len(finals)] = np.where(halt >= 0, halt, phase.t_len).reshape(B, n)
-        all_converged &= last_bad < ran - 1
-        conv += last_bad + 1
-        finals.append(x.reshape(B, n).copy())
-        identified.append(x.copy())
-        t0 += phase.t_len
+    plan = _plan(cfg.resolved(), departures, progress is not None)
+    st = _new_state(plan)
+    for phase, targets in zip(plan.phases, plan.targets, strict=True):
+        _run_phase(plan, st, phase, targets, progress)
     if progress is not None:
-        progress(t_total, t_total)
+        progress(plan.t_total, plan.t_total)
+    return _result(plan, st, time.perf_counter() - started)
 
-    output = np.asarray(scale.to_user(combine(cfg, phases, finals)), dtype=np.float64)
+
+def _departure_outcome(
+    plan: _Plan, st: _State, dep: SimDepartures
+) -> tuple[list[dict[int, int]], list[list[list[int]]]]:
+    """Per trial, the departures that happened and the components they left; a departed node's
+    iterations end at its departure."""
+    B, n = plan.cfg.trials, plan.cfg.n
+    moot_in = st.moot.reshape(B, n)
+    departed_in = [{j: t for j, t in dep.at.items() if not moot_in[b, j]} for b in range(B)]
+    comps = [
+        dep.components[b] if not moot_in[b].any() else components(n, plan.graphs[b], departed_in[b])
+        for b in range(B)
+    ]
+    starts = np.cumsum([0] + [p.t_len for p in plan.phases])[:-1]
+    for b, left in enumerate(departed_in):  # a departed node ran its phases up to its departure
+        for j, t_left in left.items():
+            st.node_iterations[b, j] = np.minimum(st.node_iterations[b, j], np.clip(t_left - starts, 0, None))
+    return departed_in, comps
+
+
+def _result(plan: _Plan, st: _State, wall: float) -> SimResult:
+    """The run's outputs, their errors against the truth and what the adversary saw."""
+    cfg, dep, s = plan.cfg, plan.dep, plan.s
+    B, n = cfg.trials, cfg.n
+    output = np.asarray(plan.scale.to_user(combine(cfg, plan.phases, st.finals)), dtype=np.float64)
     truth_lo, truth_hi = true_aggregate(cfg, s)
-    solved = solved_at >= 0
-    exposed = matched | solved
+    solved = st.solved_at >= 0
+    matched, first_match, solved_at = st.matched, st.first_match, st.solved_at
     first_exposed = np.where(
         matched & solved, np.minimum(first_match, solved_at), np.where(matched, first_match, solved_at)
     )
     departed_in: list[dict[int, int]] = []
     comps: list[list[list[int]]] = []
     if dep is not None:
-        moot_in = moot.reshape(B, n)
-        departed_in = [{j: t for j, t in dep.at.items() if not moot_in[b, j]} for b in range(B)]
-        comps = [
-            dep.components[b] if not moot_in[b].any() else components(n, graphs[b], departed_in[b])
-            for b in range(B)
-        ]
-        starts = np.cumsum([0] + [p.t_len for p in phases])[:-1]
-        for b, left in enumerate(departed_in):  # a departed node ran its phases up to its departure
-            for j, t_left in left.items():
-                node_iterations[b, j] = np.minimum(node_iterations[b, j], np.clip(t_left - starts, 0, None))
+        departed_in, comps = _departure_outcome(plan, st, dep)
         node_lo, node_hi = survivor_truth(cfg, s, comps)
         mse = survivor_mse(output, node_lo, node_hi)
         truth_lo, truth_hi = largest_truth(node_lo, node_hi, comps)
@@ -400,30 +545,29 @@ def simulate(
     else:
         err = distance_to(output, truth_lo[:, None], truth_hi[:, None])
         mse = (err**2).mean(axis=1)
-    rank = np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1)
     return SimResult(
         config=cfg,
-        phases=phases,
-        graphs=graphs,
+        phases=plan.phases,
+        graphs=plan.graphs,
         values=s,
-        used_values=np.asarray(scale.to_user(s_used.reshape(B, n)), dtype=np.float64),
-        rank=rank,
+        used_values=np.asarray(plan.scale.to_user(plan.s_used.reshape(B, n)), dtype=np.float64),
+        rank=np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1),
         output=output,
         truth_lo=truth_lo,
         truth_hi=truth_hi,
         mse=mse,
         matched=matched.reshape(B, n),
         first_match=first_match.reshape(B, n),
-        exposed=exposed.reshape(B, n),
+        exposed=(matched | solved).reshape(B, n),
         first_exposed=first_exposed.reshape(B, n),
-        converged_iterations=np.where(all_converged, conv, -1),
-        phase_iterations=phase_iterations,
-        node_iterations=node_iterations,
-        recorded_t=record,
-        recorded_x=recorded_x,
-        z0=z0,
-        wall_seconds=time.perf_counter() - started,
-        extra={"directed_edges": float(E), "loop_seconds": loop_seconds},
+        converged_iterations=np.where(st.all_converged, st.conv, -1),
+        phase_iterations=st.phase_iterations,
+        node_iterations=st.node_iterations,
+        recorded_t=plan.record,
+        recorded_x=st.recorded_x,
+        z0=st.z0,
+        wall_seconds=wall,
+        extra={"directed_edges": float(len(st.layout.src)), "loop_seconds": st.loop_seconds},
         departed=dict(dep.at) if dep is not None else {},
         components=comps,
         departed_in=departed_in,

@@ -13,6 +13,25 @@ edges for the dual sums, one over its nodes for x (matching events, convergence
 tracking and recording fused in), one over its edge pairs for the z-update, with no
 allocation.
 
+Early stopping (:mod:`nlagg_node.termination`) where no node departs: every node of a trial stops
+at the same iteration ``t* + D``, ``t*`` the first iteration at which a node's quiet counter reaches
+``D + W`` (the rule's proof), so the kernel keeps the quiet counters (updated only at quiet nodes)
+and the trial's one stop iteration, and after the proposal nothing more. Where nodes may stop or
+depart apart, each node's stop iteration and known departures as the nodes keep them.
+
+The run's arguments come in groups (tuples), unpacked once per trial:
+
+* ``graph``: ``(u, src, dst, pair_start, cd)``, the signed duals (updated in place), the directed
+  edges, each trial's first edge pair and ``c d_i`` per node;
+* ``values``: ``(s_eff, s_used)``, the values the x-update uses and those a match is judged on;
+* ``rule``: ``(c, theta, quadratic, alpha, beta)``, the phase's update rule;
+* ``span``: ``(n, t0, local0, t_len)``, the trial size, the global and phase-local iteration of
+  the first step and how many to run;
+* ``judge``: ``(target_lo, target_hi, tolerance, matched, first_match, last_bad)``;
+* ``record``: ``(record_t, recorded, rec_ptr)``;
+* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt)``;
+* ``departed``: ``(dep_t, known, fresh)``.
+
 A trial's arithmetic does not depend on which thread runs it or on how many threads
 there are, so results are bit for bit those of a serial run. The dual sum adds each
 node's out-edges in array order, exactly as :func:`nlagg_node.pdmm.dual_sum`
@@ -40,76 +59,19 @@ _next_stop: Any = numba.njit(termination.next_stop)
 _stop_threshold: Any = numba.njit(termination.stop_threshold)
 _live_stop: Any = numba.njit(termination.live_stop)
 _voids: Any = numba.njit(termination.voids)
+_csr_diameter: Any = numba.njit(termination.csr_diameter)
 _DEPENDS = (pdmm, termination)  # compiled into the kernels: their cache follows these sources too
 
 
-@njit(nogil=True, depends=_DEPENDS)
-def run_trial(
-    b: int,
-    tracked: bool,
-    u: Any,
-    src: Any,
-    dst: Any,
-    p0: int,
-    p1: int,
-    s_eff: Any,
-    s_used: Any,
-    cd: Any,
-    c: float,
-    theta: float,
-    quadratic: bool,
-    alpha: float,
-    beta: float,
-    n: int,
-    t0: int,
-    local0: int,
-    t_len: int,
-    lo: Any,
-    hi: Any,
-    matched: Any,
-    first_match: Any,
-    last_bad: Any,
-    record_t: Any,
-    recorded: Any,
-    rec_ptr: int,
-    x: Any,
-    early: bool,
-    quiet_tol: float,
-    window: int,
-    threshold: int,
-    reach: int,
-    hist: Any,
-    kq: Any,
-    ev: Any,
-    ran: Any,
-    halt: Any,
-    dep_t: Any,
-    known: Any,
-    fresh: Any,
-) -> None:
-    """``t_len`` iterations of trial ``b``: nodes ``b n .. b n + n - 1``, edge pairs ``p0 .. p1 - 1``.
+@numba.njit
+def _load_trial(u: Any, src: Any, dst: Any, p0: int, p1: int, g0: int) -> Any:
+    """The trial's duals and edge ends (local node ids) in contiguous buffers.
 
-    The trial's duals, edge ends (as local node ids) and node data are copied into
-    small contiguous buffers first and written back at the end. ``lo``/``hi`` are the
-    trial's target interval widened by the tolerance; see :func:`run_phase` for the rest.
-
-    With ``early``, the trial keeps the quiet counters ``kq`` and stop iterations ``ev`` of
-    :mod:`nlagg_node.termination` per node (``hist``: its last ``window`` x's) and each node stops
-    after the iteration its component agrees on: ``halt[g]`` is then its count of iterations in the
-    phase (-1 while it runs), and x stays at its final value in the recorded iterations after. The
-    stop reaches ``reach`` hops. ``known[g, d]``: node g knows the departure at iteration
-    ``dep_t[d]`` (one hop per iteration); ``fresh[g, d]``: it detected it at the last barrier (set
-    between calls), so it is not quiet now. Once every node has stopped, ``ran[b]`` is the phase's
-    iteration count (the last node's). ``tracked`` (a compile-time constant: numba compiles the
-    kernel once with each value) says whether any node can stop or depart on its own (early
-    stopping with departures); without, no per-node check is compiled in.
+    Local edge e < m is pair p0 + e (the first half), e >= m its reverse: per node, the out-edges
+    keep their global array order, so the dual sums add in that order.
     """
-    literally(tracked)
     half = u.shape[0] // 2
-    g0 = b * n
     m = p1 - p0
-    # Local edge e < m is pair p0 + e (the first half), e >= m its reverse: per node,
-    # the out-edges keep their global array order, so the dual sums add in that order.
     ul = np.empty(2 * m)
     src_l = np.empty(2 * m, dtype=np.int32)
     dst_l = np.empty(2 * m, dtype=np.int32)
@@ -120,42 +82,173 @@ def run_trial(
         src_l[m + e] = src[half + p0 + e] - g0
         dst_l[e] = dst[p0 + e] - g0
         dst_l[m + e] = dst[half + p0 + e] - g0
-    vl = np.empty(n)
-    xl = np.empty(n)
-    n_targets = lo.shape[0]
-    off = np.zeros(n_targets, dtype=np.bool_)
-    s_l = s_eff[g0 : g0 + n].copy()
-    cd_l = cd[g0 : g0 + n].copy()
-    k = rec_ptr
-    n_rec = record_t.shape[0]
-    quiet = np.zeros(n, dtype=np.bool_)
-    kmin = np.empty(n, dtype=np.int64)
-    emin = np.empty(n, dtype=np.int64)
+    return ul, src_l, dst_l
+
+
+@numba.njit
+def _local_neighbours(src_l: Any, dst_l: Any, n: int) -> Any:
+    """Each local node's neighbours, ``nb[ptr[i]:ptr[i + 1]]`` (CSR)."""
+    ptr = np.zeros(n + 1, dtype=np.int32)
+    for e in range(src_l.shape[0]):
+        ptr[src_l[e] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    nb = np.empty(src_l.shape[0], dtype=np.int32)
+    fill = ptr[:n].copy()
+    for e in range(src_l.shape[0]):
+        nb[fill[src_l[e]]] = dst_l[e]
+        fill[src_l[e]] += 1
+    return ptr, nb
+
+
+@numba.njit
+def _off_rows(xl: Any, lo: Any, hi: Any, off: Any, last_bad: Any, b: int, lt: int) -> None:
+    """``last_bad[q, b] = lt`` for the target rows q >= 1 some x lies outside of (the targets of
+    fewer departures; tracked runs only)."""
+    for q in range(1, lo.shape[0]):
+        off[q] = False
+        for i in range(xl.shape[0]):
+            off[q] = off[q] or xl[i] < lo[q] or xl[i] > hi[q]
+        if off[q]:
+            last_bad[q, b] = lt
+
+
+@numba.njit
+def _stop_apart(
+    xl: Any,
+    src_l: Any,
+    dst_l: Any,
+    g0: int,
+    lt: int,
+    now: int,
+    stop: Any,
+    departed: Any,
+    tolerance: float,
+    scratch: Any,
+) -> bool:
+    """Early stop where nodes may stop or depart apart: the rule node by node (``halting[i]``:
+    node i stops after this iteration); True if any does."""
+    window, reach, hist, kq, ev, halt = stop[1], stop[2], stop[3], stop[4], stop[5], stop[7]
+    dep_t, known, fresh = departed
+    quiet, kmin, emin, seen, halting = scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]
+    n = xl.shape[0]
     n_dep = dep_t.shape[0]
-    seen = np.empty((n, n_dep), dtype=np.bool_)
-    halting = np.zeros(n, dtype=np.bool_)
+    threshold = _stop_threshold(reach, window)
+    slot = lt % window
+    for i in range(n):
+        if halt[g0 + i] >= 0:
+            continue
+        detected = False
+        for d in range(n_dep):
+            detected = detected or fresh[g0 + i, d]
+            seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
+            fresh[g0 + i, d] = False
+        quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], tolerance)
+        hist[g0 + i, slot] = xl[i]
+        kmin[i] = kq[g0 + i]
+        emin[i] = _live_stop(ev[g0 + i], now)
+    for e in range(src_l.shape[0]):
+        a_ = src_l[e]
+        j_ = g0 + dst_l[e]
+        kmin[a_] = min(kmin[a_], kq[j_])
+        emin[a_] = min(emin[a_], _live_stop(ev[j_], now))
+        for d in range(n_dep):
+            seen[a_, d] = seen[a_, d] or known[j_, d]
+    stop_now = False
+    for i in range(n):
+        if halt[g0 + i] >= 0:
+            continue
+        for d in range(n_dep):
+            known[g0 + i, d] = seen[i, d]
+        kq[g0 + i] = _next_quiet(quiet[i], kmin[i])
+        ev[g0 + i] = _next_stop(emin[i], kq[g0 + i], now, threshold, reach)
+        if ev[g0 + i] == now:
+            void = False
+            for d in range(n_dep):
+                void = void or (known[g0 + i, d] and _voids(dep_t[d], now, reach))
+            halting[i] = not void
+            stop_now = stop_now or halting[i]
+    return stop_now
+
+
+@numba.njit
+def _halt(halting: Any, stop: Any, b: int, g0: int, ran_so_far: int, everyone: bool) -> None:
+    """The halting nodes (every node: ``everyone``) stop after ``ran_so_far`` iterations of the
+    phase; once every node has, so has the trial."""
+    ran, halt = stop[6], stop[7]
+    done = True
+    for i in range(halting.shape[0]):
+        if everyone or halting[i]:
+            halt[g0 + i] = ran_so_far
+            halting[i] = False
+        done = done and halt[g0 + i] >= 0
+    if done:
+        ran[b] = ran_so_far
+
+
+@numba.njit
+def _record_x(record: Any, k: int, xl: Any, g0: int) -> int:
+    """Store the trial's x in record slot ``k``; the next slot."""
+    for i in range(xl.shape[0]):
+        record[1][k, g0 + i] = xl[i]
+    return k + 1
+
+
+@njit(nogil=True, depends=_DEPENDS)
+def run_trial(
+    b: int,
+    tracked: bool,
+    graph: Any,
+    values: Any,
+    rule: Any,
+    span: Any,
+    judge: Any,
+    record: Any,
+    x: Any,
+    stop: Any,
+    departed: Any,
+) -> None:
+    """The iterations ``span`` gives of trial ``b`` (nodes ``b n .. b n + n - 1``), in local buffers.
+
+    The loop calls only scalar functions, and others where rare: a call with arrays per iteration
+    costs as much as the iteration. ``halt[g]``: node g's iterations in the phase once it stopped
+    (-1 while it runs), ``ran[b]`` the phase's once all have. ``tracked`` (compiled in as a
+    constant): nodes may stop or depart apart (:func:`_stop_apart`); without, they stop together.
+    """
+    literally(tracked)
+    u, src, dst, pair_start, cd = graph
+    s_eff, s_used = values
+    c, theta, quadratic, alpha, beta = rule
+    n, t0, local0, t_len = span
+    target_lo, target_hi, tolerance, matched, first_match, last_bad = judge
+    early, window, reach, hist, kq, ev, ran, halt = stop
+    g0 = b * n
+    ul, src_l, dst_l = _load_trial(u, src, dst, pair_start[b], pair_start[b + 1], g0)
+    m = ul.shape[0] // 2
+    ptr, nb = _local_neighbours(src_l, dst_l, n)
+    lo, hi = target_lo[:, b] - tolerance, target_hi[:, b] + tolerance
     lo0, hi0 = lo[0], hi[0]
-    for i in range(n):  # halted nodes keep their x; the others compute it before any use
-        xl[i] = x[g0 + i]
+    threshold = _stop_threshold(reach[b], window)
+    trial_stop = (early, window, reach[b], hist, kq, ev, ran, halt)
+    scratch = _scratch(n, departed[0].shape[0], lo.shape[0])
+    vl, knew = np.empty(n), np.empty(n, dtype=np.int64)
+    xl = x[g0 : g0 + n].copy()  # halted nodes keep their x; the others compute it before any use
+    s_l, cd_l = s_eff[g0 : g0 + n].copy(), cd[g0 : g0 + n].copy()
+    k, n_rec = record[2], record[0].shape[0]
     for t in range(t_len):
+        now, lt = t0 + t, local0 + t
+        recorded = k < n_rec and record[0][k] == now
         if ran[b] >= 0:
-            if k < n_rec and record_t[k] == t0 + t:
-                for i in range(n):
-                    recorded[k, g0 + i] = xl[i]
-                k += 1
+            k = _record_x(record, k, xl, g0) if recorded else k
             continue
         vl[:] = 0.0
         for e in range(2 * m):
             vl[src_l[e]] += ul[e]
         off0 = False
-        if tracked:  # the targets of fewer departures (the engine's; one without departures)
-            for q in range(1, n_targets):
-                off[q] = False
         for i in range(n):
-            if tracked and halt[g0 + i] >= 0:  # publishes nothing: its x stays
-                xi = xl[i]
-            else:
-                if cd_l[i] == 0.0:  # no neighbour left (nlagg_node.departure): its value, or NaN if departed
+            xi = xl[i]  # a stopped node publishes nothing: its x stays
+            if not (tracked and halt[g0 + i] >= 0):
+                if cd_l[i] == 0.0:  # no neighbour left (nlagg_node.departure): its value, or NaN
                     xi = s_l[i]
                 elif quadratic:
                     xi = _x_quadratic(vl[i], s_l[i], cd_l[i])
@@ -163,178 +256,78 @@ def run_trial(
                     xi = _x_piecewise(vl[i], s_l[i], cd_l[i], alpha, beta)
                 if not quadratic and xi == s_used[g0 + i] and not matched[g0 + i]:
                     matched[g0 + i] = True
-                    first_match[g0 + i] = t0 + t
+                    first_match[g0 + i] = now
             xl[i] = xi
             off0 = off0 or xi < lo0 or xi > hi0
-            if tracked:
-                for q in range(1, n_targets):
-                    off[q] = off[q] or xi < lo[q] or xi > hi[q]
         if off0:
-            last_bad[0, b] = local0 + t
+            last_bad[0, b] = lt
         if tracked:
-            for q in range(1, n_targets):
-                if off[q]:
-                    last_bad[q, b] = local0 + t
-        if k < n_rec and record_t[k] == t0 + t:
-            for i in range(n):
-                recorded[k, g0 + i] = xl[i]
-            k += 1
+            _off_rows(xl, lo, hi, scratch[5], last_bad, b, lt)
+        k = _record_x(record, k, xl, g0) if recorded else k
         stop_now = False
-        if early:
-            lt = local0 + t
-            slot = lt % window
-            now = t0 + t
+        if early and tracked:
+            stop_now = _stop_apart(xl, src_l, dst_l, g0, lt, now, trial_stop, departed, tolerance, scratch)
+        elif early and ev[g0] == termination.NO_STOP:  # quiet counters, where a node is quiet
+            proposed, slot, counting = False, lt % window, lt >= window
             for i in range(n):
-                if tracked and halt[g0 + i] >= 0:
-                    continue
-                detected = False
-                if tracked:
-                    for d in range(n_dep):
-                        detected = detected or fresh[g0 + i, d]
-                        seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
-                        fresh[g0 + i, d] = False
-                quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], quiet_tol)
+                quiet = counting and _is_quiet(xl[i], hist[g0 + i, slot], tolerance)
                 hist[g0 + i, slot] = xl[i]
-                kmin[i] = kq[g0 + i]
-                emin[i] = _live_stop(ev[g0 + i], now)
-            for e in range(2 * m):
-                a_ = src_l[e]
-                j_ = g0 + dst_l[e]
-                kmin[a_] = min(kmin[a_], kq[j_])
-                emin[a_] = min(emin[a_], _live_stop(ev[j_], now))
-                if tracked:
-                    for d in range(n_dep):
-                        seen[a_, d] = seen[a_, d] or known[j_, d]
+                k_min = kq[g0 + i] if quiet else 0
+                for p in range(ptr[i], ptr[i + 1] if k_min > 0 else ptr[i]):
+                    k_min = min(k_min, kq[g0 + nb[p]])
+                knew[i] = _next_quiet(quiet, k_min)
+                proposed = proposed or knew[i] >= threshold
             for i in range(n):
-                if tracked and halt[g0 + i] >= 0:
-                    continue
-                if tracked:
-                    for d in range(n_dep):
-                        known[g0 + i, d] = seen[i, d]
-                kq[g0 + i] = _next_quiet(quiet[i], kmin[i])
-                ev[g0 + i] = _next_stop(emin[i], kq[g0 + i], now, threshold, reach)
-                if ev[g0 + i] == now:
-                    void = False
-                    if tracked:
-                        for d in range(n_dep):
-                            void = void or (known[g0 + i, d] and _voids(dep_t[d], now, reach))
-                    halting[i] = not void
-                    stop_now = stop_now or halting[i]
+                kq[g0 + i] = knew[i]
+            if proposed:  # the trial's stop iteration t* + D, which its nodes all reach at t* + D
+                ev[g0 : g0 + n] = _next_stop(termination.NO_STOP, threshold, now, threshold, reach[b])
+        elif early:
+            stop_now = ev[g0] == now
         for p in range(m):
             q = p + m
             if tracked and (halt[g0 + dst_l[p]] >= 0 or halt[g0 + dst_l[q]] >= 0):
                 continue  # a stopped component's duals stay as they were
-            a = ul[p]
-            r = ul[q]
+            a, r = ul[p], ul[q]
             ul[p] = _z_update(a, r, xl[dst_l[p]], c, theta)
             ul[q] = _z_update(r, a, xl[dst_l[q]], c, theta)
         if stop_now:
-            done = True
-            for i in range(n):
-                if halting[i]:
-                    halt[g0 + i] = local0 + t + 1
-                    halting[i] = False
-                done = done and halt[g0 + i] >= 0
-            if done:
-                ran[b] = local0 + t + 1
+            _halt(scratch[4], trial_stop, b, g0, lt + 1, not tracked)
+    _store_trial(u, ul, pair_start[b], x, xl, g0)
+
+
+@numba.njit
+def _scratch(n: int, n_dep: int, n_targets: int) -> Any:
+    """Per-node work arrays of :func:`_stop_apart` and :func:`_off_rows`."""
+    quiet = np.zeros(n, dtype=np.bool_)
+    kmin = np.empty(n, dtype=np.int64)
+    emin = np.empty(n, dtype=np.int64)
+    seen = np.empty((n, n_dep), dtype=np.bool_)
+    halting = np.zeros(n, dtype=np.bool_)
+    return quiet, kmin, emin, seen, halting, np.zeros(n_targets, dtype=np.bool_)
+
+
+@numba.njit
+def _store_trial(u: Any, ul: Any, p0: int, x: Any, xl: Any, g0: int) -> None:
+    """Write the trial's duals and x back (the inverse of :func:`_load_trial`)."""
+    m = ul.shape[0] // 2
+    half = u.shape[0] // 2
     for e in range(m):
         u[p0 + e] = ul[e]
         u[half + p0 + e] = ul[m + e]
-    for i in range(n):
-        x[g0 + i] = xl[i]
-
-
-@njit(nogil=True, depends=_DEPENDS)
-def _run_trial_of(b: int, st: Any, tracked: bool) -> None:
-    """Trial ``b`` of :func:`run_phase` (``st``: its arguments, in order, as one tuple)."""
-    literally(tracked)
-    (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
-     target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
-     early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh) = st  # fmt: skip
-    run_trial(
-        b,
-        tracked,
-        u,
-        src,
-        dst,
-        pair_start[b],
-        pair_start[b + 1],
-        s_eff,
-        s_used,
-        cd,
-        c,
-        theta,
-        quadratic,
-        alpha,
-        beta,
-        n,
-        t0,
-        local0,
-        t_len,
-        target_lo[:, b] - tolerance,
-        target_hi[:, b] + tolerance,
-        matched,
-        first_match,
-        last_bad,
-        record_t,
-        recorded,
-        rec_ptr,
-        x,
-        early,
-        tolerance,
-        window,
-        _stop_threshold(reach[b], window),
-        reach[b],
-        hist,
-        kq,
-        ev,
-        ran,
-        halt,
-        dep_t,
-        known,
-        fresh,
-    )
+    x[g0 : g0 + xl.shape[0]] = xl
 
 
 @njit(parallel=True, depends=_DEPENDS)
 def run_phase(
-    u: Any,
-    src: Any,
-    dst: Any,
-    pair_start: Any,
-    s_eff: Any,
-    s_used: Any,
-    cd: Any,
-    c: float,
-    theta: float,
-    quadratic: bool,
-    alpha: float,
-    beta: float,
-    n: int,
-    t0: int,
-    local0: int,
-    t_len: int,
-    target_lo: Any,
-    target_hi: Any,
-    tolerance: float,
-    matched: Any,
-    first_match: Any,
-    last_bad: Any,
-    record_t: Any,
-    recorded: Any,
-    rec_ptr: int,
+    graph: Any,
+    values: Any,
+    rule: Any,
+    span: Any,
+    judge: Any,
+    record: Any,
     x: Any,
-    early: bool,
-    window: int,
-    reach: Any,
-    hist: Any,
-    kq: Any,
-    ev: Any,
-    ran: Any,
-    halt: Any,
-    dep_t: Any,
-    known: Any,
-    fresh: Any,
+    stop: Any,
+    departed: Any,
     parallel: bool,
 ) -> int:
     """Run ``t_len`` iterations of every trial in place on ``u`` (signed duals) and ``x``.
@@ -349,31 +342,46 @@ def run_phase(
     and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place, and so
     are the early-stop state ``hist``/``kq``/``ev``/``halt``/``known``/``fresh`` (per node) and
     ``ran`` (per trial, -1 while running) when ``early`` (``reach``: each trial's stop reach,
-    :func:`nlagg_node.termination.stop_reach`; ``dep_t``: the run's departure iterations).
+    :func:`nlagg_node.termination.stop_reach`; ``dep_t``: the run's departure iterations). The
+    groups are those of the module docs.
 
     With ``parallel`` the trials are shared out over numba's threads (``prange``); without,
     they run one after the other on the calling thread and no thread pool is woken, which
     for a handful of trials (or on a busy machine) is faster. A trial's arithmetic is the same
     either way, so every bit of the result is too.
     """
-    n_trials = last_bad.shape[1]
-    rec_end = rec_ptr
+    n_trials = judge[5].shape[1]
+    t0, t_len = span[1], span[3]
+    record_t = record[0]
+    rec_end: int = record[2]
     while rec_end < record_t.shape[0] and record_t[rec_end] < t0 + t_len:
         rec_end += 1
-    st = (u, src, dst, pair_start, s_eff, s_used, cd, c, theta, quadratic, alpha, beta, n, t0, local0, t_len,
-          target_lo, target_hi, tolerance, matched, first_match, last_bad, record_t, recorded, rec_ptr, x,
-          early, window, reach, hist, kq, ev, ran, halt, dep_t, known, fresh)  # fmt: skip
-    tracked = early and dep_t.shape[0] > 0  # nodes may stop or depart apart
+    tracked = stop[0] and departed[0].shape[0] > 0  # nodes may stop or depart apart
     if parallel:
         for b in numba.prange(n_trials):
             if tracked:
-                _run_trial_of(b, st, True)
+                run_trial(b, True, graph, values, rule, span, judge, record, x, stop, departed)
             else:
-                _run_trial_of(b, st, False)
+                run_trial(b, False, graph, values, rule, span, judge, record, x, stop, departed)
     else:
         for b in range(n_trials):
             if tracked:
-                _run_trial_of(b, st, True)
+                run_trial(b, True, graph, values, rule, span, judge, record, x, stop, departed)
             else:
-                _run_trial_of(b, st, False)
+                run_trial(b, False, graph, values, rule, span, judge, record, x, stop, departed)
     return rec_end
+
+
+@njit(parallel=True, depends=_DEPENDS)
+def diameters(indptr: Any, indices: Any, n: int, trials: Any) -> Any:
+    """The diameter of each trial ``b`` in ``trials`` (-1 if its graph is not connected), in parallel.
+
+    ``indices[indptr[g]:indptr[g + 1]]``: the neighbours of global node ``g`` (trial b's nodes are
+    ``b n .. b n + n - 1``); :func:`nlagg_node.termination.csr_diameter` per graph.
+    """
+    out = np.empty(trials.shape[0], dtype=np.int64)
+    for k in numba.prange(trials.shape[0]):
+        dist = np.empty(n, dtype=np.int64)
+        queue = np.empty(n, dtype=np.int64)
+        out[k] = _csr_diameter(indptr, indices, trials[k] * n, n, dist, queue)
+    return out
