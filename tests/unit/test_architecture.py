@@ -176,12 +176,6 @@ def test_concept_folders_keep_their_direction(folder: str, forbidden: tuple[str,
 
 MAX_FUNCTION_LINES = 100
 MAX_PARAMETERS = 15
-# Known offenders (issue 34: each goes once its command options or its engine are split). The list
-# may only shrink: an entry that no longer offends fails the test below until it is removed.
-KNOWN_LONG_FUNCTIONS = {
-    "adversary.simulated:write_sim_transcript",
-    "nlagg_node.sim.engine:simulate",
-}
 
 
 def _function_sizes() -> dict[str, tuple[int, int]]:
@@ -217,5 +211,4 @@ def test_functions_are_short_and_take_few_parameters() -> None:
         for name, (lines, params) in sizes.items()
         if lines > MAX_FUNCTION_LINES or params > MAX_PARAMETERS
     }
-    assert sorted(offending - KNOWN_LONG_FUNCTIONS) == []
-    assert sorted(KNOWN_LONG_FUNCTIONS - offending) == []  # fixed: remove it from the list
+    assert sorted(offending) == []
