@@ -12,28 +12,27 @@ DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
 # Per-operator defaults, measured on RGG n = 15 (docs/reference.md, "Defaults: privacy against
 # convergence time").
 # c sets the step (larger = slower, smaller oscillations); mu_z / c is where x starts.
-OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "max": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "min": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "topk": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
+# Max, min, top-K and the trimmed mean share one setting; the others are their own.
+_EXTREMES: dict[str, float | int] = {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000}
+_AVERAGE: dict[str, float | int] = {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400}
+_ORDER = ("max", "min", "topk", "median", "quantile", "trimmed-mean", "average")  # as the help lists them
+_OWN: dict[str, dict[str, float | int]] = {
     "median": {"c": 10.0, "mu_z": 30.0, "sigma_z": 0.0, "t_max": 6000},
     "quantile": {"c": 10.0, "mu_z": 30.0, "sigma_z": 0.0, "t_max": 7000},
-    "trimmed-mean": {"c": 100.0, "mu_z": 300.0, "sigma_z": 1.0, "t_max": 7000},
-    "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
+    "average": _AVERAGE,
 }
+OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {op: dict(_OWN.get(op, _EXTREMES)) for op in _ORDER}
 
 # With a declared value_range the protocol runs on values in [0, 1] (nlagg_node.scale); these are
 # calibrated there (uniform values over the range, RGG n = 15; docs/experiments.md). Gaps between
 # neighbouring values are about 1/n of the range, so c is larger than for N(0, 1) values. One-sided
 # starts sit at the range's midpoint +- mu_z / c: mu_z / c = 0.6 starts x 10% of the range beyond it.
+_NORMALIZED_EXTREMES: dict[str, float | int] = {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000}
+# The median's and the quantile's:
+_NORMALIZED_CENTRE: dict[str, float | int] = {"c": 30.0, "mu_z": 18.0, "sigma_z": 0.0, "t_max": 6000}
+_NORMALIZED_OWN = {"median": _NORMALIZED_CENTRE, "quantile": _NORMALIZED_CENTRE, "average": _AVERAGE}
 NORMALIZED_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "max": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "min": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "topk": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "median": {"c": 30.0, "mu_z": 18.0, "sigma_z": 0.0, "t_max": 6000},
-    "quantile": {"c": 30.0, "mu_z": 18.0, "sigma_z": 0.0, "t_max": 6000},
-    "trimmed-mean": {"c": 1000.0, "mu_z": 600.0, "sigma_z": 1.0, "t_max": 7000},
-    "average": {"c": 1.0, "mu_z": 0.0, "sigma_z": 100.0, "t_max": 400},
+    op: dict(_NORMALIZED_OWN.get(op, _NORMALIZED_EXTREMES)) for op in _ORDER
 }
 
 # Early stopping's window W per operator (docs/protocol.md, "Early stopping"): W = 100 keeps every
