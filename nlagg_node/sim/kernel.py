@@ -201,30 +201,16 @@ def _record_x(record: Any, k: int, xl: Any, g0: int) -> int:
 
 
 @numba.njit
-def _count_quiet(
-    xl: Any,
-    hist: Any,
-    slot: int,
-    tolerance: float,
-    calm: bool,
-    quiet: Any,
-    kq: Any,
-    knew: Any,
-    ev: Any,
-    g0: int,
-    ptr: Any,
-    nb: Any,
-    now: int,
-    threshold: int,
-    reach: int,
-) -> None:
+def _count_quiet(xl: Any, slot: int, calm: bool, g0: int, now: int, counters: Any) -> None:
     """The quiet counters of a trial whose nodes stop together (``kq``, from the trial's first
     iteration with every node quiet, ``calm_from``: none can reach ``D + W`` before ``D + W - 1``
     iterations after it, and counters that start from 0 there reach it when those from the phase's
     start do); at the first proposal, the trial's stop iteration ``t* + D`` in ``ev`` (module docs).
     ``calm``: every node is quiet now and ``hist`` holds this iteration already. The minimum over
     the neighbours is taken only at quiet nodes with a positive counter, and not at all while every
-    node is quiet with the same counter (each then adds 1)."""
+    node is quiet with the same counter (each then adds 1). ``counters``: ``(hist, tolerance, quiet,
+    kq, knew, ev, ptr, nb, threshold, reach)``."""
+    hist, tolerance, quiet, kq, knew, ev, ptr, nb, threshold, reach = counters
     n = quiet.shape[0]
     same = True
     for i in range(n):
@@ -279,10 +265,10 @@ def run_trial(
     ptr, nb = _local_neighbours(src_l, dst_l, n)
     lo, hi = target_lo[:, b] - tolerance, target_hi[:, b] + tolerance
     lo0, hi0 = lo[0], hi[0]
-    threshold = _stop_threshold(reach[b], window)
     trial_stop = (early, window, reach[b], hist, kq, ev, ran, halt)
     scratch = _scratch(n, departed[0].shape[0], lo.shape[0])
-    quiet, vl, knew = scratch[0], np.empty(n), np.empty(n, dtype=np.int64)
+    threshold, vl, knew = _stop_threshold(reach[b], window), np.empty(n), np.empty(n, dtype=np.int64)
+    counters = (hist, tolerance, scratch[0], kq, knew, ev, ptr, nb, threshold, reach[b])
     xl = x[g0 : g0 + n].copy()  # halted nodes keep their x; the others compute it before any use
     s_l, cd_l = s_eff[g0 : g0 + n].copy(), cd[g0 : g0 + n].copy()
     k, n_rec = record[2], record[0].shape[0]
@@ -325,23 +311,7 @@ def run_trial(
                 hist[slot, g0 + i] = xl[i]
             calm_from[b] = lt if calm else calm_from[b]
             if calm_from[b] >= 0:
-                _count_quiet(
-                    xl,
-                    hist,
-                    slot,
-                    tolerance,
-                    calm,
-                    quiet,
-                    kq,
-                    knew,
-                    ev,
-                    g0,
-                    ptr,
-                    nb,
-                    now,
-                    threshold,
-                    reach[b],
-                )
+                _count_quiet(xl, slot, calm, g0, now, counters)
         elif early:
             stop_now = ev[g0] == now
         for p in range(m):
