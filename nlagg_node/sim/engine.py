@@ -242,7 +242,7 @@ def _plan(cfg: RunConfig, departures: Mapping[int, int] | None, watched: bool) -
     )
 
 
-def stop_reaches(cfg: RunConfig, graphs: list[IntArray], layout: EdgeLayout) -> IntArray:
+def _stop_reaches(cfg: RunConfig, graphs: list[IntArray], layout: EdgeLayout) -> IntArray:
     """Each trial's stop reach :func:`~nlagg_node.termination.stop_reach` (0 without early stopping).
 
     The diameters come from compiled code, once per distinct graph (trials of a fixed graph
@@ -282,7 +282,7 @@ class _State:
     all_converged: BoolArray
     phase_iterations: IntArray
     node_iterations: IntArray
-    # Early stop (nlagg_node.termination), per node: the last W x's, quiet counter, stop iteration,
+    # Early stop (nlagg_node.termination), per node: the last W x's (W x N), quiet counter, stop iteration,
     # iterations in the phase once stopped (-1 while running); the departure iterations each node
     # knows of (this phase), those it detected at the last barrier, and the planned departures that
     # did not happen (the node's component had stopped: it finished).
@@ -295,6 +295,7 @@ class _State:
     dep_known: BoolArray
     fresh: BoolArray
     moot: BoolArray
+    calm_from: IntArray  # per trial: the phase's first iteration with every node quiet (-1 before)
     finals: list[FloatArray] = field(default_factory=list)
     identified: list[FloatArray] = field(default_factory=list)
     z0: dict[str, FloatArray] = field(default_factory=dict)
@@ -329,8 +330,8 @@ def _new_state(plan: _Plan) -> _State:
         all_converged=np.ones(B, dtype=bool),
         phase_iterations=np.zeros((B, len(plan.phases)), dtype=np.int64),
         node_iterations=np.zeros((B, n, len(plan.phases)), dtype=np.int64),
-        reach=stop_reaches(cfg, plan.graphs, layout),
-        hist=np.zeros((N, cfg.stop_window_value if early else 1)),
+        reach=_stop_reaches(cfg, plan.graphs, layout),
+        hist=np.zeros((cfg.stop_window_value if early else 1, N)),
         kq=np.zeros(N, dtype=np.int64),
         ev=np.full(N, NO_STOP, dtype=np.int64),
         halt=np.full(N, -1, dtype=np.int64),
@@ -338,6 +339,7 @@ def _new_state(plan: _Plan) -> _State:
         dep_known=np.zeros((N, len(dep_t)), dtype=bool),
         fresh=np.zeros((N, len(dep_t)), dtype=bool),
         moot=np.zeros(N, dtype=bool),
+        calm_from=np.full(B, -1, dtype=np.int64),
     )
 
 
@@ -366,6 +368,7 @@ def _enter_phase(plan: _Plan, st: _State, phase: Phase) -> FloatArray:
     st.halt[:] = -1
     st.dep_known[:] = False
     st.fresh[:] = False
+    st.calm_from[:] = -1
     if cfg.early_stop and dep is not None and dep.gone:
         st.halt.reshape(cfg.trials, cfg.n)[:, sorted(dep.gone)] = 0  # departed: no iteration of this phase
     return s_eff
@@ -396,7 +399,7 @@ def _run_span(
         (targets[0], targets[1], cfg.tolerance, st.matched, st.first_match, last_bad),
         (plan.record, st.recorded_flat, st.rec_ptr),
         st.x,
-        (cfg.early_stop, cfg.stop_window_value, st.reach, st.hist, st.kq, st.ev, ran, st.halt),
+        (cfg.early_stop, cfg.stop_window_value, st.reach, st.hist, st.kq, st.ev, ran, st.halt, st.calm_from),
         (st.dep_t, st.dep_known, st.fresh),
         plan.parallel,
     )

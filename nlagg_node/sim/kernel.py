@@ -15,9 +15,15 @@ allocation.
 
 Early stopping (:mod:`nlagg_node.termination`) where no node departs: every node of a trial stops
 at the same iteration ``t* + D``, ``t*`` the first iteration at which a node's quiet counter reaches
-``D + W`` (the rule's proof), so the kernel keeps the quiet counters (updated only at quiet nodes)
-and the trial's one stop iteration, and after the proposal nothing more. Where nodes may stop or
-depart apart, each node's stop iteration and known departures as the nodes keep them.
+``D + W`` (the rule's proof), so the kernel keeps the quiet counters and the trial's one stop
+iteration, and after the proposal nothing more. A counter reaches ``m`` at t exactly when every
+node j was quiet throughout ``[t - m + 1, t - d(i, j)]``, so a proposal at t needs every node quiet
+at ``t - D - W + 1``: the counters start at the trial's first iteration with every node quiet
+(``calm_from``, phase-local), from 0, and reach ``D + W`` when those kept from the phase's start
+would (those started at s are ``min(k, t - s + 1)``); before it, a pass over the nodes asks only
+whether all are. ``hist[s, g]``: node g's x at its last phase-local iteration equal to s modulo W.
+Where nodes may stop or depart apart, each node's stop iteration and known departures as the nodes
+keep them.
 
 The run's arguments come in groups (tuples), unpacked once per trial:
 
@@ -29,7 +35,7 @@ The run's arguments come in groups (tuples), unpacked once per trial:
   the first step and how many to run;
 * ``judge``: ``(target_lo, target_hi, tolerance, matched, first_match, last_bad)``;
 * ``record``: ``(record_t, recorded, rec_ptr)``;
-* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt)``;
+* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt, calm_from)``;
 * ``departed``: ``(dep_t, known, fresh)``.
 
 A trial's arithmetic does not depend on which thread runs it or on how many threads
@@ -143,8 +149,8 @@ def _stop_apart(
             detected = detected or fresh[g0 + i, d]
             seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
             fresh[g0 + i, d] = False
-        quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[g0 + i, slot], tolerance)
-        hist[g0 + i, slot] = xl[i]
+        quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
+        hist[slot, g0 + i] = xl[i]
         kmin[i] = kq[g0 + i]
         emin[i] = _live_stop(ev[g0 + i], now)
     for e in range(src_l.shape[0]):
@@ -194,6 +200,37 @@ def _record_x(record: Any, k: int, xl: Any, g0: int) -> int:
     return k + 1
 
 
+@numba.njit
+def _count_quiet(xl: Any, slot: int, calm: bool, g0: int, now: int, counters: Any) -> None:
+    """The quiet counters of a trial whose nodes stop together (``kq``, from the trial's first
+    iteration with every node quiet, ``calm_from``: none can reach ``D + W`` before ``D + W - 1``
+    iterations after it, and counters that start from 0 there reach it when those from the phase's
+    start do); at the first proposal, the trial's stop iteration ``t* + D`` in ``ev`` (module docs).
+    ``calm``: every node is quiet now and ``hist`` holds this iteration already. The minimum over
+    the neighbours is taken only at quiet nodes with a positive counter, and not at all while every
+    node is quiet with the same counter (each then adds 1). ``counters``: ``(hist, tolerance, quiet,
+    kq, knew, ev, ptr, nb, threshold, reach)``."""
+    hist, tolerance, quiet, kq, knew, ev, ptr, nb, threshold, reach = counters
+    n = quiet.shape[0]
+    same = True
+    for i in range(n):
+        quiet[i] = calm or _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
+        hist[slot, g0 + i] = xl[i]
+        same = same and quiet[i] and kq[g0 + i] == kq[g0]
+    for i in range(n):
+        k_min = kq[g0 + i] if quiet[i] else 0
+        for p in range(ptr[i], ptr[i + 1] if k_min > 0 and not same else ptr[i]):
+            k_min = min(k_min, kq[g0 + nb[p]])
+        knew[i] = _next_quiet(quiet[i], k_min)
+    proposed = False
+    for i in range(n):
+        kq[g0 + i] = knew[i]
+        proposed = proposed or knew[i] >= threshold
+    if proposed:
+        for i in range(n):
+            ev[g0 + i] = _next_stop(termination.NO_STOP, threshold, now, threshold, reach)
+
+
 @njit(nogil=True, depends=_DEPENDS)
 def run_trial(
     b: int,
@@ -221,17 +258,17 @@ def run_trial(
     c, theta, quadratic, alpha, beta = rule
     n, t0, local0, t_len = span
     target_lo, target_hi, tolerance, matched, first_match, last_bad = judge
-    early, window, reach, hist, kq, ev, ran, halt = stop
+    early, window, reach, hist, kq, ev, ran, halt, calm_from = stop
     g0 = b * n
     ul, src_l, dst_l = _load_trial(u, src, dst, pair_start[b], pair_start[b + 1], g0)
     m = ul.shape[0] // 2
     ptr, nb = _local_neighbours(src_l, dst_l, n)
     lo, hi = target_lo[:, b] - tolerance, target_hi[:, b] + tolerance
     lo0, hi0 = lo[0], hi[0]
-    threshold = _stop_threshold(reach[b], window)
     trial_stop = (early, window, reach[b], hist, kq, ev, ran, halt)
     scratch = _scratch(n, departed[0].shape[0], lo.shape[0])
-    vl, knew = np.empty(n), np.empty(n, dtype=np.int64)
+    threshold, vl, knew = _stop_threshold(reach[b], window), np.empty(n), np.empty(n, dtype=np.int64)
+    counters = (hist, tolerance, scratch[0], kq, knew, ev, ptr, nb, threshold, reach[b])
     xl = x[g0 : g0 + n].copy()  # halted nodes keep their x; the others compute it before any use
     s_l, cd_l = s_eff[g0 : g0 + n].copy(), cd[g0 : g0 + n].copy()
     k, n_rec = record[2], record[0].shape[0]
@@ -267,20 +304,14 @@ def run_trial(
         stop_now = False
         if early and tracked:
             stop_now = _stop_apart(xl, src_l, dst_l, g0, lt, now, trial_stop, departed, tolerance, scratch)
-        elif early and ev[g0] == termination.NO_STOP:  # quiet counters, where a node is quiet
-            proposed, slot, counting = False, lt % window, lt >= window
-            for i in range(n):
-                quiet = counting and _is_quiet(xl[i], hist[g0 + i, slot], tolerance)
-                hist[g0 + i, slot] = xl[i]
-                k_min = kq[g0 + i] if quiet else 0
-                for p in range(ptr[i], ptr[i + 1] if k_min > 0 else ptr[i]):
-                    k_min = min(k_min, kq[g0 + nb[p]])
-                knew[i] = _next_quiet(quiet, k_min)
-                proposed = proposed or knew[i] >= threshold
-            for i in range(n):
-                kq[g0 + i] = knew[i]
-            if proposed:  # the trial's stop iteration t* + D, which its nodes all reach at t* + D
-                ev[g0 : g0 + n] = _next_stop(termination.NO_STOP, threshold, now, threshold, reach[b])
+        elif early and ev[g0] == termination.NO_STOP:  # no proposal yet
+            slot, calm = lt % window, calm_from[b] < 0 and lt >= window
+            for i in range(n if calm_from[b] < 0 else 0):  # until every node is quiet at once, only that
+                calm = calm & _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
+                hist[slot, g0 + i] = xl[i]
+            calm_from[b] = lt if calm else calm_from[b]
+            if calm_from[b] >= 0:
+                _count_quiet(xl, slot, calm, g0, now, counters)
         elif early:
             stop_now = ev[g0] == now
         for p in range(m):
@@ -372,16 +403,16 @@ def run_phase(
     return rec_end
 
 
-@njit(parallel=True, depends=_DEPENDS)
+@njit(nogil=True, depends=_DEPENDS)
 def diameters(indptr: Any, indices: Any, n: int, trials: Any) -> Any:
-    """The diameter of each trial ``b`` in ``trials`` (-1 if its graph is not connected), in parallel.
+    """The diameter of each trial ``b`` in ``trials`` (-1 if its graph is not connected).
 
     ``indices[indptr[g]:indptr[g + 1]]``: the neighbours of global node ``g`` (trial b's nodes are
     ``b n .. b n + n - 1``); :func:`nlagg_node.termination.csr_diameter` per graph.
     """
     out = np.empty(trials.shape[0], dtype=np.int64)
-    for k in numba.prange(trials.shape[0]):
-        dist = np.empty(n, dtype=np.int64)
-        queue = np.empty(n, dtype=np.int64)
+    dist = np.empty(n, dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    for k in range(trials.shape[0]):
         out[k] = _csr_diameter(indptr, indices, trials[k] * n, n, dist, queue)
     return out
