@@ -1,7 +1,7 @@
 """The command lines of nlagg's long-running parts, ``nlagg node`` and ``nlagg eavesdrop``, built once.
 
 Everything that starts them uses these builders: the lab testbed (:mod:`nlagg_node.lab`), the fault
-harness (``tests/faults.py``), ``nlagg deploy plan`` (``commands.txt``, the compose file) and
+harness (``tests/harness/faults.py``), ``nlagg deploy plan`` (``commands.txt``, the compose file) and
 ``nlagg deploy node``. An option left at ``None`` (or ``False``) is not written, so the command's own
 default applies. Passwords never appear here: only the path of the file that holds one.
 

@@ -2,7 +2,7 @@
 
 One reader for all of them: every stdout line is kept, and the JSON ones (the node's ``--json``
 result, the eavesdropper's ``--events``) are parsed and handed to a callback as they arrive. Used by
-the testbed (:mod:`nlagg_node.lab.testbed`) and the fault harness (``tests/faults.py``).
+the testbed (:mod:`nlagg_node.lab.testbed`) and the fault harness (``tests/harness/faults.py``).
 """
 
 from __future__ import annotations
