@@ -96,8 +96,10 @@ def row_fields(info: TopicInfo, msg: Decoded) -> tuple[int | None, str | None, f
     return None, None, None
 
 
-_COLUMNS = {"meta": {"key", "value"}, "messages": {"topic", "payload", "valid", "kind", "node", "peer", "t",
-                                                  "phase", "value", "dedup"}}  # fmt: skip
+_COLUMNS = {
+    "meta": {"key", "value"},
+    "messages": {"topic", "payload", "valid", "kind", "node", "peer", "t", "phase", "value", "dedup"},
+}
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:

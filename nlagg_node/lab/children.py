@@ -161,9 +161,16 @@ async def start_eavesdropper(
     half a minute, and a slow start is not a failure.
     """
     argv = eavesdrop_argv(
-        url, run_id, str(db), prefix=prefix, ca_file=None if ca_file is None else str(ca_file),
-        events=True, live=False, verbose=verbose, program=this_python(),
-    )  # fmt: skip
+        url,
+        run_id,
+        str(db),
+        prefix=prefix,
+        ca_file=None if ca_file is None else str(ca_file),
+        events=True,
+        live=False,
+        verbose=verbose,
+        program=this_python(),
+    )
     child = await Child.start(argv, log=log, nice=nice, on_event=on_event)
     subscribed = asyncio.ensure_future(child.subscribed.wait())
     exited = asyncio.ensure_future(child.proc.wait())

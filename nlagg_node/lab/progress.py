@@ -142,10 +142,15 @@ def progress_line(enabled: bool, console: Console | None = None) -> Iterator[Pro
             eta = "-" if s.eta_seconds is None else f"<= {s.eta_seconds:.0f} s"
             finished = s.done >= s.n  # an early stop ends the run before the cap: the bar is full
             bar.update(
-                task, total=s.cap, completed=s.cap if finished else s.t + 1,
-                phase="done" if finished else s.phase, rate=s.rounds_per_second,
-                eta="0 s" if finished else eta, done=f"{s.done}/{s.n}", exposed=s.exposures,
-            )  # fmt: skip
+                task,
+                total=s.cap,
+                completed=s.cap if finished else s.t + 1,
+                phase="done" if finished else s.phase,
+                rate=s.rounds_per_second,
+                eta="0 s" if finished else eta,
+                done=f"{s.done}/{s.n}",
+                exposed=s.exposures,
+            )
 
         yield show
 

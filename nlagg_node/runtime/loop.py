@@ -236,16 +236,27 @@ class PdmmLoop:
             u_out, u_in = self.duals.of(k) if in_x else ([], [])
             m.save(
                 Checkpoint(
-                    m.fingerprint, stage, t, p_idx, group, tr.s_used, dict(tr.rng.bit_generator.state),
-                    u_out=u_out, u_in=u_in,
-                    z_out=[] if in_x else tr.z0_sent[group], z0_sent=tr.z0_sent, finals=tr.finals,
-                    identified=tr.identified if in_x else [], xs=tr.xs,
+                    m.fingerprint,
+                    stage,
+                    t,
+                    p_idx,
+                    group,
+                    tr.s_used,
+                    dict(tr.rng.bit_generator.state),
+                    u_out=u_out,
+                    u_in=u_in,
+                    z_out=[] if in_x else tr.z0_sent[group],
+                    z0_sent=tr.z0_sent,
+                    finals=tr.finals,
+                    identified=tr.identified if in_x else [],
+                    xs=tr.xs,
                     prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False) if v == v},
-                    prev_adv=tr.adv if in_x else None, last_sent=tr.sent,
+                    prev_adv=tr.adv if in_x else None,
+                    last_sent=tr.sent,
                     prev_quiet=[[q, e, *dep] for q, e, dep in early.nbr[k]] if in_x and early else [],
                     skipped=m.t_total - m.iterations_run,
                 )
-            )  # fmt: skip
+            )
 
     async def _exchange(self, p_idx: int, t: int, fresh: bool) -> None:
         """The z^(0) exchange that starts a dual group: draw (unless resumed), save, publish, wait."""

@@ -365,10 +365,18 @@ class Member:
         sec: float,
     ) -> NodeResult:
         return NodeResult(
-            node=self.id, value=self.value, finals=finals, output=output, iterations=self.iterations_run,
-            seconds=sec, z0_sent=z0, x=xs, rejected=self.rejected, duplicates=self.duplicates,
+            node=self.id,
+            value=self.value,
+            finals=finals,
+            output=output,
+            iterations=self.iterations_run,
+            seconds=sec,
+            z0_sent=z0,
+            x=xs,
+            rejected=self.rejected,
+            duplicates=self.duplicates,
             departed=dict(self.departed),
-        )  # fmt: skip
+        )
 
     def leave(self) -> None:
         """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output."""

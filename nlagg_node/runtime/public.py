@@ -22,10 +22,29 @@ __all__ = ["ConfigMismatchError", "build_config_msg", "config_from_msg", "config
 # RunConfig fields the node's numbers depend on (its stop included), and the channel its z^(0)
 # travel on: a retained config that differs in one is refused.
 _MATH_FIELDS = (
-    "op", "n", "t_max", "c", "theta", "init", "mu_z", "sigma_z", "sigma_s", "k", "quantile",
-    "epsilon", "prior_median", "avg_c", "avg_sigma_z", "avg_t_max", "value_range", "init_channel",
-    "early_stop", "stop_window", "tolerance", "may_depart",
-)  # fmt: skip
+    "op",
+    "n",
+    "t_max",
+    "c",
+    "theta",
+    "init",
+    "mu_z",
+    "sigma_z",
+    "sigma_s",
+    "k",
+    "quantile",
+    "epsilon",
+    "prior_median",
+    "avg_c",
+    "avg_sigma_z",
+    "avg_t_max",
+    "value_range",
+    "init_channel",
+    "early_stop",
+    "stop_window",
+    "tolerance",
+    "may_depart",
+)
 
 
 def config_mismatch(mine: ConfigMsg, retained: ConfigMsg) -> ConfigMismatchError | None:

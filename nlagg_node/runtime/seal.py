@@ -131,9 +131,10 @@ class EdgeCipher:
         except InvalidTag:
             s, r = self.edge
             raise SealError(
-                "ct", f"z0 {s}->{r} ({group})",
+                "ct",
+                f"z0 {s}->{r} ({group})",
                 "does not authenticate (wrong key, tampered, or replayed from another run, edge or group)",
-            ) from None  # fmt: skip
+            ) from None
         (z,) = struct.unpack("<d", plain)
         return float(z)
 
