@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -307,12 +307,24 @@ class Eavesdropper:
                 )
             if msg.output is not None:
                 v.output = list(msg.output)
-            if msg.departed and self.replay is not None:
-                for j, at in announced([msg.departed]).items():
-                    self.view(j).departed = at
-                    self.replay.depart(j, at)
+            if (msg.departed or msg.state == "leaving") and self.replay is not None:
+                self._depart([*announced([msg.departed]), *([msg.node] if msg.state == "leaving" else [])])
                 self._advance()
             self._check_finished()
+
+    def _depart(self, claimed: Iterable[int]) -> None:
+        """Replay the departures of ``claimed`` nodes that the run's statuses establish: a node gone
+        for every neighbour (its own ``leaving``, or each neighbour's word), from the iteration the
+        protocol's :class:`~nlagg_node.protocol.Departures` gives. One neighbour's claim alone
+        removes nobody, as it silences the node for no other receiver."""
+        rules = self.transcript.rules
+        if rules is None or self.replay is None:
+            return
+        for j in claimed:
+            at = rules.departures.gone_from(j)
+            if at < rules.t_total:
+                self.view(j).departed = at
+                self.replay.depart(j, at)
 
     def _on_config(self, msg: ConfigMsg) -> None:
         if self.config is not None:
@@ -332,10 +344,7 @@ class Eavesdropper:
             self.replay.z0[group] = arr
         for state in self.transcript.adv_states():
             self.replay.add_state(state)
-        for st in self.transcript.statuses().values():
-            for j, at in announced([st.departed]).items():
-                self.view(j).departed = at
-                self.replay.depart(j, at)
+        self._depart(announced([st.departed for st in self.transcript.statuses().values()]))
         x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
         stops = self.transcript.x_stops(cfg.n, self.replay.t_total) if cfg.early_stop else {}
         for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):

@@ -19,7 +19,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import AdvStateMsg, XMsg, encode, topics
+from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, XMsg, encode, topics
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate
 
@@ -266,3 +266,23 @@ def test_transcript_counts_the_missing_states_of_corrupted_nodes(tmp_path: Path)
         tr.commit()
         assert tr.missing_adv(2, 3) == 0
         assert tr.missing_adv(2, 2) == 0
+
+
+def test_one_neighbours_departure_claim_removes_nobody_from_the_replay(tmp_path: Path) -> None:
+    """Node 1 says its neighbour 0 departed; node 0's other neighbour (5, on a ring) does not: the
+    replay keeps node 0 (the claim silences it for node 1 alone). Once 5 says so too, 0 is gone."""
+    cfg = RunConfig(op="max", n=6, graph="ring", t_max=50, seed=1, early_stop=True, may_depart=True)
+    src = simulate_transcript(cfg, tmp_path / "src.sqlite", run_id="claims")
+    with Transcript.open_read_only(src) as tr:
+        config = [(str(t), bytes(p)) for t, p in tr.db.execute("SELECT topic, payload FROM messages")]
+    tp = topics("nlagg", "claims")
+    with Transcript(tmp_path / "t.sqlite", run_id="claims") as transcript:
+        eaves = Eavesdropper(MemoryTransport(MemoryBroker(), "eve"), transcript)
+        assert eaves.handle(*next(r for r in config if r[0] == tp.config)) is not None
+        assert eaves.replay is not None
+        claim = StatusMsg(node=1, state="running", departed={"0": 5})
+        assert eaves.handle(tp.status(1), encode(claim)) is not None
+        assert eaves.replay.departed == {}
+        other = StatusMsg(node=5, state="running", departed={"0": 5})
+        assert eaves.handle(tp.status(5), encode(other)) is not None
+        assert eaves.replay.departed == {0: 5}
