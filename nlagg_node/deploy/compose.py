@@ -176,7 +176,7 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         f"      - {src}/broker:{_PLAN_MOUNT}/broker:ro",
         "      - broker-data:/mosquitto/data",
         "    ulimits:  # above mosquitto.conf's max_connections: idle sockets cannot exhaust its descriptors",
-        "      nofile: 65536",
+        "      nofile: 8192",
         "    restart: unless-stopped",
         "",
         "  eavesdropper:",

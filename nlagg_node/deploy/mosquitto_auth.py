@@ -46,7 +46,7 @@ MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + (64 << 10)
 # Sockets one listener accepts: a plan's own clients are n + 2 (nodes, eavesdropper, launcher); the
 # rest is headroom for reconnects whose old session the broker has not yet timed out.
 DEFAULT_MAX_CONNECTIONS = 4000
-MAX_BROKER_CONNECTIONS = 60000  # below the LimitNOFILE=65536 the deploy units give the broker
+MAX_BROKER_CONNECTIONS = 60000  # below the LimitNOFILE=65536 of deploy/README.md's systemd drop-in
 _SALT_BYTES = 12
 _DIGEST_BYTES = 64
 EAVESDROPPER_USER = "eavesdropper"
