@@ -329,6 +329,24 @@ def test_cli_plan_rejects_bad_options(
     assert not (tmp_path / "p").exists()
 
 
+def pi_plan_args(out: Path) -> list[str]:
+    """``nlagg deploy plan`` of a 4-node ring into ``out``, before its value source."""
+    return [
+        "deploy",
+        "plan",
+        "--out",
+        str(out),
+        "--run-id",
+        "pi",
+        "--n",
+        "4",
+        "--graph",
+        "ring",
+        "--seed",
+        "1",
+    ]
+
+
 @pytest.mark.parametrize(
     ("sensor", "expected"),
     [("/opt/nlagg/sensors/ds18b20", [-55.0, 125.0]), ("/opt/nlagg/sensors/soc-temperature", [-40.0, 110.0])],
@@ -342,20 +360,7 @@ def test_plan_writes_the_range_the_sensor_script_declares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "pi"
-    args = [
-        "deploy",
-        "plan",
-        "--out",
-        str(out),
-        "--run-id",
-        "pi",
-        "--n",
-        "4",
-        "--graph",
-        "ring",
-        "--seed",
-        "1",
-    ]
+    args = pi_plan_args(out)
     code, text = run_cli([*args, "--value-cmd", sensor], capsys, monkeypatch)
     assert code == 0, text
     run = tomllib.loads((out / "run.toml").read_text())["run"]
@@ -367,20 +372,7 @@ def test_plan_value_range_flag_wins_over_the_sensor(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "pi"
-    args = [
-        "deploy",
-        "plan",
-        "--out",
-        str(out),
-        "--run-id",
-        "pi",
-        "--n",
-        "4",
-        "--graph",
-        "ring",
-        "--seed",
-        "1",
-    ]
+    args = pi_plan_args(out)
     args += ["--value-cmd", "/opt/nlagg/sensors/ds18b20", "--value-range", "10", "40"]
     code, text = run_cli(args, capsys, monkeypatch)
     assert code == 0, text

@@ -8,24 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nlagg_node.cli import main
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.errors import ConfigError
 from nlagg_node.scale import check_node_value, check_start, leak_warning, scale_for, start_problem
 from nlagg_node.sim import simulate
 from nlagg_node.sim.values import draw_values, read_values_file
 from nlagg_node.threat import solvable
-
-
-def run_cli(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> tuple[int, str, str]:
-    monkeypatch.setattr("sys.argv", ["nlagg", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
-
+from tests.harness.cli import run_cli
 
 OPS = ["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
 
