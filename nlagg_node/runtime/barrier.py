@@ -87,10 +87,10 @@ class Barrier:
         self.next = 0  # the next key to take
         self.labels: list[str] | None = None  # key -> label in messages (default: the key)
         self.jumps: frozenset[int] = frozenset()  # keys accepted beyond the window (see skip_to)
-        self.gone: dict[int, int] = {}  # slot -> the first key it no longer delivers (departed)
         # Per slot, as admit() reads them on the hot path: the first key it no longer delivers
-        # (``end``: none) and its sender's last halt span (halt_span).
+        # (``end``: none, it has not departed) and its sender's last halt span (halt_span).
         self._gone_at = [end] * self.size
+        self._any_gone = False  # some slot departed (the common case without: no scan)
         self._halt_at = [NO_HALT] * self.size
         self._pending: dict[int, _Round] = {}
         self._taken: dict[int, list[float]] = {}
@@ -119,9 +119,9 @@ class Barrier:
 
     def need(self, key: int) -> int:
         """How many slots deliver ``key``: all of them but those departed at or before it."""
-        if not self.gone:
+        if not self._any_gone:
             return self.size
-        return self.size - sum(1 for k in self.gone.values() if k <= key)
+        return self.size - sum(1 for k in self._gone_at if k <= key)
 
     def depart(self, slot: int, key: int | None = None) -> int:
         """``slot``'s sender has departed: it delivers no key from ``key`` on; returns that key.
@@ -138,7 +138,8 @@ class Barrier:
             raise NlaggError(
                 f"node {self.owner}: {self.label(key)} of node {self.senders[slot]} was already taken"
             )
-        self.gone[slot] = self._gone_at[slot] = min(key, self.gone.get(slot, key))
+        self._gone_at[slot] = min(key, self._gone_at[slot])
+        self._any_gone = True
         for k, rnd in self._pending.items():
             if k >= key and rnd.values[slot] is not None:
                 rnd.values[slot] = None
@@ -211,7 +212,7 @@ class Barrier:
                 rnd = _Round(self.size)
         self._pending.pop(key, None)
         values: list[float] = rnd.values  # type: ignore[assignment]  # complete: no None left
-        if self.gone:
+        if self._any_gone:
             values = [math.nan if v is None else v for v in rnd.values]
         self._taken[key] = values
         if self.keep is not None:
@@ -224,7 +225,7 @@ class Barrier:
         return [
             j
             for k, j in enumerate(self.senders)
-            if (rnd is None or rnd.values[k] is None) and self.gone.get(k, self.end) > key
+            if (rnd is None or rnd.values[k] is None) and self._gone_at[k] > key
         ]
 
     def _check_deadline(self) -> None:
