@@ -257,6 +257,13 @@ class Eavesdropper:
                 last_check = now
                 self._check_finished()
 
+    def tick(self) -> None:
+        """What the commit loop does besides committing, for a driver that feeds :meth:`handle`
+        itself (:mod:`adversary.capture.epochs`): notice a lost session, check whether the run is over."""
+        if self._acking is not None and self._acking.lost_sessions() != self._sessions_lost:
+            self._session_lost()
+        self._check_finished()
+
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> Decoded | None:
         """Store one message, then update the views and the live replay; the message if valid.
 

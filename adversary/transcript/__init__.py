@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from .reader import MAX_INVALID_PAYLOAD as MAX_INVALID_PAYLOAD
     from .reader import TranscriptReader as TranscriptReader
     from .reader import captured_count as captured_count
+    from .store import EpochStore as EpochStore
+    from .store import is_epoch_store as is_epoch_store
     from .writer import Captured as Captured
     from .writer import Transcript as Transcript
 

@@ -72,6 +72,9 @@ def eavesdrop(opts: EavesdropOptions) -> None:
     for url in brokers[1:]:  # the TLS files must suit every broker
         tls_settings(url, opts.ca_file, opts.cert_file, opts.key_file)
     show = sys.stdout.isatty() if opts.live is None else opts.live
+    if opts.continuous or opts.keep_epochs is not None or opts.epochs is not None:
+        capture_epochs(opts, brokers, password, tls, show)
+        return
     public = None
     if opts.config is not None:
         from ..config import load_config
@@ -100,6 +103,49 @@ def eavesdrop(opts: EavesdropOptions) -> None:
 
     try:
         parse_listen(opts.dashboard)  # a bad address fails before anything starts
+    except BaseException:
+        capture.close()
+        raise
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    run_stoppable(serve_beside(opts.transcript, opts.dashboard, capture, say), partial=opts.transcript)
+
+
+def capture_epochs(
+    opts: EavesdropOptions, brokers: list[str], password: str | None, tls: TlsSettings | None, show: bool
+) -> None:
+    """``nlagg eavesdrop --continuous``: every epoch of a deployment into one epoch store."""
+    from adversary.capture import run_epoch_eavesdropper
+
+    from ..errors import ConfigError
+    from ..lifetime import run_stoppable
+
+    if not opts.continuous:
+        raise ConfigError("keep_epochs/epochs", [opts.keep_epochs, opts.epochs], "need --continuous")
+    refused = {"config": opts.config, "broker_cluster": opts.broker_cluster or None}
+    for name, value in refused.items():
+        if value is not None:
+            raise ConfigError(name, value, "not with --continuous (each epoch publishes its retained config)")
+    capture = run_epoch_eavesdropper(
+        brokers,
+        opts.run_id,
+        opts.transcript,
+        prefix=opts.prefix,
+        username=opts.username,
+        password=password,
+        live=show,
+        stop_after=opts.timeout,
+        events=opts.events,
+        tls=tls,
+        keep_epochs=opts.keep_epochs,
+        epochs=opts.epochs,
+    )
+    if opts.dashboard is None:
+        run_stoppable(capture, partial=opts.transcript)
+        return
+    from adversary.reporting.dashboard import parse_listen, serve_beside
+
+    try:
+        parse_listen(opts.dashboard)
     except BaseException:
         capture.close()
         raise

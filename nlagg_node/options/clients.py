@@ -134,3 +134,25 @@ class EavesdropOptions:
             OUTPUT,
         ),
     ] = None
+    continuous: Annotated[
+        bool,
+        Opt(
+            "capture every epoch of a continuous deployment (topics P/R/e{k}/..., results P/R/results/{i})"
+            " into an epoch store: --transcript names its folder",
+            NETWORK,
+            ("--continuous/--no-continuous",),
+        ),
+    ] = False
+    keep_epochs: Annotated[
+        int | None,
+        Opt(
+            "--continuous: keep the raw transcripts of the newest N closed epochs only (the others'"
+            " summaries stay) [default: all]",
+            OUTPUT,
+            extra=(("min", 0),),
+        ),
+    ] = None
+    epochs: Annotated[
+        int | None,
+        Opt("--continuous: stop once the store holds this many closed epochs", extra=(("min", 1),)),
+    ] = None
