@@ -116,7 +116,7 @@ class EpochCapture:
         self._acking = transport if isinstance(transport, Acknowledging) else None
         self._unacked: list[Message] = []
         self._committed = time.monotonic()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop_at: float | None = None  # when a capture that closed its epochs stops waiting
         rows = store.epochs()
         self.newest = max((r.epoch for r in rows), default=-1)
         for row in rows:
@@ -237,6 +237,8 @@ class EpochCapture:
                 last_check = now
                 for k in self._due():
                     self._begin_close(k, tg)
+                if self._stop_at is not None:
+                    self._check_stop()
 
     def _due(self) -> list[int]:
         """The epochs to close now: finished, or idle for ``complete_grace`` s after a later one began."""
@@ -275,7 +277,17 @@ class EpochCapture:
         self._check_stop()
 
     def _check_stop(self) -> None:
-        if self.stop_epochs is not None and self.store.closed_count() >= self.stop_epochs:
+        """Once ``stop_epochs`` are closed, the capture waits for the last one's published results (at
+        most ``complete_grace`` s: the nodes publish them as the epoch ends), then finishes."""
+        if self.stop_epochs is None or self.finished.is_set():
+            return
+        if self._stop_at is None:
+            if self.store.closed_count() < self.stop_epochs:
+                return
+            self._stop_at = time.monotonic() + (self.complete_grace if self.captured else 0.0)
+        last = [r for r in self.store.epochs() if r.state != "open"][-1]
+        n = int((last.summary or {}).get("n", 0))
+        if time.monotonic() >= self._stop_at or self.store.result_count(last.epoch) >= n:
             self.finished.set()
 
 

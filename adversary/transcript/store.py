@@ -190,6 +190,10 @@ class EpochStore:
         """Epochs closed or pruned."""
         return int(self.db.execute("SELECT COUNT(*) FROM epochs WHERE state != 'open'").fetchone()[0])
 
+    def result_count(self, epoch: int) -> int:
+        """Results stored of epoch ``epoch``."""
+        return int(self.db.execute("SELECT COUNT(*) FROM results WHERE epoch = ?", (epoch,)).fetchone()[0])
+
     def results(self) -> list[Result]:
         """Every published result, by epoch then node."""
         sql = "SELECT epoch, node, output, iterations, time FROM results ORDER BY epoch, node"

@@ -27,12 +27,31 @@ def attack(
         typer.Option(help="ground truth to score (summary.json) [default: the one next to the transcript]"),
     ] = None,
     quiet: QuietOpt = False,
+    drift: Annotated[
+        float | None,
+        typer.Option(
+            help="an epoch store: the most a value moves per epoch, a fraction of the declared value range"
+            " (in the values' units without one); each node's intervals are combined across epochs under it",
+            min=0.0,
+        ),
+    ] = None,
 ) -> None:
-    """Replay the public z-recursion of a transcript and report what it proves about every node."""
-    from adversary.attack import attack_transcript, incomplete_note
+    """Replay the public z-recursion of a transcript and report what it proves about every node.
 
+    Given an epoch store (the folder of ``nlagg eavesdrop --continuous``), every epoch is attacked
+    and the report lists the exposures per epoch and each node's intervals combined across epochs.
+    """
+    from adversary.attack import attack_transcript, incomplete_note
+    from adversary.transcript.store import is_epoch_store
+
+    from ..errors import ConfigError
     from ..verdict import output_holders, verdict
 
+    if is_epoch_store(transcript):
+        attack_store(transcript, drift, as_json)
+        return
+    if drift is not None:
+        raise ConfigError("drift", drift, f"{transcript} is one run's transcript, not an epoch store")
     report = attack_transcript(transcript, truth=truth)
     if (note := incomplete_note(report)) is not None:
         print(f"nlagg: warning: {note}", file=sys.stderr)
@@ -81,6 +100,50 @@ def attack(
         )
     else:
         console.print(report.truth_note or "no ground truth found: not scored")
+
+
+def _interval(lower: float | None, upper: float | None) -> str:
+    from rich.markup import escape
+
+    lo = "-inf" if lower is None else f"{lower:.6g}"
+    hi = "inf" if upper is None else f"{upper:.6g}"
+    return escape(f"[{lo}, {hi}]")
+
+
+def attack_store(folder: Path, drift: float | None, as_json: bool) -> None:
+    """``nlagg attack`` on an epoch store: exposures per epoch, each node's combined intervals."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from adversary.epochs import attack_epochs
+
+    report = attack_epochs(folder, drift)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    console = Console()
+    table = Table(title=f"{report.prefix}/{report.run_id}: {len(report.epochs)} epochs ({report.op})")
+    for col in ("epoch", "state", "output", "published", "iterations", "exposed"):
+        table.add_column(col)
+    for e in report.epochs:
+        table.add_row(
+            str(e.epoch),
+            e.state + ("" if e.complete else " (incomplete)"),
+            "-" if e.output is None else f"{e.output:.6g}",
+            "-" if e.published is None else f"{e.published:.6g}",
+            "-" if e.iterations is None else str(e.iterations),
+            e.error or (", ".join(map(str, e.exposed)) or "none"),
+        )
+    console.print(table)
+    nodes = Table(title="per node" + ("" if drift is None else f", intervals combined under drift {drift:g}"))
+    for col in ("node", "exposed in epochs", "latest epoch's interval", "consistent with the drift"):
+        nodes.add_column(col)
+    for s in report.nodes:
+        last = s.combined[-1] if s.combined else None
+        shown = "-" if last is None else _interval(last["lower"], last["upper"])
+        nodes.add_row(str(s.node), ", ".join(map(str, s.exposed_in)) or "-", shown, "yes" if s.consistent else "NO")
+    console.print(nodes)
+    console.print(f"exposed in at least one epoch: {sorted(report.cumulative) or 'none'}")
 
 
 @app.command()
