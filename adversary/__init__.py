@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from .attack import attack_transcript as attack_transcript
     from .attack import score as score
     from .bounds import IdealBound as IdealBound
+    from .bounds import ideal_leakage as ideal_leakage
     from .epochs import EpochsReport as EpochsReport
     from .epochs import attack_epochs as attack_epochs
     from .epochs import combine_intervals as combine_intervals
-    from .bounds import ideal_leakage as ideal_leakage
     from .report import render_testbed_report as render_testbed_report
     from .simulated import attack_simulation as attack_simulation
     from .simulated import simulate_transcript as simulate_transcript

@@ -243,7 +243,9 @@ def attack_epochs(folder: str | Path, drift: float | None = None) -> EpochsRepor
     return report
 
 
-def _node_series(attacked: list[tuple[EpochRow, dict[str, Any]]], n: int, drift: float | None) -> list[NodeSeries]:
+def _node_series(
+    attacked: list[tuple[EpochRow, dict[str, Any]]], n: int, drift: float | None
+) -> list[NodeSeries]:
     ks = [row.epoch for row, _ in attacked]
     bounds = [summary_intervals(s, n) for _, s in attacked]
     lo = np.array([b[0] for b in bounds]).reshape(len(ks), n)

@@ -34,12 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
+from nlagg_node.limits import MAX_ITERATIONS
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.limits import MAX_ITERATIONS
 from nlagg_node.runtime.wire import Finite, NodeId
 
-from ..epochs import epoch_summary
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
 from ..transcript.writer import Transcript
@@ -73,6 +72,9 @@ class _Epoch:
 
 
 Events = Callable[..., None]
+Summarize = Callable[[Path], dict[str, Any]]
+"""What an epoch's summary is, given its transcript (:func:`adversary.epochs.epoch_summary`: the
+attack's report; the capture itself never imports the attack)."""
 
 
 class EpochCapture:
@@ -80,10 +82,12 @@ class EpochCapture:
 
     Parameters
     ----------
+    summarize : the summary of a closed epoch, from its transcript (see :data:`Summarize`).
     keep_epochs : keep the raw transcripts of the newest N closed epochs (None: all).
     stop_epochs : stop once the store holds this many closed epochs (None: until cancelled).
     complete_grace : seconds an epoch waits for what is missing, once it is done or a later one began.
-    on_event : ``on_event(kind, **fields)`` for ``epoch`` (opened), ``exposure``, ``epoch_closed``, ``pruned``.
+    on_event : ``on_event(kind, **fields)`` for ``epoch`` (opened), ``exposure``, ``epoch_closed`` and
+        ``pruned``.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class EpochCapture:
         transport: Subscriber,
         store: EpochStore,
         *,
+        summarize: Summarize,
         keep_epochs: int | None = None,
         stop_epochs: int | None = None,
         complete_grace: float = 10.0,
@@ -102,6 +107,7 @@ class EpochCapture:
                 raise ConfigError(name, value, f"must be {least} or more")
         self.transport = transport
         self.store = store
+        self.summarize = summarize
         self.base = store.epoch_prefix
         self.keep_epochs = keep_epochs
         self.stop_epochs = stop_epochs
@@ -259,8 +265,10 @@ class EpochCapture:
 
     async def _close(self, k: int, eaves: Eavesdropper) -> None:
         """Store the summary of epoch ``k`` (the attack on its transcript), then prune."""
-        summary = await asyncio.to_thread(epoch_summary, self.store.transcript_path(k))
-        summary.update(epoch=k, captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set())
+        summary = await asyncio.to_thread(self.summarize, self.store.transcript_path(k))
+        summary.update(
+            epoch=k, captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set()
+        )
         self.store.close_epoch(k, summary)
         self.closing.discard(k)
         log.info("epoch %d closed: exposed %s, output %s", k, summary.get("exposed"), summary.get("output"))
@@ -302,7 +310,8 @@ def _say(console: Any, events: bool, live: bool) -> Events:
         if events:
             _event(kind, **fields)
         elif not live and kind == "exposure":
-            console.print(f"epoch {fields['epoch']}: node {fields['node']} exposed at t={fields['t']}: s = {fields['value']!r}")
+            where = f"epoch {fields['epoch']}: node {fields['node']} exposed at t={fields['t']}"
+            console.print(f"{where}: s = {fields['value']!r}")
         elif not live and kind in ("epoch_closed", "pruned"):
             console.print(f"{kind.replace('_', ' ')}: {fields}")
 
@@ -314,6 +323,7 @@ async def run_epoch_eavesdropper(
     run_id: str,
     folder: Path,
     *,
+    summarize: Summarize,
     prefix: str = "nlagg",
     username: str | None = None,
     password: str | None = None,
@@ -356,7 +366,12 @@ async def run_epoch_eavesdropper(
         )
         async with source:
             capture = EpochCapture(
-                source, store, keep_epochs=keep_epochs, stop_epochs=epochs, on_event=_say(console, events, live)
+                source,
+                store,
+                summarize=summarize,
+                keep_epochs=keep_epochs,
+                stop_epochs=epochs,
+                on_event=_say(console, events, live),
             )
             task = asyncio.create_task(capture.run())
             on_stop_signal(task.cancel)
@@ -382,7 +397,9 @@ async def run_epoch_eavesdropper(
     return capture
 
 
-async def _until_done(capture: EpochCapture, task: asyncio.Task[None], stop_after: float | None, view: Any) -> None:
+async def _until_done(
+    capture: EpochCapture, task: asyncio.Task[None], stop_after: float | None, view: Any
+) -> None:
     """Wait for the capture ``task`` (refreshing the live ``view``: the current epoch's table), at most
     ``stop_after`` seconds. A capture failure is raised."""
     try:

@@ -197,7 +197,9 @@ class EpochStore:
     def results(self) -> list[Result]:
         """Every published result, by epoch then node."""
         sql = "SELECT epoch, node, output, iterations, time FROM results ORDER BY epoch, node"
-        return [Result(int(k), int(i), float(o), int(it), float(t)) for k, i, o, it, t in self.db.execute(sql)]
+        return [
+            Result(int(k), int(i), float(o), int(it), float(t)) for k, i, o, it, t in self.db.execute(sql)
+        ]
 
     # Writing ---------------------------------------------------------------------------------
     def open_epoch(self, epoch: int) -> None:

@@ -18,7 +18,9 @@ def attack(
     transcript: Annotated[
         Path,
         typer.Argument(
-            metavar="TRANSCRIPT", help=TRANSCRIPT_HELP + " of a testbed or simulated run (opened read-only)"
+            metavar="TRANSCRIPT",
+            help=TRANSCRIPT_HELP
+            + " of a testbed or simulated run, or an epoch store's folder (opened read-only)",
         ),
     ],
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -141,7 +143,9 @@ def attack_store(folder: Path, drift: float | None, as_json: bool) -> None:
     for s in report.nodes:
         last = s.combined[-1] if s.combined else None
         shown = "-" if last is None else _interval(last["lower"], last["upper"])
-        nodes.add_row(str(s.node), ", ".join(map(str, s.exposed_in)) or "-", shown, "yes" if s.consistent else "NO")
+        nodes.add_row(
+            str(s.node), ", ".join(map(str, s.exposed_in)) or "-", shown, "yes" if s.consistent else "NO"
+        )
     console.print(nodes)
     console.print(f"exposed in at least one epoch: {sorted(report.cumulative) or 'none'}")
 
@@ -223,7 +227,7 @@ def dashboard(
         typer.Argument(
             metavar="TRANSCRIPT",
             help=TRANSCRIPT_HELP + " (opened read-only): a growing one is shown live, a finished one"
-            " replayed",
+            " replayed; an epoch store's folder (nlagg eavesdrop --continuous) follows its newest epoch",
         ),
     ],
     port: Annotated[int, typer.Option(help="TCP port (0: any free one)")] = 8080,

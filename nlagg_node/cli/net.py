@@ -115,6 +115,7 @@ def capture_epochs(
 ) -> None:
     """``nlagg eavesdrop --continuous``: every epoch of a deployment into one epoch store."""
     from adversary.capture import run_epoch_eavesdropper
+    from adversary.epochs import epoch_summary
 
     from ..errors import ConfigError
     from ..lifetime import run_stoppable
@@ -129,6 +130,7 @@ def capture_epochs(
         brokers,
         opts.run_id,
         opts.transcript,
+        summarize=epoch_summary,
         prefix=opts.prefix,
         username=opts.username,
         password=password,

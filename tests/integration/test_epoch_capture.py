@@ -73,7 +73,12 @@ async def test_three_epochs_into_one_store_across_a_restart(mosquitto_url: str, 
             if k == 2:  # epoch 1 went by while it was down: its persistent session kept every message
                 child = await start_capture(mosquitto_url, store, tmp_path / "eve.log")
             summary = await run_testbed(
-                cfg, run_id=f"e{k}", prefix="P/R", broker_url=mosquitto_url, in_process=True, out_dir=tmp_path / f"tb{k}"
+                cfg,
+                run_id=f"e{k}",
+                prefix="P/R",
+                broker_url=mosquitto_url,
+                in_process=True,
+                out_dir=tmp_path / f"tb{k}",
             )
             exposed.append(sorted(summary["exposed_nodes"]))
             async with MqttTransport(mosquitto_url, client_id=f"results-{k}") as tr:

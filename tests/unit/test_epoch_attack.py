@@ -24,7 +24,8 @@ def test_each_epoch_is_cut_by_the_others_widened_by_the_drift_per_epoch() -> Non
     lo, hi = combine_intervals([0, 1, 3], lower, upper, drift=1.0)
     assert lo[:, 0].tolist() == [5.0, 4.0, 4.0]  # epoch 3: max(4, 5 - 3)
     assert hi[:, 0].tolist() == [5.0, 6.0, 8.0]  # epoch 1: 5 + 1; epoch 3: min(9, 5 + 3)
-    assert np.isinf(lo[:, 1]).all() and np.isinf(hi[:, 1]).all()
+    assert np.isinf(lo[:, 1]).all()
+    assert np.isinf(hi[:, 1]).all()
     lo, hi = combine_intervals([0, 1, 3], lower, upper, drift=0.0)
     assert (lo[2, 0], hi[2, 0]) == (5.0, 5.0)  # no drift: epoch 3's value is epoch 0's
     lower[2, 0] = 6.0
@@ -84,4 +85,6 @@ def test_combined_intervals_contain_a_random_walk_within_the_drift(
             )
     assert (tighter > 0) == narrows  # other epochs narrowed some interval
     exposed = [set(e.exposed) for e in report.epochs]
-    assert report.cumulative == {i: min(k for k, e in enumerate(exposed) if i in e) for i in set().union(*exposed)}
+    assert report.cumulative == {
+        i: min(k for k, e in enumerate(exposed) if i in e) for i in set().union(*exposed)
+    }

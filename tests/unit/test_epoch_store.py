@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from adversary.capture.epochs import EpochCapture
+from adversary.epochs import epoch_summary
+from adversary.simulated import simulate_transcript
 from adversary.transcript import EpochStore, Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
-
-from adversary.simulated import simulate_transcript
 
 PREFIX, RUN = "P", "R"
 
@@ -29,6 +29,12 @@ def epoch_messages(tmp: Path, k: int, n: int = 6) -> tuple[list[tuple[str, bytes
     return [(str(t), bytes(p), bool(r)) for t, p, r in rows], src
 
 
+def exposed_in(src: Path) -> list[int]:
+    """The nodes a simulated transcript's ground truth says were exposed."""
+    truth = json.loads(Path(f"{src}.truth.json").read_text())
+    return sorted(int(i) for i, t in truth["first_match"].items() if t >= 0)
+
+
 def result(k: int, i: int, output: float) -> tuple[str, bytes]:
     doc = {"v": 1, "node": i, "epoch": k, "output": output, "iterations": 120, "time": 1.0e9 + k}
     return f"{PREFIX}/{RUN}/results/{i}", json.dumps(doc).encode()
@@ -40,10 +46,20 @@ async def publish(broker: MemoryBroker, messages: list[tuple[str, bytes, bool]])
             await tr.publish(topic, payload, retain=retain)
 
 
-async def start(broker: MemoryBroker, store: EpochStore, **kw: int) -> tuple[EpochCapture, asyncio.Task[None]]:
+async def start(
+    broker: MemoryBroker, store: EpochStore, *, keep_epochs: int | None = None, stop_epochs: int | None = None
+) -> tuple[EpochCapture, asyncio.Task[None]]:
     transport = MemoryTransport(broker, "eve")
     await transport.connect()
-    capture = EpochCapture(transport, store, complete_grace=0.5, commit_every=0.05, **kw)
+    capture = EpochCapture(
+        transport,
+        store,
+        summarize=epoch_summary,
+        keep_epochs=keep_epochs,
+        stop_epochs=stop_epochs,
+        complete_grace=0.5,
+        commit_every=0.05,
+    )
     task = asyncio.create_task(capture.run())
     await capture.subscribed.wait()
     return capture, task
@@ -64,13 +80,14 @@ async def test_epochs_route_to_their_transcripts_and_old_ones_are_pruned_to_summ
     assert [(r.epoch, r.state) for r in rows] == [(0, "pruned"), (1, "pruned"), (2, "closed")]
     assert [p.name for p in sorted((tmp_path / "store").glob("e[0-9]*"))] == ["e2.sqlite"]
     for row, src in zip(rows, sources, strict=True):
-        truth = json.loads(Path(f"{src}.truth.json").read_text())
-        exposed = sorted(int(i) for i, t in truth["first_match"].items() if t >= 0)
         assert row.summary is not None
-        assert row.summary["exposed"] == exposed  # the pruned epochs' findings stay
+        assert row.summary["exposed"] == exposed_in(src)  # the pruned epochs' findings stay
         assert row.summary["complete"] is True
-    with Transcript.open_read_only(store.transcript_path(2)) as tr, Transcript.open_read_only(sources[2]) as src:
-        assert np.array_equal(tr.x(6), src.x(6), equal_nan=True)
+    with (
+        Transcript.open_read_only(store.transcript_path(2)) as tr,
+        Transcript.open_read_only(sources[2]) as original,
+    ):
+        assert np.array_equal(tr.x(6), original.x(6), equal_nan=True)
     assert [(r.epoch, r.node, r.output) for r in store.results()] == [
         (k, i, 50.0 + k) for k in range(3) for i in range(6)
     ]
@@ -81,14 +98,16 @@ async def test_epochs_route_to_their_transcripts_and_old_ones_are_pruned_to_summ
 async def test_a_restarted_capture_resumes_its_open_epoch_and_skips_closed_ones(tmp_path: Path) -> None:
     broker = MemoryBroker()
     folder = tmp_path / "store"
-    first, src0 = epoch_messages(tmp_path, 0)
+    first, _ = epoch_messages(tmp_path, 0)
     second, src1 = epoch_messages(tmp_path, 1)
     half = len(second) // 2
     with EpochStore(folder, PREFIX, RUN) as store:
         capture, task = await start(broker, store)
         await publish(broker, first + second[:half])
         async with asyncio.timeout(30):
-            while store.closed_count() < 1 or capture.captured < len(first) + half:
+            while True:  # until epoch 0 is closed and every message handled
+                if store.closed_count() == 1 and capture.captured == len(first) + half:
+                    break
                 await asyncio.sleep(0.05)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -100,7 +119,10 @@ async def test_a_restarted_capture_resumes_its_open_epoch_and_skips_closed_ones(
             await task
         assert [(r.epoch, r.state) for r in store.epochs()] == [(0, "closed"), (1, "closed")]
         assert capture.late >= 1  # epoch 0's retained config came again at the resubscription
-        with Transcript.open_read_only(store.transcript_path(1)) as tr, Transcript.open_read_only(src1) as src:
+        with (
+            Transcript.open_read_only(store.transcript_path(1)) as tr,
+            Transcript.open_read_only(src1) as src,
+        ):
             assert tr.count(valid_only=True) == src.count(valid_only=True)  # nothing lost, nothing twice
 
 
@@ -109,7 +131,7 @@ def test_a_store_refuses_another_deployment_and_junk_results(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="run_id='other'"):
         EpochStore(tmp_path / "s", PREFIX, "other")
     with EpochStore(tmp_path / "s") as store:
-        capture = EpochCapture(MemoryTransport(MemoryBroker(), "eve"), store)
+        capture = EpochCapture(MemoryTransport(MemoryBroker(), "eve"), store, summarize=epoch_summary)
         capture.handle(f"{PREFIX}/{RUN}/results/3", json.dumps({"v": 1, "node": 2}).encode())
         capture.handle(*result(0, 4, float("nan")))  # json.dumps writes NaN: not a finite output
         capture.handle(f"{PREFIX}/{RUN}/e-1/config", b"{}")

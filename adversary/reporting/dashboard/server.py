@@ -1,4 +1,5 @@
-"""The dashboard's web server: a read-only Starlette app on uvicorn, fed by :class:`DashboardState`.
+"""The dashboard's web server: a read-only Starlette app on uvicorn, fed by :class:`DashboardState`
+(or, for an epoch store, :class:`~adversary.reporting.dashboard.epochs.EpochDashboardState`).
 
 Routes (GET only; anything else is 405): ``/`` the page, ``/static/...`` its vendored assets,
 ``/api/state`` the whole state as JSON, ``/api/events`` the same state as Server-Sent Events (one
@@ -42,7 +43,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import stop_requested
 
 from ...transcript.reader import settle_file
-from .state import DashboardState
+from .epochs import DashboardView, open_state
 
 __all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
 
@@ -143,7 +144,7 @@ class _Guard:
 class _Hub:
     """Polls the transcript and wakes the event streams when it changed."""
 
-    def __init__(self, state: DashboardState, every: float) -> None:
+    def __init__(self, state: DashboardView, every: float) -> None:
         self.state = state
         self.every = every
         self.changed = asyncio.Condition()
@@ -183,7 +184,7 @@ def _sse(event: str, doc: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(doc, separators=(',', ':'), allow_nan=False)}\n\n"
 
 
-def build_app(state: DashboardState, hub: _Hub, token: str | None) -> ASGIApp:
+def build_app(state: DashboardView, hub: _Hub, token: str | None) -> ASGIApp:
     """The Starlette application (read-only routes), wrapped in the access guard."""
 
     async def index(_request: Request) -> Response:
@@ -203,7 +204,7 @@ def build_app(state: DashboardState, hub: _Hub, token: str | None) -> ASGIApp:
         async def stream() -> AsyncIterator[str]:
             doc = await asyncio.to_thread(state.snapshot)
             yield _sse("snapshot", doc)
-            have_graph = "config" in doc
+            have_graph, epoch = "config" in doc, doc.get("epoch")
             while not hub.closed:
                 cols = int(doc.get("columns_from", 0)) + len(doc.get("columns", []))
                 exps = int(doc.get("exposures_from", 0)) + len(doc.get("exposures", []))
@@ -214,11 +215,13 @@ def build_app(state: DashboardState, hub: _Hub, token: str | None) -> ASGIApp:
                     continue
                 if have_graph:
                     doc = await asyncio.to_thread(state.snapshot, cols, exps, graph=False)
-                    yield _sse("delta", doc)
-                else:  # the config was not in yet: start over with everything
-                    doc = await asyncio.to_thread(state.snapshot)
-                    yield _sse("snapshot", doc)
-                    have_graph = "config" in doc
+                    if doc.get("epoch") == epoch:
+                        yield _sse("delta", doc)
+                        continue
+                # The config was not in yet, or an epoch store moved on to a new epoch: everything.
+                doc = await asyncio.to_thread(state.snapshot)
+                yield _sse("snapshot", doc)
+                have_graph, epoch = "config" in doc, doc.get("epoch")
 
         return StreamingResponse(
             stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
@@ -266,7 +269,8 @@ class Dashboard:
 
     Parameters
     ----------
-    transcript : the transcript file (it may still be growing, or not exist yet: see ``wait``).
+    transcript : the transcript file (it may still be growing, or not exist yet: see ``wait``), or an
+        epoch store's folder (:class:`~adversary.reporting.dashboard.epochs.EpochDashboardState`).
     host, port : where to listen (port 0: a free one, see :attr:`port`); bound at once, so a port
         in use is reported before anything else starts.
     truth : ground truth for the leakage-vs-bound table (see :class:`DashboardState`).
@@ -294,11 +298,11 @@ class Dashboard:
         self.wait_s = wait
         self.sock = _bind(host, port)
         self.port = int(self.sock.getsockname()[1])
-        self._state: DashboardState | None = None
+        self._state: DashboardView | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
-    def state(self) -> DashboardState:
+    def state(self) -> DashboardView:
         if self._state is None:
             raise RuntimeError("the dashboard is not open")
         return self._state
@@ -309,12 +313,12 @@ class Dashboard:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
-    async def _open(self, abort_if: asyncio.Future[Any] | None) -> DashboardState:
+    async def _open(self, abort_if: asyncio.Future[Any] | None) -> DashboardView:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_s
         while True:
             try:
-                return DashboardState(self.transcript, truth=self.truth)
+                return open_state(self.transcript, truth=self.truth)
             except ConfigError:
                 if loop.time() >= deadline or (abort_if is not None and abort_if.done()):
                     raise

@@ -50,6 +50,7 @@ function onDelta(doc) {
   S.truth = !!doc.truth;
   S.output = doc.output;
   document.body.dataset.finished = String(!!doc.finished);
+  if (doc.epochs) drawEpochs(doc.epochs, doc.epoch);
   header(doc);
   const slider = $("slider");
   slider.max = String(Math.max(0, S.latest));
