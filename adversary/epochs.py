@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -31,6 +31,7 @@ import numpy as np
 from nlagg_node.arrays import FloatArray
 from nlagg_node.errors import ConfigError
 
+from .attack import SOLVED_TOLERANCE, attack_transcript, incomplete_note
 from .transcript.store import EpochRow, EpochStore, Result
 
 __all__ = [
@@ -49,8 +50,6 @@ def epoch_summary(path: str | Path) -> dict[str, Any]:
     transcript (:meth:`~adversary.attack.AttackReport.to_json`: exposures, intervals, the output)
     and whether the transcript was complete. An epoch without a configuration captured has no
     report: its summary says why."""
-    from .attack import attack_transcript, incomplete_note
-
     try:
         report = attack_transcript(path)
     except ConfigError as exc:
@@ -160,6 +159,22 @@ class EpochsReport:
     def cumulative(self) -> dict[int, int]:
         """Node -> the first epoch it was exposed in."""
         return {s.node: s.exposed_in[0] for s in self.nodes if s.exposed_in}
+
+    def interval_soundness(self, truth: Mapping[int, Sequence[float]]) -> float:
+        """The share of (node, epoch) combined intervals that contain the truth, ``truth[k][i]`` the
+        value of node i in epoch k (epochs missing from ``truth`` are not scored). As in
+        :func:`adversary.attack.score`, a bound may miss by rounding: 1e-9 of the value range."""
+        span = 0.0 if self.value_range is None else self.value_range[1] - self.value_range[0]
+        tol = SOLVED_TOLERANCE * max(1.0, span)
+        hits = [
+            (-math.inf if c["lower"] is None else c["lower"]) - tol
+            <= float(truth[c["epoch"]][s.node])
+            <= (math.inf if c["upper"] is None else c["upper"]) + tol
+            for s in self.nodes
+            for c in s.combined
+            if c["epoch"] in truth
+        ]
+        return sum(hits) / len(hits) if hits else 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -312,8 +312,14 @@ def _say(console: Any, events: bool, live: bool) -> Events:
         elif not live and kind == "exposure":
             where = f"epoch {fields['epoch']}: node {fields['node']} exposed at t={fields['t']}"
             console.print(f"{where}: s = {fields['value']!r}")
-        elif not live and kind in ("epoch_closed", "pruned"):
-            console.print(f"{kind.replace('_', ' ')}: {fields}")
+        elif not live and kind == "epoch_closed":
+            exposed = ", ".join(map(str, fields["exposed"])) or "none"
+            whole = "" if fields["complete"] else " (incomplete)"
+            console.print(
+                f"epoch {fields['epoch']} closed{whole}: output {fields['output']}, exposed {exposed}"
+            )
+        elif not live and kind == "pruned":
+            console.print(f"epoch {fields['epoch']}: raw transcript deleted, its summary kept")
 
     return say
 

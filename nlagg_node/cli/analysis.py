@@ -50,6 +50,10 @@ def attack(
     from ..verdict import output_holders, verdict
 
     if is_epoch_store(transcript):
+        if truth is not None:
+            raise ConfigError(
+                "truth", str(truth), "an epoch store is not scored (adversary.epochs: interval_soundness)"
+            )
         attack_store(transcript, drift, as_json)
         return
     if drift is not None:
