@@ -46,9 +46,15 @@ from .eavesdropper import Eavesdropper, live_table
 from .merged import Acknowledging
 from .subscriber import AckingSubscriber, accepts_anonymous
 
-__all__ = ["EpochCapture", "ResultMsg", "run_epoch_eavesdropper"]
+__all__ = ["MAX_OPEN_EPOCHS", "EpochCapture", "ResultMsg", "run_epoch_eavesdropper"]
 
 log = logging.getLogger("nlagg.eavesdropper")
+
+
+MAX_OPEN_EPOCHS = 16
+"""Epochs captured at once, at most: a client publishing under many ``e{k}`` cannot make the capture
+open a transcript (a file, an eavesdropper) for each; a message that would open one more is
+counted ``stray`` and not stored. A deployment has one epoch open, two while one ends."""
 
 
 class ResultMsg(BaseModel):
@@ -154,6 +160,10 @@ class EpochCapture:
             if k in self.closing or self.store.state(k) not in (None, "open"):
                 self.late += 1  # a retained message sent again, or a straggler of a closed epoch
                 log.debug("epoch %d is closed: a late message on %s is not stored", k, topic)
+                return
+            if len(self.live) + len(self.closing) >= MAX_OPEN_EPOCHS:
+                self.stray += 1
+                log.warning("%d epochs open already: a message on %s is not stored", MAX_OPEN_EPOCHS, topic)
                 return
             ep = self._open(k)
         ep.seen = time.monotonic()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adversary.capture.epochs import EpochCapture
+from adversary.capture.epochs import MAX_OPEN_EPOCHS, EpochCapture
 from adversary.epochs import epoch_summary
 from adversary.simulated import simulate_transcript
 from adversary.transcript import EpochStore, Transcript
@@ -126,7 +126,7 @@ async def test_a_restarted_capture_resumes_its_open_epoch_and_skips_closed_ones(
             assert tr.count(valid_only=True) == src.count(valid_only=True)  # nothing lost, nothing twice
 
 
-def test_a_store_refuses_another_deployment_and_junk_results(tmp_path: Path) -> None:
+def test_a_store_refuses_another_deployment_junk_results_and_too_many_epochs(tmp_path: Path) -> None:
     EpochStore(tmp_path / "s", PREFIX, RUN).close()
     with pytest.raises(ValueError, match="run_id='other'"):
         EpochStore(tmp_path / "s", PREFIX, "other")
@@ -137,3 +137,7 @@ def test_a_store_refuses_another_deployment_and_junk_results(tmp_path: Path) -> 
         capture.handle(f"{PREFIX}/{RUN}/e-1/config", b"{}")
         assert capture.stray == 3
         assert store.results() == []
+        for k in range(MAX_OPEN_EPOCHS + 5):  # junk under as many epochs: a bounded number opens
+            capture.handle(f"{PREFIX}/{RUN}/e{k}/config", b"{}")
+        assert len(store.epochs()) == MAX_OPEN_EPOCHS
+        assert capture.stray == 3 + 5
