@@ -160,7 +160,7 @@ class EpochsReport:
         """Node -> the first epoch it was exposed in."""
         return {s.node: s.exposed_in[0] for s in self.nodes if s.exposed_in}
 
-    def interval_soundness(self, truth: Mapping[int, Sequence[float]]) -> float:
+    def interval_soundness(self, truth: Mapping[int, Sequence[float] | FloatArray]) -> float:
         """The share of (node, epoch) combined intervals that contain the truth, ``truth[k][i]`` the
         value of node i in epoch k (epochs missing from ``truth`` are not scored). As in
         :func:`adversary.attack.score`, a bound may miss by rounding: 1e-9 of the value range."""
