@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -185,9 +185,9 @@ class EpochsReport:
             "drift": self.drift,
             "drift_units": self.drift_units,
             "value_range": list(self.value_range) if self.value_range is not None else None,
-            "epochs": [e.__dict__ for e in self.epochs],
+            "epochs": [asdict(e) for e in self.epochs],
             "cumulative_exposed": {str(i): k for i, k in sorted(self.cumulative.items())},
-            "nodes": [s.__dict__ for s in self.nodes],
+            "nodes": [asdict(s) for s in self.nodes],
         }
 
 
