@@ -122,10 +122,14 @@ def capture_epochs(
 
     if not opts.continuous:
         raise ConfigError("keep_epochs/epochs", [opts.keep_epochs, opts.epochs], "need --continuous")
-    refused = {"config": opts.config, "broker_cluster": opts.broker_cluster or None}
-    for name, value in refused.items():
-        if value is not None:
-            raise ConfigError(name, value, "not with --continuous (each epoch publishes its retained config)")
+    if opts.config is not None:
+        raise ConfigError(
+            "config", opts.config, "not with --continuous (each epoch publishes its retained config)"
+        )
+    if opts.broker_cluster:
+        raise ConfigError(
+            "broker_cluster", True, "not with --continuous (it reads one broker in causal order)"
+        )
     capture = run_epoch_eavesdropper(
         brokers,
         opts.run_id,
