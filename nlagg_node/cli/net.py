@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,8 @@ from ._app import app, setup_logging
 from ._command import options_command
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from ..runtime.tls import TlsSettings
 
 
@@ -63,7 +65,6 @@ def eavesdrop(opts: EavesdropOptions) -> None:
     from adversary.capture import run_eavesdropper
 
     from ..deploy.start import read_password
-    from ..lifetime import run_stoppable
 
     setup_logging(opts.verbose)
     password = read_password(opts.password_file)
@@ -96,18 +97,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         tls=tls,
         broker_cluster=opts.broker_cluster,
     )
-    if opts.dashboard is None:
-        run_stoppable(capture, partial=opts.transcript)
-        return
-    from adversary.reporting.dashboard import parse_listen, serve_beside
-
-    try:
-        parse_listen(opts.dashboard)  # a bad address fails before anything starts
-    except BaseException:
-        capture.close()
-        raise
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    run_stoppable(serve_beside(opts.transcript, opts.dashboard, capture, say), partial=opts.transcript)
+    serve_capture(capture, opts)
 
 
 def capture_epochs(
@@ -118,7 +108,6 @@ def capture_epochs(
     from adversary.epochs import epoch_summary
 
     from ..errors import ConfigError
-    from ..lifetime import run_stoppable
 
     if not opts.continuous:
         raise ConfigError("keep_epochs/epochs", [opts.keep_epochs, opts.epochs], "need --continuous")
@@ -145,13 +134,20 @@ def capture_epochs(
         keep_epochs=opts.keep_epochs,
         epochs=opts.epochs,
     )
+    serve_capture(capture, opts)
+
+
+def serve_capture(capture: Coroutine[Any, Any, object], opts: EavesdropOptions) -> None:
+    """Run a capture until it ends or a signal stops it, with its dashboard beside it when asked."""
+    from ..lifetime import run_stoppable
+
     if opts.dashboard is None:
         run_stoppable(capture, partial=opts.transcript)
         return
     from adversary.reporting.dashboard import parse_listen, serve_beside
 
     try:
-        parse_listen(opts.dashboard)
+        parse_listen(opts.dashboard)  # a bad address fails before anything starts
     except BaseException:
         capture.close()
         raise
