@@ -35,6 +35,23 @@ def tune(
     k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
     quantile: Annotated[float | None, typer.Option(help="quantile level p")] = None,
     seed: Annotated[int, typer.Option(help="seed of the evaluation runs (written to run.toml)")] = 0,
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            help="judge each setting over K epochs of a continuous deployment: --max-leak then bounds the"
+            " cumulative exposure beyond the ideal world (docs/epochs.md)"
+        ),
+    ] = None,
+    drift: Annotated[
+        float,
+        typer.Option(
+            help="with --epochs: the declared drift, a fraction of --value-range (value units without)"
+        ),
+    ] = 0.0,
+    cold_start: Annotated[
+        bool,
+        typer.Option("--cold-start", help="with --epochs: start every epoch cold (default: warm starts)"),
+    ] = False,
     out: Annotated[Path, typer.Option(help="where to write the chosen run config")] = Path("run.toml"),
     as_json: Annotated[bool, typer.Option("--json", help="print the table and the choice as JSON")] = False,
     force: ForceOpt = False,
@@ -48,6 +65,11 @@ def tune(
         raise ConfigError("max_leak", max_leak, "must lie in (0, 1]")
     if budget < 1:
         raise ConfigError("budget", budget, "must be at least 1 iteration")
+    if epochs is not None and epochs < 1:
+        raise ConfigError("epochs", epochs, "must be at least 1")
+    if epochs is None and (drift != 0.0 or cold_start):
+        flag, value = ("drift", drift) if drift != 0.0 else ("cold_start", cold_start)
+        raise ConfigError(flag, value, "applies with --epochs K only")
     claim_file(out, force=force, field="out")  # before the search, like every --out
     base = load_config(
         None,
@@ -61,14 +83,18 @@ def tune(
         quantile=quantile,
         seed=seed,
     )
-    from ..tune import candidate_settings
+    from ..tune import EpochPlan, candidate_settings
 
     grid = candidate_settings(base, budget)
+    plan = EpochPlan(epochs, drift, not cold_start) if epochs is not None else None
     result = _with_progress(
-        lambda report: run_tune(base, max_leak=max_leak, budget=budget, progress=report), len(grid)
+        lambda report: run_tune(base, max_leak=max_leak, budget=budget, progress=report, epochs=plan),
+        len(grid),
     )
     out.write_text(run_toml(base, result.chosen_setting))
     doc = {**result.to_json(), "run_toml": str(out)}
+    if plan is not None:
+        doc["epochs"] = {"epochs": plan.epochs, "drift": plan.drift, "warm_start": plan.warm}
     if as_json:
         print(json.dumps(doc))
         return

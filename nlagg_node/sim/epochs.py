@@ -212,7 +212,8 @@ def simulate_epochs(
         Warm-start epochs ``k >= 1`` (operators of :data:`~nlagg_node.warm.WARM_OPERATORS`; the
         others run cold anyway); False runs every epoch cold (``--cold-start``).
     values
-        ``(K, B, n)`` values in user units (``--values-file``); default :func:`walk_values`.
+        ``(K, B, n)`` values in user units; default ``cfg.values_file``'s
+        (:func:`read_epoch_values`), else :func:`walk_values`.
     progress
         Called as ``progress(done, K)`` after each epoch.
     """
@@ -224,7 +225,12 @@ def simulate_epochs(
         raise ConfigError("epochs", epochs, "must be at least 1")
     if not (math.isfinite(drift) and drift >= 0.0):
         raise ConfigError("drift", drift, "must be a finite number >= 0")
-    vals = walk_values(cfg, epochs, drift) if values is None else np.asarray(values, dtype=np.float64)
+    if values is not None:
+        vals = np.asarray(values, dtype=np.float64)
+    elif cfg.values_file is not None:
+        vals = read_epoch_values(cfg.values_file, cfg.n, epochs, cfg.trials)
+    else:
+        vals = walk_values(cfg, epochs, drift)
     check_values(cfg, vals)
     warm = warm and cfg.op in WARM_OPERATORS
     K, B, n = vals.shape
