@@ -15,23 +15,32 @@ world's adversary) holds it, so it may steer the next epoch's z^(0) at no privac
   t = 0), centred just beyond ``y``: x starts at about ``y +- margin``, where ``margin`` leaves room
   for the declared drift (:func:`warm_margin`).
 
-The declared drift ``D`` bounds how far any value moves between two epochs (a fraction of the
-declared value range, or value units without one). The one-sided warm start is safe while every
-value lies on the protected side of the bound ``b = y + D`` (max; ``y - D`` for min): then every
-value lies below the start and eq. (condition_P) holds at t = 0 for every non-maximum node, as in
-a cold start.
+The declared drift ``D`` bounds how far the output moves between two epochs (it does when no
+value moves further: every warm operator is 1-Lipschitz in the largest move). So the warm start
+expects the output in the *band* ``[y - D, y + D]``, one-sided for max (``x <= y + D``) and min
+(``x >= y - D``). The start protects every value on the far side of the band as the cold start
+protects every value (eq. (condition_P) at t = 0 for max: every value below the band lies below the
+start), but a value beyond the band would be crossed by the trajectories or, for max, lie above the
+start and be published at t = 0.
 
-Safety rule (docs/epochs.md, "When values move further than declared"): a node whose value lies
-beyond ``b`` does not run the epoch with its value. It runs it with its value *compressed* into
-``(b, b + w)`` by the public increasing map :meth:`WarmStart.used_value` (``w = D``, the margin keeps
-``b + w`` below the start), so its x never starts at its value. The warm run is then an ordinary
-max consensus of the values under a public increasing map: its output lies beyond ``b`` if and only
-if some value did, every node sees that (:meth:`WarmStart.falls_back`), discards the warm output
-and reruns the epoch cold (fresh z^(0) from the cold initialization). The one public fact this
-adds, "a value lies beyond y + D", is implied by the cold rerun's output anyway (the maximum then
-exceeds ``y + D``), and the warm run exposes what a max consensus exposes: its maximum's holder
-(the cold rerun's, exposed there too) and, with a non-maximum node's usual small probability,
-another node's compressed value.
+Safety rule, band and shell (docs/epochs.md, "When values move further than declared"): a node
+whose value lies outside the band never runs the warm epoch with it. It runs it with a fresh
+random value in the *shell* of width ``D`` just outside the band on its side
+(:meth:`WarmStart.used_value`, a uniform draw from the node's own generator). Every operator here
+is an order statistic, and each node keeps its side of the band, so
+
+* while the aggregate lies in the band (the declaration held), the warm run's output is the exact
+  aggregate: the order statistic is an in-band node's own value;
+* otherwise the output is a shell value, outside the band: every node sees it
+  (:meth:`WarmStart.falls_back`), discards it and reruns the epoch cold (fresh z^(0) from the cold
+  initialization, the run's own ``c``).
+
+What the warm run can reveal of a node outside the band is its shell value, which is noise, and so
+its side of the band: the ideal world's above/below side information of the median (paper Sec.
+IV-B), and for max only on a fallback. The fallback itself is one public bit, "the aggregate moved
+further than declared", which the cold rerun's output reveals anyway (it lies outside the band);
+beside it an eavesdropper can tell which node held the warm run's output, one node outside the
+band on the side the aggregate moved to. No value outside the band enters the warm epoch.
 
 Every function here is pure: the simulator (:mod:`nlagg_node.sim.epochs`) and the node runtime call
 the same ones. Positions (``last_output``, bounds, values) of a :class:`WarmStart` are on the
@@ -80,13 +89,15 @@ def drift_on_protocol(drift: float, value_range: tuple[float, float] | None) -> 
 def warm_margin(drift: float, c: float, sigma_z: float) -> float:
     """How far beyond the last output a one-sided warm start puts x, on the protocol's scale.
 
-    ``2 D + (1 + 3 sigma_z) / c``: the values lie below ``b = y + D`` as declared, a compressed value
-    below ``b + D`` (:meth:`WarmStart.used_value`), and ``x_i^(0)`` lies ``1 / (c d_i)`` below the
-    centre of the start with dual noise of standard deviation at most ``sigma_z / c``
-    (eq. (xi_up) at t = 0 with ``z^(0) ~ N(-a_ij mu_z, sigma_z^2)``): ``(1 + 3 sigma_z) / c`` keeps
-    eq. (condition_P) at t = 0 for every value below ``b + D`` (three standard deviations of the noise).
+    ``D + w + (1 + 3 sigma_z) / c`` with the shell's width ``w`` (``D``, or ``1 / c`` for ``D = 0``):
+    the values lie below the band's edge ``y + D`` or, run in its shell, below ``y + D + w``
+    (:meth:`WarmStart.used_value`), and ``x_i^(0)`` lies ``1 / (c d_i)`` below the centre of the
+    start with dual noise of standard deviation at most ``sigma_z / c`` (eq. (xi_up) at t = 0 with
+    ``z^(0) ~ N(-a_ij mu_z, sigma_z^2)``): ``(1 + 3 sigma_z) / c`` keeps eq. (condition_P) at t = 0
+    for every value below ``y + D + w`` (three standard deviations of the noise).
     """
-    return 2.0 * drift + (1.0 + 3.0 * sigma_z) / c
+    shell = drift if drift > 0.0 else 1.0 / c
+    return drift + shell + (1.0 + 3.0 * sigma_z) / c
 
 
 def warm_c(op: str, drift: float, c: float) -> float:
@@ -122,10 +133,10 @@ class WarmStart:
     last_output
         ``y``, the previous epoch's public output, on the protocol's scale.
     drift
-        ``D`` on the protocol's scale.
-    bound
-        One-sided: ``b = y + D`` (max) or ``y - D`` (min): the values the start protects lie on
-        this side of it. ``prior``: ``y`` (no node's value lies beyond a two-sided start).
+        ``D`` on the protocol's scale: the half-width of the band and the width of each shell.
+    band_lo, band_hi
+        The band ``[y - D, y + D]`` where the output is expected (``-inf`` below for max, ``+inf``
+        above for min).
     """
 
     kind: WarmKind
@@ -133,11 +144,8 @@ class WarmStart:
     c: float
     last_output: float
     drift: float
-    bound: float
-
-    @property
-    def one_sided(self) -> bool:
-        return self.kind != "prior"
+    band_lo: float
+    band_hi: float
 
     @property
     def start(self) -> float:
@@ -147,37 +155,42 @@ class WarmStart:
         sign = 1.0 if self.kind == "from-above" else -1.0
         return self.init.center + sign * self.init.mu_z / self.init.c
 
-    def violated(self, value: float) -> bool:
-        """A node's local check: its value lies beyond the bound (the declared drift did not hold).
+    @property
+    def shell(self) -> float:
+        """The width of each shell: ``D``, or ``1 / c`` when the declared drift is 0."""
+        return self.drift if self.drift > 0.0 else 1.0 / self.c
 
-        Always False for the two-sided ``prior`` start (its start is a public point inside the
-        values, as the cold prior at the range's midpoint is).
-        """
-        if self.kind == "from-above":
-            return value > self.bound
-        if self.kind == "from-below":
-            return value < self.bound
-        return False
+    def in_band(self, value: float) -> bool:
+        """A node's local check: its value (protocol scale) lies in the band and runs as is."""
+        return self.band_lo <= value <= self.band_hi
 
-    def used_value(self, value: float) -> float:
+    def used_value(self, value: float, u: float) -> float:
         """The value a node runs the warm epoch with (protocol scale).
 
-        Its own value where :meth:`violated` is False; else the value compressed into
-        ``(b, b + D)`` (``(b - D, b)`` for min) by the public increasing map
-        ``b + D delta / (delta + D)``, ``delta`` the distance beyond ``b``, so that x never starts at
-        it and the order of the values beyond ``b`` is kept.
+        Parameters
+        ----------
+        value
+            The node's value.
+        u
+            A fresh uniform draw in ``[0, 1)`` from the node's own generator.
+
+        Returns
+        -------
+        float
+            ``value`` where :meth:`in_band`; else ``band_hi + w (1 - u)`` above the band,
+            ``band_lo - w (1 - u)`` below it: uniform in the shell of width ``w`` on its side,
+            never on the band itself (``w`` = :attr:`shell`).
         """
-        if not self.violated(value):
+        if self.in_band(value):
             return value
-        w = self.drift if self.drift > 0.0 else 1.0 / self.init.c
-        delta = abs(value - self.bound)
-        step = w * delta / (delta + w)
-        return self.bound + step if self.kind == "from-above" else self.bound - step
+        step = self.shell * (1.0 - u)
+        return self.band_hi + step if value > self.band_hi else self.band_lo - step
 
     def falls_back(self, output: float) -> bool:
-        """The output check every node makes after the warm run: True when its output lies beyond
-        the bound, i.e. some value did; the epoch is then rerun cold and the warm output discarded."""
-        return self.violated(output)
+        """The output check every node makes after the warm run: True when the output lies outside
+        the band, i.e. the aggregate moved further than declared; the epoch then reruns cold and
+        the warm output is discarded."""
+        return not self.in_band(output)
 
 
 def warm_start(
@@ -228,8 +241,10 @@ def warm_start(
     c = warm_c(op, d, c)
     if op in ("median", "quantile"):
         spec = DualInitSpec(kind="prior", mu_z=0.0, sigma_z=sigma_z, c=c, prior_median=y)
-        return WarmStart("prior", spec, c, y, d, y)
+        return WarmStart("prior", spec, c, y, d, y - d, y + d)
     margin = warm_margin(d, c, sigma_z)
-    kind: WarmKind = "from-above" if op == "max" else "from-below"
-    spec = DualInitSpec(kind=kind, mu_z=c * margin, sigma_z=sigma_z, c=c, center=y)
-    return WarmStart(kind, spec, c, y, d, y + d if op == "max" else y - d)
+    if op == "max":
+        spec = DualInitSpec(kind="from-above", mu_z=c * margin, sigma_z=sigma_z, c=c, center=y)
+        return WarmStart("from-above", spec, c, y, d, -math.inf, y + d)
+    spec = DualInitSpec(kind="from-below", mu_z=c * margin, sigma_z=sigma_z, c=c, center=y)
+    return WarmStart("from-below", spec, c, y, d, y - d, math.inf)

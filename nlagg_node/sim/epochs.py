@@ -4,8 +4,9 @@ Every epoch is one run of :func:`~nlagg_node.sim.engine.simulate` on the same gr
 graph is fixed) with that epoch's values and fresh z^(0) (the seed helper's stream ``("epoch", k,
 "node", b, i)``). Epoch ``k >= 1`` is warm-started at epoch ``k - 1``'s output
 (:func:`nlagg_node.warm.warm_start`, the same pure functions a node calls) unless ``warm`` is off;
-a trial whose warm run's output check fails (:meth:`~nlagg_node.warm.WarmStart.falls_back`) reruns
-the epoch cold, and both runs' exposures count.
+a node outside the warm start's band runs a random shell value (its exposure reveals no value and
+is not counted), and a trial whose warm run's output check fails
+(:meth:`~nlagg_node.warm.WarmStart.falls_back`) reruns the epoch cold: both runs' exposures count.
 
 The values follow a bounded random walk: epoch 0 draws them as a single run does, and each epoch
 moves every value by a step uniform in ``[-D, D]`` (``D`` the declared drift, times the range's span
@@ -160,13 +161,22 @@ def _exact(res: SimResult) -> BoolArray:
     return np.asarray(err.reshape(len(err), -1).max(axis=1) <= tol, dtype=bool)
 
 
-def _warm_inputs(
-    cfg: RunConfig, k: int, values: FloatArray, last: FloatArray, drift: float
-) -> tuple[RunConfig, EpochInputs, list[WarmStart]]:
-    """Epoch k warm-started at the outputs ``last`` (B,): its config (the warm start's ``c``), its
-    inputs, and each trial's warm start."""
+@dataclass(frozen=True)
+class _WarmEpoch:
+    """Epoch k warm-started: its config (the warm start's ``c``), inputs, each trial's warm start,
+    and the nodes outside the band (they run a shell value, so their exposures reveal no value)."""
+
+    cfg: RunConfig
+    inputs: EpochInputs
+    starts: list[WarmStart]
+    outside: BoolArray  # (B, n)
+
+
+def _warm_epoch(cfg: RunConfig, k: int, values: FloatArray, last: FloatArray, drift: float) -> _WarmEpoch:
+    """Epoch k warm-started at the outputs ``last`` (B,); each node draws its shell value's uniform
+    from the stream ``(seed, "epoch", k, "shell", trial)``."""
     scale = scale_for(cfg)
-    starts: list[WarmStart] = [
+    starts = [
         warm_start(
             cfg.op,
             float(y),
@@ -178,9 +188,17 @@ def _warm_inputs(
         for y in last
     ]
     proto = np.asarray(scale.to_protocol(values), dtype=np.float64)
-    used = np.array([[ws.used_value(float(v)) for v in row] for ws, row in zip(starts, proto, strict=True)])
+    B, n = proto.shape
+    gens = rng_for_each(cfg.seed, ("epoch", k, "shell"), np.arange(B)[:, None])
+    draws = np.array([g.random(n) for g in gens])
+    used = np.array(
+        [[starts[b].used_value(float(proto[b, i]), float(draws[b, i])) for i in range(n)] for b in range(B)]
+    )
+    outside = np.array(
+        [[not ws.in_band(float(v)) for v in row] for ws, row in zip(starts, proto, strict=True)]
+    )
     inputs = EpochInputs(k, values, tuple(ws.init for ws in starts), used)
-    return cfg.model_copy(update={"c": starts[0].c}), inputs, starts
+    return _WarmEpoch(cfg.model_copy(update={"c": starts[0].c}), inputs, starts, outside.reshape(B, n))
 
 
 def _ideal_mask(cfg: RunConfig, rank: IntArray) -> BoolArray:
@@ -239,23 +257,24 @@ def simulate_epochs(
     output, exact = np.zeros(shape), np.zeros(shape, dtype=bool)
     iterations, fell_back = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
     for k in range(K):
-        starts: list[WarmStart] = []
-        run_cfg, inputs = cfg, EpochInputs(k, vals[k])
-        if warm and k > 0:
-            run_cfg, inputs, starts = _warm_inputs(cfg, k, vals[k], output[k - 1], drift)
-        res = simulate(run_cfg, epoch=inputs)
-        exposed[k], output[k] = res.exposed, res.output[:, 0].reshape(B, -1)[:, 0]  # top-K: its first
+        warm_k = _warm_epoch(cfg, k, vals[k], output[k - 1], drift) if warm and k > 0 else None
+        if warm_k is None:
+            res = simulate(cfg, epoch=EpochInputs(k, vals[k]))
+            exposed[k] = res.exposed
+        else:
+            res = simulate(warm_k.cfg, epoch=warm_k.inputs)
+            exposed[k] = res.exposed & ~warm_k.outside  # a shell value exposed reveals no value
+        output[k] = res.output[:, 0].reshape(B, -1)[:, 0]  # top-K: its first value
         exact[k], iterations[k] = _exact(res), res.phase_iterations.sum(axis=1)
-        proto_out = scale_for(cfg).to_protocol(output[k])
-        fb = np.zeros(B, dtype=bool)
-        if starts:
-            fb = np.array([ws.falls_back(float(y)) for ws, y in zip(starts, proto_out, strict=True)])
-        if fb.any():
-            cold = simulate(cfg, epoch=EpochInputs(k, vals[k], rerun=True))
-            exposed[k, fb] |= cold.exposed[fb]
-            output[k, fb], exact[k, fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
-            iterations[k, fb] += cold.phase_iterations.sum(axis=1)[fb]
-            fell_back[k] = fb
+        if warm_k is not None:
+            proto_out = scale_for(cfg).to_protocol(output[k])
+            fb = np.array([ws.falls_back(float(y)) for ws, y in zip(warm_k.starts, proto_out, strict=True)])
+            if fb.any():
+                cold = simulate(cfg, epoch=EpochInputs(k, vals[k], rerun=True))
+                exposed[k, fb] |= cold.exposed[fb]
+                output[k, fb], exact[k, fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
+                iterations[k, fb] += cold.phase_iterations.sum(axis=1)[fb]
+                fell_back[k] = fb
         if progress is not None:
             progress(k + 1, K)
     rank = np.argsort(np.argsort(-vals, axis=2, kind="stable"), axis=2)

@@ -64,6 +64,17 @@ def test_a_jump_beyond_the_drift_falls_back_to_a_cold_rerun_and_stays_exact() ->
     assert res.iterations[1, 2] > res.iterations[1, 0]  # the warm run and the cold rerun
 
 
+def test_the_median_falls_back_only_when_the_median_itself_moved_too_far() -> None:
+    """A node that moves far on its side runs a shell value: nothing to fall back from."""
+    cfg = _cfg("median", trials=4)
+    vals = np.repeat(walk_values(cfg, 1, 0.0), 3, axis=0)
+    vals[1, 0, np.argmin(vals[1, 0])] = 10.0  # the lowest node jumps to the bottom: the median stays
+    vals[2, 1] = np.clip(vals[1, 1] + 3.0, 10.0, 20.0)  # trial 1: every value up by 0.3 of the range
+    res = simulate_epochs(cfg, 3, 0.01, values=vals)
+    assert res.fell_back.tolist() == [[False] * 4, [False] * 4, [b == 1 for b in range(4)]]
+    assert res.exact.all()
+
+
 def test_warm_starts_shorten_later_epochs_and_cold_start_does_not() -> None:
     cfg = _cfg()
     warm = simulate_epochs(cfg, 3, 0.005)
