@@ -94,10 +94,15 @@ def warm_margin(drift: float, c: float, sigma_z: float) -> float:
     (:meth:`WarmStart.used_value`), and ``x_i^(0)`` lies ``1 / (c d_i)`` below the centre of the
     start with dual noise of standard deviation at most ``sigma_z / c`` (eq. (xi_up) at t = 0 with
     ``z^(0) ~ N(-a_ij mu_z, sigma_z^2)``): ``(1 + 3 sigma_z) / c`` keeps eq. (condition_P) at t = 0
-    for every value below ``y + D + w`` (three standard deviations of the noise).
+    for every value below ``y + D + w`` (three standard deviations of the noise). With a declared
+    range :func:`warm_start` ends the band and the shell at the range's top (no value lies above
+    it), so a warm start never lies farther out than ``(1 + 3 sigma_z) / c`` beyond the range.
     """
-    shell = drift if drift > 0.0 else 1.0 / c
-    return drift + shell + (1.0 + 3.0 * sigma_z) / c
+    return drift + _shell(drift, c) + (1.0 + 3.0 * sigma_z) / c
+
+
+def _shell(drift: float, c: float) -> float:
+    return drift if drift > 0.0 else 1.0 / c
 
 
 def warm_c(op: str, drift: float, c: float) -> float:
@@ -136,7 +141,9 @@ class WarmStart:
         ``D`` on the protocol's scale: the half-width of the band and the width of each shell.
     band_lo, band_hi
         The band ``[y - D, y + D]`` where the output is expected (``-inf`` below for max, ``+inf``
-        above for min).
+        above for min; a one-sided band ends at the declared range, which no value leaves).
+    shell
+        The width of each shell: ``D`` (``1 / c`` for ``D = 0``), up to the declared range's end.
     """
 
     kind: WarmKind
@@ -146,6 +153,7 @@ class WarmStart:
     drift: float
     band_lo: float
     band_hi: float
+    shell: float
 
     @property
     def start(self) -> float:
@@ -154,11 +162,6 @@ class WarmStart:
             return self.init.prior_median
         sign = 1.0 if self.kind == "from-above" else -1.0
         return self.init.center + sign * self.init.mu_z / self.init.c
-
-    @property
-    def shell(self) -> float:
-        """The width of each shell: ``D``, or ``1 / c`` when the declared drift is 0."""
-        return self.drift if self.drift > 0.0 else 1.0 / self.c
 
     def in_band(self, value: float) -> bool:
         """A node's local check: its value (protocol scale) lies in the band and runs as is."""
@@ -179,7 +182,8 @@ class WarmStart:
         float
             ``value`` where :meth:`in_band`; else ``band_hi + w (1 - u)`` above the band,
             ``band_lo - w (1 - u)`` below it: uniform in the shell of width ``w`` on its side,
-            never on the band itself (``w`` = :attr:`shell`).
+            never on the band itself (``w`` = :attr:`shell`; a shell of width 0 at the range's end
+            takes no value: none lies beyond the range).
         """
         if self.in_band(value):
             return value
@@ -239,12 +243,19 @@ def warm_start(
         lo, hi = value_range
         y = (y - lo) / (hi - lo)
     c = warm_c(op, d, c)
+    w = _shell(d, c)
     if op in ("median", "quantile"):
         spec = DualInitSpec(kind="prior", mu_z=0.0, sigma_z=sigma_z, c=c, prior_median=y)
-        return WarmStart("prior", spec, c, y, d, y - d, y + d)
-    margin = warm_margin(d, c, sigma_z)
+        return WarmStart("prior", spec, c, y, d, y - d, y + d, w)
+    guard = (1.0 + 3.0 * sigma_z) / c
+    # Distances above (max) or below (min) the last output; a declared range ends both.
+    edge, top = d, d + w
+    if value_range is not None:
+        room = 1.0 - y if op == "max" else y
+        edge, top = min(edge, room), min(top, room)
+    margin = top + guard
     if op == "max":
         spec = DualInitSpec(kind="from-above", mu_z=c * margin, sigma_z=sigma_z, c=c, center=y)
-        return WarmStart("from-above", spec, c, y, d, -math.inf, y + d)
+        return WarmStart("from-above", spec, c, y, d, -math.inf, y + edge, top - edge)
     spec = DualInitSpec(kind="from-below", mu_z=c * margin, sigma_z=sigma_z, c=c, center=y)
-    return WarmStart("from-below", spec, c, y, d, y - d, math.inf)
+    return WarmStart("from-below", spec, c, y, d, y - edge, math.inf, top - edge)

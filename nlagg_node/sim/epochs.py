@@ -37,6 +37,8 @@ from .values import read_value_rows, run_values
 __all__ = ["EpochsResult", "read_epoch_values", "simulate_epochs", "walk_values"]
 
 EpochProgress = Callable[[int, int], None]
+Starter = Callable[..., WarmStart]
+"""A warm start's maker, called as :func:`~nlagg_node.warm.warm_start` is (a benchmark's baseline)."""
 
 
 def _reflect(v: FloatArray, lo: float, hi: float) -> FloatArray:
@@ -172,12 +174,14 @@ class _WarmEpoch:
     outside: BoolArray  # (B, n)
 
 
-def _warm_epoch(cfg: RunConfig, k: int, values: FloatArray, last: FloatArray, drift: float) -> _WarmEpoch:
+def _warm_epoch(
+    cfg: RunConfig, k: int, values: FloatArray, last: FloatArray, drift: float, starter: Starter
+) -> _WarmEpoch:
     """Epoch k warm-started at the outputs ``last`` (B,); each node draws its shell value's uniform
     from the stream ``(seed, "epoch", k, "shell", trial)``."""
     scale = scale_for(cfg)
     starts = [
-        warm_start(
+        starter(
             cfg.op,
             float(y),
             drift=drift,
@@ -214,6 +218,7 @@ def simulate_epochs(
     warm: bool = True,
     values: FloatArray | None = None,
     progress: EpochProgress | None = None,
+    starter: Starter = warm_start,
 ) -> EpochsResult:
     """Simulate ``epochs`` epochs of ``cfg.trials`` deployments.
 
@@ -234,6 +239,8 @@ def simulate_epochs(
         (:func:`read_epoch_values`), else :func:`walk_values`.
     progress
         Called as ``progress(done, K)`` after each epoch.
+    starter
+        Makes each warm start (:func:`~nlagg_node.warm.warm_start`; a benchmark passes a naive one).
     """
     import time
 
@@ -257,7 +264,7 @@ def simulate_epochs(
     output, exact = np.zeros(shape), np.zeros(shape, dtype=bool)
     iterations, fell_back = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
     for k in range(K):
-        warm_k = _warm_epoch(cfg, k, vals[k], output[k - 1], drift) if warm and k > 0 else None
+        warm_k = _warm_epoch(cfg, k, vals[k], output[k - 1], drift, starter) if warm and k > 0 else None
         if warm_k is None:
             res = simulate(cfg, epoch=EpochInputs(k, vals[k]))
             exposed[k] = res.exposed

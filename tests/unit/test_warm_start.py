@@ -103,3 +103,12 @@ def test_the_output_check_falls_back_exactly_when_the_aggregate_left_the_band(
 def test_warm_start_refuses_what_it_cannot_start(op: str, drift: float, c: float, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         warm_start(op, 0.0, drift=drift, c=c, sigma_z=1.0)
+
+
+def test_a_declared_range_ends_the_band_and_the_shell() -> None:
+    """No value lies above the range: near its top the start is just beyond it, below a cold start's."""
+    ws = warm_start("max", 0.98, drift=0.1, c=1000.0, sigma_z=1.0, value_range=(0.0, 1.0))
+    assert (ws.band_hi, ws.shell) == (1.0, 0.0)
+    assert ws.start == pytest.approx(1.0 + 4.0 / 1000.0, abs=1e-12)
+    low = warm_start("min", 0.05, drift=0.04, c=1000.0, sigma_z=1.0, value_range=(0.0, 1.0))
+    assert (low.band_lo, low.shell) == (pytest.approx(0.01), pytest.approx(0.01))
