@@ -25,8 +25,8 @@ start and be published at t = 0.
 
 Safety rule, band and shell (docs/epochs.md, "When values move further than declared"): a node
 whose value lies outside the band never runs the warm epoch with it. It runs it with a fresh
-random value in the *shell* of width ``D`` just outside the band on its side
-(:meth:`WarmStart.used_value`, a uniform draw from the node's own generator). Every operator here
+random value in the *shell* of width ``D`` just outside the band on its side (its outer half:
+:meth:`WarmStart.used_value`, a uniform draw from the node's own generator). Every operator here
 is an order statistic, and each node keeps its side of the band, so
 
 * while the aggregate lies in the band (the declaration held), the warm run's output is the exact
@@ -180,21 +180,29 @@ class WarmStart:
         Returns
         -------
         float
-            ``value`` where :meth:`in_band`; else ``band_hi + w (1 - u)`` above the band,
-            ``band_lo - w (1 - u)`` below it: uniform in the shell of width ``w`` on its side,
-            never on the band itself (``w`` = :attr:`shell`; a shell of width 0 at the range's end
-            takes no value: none lies beyond the range).
+            ``value`` where :meth:`in_band`; else ``band_hi + w (1 + u) / 2`` above the band,
+            ``band_lo - w (1 + u) / 2`` below it: uniform in the outer half of the shell of width
+            ``w`` on its side (``w`` = :attr:`shell`), so that an output from a shell lies at least
+            ``w / 2`` beyond the band, far beyond the run's tolerance (:meth:`falls_back`).
         """
         if self.in_band(value):
             return value
-        step = self.shell * (1.0 - u)
+        step = self.shell * (1.0 + u) / 2.0
         return self.band_hi + step if value > self.band_hi else self.band_lo - step
 
     def falls_back(self, output: float) -> bool:
-        """The output check every node makes after the warm run: True when the output lies outside
-        the band, i.e. the aggregate moved further than declared; the epoch then reruns cold and
-        the warm output is discarded."""
-        return not self.in_band(output)
+        """The output check every node makes on its own output after the warm run.
+
+        True when the output lies more than ``w / 4`` beyond the band: the aggregate moved
+        further than declared (the output is a shell value, at least ``w / 2`` out), and the epoch
+        reruns cold with the warm output discarded. The quarter shell lets every node decide alike
+        on outputs that agree within the run's tolerance. A shell of width 0 (the band ends at the
+        declared range) never falls back: no value lies beyond it.
+        """
+        if self.shell <= 0.0:
+            return False
+        slack = self.shell / 4.0
+        return output > self.band_hi + slack or output < self.band_lo - slack
 
 
 def warm_start(

@@ -51,8 +51,8 @@ def test_every_x_starts_beyond_every_value_it_may_run_with(drift: float) -> None
     """Eq. (condition_P) at t = 0: x_i^(0) above the band and above its shell (a value outside
     the band runs a shell value)."""
     ws = warm_start("max", 0.8, drift=drift, c=1000.0, sigma_z=1.0, value_range=(0.0, 1.0))
-    top = ws.used_value(1.0, 0.0)  # the top of the shell
-    assert top == ws.band_hi + ws.shell
+    top = ws.band_hi + ws.shell  # above every shell value
+    assert ws.used_value(1.0, 0.999) < top
     signs = np.array([1.0, -1.0, 1.0, -1.0, 1.0])
     for node in range(200):
         u = signs * draw_z0(ws.init, signs, rng_for(7, "z0", node))
@@ -64,10 +64,12 @@ def test_every_x_starts_beyond_every_value_it_may_run_with(drift: float) -> None
 def test_a_value_outside_the_band_runs_a_random_shell_value_on_its_side() -> None:
     ws = warm_start("median", 0.5, drift=0.01, c=30.0, sigma_z=0.0, value_range=(0.0, 1.0))
     assert ws.used_value(0.51, 0.3) == 0.51  # on the band's edge: its own value
-    assert ws.used_value(0.9, 0.25) == 0.51 + 0.01 * 0.75
-    assert ws.used_value(0.1, 0.25) == 0.49 - 0.01 * 0.75
+    assert ws.used_value(0.9, 0.25) == 0.51 + 0.01 * 0.625
+    assert ws.used_value(0.1, 0.25) == 0.49 - 0.01 * 0.625
     draws = [ws.used_value(0.52, u) for u in np.linspace(0.0, 0.999, 50)]
-    assert all(0.51 < v <= 0.52 for v in draws)
+    assert all(0.515 <= v < 0.52 for v in draws)
+    assert not ws.falls_back(0.51 + 1e-9)  # in the band within a tolerance
+    assert ws.falls_back(min(draws))
 
 
 @pytest.mark.parametrize(
@@ -110,5 +112,6 @@ def test_a_declared_range_ends_the_band_and_the_shell() -> None:
     ws = warm_start("max", 0.98, drift=0.1, c=1000.0, sigma_z=1.0, value_range=(0.0, 1.0))
     assert (ws.band_hi, ws.shell) == (1.0, 0.0)
     assert ws.start == pytest.approx(1.0 + 4.0 / 1000.0, abs=1e-12)
+    assert not ws.falls_back(1.0 + 1e-9)
     low = warm_start("min", 0.05, drift=0.04, c=1000.0, sigma_z=1.0, value_range=(0.0, 1.0))
     assert (low.band_lo, low.shell) == (pytest.approx(0.01), pytest.approx(0.01))
