@@ -2,6 +2,7 @@
 
     python benchmarks/bench_epochs.py [--trials 200] [--epochs 20] [--drift 0.005] [--seed 0]
     python benchmarks/bench_epochs.py --table [--drifts 0.001,0.005,0.01,0.05,0.1]
+    python benchmarks/bench_epochs.py --jump 0.2 [--epochs 6]
 
 Workload of issue 35: n = 15, RGG, values uniform in the declared range [0, 1], a bounded random
 walk with steps uniform in [-D, D] (``nlagg sim --epochs K --drift D``), the defaults of each
@@ -19,6 +20,11 @@ ones and their ratio (target for max <= 0.25; for the median reported), the cumu
 beyond the ideal world (largest over ranks), and the share of exact epochs.
 
 ``--table``: a markdown table over drifts (warm and cold, max and median), for docs/epochs.md.
+
+``--jump J``: values beyond the declared drift. From epoch 3 on every value moves up by J of the
+range (reflected at the top); one JSON line per (operator, start) with the jump epoch's leakage of
+the watched ranks, the share of trials exposing a node beyond the ideal world in it, the share that
+fell back, its median iterations, and the next epoch's leakage.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import numpy as np
 
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.init import DualInitSpec
-from nlagg_node.sim.epochs import EpochsResult, simulate_epochs
+from nlagg_node.sim.epochs import EpochsResult, simulate_epochs, walk_values
 from nlagg_node.warm import WarmStart
 
 NAIVE_MAX_MARGIN = 0.02
@@ -56,9 +62,9 @@ def naive_start(
     y = (last_output - lo) / (hi - lo)
     if op == "median":
         spec = DualInitSpec(kind="prior", sigma_z=sigma_z, c=c, prior_median=y)
-        return WarmStart("prior", spec, c, y, drift, -math.inf, math.inf)
+        return WarmStart("prior", spec, c, y, drift, -math.inf, math.inf, 0.0)
     spec = DualInitSpec(kind="from-above", mu_z=c * NAIVE_MAX_MARGIN, sigma_z=sigma_z, c=c, center=y)
-    return WarmStart("from-above", spec, c, y, drift, -math.inf, math.inf)
+    return WarmStart("from-above", spec, c, y, drift, -math.inf, math.inf, 0.0)
 
 
 def _config(op: str, trials: int, seed: int) -> RunConfig:
@@ -101,6 +107,35 @@ def acceptance(args: argparse.Namespace) -> None:
             print(json.dumps(_figures(op, start, _run(op, start, args, args.drift))), flush=True)
 
 
+JUMP_EPOCH = 3
+
+
+def jump(args: argparse.Namespace) -> None:
+    for op, ranks in (("max", [1, 2]), ("median", [6, 8])):
+        cfg = _config(op, args.trials, args.seed)
+        vals = walk_values(cfg, args.epochs, args.drift)
+        moved = vals[JUMP_EPOCH:] + args.jump
+        vals[JUMP_EPOCH:] = np.where(moved > 1.0, 2.0 - moved, moved)
+        for start, kw in (("warm", {}), ("naive", {"starter": naive_start}), ("cold", {"warm": False})):
+            res = simulate_epochs(cfg, args.epochs, args.drift, values=vals, **kw)
+            leak = res.leakage_by_epoch()
+            k = JUMP_EPOCH
+            beyond = (res.exposed[k] & ~res.ideal[k]).any(axis=1).mean()
+            line = {
+                "op": op,
+                "start": start,
+                "jump": args.jump,
+                "ranks": ranks,
+                "leak_jump_epoch": [round(float(leak[k, r]), 3) for r in ranks],
+                "beyond_ideal_jump_epoch": round(float(beyond), 3),
+                "fallback": round(float(res.fell_back[k].mean()), 3),
+                "iterations": float(np.median(res.iterations[k])),
+                "leak_next_epoch": [round(float(leak[k + 1, r]), 3) for r in ranks],
+                "exact": round(float(res.exact[k].mean()), 3),
+            }
+            print(json.dumps(line), flush=True)
+
+
 def _ranks(values: np.ndarray[Any, Any], ranks: list[int]) -> str:
     return " / ".join(f"{values[r]:.3f}" for r in ranks)
 
@@ -134,12 +169,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--table", action="store_true", help="the drift table of docs/epochs.md")
     ap.add_argument("--drifts", default="0.001,0.005,0.01,0.05,0.1")
+    ap.add_argument("--jump", type=float, default=None, help="values jump up by this share of the range")
     args = ap.parse_args()
     started = time.perf_counter()
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}", flush=True
     )
-    table(args) if args.table else acceptance(args)
+    if args.jump is not None:
+        jump(args)
+    elif args.table:
+        table(args)
+    else:
+        acceptance(args)
     print(f"# {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}")
 
 
