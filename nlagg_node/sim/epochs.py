@@ -17,6 +17,7 @@ warm start assumes; ``values`` (``--values-file``) gives other paths, e.g. jumps
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,8 +243,6 @@ def simulate_epochs(
     starter
         Makes each warm start (:func:`~nlagg_node.warm.warm_start`; a benchmark passes a naive one).
     """
-    import time
-
     started = time.perf_counter()
     cfg = cfg.resolved()
     if epochs < 1:
