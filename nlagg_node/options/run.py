@@ -264,8 +264,8 @@ class SimOptions(RunOptions, CorruptOptions):
     cold_start: Annotated[
         bool,
         Opt(
-            "with --epochs: start every epoch cold, as a single run does (default: warm-start max, min,"
-            " median and quantile at the last output)",
+            "with --epochs: start every epoch cold, as a single run does (default: max, min, median and"
+            " quantile with --init proposed warm-start at the last output)",
             RUN,
             ("--cold-start",),
         ),

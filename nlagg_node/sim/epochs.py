@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import BoolArray, FloatArray, IntArray
-from ..config import RunConfig
+from ..config import PROPOSED_INIT, RunConfig
 from ..errors import ConfigError
 from ..rng import rng_for_each
 from ..scale import check_values, scale_for
@@ -35,7 +35,7 @@ from ..warm import WARM_OPERATORS, WarmStart, warm_start
 from .engine import EpochInputs, SimResult, simulate
 from .values import read_value_rows, run_values
 
-__all__ = ["EpochsResult", "read_epoch_values", "simulate_epochs", "walk_values"]
+__all__ = ["EpochsResult", "read_epoch_values", "simulate_epochs", "walk_values", "warms"]
 
 EpochProgress = Callable[[int, int], None]
 Starter = Callable[..., WarmStart]
@@ -206,6 +206,14 @@ def _warm_epoch(
     return _WarmEpoch(cfg.model_copy(update={"c": starts[0].c}), inputs, starts, outside.reshape(B, n))
 
 
+def warms(cfg: RunConfig) -> bool:
+    """Whether a multi-epoch run of ``cfg`` warm-starts: an operator of
+    :data:`~nlagg_node.warm.WARM_OPERATORS` with its private initialization (``--init proposed``, or
+    the one it means: the warm start continues it). Any other ``--init`` (a baseline) runs every
+    epoch as configured."""
+    return cfg.op in WARM_OPERATORS and cfg.init in ("proposed", PROPOSED_INIT[cfg.op])
+
+
 def _ideal_mask(cfg: RunConfig, rank: IntArray) -> BoolArray:
     ideal = ideal_ranks(cfg)
     return np.isin(rank, ideal) if ideal else np.zeros(rank.shape, dtype=bool)
@@ -233,8 +241,8 @@ def simulate_epochs(
         The declared drift D (a fraction of the value range, or value units without one): the
         random walk's step bound and the warm start's (:func:`nlagg_node.warm.warm_start`).
     warm
-        Warm-start epochs ``k >= 1`` (operators of :data:`~nlagg_node.warm.WARM_OPERATORS`; the
-        others run cold anyway); False runs every epoch cold (``--cold-start``).
+        Warm-start epochs ``k >= 1`` where :func:`warms` (the others run cold anyway); False runs
+        every epoch cold (``--cold-start``).
     values
         ``(K, B, n)`` values in user units; default ``cfg.values_file``'s
         (:func:`read_epoch_values`), else :func:`walk_values`.
@@ -256,7 +264,7 @@ def simulate_epochs(
     else:
         vals = walk_values(cfg, epochs, drift)
     check_values(cfg, vals)
-    warm = warm and cfg.op in WARM_OPERATORS
+    warm = warm and warms(cfg)
     K, B, n = vals.shape
     shape = (K, B)
     exposed = np.zeros((K, B, n), dtype=bool)

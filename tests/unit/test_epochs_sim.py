@@ -10,7 +10,7 @@ import pytest
 
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.sim import simulate
-from nlagg_node.sim.epochs import read_epoch_values, simulate_epochs, walk_values
+from nlagg_node.sim.epochs import read_epoch_values, simulate_epochs, walk_values, warms
 from nlagg_node.tune import EpochPlan, Setting, evaluate_epochs
 from tests.harness.cli import run_cli
 
@@ -82,6 +82,24 @@ def test_warm_starts_shorten_later_epochs_and_cold_start_does_not() -> None:
     assert warm.exact.all()
     assert np.array_equal(warm.iterations[0], cold.iterations[0])
     assert warm.iterations_by_epoch()[2] < 0.6 * cold.iterations_by_epoch()[2]
+
+
+@pytest.mark.parametrize(
+    ("op", "init", "warm"),
+    [
+        ("max", "proposed", True),
+        ("median", "prior", True),
+        ("median", "none", False),
+        ("topk", "proposed", False),
+    ],
+    ids=["max", "median-prior", "baseline", "topk"],
+)
+def test_only_the_private_initialization_of_a_warm_operator_warm_starts(
+    op: str, init: str, warm: bool
+) -> None:
+    cfg = load_config(op=op, n=7, trials=2, value_range=(0.0, 1.0), record="none", init=init, k=2)
+    assert warms(cfg) is warm
+    assert simulate_epochs(cfg, 2, 0.01).warm is warm
 
 
 def test_epoch_values_file_holds_one_row_per_epoch_or_per_epoch_and_trial(tmp_path: Path) -> None:
