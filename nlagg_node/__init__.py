@@ -35,5 +35,7 @@ if TYPE_CHECKING:
     from .schedule import true_aggregate as true_aggregate
     from .sim import SimResult as SimResult
     from .sim import simulate as simulate
+    from .warm import WarmStart as WarmStart
+    from .warm import warm_start as warm_start
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -6,6 +6,11 @@ can map it over the grid. The result is a Pareto table of leakage (the largest p
 over the ranks the ideal world does not expose) against iterations to converge (median and p99),
 and a choice: the fastest setting (by p99) whose leakage meets the target with 95% confidence and
 that is exact within the iteration budget, or the closest one when none is.
+
+With ``epochs`` (``nlagg tune --epochs K``) a setting is judged over K epochs of a continuous
+deployment (:func:`evaluate_epochs`): its leakage is the largest *cumulative* exposure beyond the
+ideal world, over the ranks of the first epoch's values (exposed in at least one epoch in which the
+node did not hold the output), and its iterations those of every epoch.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from .config import PROPOSED_INIT, RunConfig
 from .verdict import ideal_ranks
 
 __all__ = [
+    "EpochPlan",
     "Evaluation",
     "Setting",
     "TuneResult",
     "candidate_settings",
     "choose",
     "evaluate",
+    "evaluate_epochs",
     "ideal_ranks",
     "pareto",
     "run_toml",
@@ -129,6 +136,45 @@ def evaluate(base: RunConfig, setting: Setting) -> Evaluation:
     )
 
 
+@dataclass(frozen=True)
+class EpochPlan:
+    """How :func:`evaluate_epochs` runs a setting: K epochs, the declared drift, warm or cold starts."""
+
+    epochs: int
+    drift: float = 0.0
+    warm: bool = True
+
+
+def evaluate_epochs(base: RunConfig, setting: Setting, plan: EpochPlan) -> Evaluation:
+    """Simulate ``plan.epochs`` epochs of ``base.trials`` deployments of a setting (pure).
+
+    ``leak`` is the largest cumulative exposure beyond the ideal world over the ranks
+    (:meth:`~nlagg_node.sim.epochs.EpochsResult.cumulative_beyond_ideal`); ``converged`` the share
+    of (epoch, trial) pairs that ended exact; the iterations count every epoch's (warm run and any
+    cold rerun).
+    """
+    from .sim.epochs import simulate_epochs
+
+    started = time.perf_counter()
+    res = simulate_epochs(apply(base, setting), plan.epochs, plan.drift, warm=plan.warm)
+    cum = res.cumulative_beyond_ideal()
+    worst = float(cum.max(initial=0.0))
+    its = res.iterations.ravel()
+    converged = float(res.exact.mean())
+    return Evaluation(
+        setting=setting,
+        trials=base.trials,
+        leak=worst,
+        leak_upper=wilson_upper(worst, base.trials),
+        leak_by_rank=tuple(round(float(v), 4) for v in cum),
+        converged=converged,
+        exact=converged >= EXACT_CONVERGED,
+        iterations_median=float(np.median(its)),
+        iterations_p99=float(np.percentile(its, 99)),
+        seconds=time.perf_counter() - started,
+    )
+
+
 def _one_sided(op: str) -> bool:
     return PROPOSED_INIT[op] in ("from-above", "from-below")
 
@@ -221,13 +267,17 @@ def tune(
     mapper: Mapper | None = None,
     settings: Sequence[Setting] | None = None,
     progress: Callable[[Evaluation], None] | None = None,
+    epochs: EpochPlan | None = None,
 ) -> TuneResult:
-    """Evaluate the grid (with ``mapper``, e.g. a pool's ``map``), build the Pareto table, choose."""
+    """Evaluate the grid (with ``mapper``, e.g. a pool's ``map``), build the Pareto table, choose.
+
+    ``epochs``: judge each setting over several epochs (:func:`evaluate_epochs`).
+    """
     started = time.perf_counter()
     grid = list(settings) if settings is not None else candidate_settings(base, budget)
     run = mapper or map
     evals: list[Evaluation] = []
-    for e in run(_Evaluate(base), grid):
+    for e in run(_Evaluate(base, epochs), grid):
         evals.append(e)
         if progress is not None:
             progress(e)
@@ -248,11 +298,15 @@ def tune(
 
 @dataclass(frozen=True)
 class _Evaluate:
-    """``evaluate`` bound to a base config: picklable, for a process pool's ``map``."""
+    """``evaluate`` (``evaluate_epochs`` with a plan) bound to a base config: picklable, for a
+    process pool's ``map``."""
 
     base: RunConfig
+    epochs: EpochPlan | None = None
 
     def __call__(self, setting: Setting) -> Evaluation:
+        if self.epochs is not None:
+            return evaluate_epochs(self.base, setting, self.epochs)
         return evaluate(self.base, setting)
 
 

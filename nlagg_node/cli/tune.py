@@ -5,76 +5,71 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ._app import ForceOpt, app, claim_file
+from ..options import TuneOptions
+from ._app import app, claim_file
+from ._command import options_command
+
+if TYPE_CHECKING:
+    from ..tune import EpochPlan
 
 
-@app.command()
-def tune(
-    op: Annotated[
-        str, typer.Option(help="max, min, topk, median, quantile, trimmed-mean or average")
-    ] = "max",
-    n: Annotated[int, typer.Option(help="number of nodes")] = 15,
-    graph: Annotated[
-        str | None, typer.Option(help="rgg, ring, complete, grid, erdos-renyi, star or file")
-    ] = None,
-    graph_file: Annotated[Path | None, typer.Option(help="edge list; implies --graph file")] = None,
-    value_range: Annotated[
-        tuple[float, float] | None, typer.Option(help="public range LO HI of the values")
-    ] = None,
-    max_leak: Annotated[
-        float,
-        typer.Option(help="target: largest per-rank leakage over the ranks the ideal world does not expose"),
-    ] = 0.02,
-    budget: Annotated[int, typer.Option(help="iteration budget per phase (the largest t_max tried)")] = 10000,
-    trials: Annotated[int, typer.Option(help="Monte Carlo trials per setting")] = 300,
-    k: Annotated[int | None, typer.Option(help="K for topk and trimmed-mean")] = None,
-    quantile: Annotated[float | None, typer.Option(help="quantile level p")] = None,
-    seed: Annotated[int, typer.Option(help="seed of the evaluation runs (written to run.toml)")] = 0,
-    out: Annotated[Path, typer.Option(help="where to write the chosen run config")] = Path("run.toml"),
-    as_json: Annotated[bool, typer.Option("--json", help="print the table and the choice as JSON")] = False,
-    force: ForceOpt = False,
-) -> None:
+@options_command(app, TuneOptions)
+def tune(opts: TuneOptions) -> None:
     """Search the initialization's parameters with the simulator; print the Pareto table, write run.toml."""
     from ..config import load_config
-    from ..tune import run_toml
+    from ..tune import candidate_settings, run_toml
     from ..tune import tune as run_tune
 
-    if not 0 < max_leak <= 1:
-        raise ConfigError("max_leak", max_leak, "must lie in (0, 1]")
-    if budget < 1:
-        raise ConfigError("budget", budget, "must be at least 1 iteration")
-    claim_file(out, force=force, field="out")  # before the search, like every --out
+    plan = _checked(opts)
+    claim_file(opts.out, force=opts.force, field="out")  # before the search, like every --out
     base = load_config(
         None,
-        op=op,
-        n=n,
-        graph="file" if graph_file is not None and graph is None else graph,
-        graph_file=graph_file,
-        value_range=value_range,
-        trials=trials,
-        k=k,
-        quantile=quantile,
-        seed=seed,
+        op=opts.op,
+        n=opts.n,
+        graph="file" if opts.graph_file is not None and opts.graph is None else opts.graph,
+        graph_file=opts.graph_file,
+        value_range=opts.value_range,
+        trials=opts.trials,
+        k=opts.k,
+        quantile=opts.quantile,
+        seed=opts.seed,
     )
-    from ..tune import candidate_settings
-
-    grid = candidate_settings(base, budget)
+    grid = candidate_settings(base, opts.budget)
     result = _with_progress(
-        lambda report: run_tune(base, max_leak=max_leak, budget=budget, progress=report), len(grid)
+        lambda report: run_tune(
+            base, max_leak=opts.max_leak, budget=opts.budget, progress=report, epochs=plan
+        ),
+        len(grid),
     )
-    out.write_text(run_toml(base, result.chosen_setting))
-    doc = {**result.to_json(), "run_toml": str(out)}
-    if as_json:
+    opts.out.write_text(run_toml(base, result.chosen_setting))
+    doc = {**result.to_json(), "run_toml": str(opts.out)}
+    if plan is not None:
+        doc["epochs"] = {"epochs": plan.epochs, "drift": plan.drift, "warm_start": plan.warm}
+    if opts.as_json:
         print(json.dumps(doc))
         return
     from rich.console import Console
 
-    print_result(result, out, Console())
+    print_result(result, opts.out, Console())
+
+
+def _checked(opts: TuneOptions) -> EpochPlan | None:
+    """Refuse a target, budget or epoch option out of bounds; the epochs the settings are judged over."""
+    from ..tune import EpochPlan
+
+    if not 0 < opts.max_leak <= 1:
+        raise ConfigError("max_leak", opts.max_leak, "must lie in (0, 1]")
+    if opts.budget < 1:
+        raise ConfigError("budget", opts.budget, "must be at least 1 iteration")
+    if opts.epochs is not None and opts.epochs < 1:
+        raise ConfigError("epochs", opts.epochs, "must be at least 1")
+    if opts.epochs is None and (opts.drift != 0.0 or opts.cold_start):
+        flag, value = ("drift", opts.drift) if opts.drift != 0.0 else ("cold_start", opts.cold_start)
+        raise ConfigError(flag, value, "applies with --epochs K only")
+    return EpochPlan(opts.epochs, opts.drift, not opts.cold_start) if opts.epochs is not None else None
 
 
 def _with_progress(job: Any, total: int) -> Any:

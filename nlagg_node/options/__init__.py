@@ -11,7 +11,7 @@ purpose: ``nlagg --help`` loads no pydantic.
 
 Modules: :mod:`.opt` (how an option is declared and read back), :mod:`.run` (``sim``, ``testbed`` and
 the run parameters), :mod:`.deploy` (``deploy plan``/``compose``), :mod:`.clients` (``node``,
-``eavesdrop``).
+``eavesdrop``), :mod:`.tune` (``tune``).
 """
 
 from .clients import EavesdropOptions, NodeOptions
@@ -35,6 +35,7 @@ from .opt import (
     to_argv,
 )
 from .run import CorruptOptions, ModelOptions, RunOptions, SimOptions, TestbedOptions, ValueSourceOptions
+from .tune import TuneOptions
 
 __all__ = [
     "ADVERSARY",
@@ -60,6 +61,7 @@ __all__ = [
     "RunOptions",
     "SimOptions",
     "TestbedOptions",
+    "TuneOptions",
     "ValueSourceOptions",
     "flag_of",
     "option_fields",

@@ -243,6 +243,33 @@ class SimOptions(RunOptions, CorruptOptions):
         Path | None,
         Opt("also write trial 0 as an eavesdropper transcript (SQLite), for `nlagg attack`", ADVERSARY),
     ] = None
+    epochs: Annotated[
+        int | None,
+        Opt(
+            "simulate K epochs of a continuous deployment (same graph, fresh z^(0) each epoch) and report"
+            " leakage per epoch and cumulative (docs/epochs.md); --values-file then holds one row per"
+            " epoch, or one per epoch per trial",
+            RUN,
+        ),
+    ] = None
+    drift: Annotated[
+        float | None,
+        Opt(
+            "with --epochs: the declared drift D, the most a value moves between epochs, a fraction of"
+            " --value-range (value units without one); the values walk by steps uniform in [-D, D]"
+            " [default: 0]",
+            RUN,
+        ),
+    ] = None
+    cold_start: Annotated[
+        bool,
+        Opt(
+            "with --epochs: start every epoch cold, as a single run does (default: max, min, median and"
+            " quantile with --init proposed warm-start at the last output)",
+            RUN,
+            ("--cold-start",),
+        ),
+    ] = False
     as_json: Annotated[bool, JSON_OPT] = False
     out: Annotated[
         Path | None, Opt("write summary.json, arrays.npz and manifest.json into this directory", OUTPUT)

@@ -21,7 +21,7 @@ from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
 from ..departure import components, survivors
 from ..graphs import EdgeLayout, sample_graphs
-from ..init import draw_z0, perturb_value
+from ..init import DualInitSpec, draw_z0, perturb_value
 from ..rng import rng_for_each
 from ..scale import scale_for
 from ..schedule import (
@@ -115,13 +115,35 @@ class SimResult:
         return np.take_along_axis(self.recorded_x, order[None], axis=2)
 
 
-def node_generators(seed: int, trials: int, n: int) -> list[np.random.Generator]:
+def node_generators(
+    seed: int, trials: int, n: int, epoch: int = 0, rerun: bool = False
+) -> list[np.random.Generator]:
     """The private generator ``rng_for(seed, "node", b, i)`` of every (trial, node), trial-major.
 
-    Each node draws its DP noise first, then z^(0) per dual group.
+    Each node draws its DP noise first, then z^(0) per dual group. Epoch ``k >= 1`` of a
+    multi-epoch run (:mod:`nlagg_node.sim.epochs`) draws fresh ones, ``rng_for(seed, "epoch", k,
+    "node", b, i)``, and its cold rerun ``rng_for(seed, "epoch", k, "rerun", "node", b, i)``; epoch 0
+    is the single run's.
     """
     index = np.stack(np.meshgrid(np.arange(trials), np.arange(n), indexing="ij"), axis=-1).reshape(-1, 2)
-    return rng_for_each(seed, ("node",), index)
+    stream: tuple[int | str, ...] = ("node",)
+    if epoch or rerun:
+        stream = ("epoch", epoch, *(("rerun",) if rerun else ()), "node")
+    return rng_for_each(seed, stream, index)
+
+
+@dataclass(frozen=True)
+class EpochInputs:
+    """What one epoch of a multi-epoch run (:mod:`nlagg_node.sim.epochs`) puts in place of a single
+    run's draws: its index (fresh generators), its values, and per trial the first dual group's
+    z^(0) distribution (a warm start) and the values the dynamics use (a warm start's compressed
+    values, protocol units; None: the values themselves)."""
+
+    epoch: int
+    values: FloatArray  # (B, n), user units
+    inits: tuple[DualInitSpec | None, ...] | None = None  # per trial; None: the phase's own
+    used: FloatArray | None = None  # (B, n), protocol units, before any DP noise
+    rerun: bool = False  # the epoch's cold rerun (its own fresh generators)
 
 
 def _out_edge_slices(layout: EdgeLayout) -> tuple[IntArray, IntArray]:
@@ -131,13 +153,21 @@ def _out_edge_slices(layout: EdgeLayout) -> tuple[IntArray, IntArray]:
 
 
 def _draw_signed_duals(
-    phase: Phase, layout: EdgeLayout, gens: list[np.random.Generator], order: IntArray, starts: IntArray
+    phase: Phase,
+    layout: EdgeLayout,
+    gens: list[np.random.Generator],
+    order: IntArray,
+    starts: IntArray,
+    inits: tuple[DualInitSpec | None, ...] | None = None,
 ) -> tuple[FloatArray, FloatArray]:
-    """Signed duals u^(0) = a z^(0) and z^(0) for every directed edge, each node drawing its own."""
+    """Signed duals u^(0) = a z^(0) and z^(0) for every directed edge, each node drawing its own
+    (from its trial's ``inits`` entry where one is given, else from the phase's)."""
     z = np.empty(len(layout.src))
+    per_trial = len(gens) // len(inits) if inits else 0
     for g, gen in enumerate(gens):
         pos = order[starts[g] : starts[g + 1]]
-        z[pos] = draw_z0(phase.init, layout.sign[pos], gen)
+        spec = inits[g // per_trial] if inits else None
+        z[pos] = draw_z0(spec or phase.init, layout.sign[pos], gen)
     return layout.sign * z, z
 
 
@@ -189,23 +219,29 @@ class _Plan:
     record: IntArray
     chunk: int  # iterations per kernel call
     parallel: bool
+    inits: tuple[DualInitSpec | None, ...] | None = None  # per trial, the first group's (an epoch's)
 
     @property
     def t_total(self) -> int:
         return sum(p.t_len for p in self.phases)
 
 
-def _plan(cfg: RunConfig, departures: Mapping[int, int] | None, watched: bool) -> _Plan:
-    """Draw the graphs and values of a resolved ``cfg``, plan its phases and their targets."""
+def _plan(
+    cfg: RunConfig, departures: Mapping[int, int] | None, watched: bool, epoch: EpochInputs | None = None
+) -> _Plan:
+    """Draw the graphs and values of a resolved ``cfg`` (an ``epoch``'s values where given), plan its
+    phases and their targets."""
     import numba
 
     B, n = cfg.trials, cfg.n
     graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
-    s = run_values(cfg)  # user units, checked against the declared range
+    s = run_values(cfg) if epoch is None else epoch.values  # user units, checked against the range
     scale = scale_for(cfg)
-    gens = node_generators(cfg.seed, B, n)
+    gens = node_generators(cfg.seed, B, n, *((epoch.epoch, epoch.rerun) if epoch is not None else ()))
     noise = value_noise(cfg)
     s_proto = np.asarray(scale.to_protocol(s), dtype=np.float64)
+    if epoch is not None and epoch.used is not None:
+        s_proto = np.asarray(epoch.used, dtype=np.float64)
     s_used = np.array(
         [perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s_proto.ravel(), gens, strict=True)]
     )
@@ -239,6 +275,7 @@ def _plan(cfg: RunConfig, departures: Mapping[int, int] | None, watched: bool) -
         # region only for enough trials to share out.
         chunk=max(1, t_total // 50) if watched else max(1, t_total),
         parallel=cfg.trials >= _PARALLEL_TRIALS and numba.get_num_threads() > 1,
+        inits=epoch.inits if epoch is not None else None,
     )
 
 
@@ -351,7 +388,8 @@ def _enter_phase(plan: _Plan, st: _State, phase: Phase) -> FloatArray:
     if phase.group != st.group:
         st.group = phase.group
         order, starts = _out_edge_slices(layout)
-        st.u, z0 = _draw_signed_duals(phase, layout, plan.gens, order, starts)
+        inits = plan.inits if not st.z0 else None  # an epoch's warm start: the first group
+        st.u, z0 = _draw_signed_duals(phase, layout, plan.gens, order, starts, inits)
         st.z0[st.group] = dep.full_order(z0) if dep is not None else z0
         st.identified = []
     if phase.objective.kind == "quadratic":
@@ -480,7 +518,10 @@ def _end_phase(plan: _Plan, st: _State, phase: Phase, last_bad: IntArray, ran: I
 
 
 def simulate(
-    cfg: RunConfig, progress: Progress | None = None, departures: Mapping[int, int] | None = None
+    cfg: RunConfig,
+    progress: Progress | None = None,
+    departures: Mapping[int, int] | None = None,
+    epoch: EpochInputs | None = None,
 ) -> SimResult:
     """Run ``cfg.trials`` Monte Carlo trials of the configured operator.
 
@@ -494,9 +535,12 @@ def simulate(
         ``{node: T}``: node departs at T in every trial (:mod:`nlagg_node.departure`); the
         output of a departed node is NaN, ``truth_lo/hi`` are those of the survivors' largest
         component and ``mse`` measures every survivor against its own component's aggregate.
+    epoch
+        One epoch of a multi-epoch run (:mod:`nlagg_node.sim.epochs`): its values, fresh
+        generators and warm start in place of the run's draws.
     """
     started = time.perf_counter()
-    plan = _plan(cfg.resolved(), departures, progress is not None)
+    plan = _plan(cfg.resolved(), departures, progress is not None, epoch)
     st = _new_state(plan)
     for phase, targets in zip(plan.phases, plan.targets, strict=True):
         _run_phase(plan, st, phase, targets, progress)

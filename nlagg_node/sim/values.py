@@ -55,11 +55,10 @@ def draw_values(
 _SEPARATORS = re.compile(r"[,;\s]+")
 
 
-def read_values_file(path: Path, n: int, trials: int) -> FloatArray:
-    """Values from a CSV or whitespace-separated file, shape ``(trials, n)``.
+def read_value_rows(path: Path, n: int) -> FloatArray:
+    """Every row of n values of a CSV or whitespace-separated file, shape ``(rows, n)``.
 
-    One row of n values per trial, or a single row (or n lines of one value) reused for
-    every trial. Blank lines and lines starting with ``#`` are skipped.
+    n lines of one value are one row. Blank lines and lines starting with ``#`` are skipped.
     """
     rows: list[list[float]] = []
     for number, line in enumerate(read_input_text(path, "values_file").splitlines(), 1):
@@ -80,11 +79,21 @@ def read_values_file(path: Path, n: int, trials: int) -> FloatArray:
     bad = [len(r) for r in rows if len(r) != n]
     if bad:
         raise ConfigError("values_file", str(path), f"a row holds {bad[0]} values, expected n={n}")
+    return np.asarray(rows, dtype=np.float64)
+
+
+def read_values_file(path: Path, n: int, trials: int) -> FloatArray:
+    """Values from a CSV or whitespace-separated file, shape ``(trials, n)``.
+
+    One row of n values per trial, or a single row (or n lines of one value) reused for
+    every trial. Blank lines and lines starting with ``#`` are skipped.
+    """
+    rows = read_value_rows(path, n)
     if len(rows) == 1:
-        return np.tile(np.asarray(rows[0], dtype=np.float64), (trials, 1))
+        return np.tile(rows[0], (trials, 1))
     if len(rows) != trials:
         raise ConfigError("values_file", str(path), f"{len(rows)} rows: give one row or trials={trials} rows")
-    return np.asarray(rows, dtype=np.float64)
+    return rows
 
 
 def run_values(cfg: RunConfig, trials: int | None = None) -> FloatArray:

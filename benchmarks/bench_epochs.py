@@ -1,0 +1,188 @@
+"""Warm starts against cold starts and against a naive warm start, over epochs of drifting values.
+
+    python benchmarks/bench_epochs.py [--trials 200] [--epochs 20] [--drift 0.005] [--seed 0]
+    python benchmarks/bench_epochs.py --table [--drifts 0.001,0.005,0.01,0.05,0.1]
+    python benchmarks/bench_epochs.py --jump 0.2 [--epochs 6]
+
+Workload of issue 35: n = 15, RGG, values uniform in the declared range [0, 1], a bounded random
+walk with steps uniform in [-D, D] (``nlagg sim --epochs K --drift D``), the defaults of each
+operator. Three starts of epochs 1..K-1, in the same process on the same values and graphs:
+
+* ``warm``: :func:`nlagg_node.warm.warm_start` (the default of ``nlagg sim --epochs``);
+* ``naive``: the floor to beat: the median's prior at the last output with the run's c, max's
+  one-sided start 0.02 of the range beyond the last output; no band, no shells, no fallback;
+* ``cold``: every epoch as a single run (``--cold-start``).
+
+Default: the acceptance figures, one JSON line per (operator, start): the median's neighbours'
+(ranks 6 and 8) leakage in the first epoch and the largest and mean over the later ones (target
+<= 0.05 per epoch), rank 1's for max, the median iterations of the first epoch and of the later
+ones and their ratio (target for max <= 0.25; for the median reported), the cumulative exposure
+beyond the ideal world (largest over ranks), and the share of exact epochs.
+
+``--table``: a markdown table over drifts (warm and cold, max and median), for docs/epochs.md.
+
+``--jump J``: values beyond the declared drift. From epoch 3 on every value moves up by J of the
+range (reflected at the top); one JSON line per (operator, start) with the jump epoch's leakage of
+the watched ranks, the share of trials exposing a node beyond the ideal world in it, the share that
+fell back, its median iterations, and the next epoch's leakage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from nlagg_node.config import RunConfig, load_config
+from nlagg_node.init import DualInitSpec
+from nlagg_node.sim.epochs import EpochsResult, simulate_epochs, walk_values
+from nlagg_node.warm import WarmStart
+
+NAIVE_MAX_MARGIN = 0.02
+"""The naive max start: this fraction of the range beyond the last output."""
+
+
+def naive_start(
+    op: str,
+    last_output: float,
+    *,
+    drift: float,
+    c: float,
+    sigma_z: float,
+    value_range: tuple[float, float] | None = None,
+) -> WarmStart:
+    """The floor: the prior at the last output (median) or a start 0.02 beyond it (max), the
+    run's c, every value run as is (an unbounded band: never a shell, never a fallback)."""
+    lo, hi = value_range if value_range is not None else (0.0, 1.0)
+    y = (last_output - lo) / (hi - lo)
+    if op == "median":
+        spec = DualInitSpec(kind="prior", sigma_z=sigma_z, c=c, prior_median=y)
+        return WarmStart("prior", spec, c, y, drift, -math.inf, math.inf, 0.0)
+    spec = DualInitSpec(kind="from-above", mu_z=c * NAIVE_MAX_MARGIN, sigma_z=sigma_z, c=c, center=y)
+    return WarmStart("from-above", spec, c, y, drift, -math.inf, math.inf, 0.0)
+
+
+def _config(op: str, trials: int, seed: int) -> RunConfig:
+    return load_config(op=op, n=15, trials=trials, value_range=(0.0, 1.0), record="none", seed=seed)
+
+
+def _run(op: str, start: str, args: argparse.Namespace, drift: float) -> EpochsResult:
+    cfg = _config(op, args.trials, args.seed)
+    if start == "naive":
+        return simulate_epochs(cfg, args.epochs, drift, starter=naive_start)
+    return simulate_epochs(cfg, args.epochs, drift, warm=start == "warm")
+
+
+def _figures(op: str, start: str, res: EpochsResult) -> dict[str, Any]:
+    leak = res.leakage_by_epoch()
+    its = res.iterations_by_epoch()
+    watched = [6, 8] if op == "median" else [1]
+    later = leak[1:, watched]
+    return {
+        "op": op,
+        "start": start,
+        "drift": res.drift,
+        "watched_ranks": watched,
+        "leak_first": [round(float(v), 4) for v in leak[0, watched]],
+        "leak_later_max": round(float(later.max()), 4),
+        "leak_later_mean": round(float(later.mean()), 4),
+        "iterations_first": float(its[0]),
+        "iterations_later": float(np.median(its[1:])),
+        "ratio": round(float(np.median(its[1:]) / its[0]), 3),
+        "cumulative_beyond_ideal_max": round(float(res.cumulative_beyond_ideal().max()), 4),
+        "exact": round(float(res.exact.mean()), 4),
+        "fallback": round(float(res.fell_back.mean()), 4),
+        "seconds": round(res.wall_seconds, 1),
+    }
+
+
+def acceptance(args: argparse.Namespace) -> None:
+    for op in ("max", "median"):
+        for start in ("warm", "naive", "cold"):
+            print(json.dumps(_figures(op, start, _run(op, start, args, args.drift))), flush=True)
+
+
+JUMP_EPOCH = 3
+
+
+def jump(args: argparse.Namespace) -> None:
+    for op, ranks in (("max", [1, 2]), ("median", [6, 8])):
+        cfg = _config(op, args.trials, args.seed)
+        vals = walk_values(cfg, args.epochs, args.drift)
+        moved = vals[JUMP_EPOCH:] + args.jump
+        vals[JUMP_EPOCH:] = np.where(moved > 1.0, 2.0 - moved, moved)
+        for start, kw in (("warm", {}), ("naive", {"starter": naive_start}), ("cold", {"warm": False})):
+            res = simulate_epochs(cfg, args.epochs, args.drift, values=vals, **kw)
+            leak = res.leakage_by_epoch()
+            k = JUMP_EPOCH
+            beyond = (res.exposed[k] & ~res.ideal[k]).any(axis=1).mean()
+            line = {
+                "op": op,
+                "start": start,
+                "jump": args.jump,
+                "ranks": ranks,
+                "leak_jump_epoch": [round(float(leak[k, r]), 3) for r in ranks],
+                "beyond_ideal_jump_epoch": round(float(beyond), 3),
+                "fallback": round(float(res.fell_back[k].mean()), 3),
+                "iterations": float(np.median(res.iterations[k])),
+                "leak_next_epoch": [round(float(leak[k + 1, r]), 3) for r in ranks],
+                "exact": round(float(res.exact[k].mean()), 3),
+            }
+            print(json.dumps(line), flush=True)
+
+
+def _ranks(values: np.ndarray[Any, Any], ranks: list[int]) -> str:
+    return " / ".join(f"{values[r]:.3f}" for r in ranks)
+
+
+def table(args: argparse.Namespace) -> None:
+    drifts = [float(d) for d in args.drifts.split(",")]
+    print(
+        "| op | drift | start | leakage per epoch (ranks) | cumulative (same ranks) | worst cumulative"
+        " beyond ideal | iterations first / later | exact |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for op, ranks in (("max", [1, 2]), ("median", [6, 8])):
+        for d in drifts:
+            for start in ("warm", "cold"):
+                res = _run(op, start, args, d)
+                its = res.iterations_by_epoch()
+                print(
+                    f"| {op} | {d:g} | {start} | {_ranks(res.leakage_probability(), ranks)}"
+                    f" | {_ranks(res.cumulative_leakage_probability(), ranks)}"
+                    f" | {res.cumulative_beyond_ideal().max():.3f}"
+                    f" | {its[0]:.0f} / {np.median(its[1:]):.0f} | {res.exact.mean():.3f} |",
+                    flush=True,
+                )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--drift", type=float, default=0.005)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--table", action="store_true", help="the drift table of docs/epochs.md")
+    ap.add_argument("--drifts", default="0.001,0.005,0.01,0.05,0.1")
+    ap.add_argument("--jump", type=float, default=None, help="values jump up by this share of the range")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}", flush=True
+    )
+    if args.jump is not None:
+        jump(args)
+    elif args.table:
+        table(args)
+    else:
+        acceptance(args)
+    print(f"# {time.perf_counter() - started:.0f} s, load {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Privacy over time: K epochs of a deployment in the batched simulator.
+
+Every epoch is one run of :func:`~nlagg_node.sim.engine.simulate` on the same graphs (a deployment's
+graph is fixed) with that epoch's values and fresh z^(0) (the seed helper's stream ``("epoch", k,
+"node", b, i)``). Epoch ``k >= 1`` is warm-started at epoch ``k - 1``'s output
+(:func:`nlagg_node.warm.warm_start`, the same pure functions a node calls) unless ``warm`` is off;
+a node outside the warm start's band runs a random shell value (its exposure reveals no value and
+is not counted), and a trial whose warm run's output check fails
+(:meth:`~nlagg_node.warm.WarmStart.falls_back`) reruns the epoch cold: both runs' exposures count.
+
+The values follow a bounded random walk: epoch 0 draws them as a single run does, and each epoch
+moves every value by a step uniform in ``[-D, D]`` (``D`` the declared drift, times the range's span
+with a declared range), reflected into the range. So the declared drift bounds every step, as the
+warm start assumes; ``values`` (``--values-file``) gives other paths, e.g. jumps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..arrays import BoolArray, FloatArray, IntArray
+from ..config import PROPOSED_INIT, RunConfig
+from ..errors import ConfigError
+from ..rng import rng_for_each
+from ..scale import check_values, scale_for
+from ..verdict import ideal_ranks
+from ..warm import WARM_OPERATORS, WarmStart, warm_start
+from .engine import EpochInputs, SimResult, simulate
+from .values import read_value_rows, run_values
+
+__all__ = ["EpochsResult", "read_epoch_values", "simulate_epochs", "walk_values", "warms"]
+
+EpochProgress = Callable[[int, int], None]
+Starter = Callable[..., WarmStart]
+"""A warm start's maker, called as :func:`~nlagg_node.warm.warm_start` is (a benchmark's baseline)."""
+
+
+def _reflect(v: FloatArray, lo: float, hi: float) -> FloatArray:
+    """``v`` folded into ``[lo, hi]`` (a step past a bound comes back off it)."""
+    span = hi - lo
+    w = np.mod(v - lo, 2.0 * span)
+    return np.asarray(lo + np.where(w > span, 2.0 * span - w, w), dtype=np.float64)
+
+
+def walk_values(cfg: RunConfig, epochs: int, drift: float) -> FloatArray:
+    """The values of ``epochs`` epochs, shape ``(K, B, n)``, user units.
+
+    Epoch 0 is the single run's (:func:`~nlagg_node.sim.values.run_values`); every later epoch
+    moves each value by a step uniform in ``[-D, D]`` times the range's span (1 without a range),
+    from the stream ``(seed, "drift", trial)``, reflected into the declared range.
+    """
+    first = run_values(cfg)
+    B, n = first.shape
+    span = 1.0 if cfg.value_range is None else cfg.value_range[1] - cfg.value_range[0]
+    gens = rng_for_each(cfg.seed, ("drift",), np.arange(B)[:, None])
+    steps = np.stack([g.uniform(-1.0, 1.0, (max(epochs - 1, 0), n)) for g in gens], axis=1) * drift * span
+    out = np.empty((epochs, B, n))
+    out[0] = first
+    for k in range(1, epochs):
+        out[k] = out[k - 1] + steps[k - 1]
+        if cfg.value_range is not None:
+            out[k] = _reflect(out[k], *cfg.value_range)
+    return out
+
+
+def read_epoch_values(path: Path, n: int, epochs: int, trials: int) -> FloatArray:
+    """``--values-file`` of a multi-epoch run, shape ``(K, B, n)``: one row per epoch (every trial
+    alike), or one row per epoch per trial, epoch by epoch (rows ``k B .. k B + B - 1`` are epoch k's)."""
+    rows = read_value_rows(path, n)
+    if len(rows) == epochs:
+        return np.repeat(rows[:, None, :], trials, axis=1)
+    if len(rows) == epochs * trials:
+        return rows.reshape(epochs, trials, n)
+    why = f"{len(rows)} rows: give epochs={epochs} rows or epochs x trials={epochs * trials} rows"
+    raise ConfigError("values_file", str(path), why)
+
+
+@dataclass
+class EpochsResult:
+    """What K epochs produced. Shapes: K epochs, B trials, n nodes.
+
+    ``rank[k, b, i]`` is node i's rank in epoch k (0 = largest value).
+    """
+
+    config: RunConfig
+    drift: float
+    warm: bool
+    values: FloatArray  # (K, B, n) user units
+    rank: IntArray  # (K, B, n)
+    exposed: BoolArray  # (K, B, n): determined in the epoch (its warm run or its cold rerun)
+    ideal: BoolArray  # (K, B, n): the ideal world exposes it in that epoch (it holds the output)
+    output: FloatArray  # (K, B) node 0's output (user units)
+    exact: BoolArray  # (K, B) every node within the tolerance of the epoch's aggregate
+    iterations: IntArray  # (K, B) iterations the epoch ran (warm run plus any cold rerun)
+    fell_back: BoolArray  # (K, B) the warm run's output check failed and the epoch reran cold
+    wall_seconds: float = 0.0
+
+    @property
+    def epochs(self) -> int:
+        return int(self.values.shape[0])
+
+    def _by_rank(self, per_node: BoolArray, rank: IntArray) -> FloatArray:
+        """Mean over trials of ``per_node`` (B, n) with column r the node of rank r."""
+        order = np.argsort(rank, axis=1)
+        return np.asarray(np.take_along_axis(per_node, order, axis=1).mean(axis=0), dtype=np.float64)
+
+    def leakage_by_epoch(self) -> FloatArray:
+        """``(K, n)``: per epoch, the fraction of trials exposing each rank (that epoch's ranks)."""
+        return np.array([self._by_rank(self.exposed[k], self.rank[k]) for k in range(self.epochs)])
+
+    def leakage_probability(self) -> FloatArray:
+        """By rank, the mean over epochs of the per-epoch leakage probability."""
+        return np.asarray(self.leakage_by_epoch().mean(axis=0), dtype=np.float64)
+
+    def cumulative_leakage_probability(self) -> FloatArray:
+        """By rank of the first epoch's values: the fraction of trials exposing the node in at
+        least one of the K epochs."""
+        return self._by_rank(np.asarray(self.exposed.any(axis=0), dtype=bool), self.rank[0])
+
+    def cumulative_beyond_ideal(self) -> FloatArray:
+        """By rank of the first epoch's values: the fraction of trials exposing the node in at
+        least one epoch in which the ideal world did not (it did not hold that epoch's output)."""
+        beyond = np.asarray((self.exposed & ~self.ideal).any(axis=0), dtype=bool)
+        return self._by_rank(beyond, self.rank[0])
+
+    def iterations_by_epoch(self) -> FloatArray:
+        """Median over trials of each epoch's iterations."""
+        return np.asarray(np.median(self.iterations, axis=1), dtype=np.float64)
+
+    def summary(self) -> dict[str, Any]:
+        """The multi-epoch figures of ``nlagg sim --epochs K --json``."""
+        return {
+            "epochs": self.epochs,
+            "drift": self.drift,
+            "warm_start": self.warm,
+            "leakage_probability": _floats(self.leakage_probability()),
+            "cumulative_leakage_probability": _floats(self.cumulative_leakage_probability()),
+            "cumulative_beyond_ideal": _floats(self.cumulative_beyond_ideal()),
+            "leakage_by_epoch": [_floats(row) for row in self.leakage_by_epoch()],
+            "iterations_by_epoch": _floats(self.iterations_by_epoch()),
+            "exact_fraction_by_epoch": _floats(self.exact.mean(axis=1)),
+            "fallback_fraction_by_epoch": _floats(self.fell_back.mean(axis=1)),
+            "wall_seconds": self.wall_seconds,
+        }
+
+
+def _floats(a: Any) -> list[float]:
+    return [float(v) for v in np.asarray(a).ravel()]
+
+
+def _exact(res: SimResult) -> BoolArray:
+    """Per trial: every node within the tolerance of the epoch's aggregate (of the true values)."""
+    from ..schedule import distance_to
+
+    tol = res.config.tolerance * scale_for(res.config).span
+    err = distance_to(res.output, res.truth_lo[:, None], res.truth_hi[:, None])
+    return np.asarray(err.reshape(len(err), -1).max(axis=1) <= tol, dtype=bool)
+
+
+@dataclass(frozen=True)
+class _WarmEpoch:
+    """Epoch k warm-started: its config (the warm start's ``c``), inputs, each trial's warm start,
+    and the nodes outside the band (they run a shell value, so their exposures reveal no value)."""
+
+    cfg: RunConfig
+    inputs: EpochInputs
+    starts: list[WarmStart]
+    outside: BoolArray  # (B, n)
+
+
+def _warm_epoch(
+    cfg: RunConfig, k: int, values: FloatArray, last: FloatArray, drift: float, starter: Starter
+) -> _WarmEpoch:
+    """Epoch k warm-started at the outputs ``last`` (B,); each node draws its shell value's uniform
+    from the stream ``(seed, "epoch", k, "shell", trial)``."""
+    scale = scale_for(cfg)
+    starts = [
+        starter(
+            cfg.op,
+            float(y),
+            drift=drift,
+            c=cfg.c_value,
+            sigma_z=cfg.sigma_z_value,
+            value_range=cfg.value_range,
+        )
+        for y in last
+    ]
+    proto = np.asarray(scale.to_protocol(values), dtype=np.float64)
+    B, n = proto.shape
+    gens = rng_for_each(cfg.seed, ("epoch", k, "shell"), np.arange(B)[:, None])
+    draws = np.array([g.random(n) for g in gens])
+    used = np.array(
+        [[starts[b].used_value(float(proto[b, i]), float(draws[b, i])) for i in range(n)] for b in range(B)]
+    )
+    outside = np.array(
+        [[not ws.in_band(float(v)) for v in row] for ws, row in zip(starts, proto, strict=True)]
+    )
+    inputs = EpochInputs(k, values, tuple(ws.init for ws in starts), used)
+    return _WarmEpoch(cfg.model_copy(update={"c": starts[0].c}), inputs, starts, outside.reshape(B, n))
+
+
+def warms(cfg: RunConfig) -> bool:
+    """Whether a multi-epoch run of ``cfg`` warm-starts: an operator of
+    :data:`~nlagg_node.warm.WARM_OPERATORS` with its private initialization (``--init proposed``, or
+    the one it means: the warm start continues it). Any other ``--init`` (a baseline) runs every
+    epoch as configured."""
+    return cfg.op in WARM_OPERATORS and cfg.init in ("proposed", PROPOSED_INIT[cfg.op])
+
+
+def _ideal_mask(cfg: RunConfig, rank: IntArray) -> BoolArray:
+    ideal = ideal_ranks(cfg)
+    return np.isin(rank, ideal) if ideal else np.zeros(rank.shape, dtype=bool)
+
+
+def simulate_epochs(
+    cfg: RunConfig,
+    epochs: int,
+    drift: float,
+    *,
+    warm: bool = True,
+    values: FloatArray | None = None,
+    progress: EpochProgress | None = None,
+    starter: Starter = warm_start,
+) -> EpochsResult:
+    """Simulate ``epochs`` epochs of ``cfg.trials`` deployments.
+
+    Parameters
+    ----------
+    cfg
+        The run configuration of every epoch.
+    epochs
+        K >= 1.
+    drift
+        The declared drift D (a fraction of the value range, or value units without one): the
+        random walk's step bound and the warm start's (:func:`nlagg_node.warm.warm_start`).
+    warm
+        Warm-start epochs ``k >= 1`` where :func:`warms` (the others run cold anyway); False runs
+        every epoch cold (``--cold-start``).
+    values
+        ``(K, B, n)`` values in user units; default ``cfg.values_file``'s
+        (:func:`read_epoch_values`), else :func:`walk_values`.
+    progress
+        Called as ``progress(done, K)`` after each epoch.
+    starter
+        Makes each warm start (:func:`~nlagg_node.warm.warm_start`; a benchmark passes a naive one).
+    """
+    started = time.perf_counter()
+    cfg = cfg.resolved()
+    if epochs < 1:
+        raise ConfigError("epochs", epochs, "must be at least 1")
+    if not (math.isfinite(drift) and drift >= 0.0):
+        raise ConfigError("drift", drift, "must be a finite number >= 0")
+    if values is not None:
+        vals = np.asarray(values, dtype=np.float64)
+    elif cfg.values_file is not None:
+        vals = read_epoch_values(cfg.values_file, cfg.n, epochs, cfg.trials)
+    else:
+        vals = walk_values(cfg, epochs, drift)
+    check_values(cfg, vals)
+    warm = warm and warms(cfg)
+    K, B, n = vals.shape
+    shape = (K, B)
+    exposed = np.zeros((K, B, n), dtype=bool)
+    output, exact = np.zeros(shape), np.zeros(shape, dtype=bool)
+    iterations, fell_back = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
+    for k in range(K):
+        warm_k = _warm_epoch(cfg, k, vals[k], output[k - 1], drift, starter) if warm and k > 0 else None
+        if warm_k is None:
+            res = simulate(cfg, epoch=EpochInputs(k, vals[k]))
+            exposed[k] = res.exposed
+        else:
+            res = simulate(warm_k.cfg, epoch=warm_k.inputs)
+            exposed[k] = res.exposed & ~warm_k.outside  # a shell value exposed reveals no value
+        output[k] = res.output[:, 0].reshape(B, -1)[:, 0]  # top-K: its first value
+        exact[k], iterations[k] = _exact(res), res.phase_iterations.sum(axis=1)
+        if warm_k is not None:
+            proto_out = scale_for(cfg).to_protocol(output[k])
+            fb = np.array([ws.falls_back(float(y)) for ws, y in zip(warm_k.starts, proto_out, strict=True)])
+            if fb.any():
+                cold = simulate(cfg, epoch=EpochInputs(k, vals[k], rerun=True))
+                exposed[k, fb] |= cold.exposed[fb]
+                output[k, fb], exact[k, fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
+                iterations[k, fb] += cold.phase_iterations.sum(axis=1)[fb]
+                fell_back[k] = fb
+        if progress is not None:
+            progress(k + 1, K)
+    rank = np.argsort(np.argsort(-vals, axis=2, kind="stable"), axis=2)
+    return EpochsResult(
+        config=cfg,
+        drift=drift,
+        warm=warm,
+        values=vals,
+        rank=rank,
+        exposed=exposed,
+        ideal=_ideal_mask(cfg, rank),
+        output=output,
+        exact=exact,
+        iterations=iterations,
+        fell_back=fell_back,
+        wall_seconds=time.perf_counter() - started,
+    )
