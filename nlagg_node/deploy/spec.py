@@ -80,9 +80,6 @@ def plan_spec(opts: PlanRunOptions, broker_url: str = DEFAULT_BROKER) -> PlanSpe
         may_depart=True if opts.may_depart is None else opts.may_depart,
     )
     # The spec's fields that are run options of the same name (run_id, prefix, corrupt, seed...).
-    same = {
-        f.name: getattr(opts, f.name)
-        for f in dataclasses.fields(PlanSpec)
-        if f.name in option_fields(PlanRunOptions)
-    }
+    options = option_fields(PlanRunOptions)
+    same = {f.name: getattr(opts, f.name) for f in dataclasses.fields(PlanSpec) if f.name in options}
     return PlanSpec(run=run, broker_url=broker_url, value_source=source, **same)
