@@ -15,8 +15,9 @@ With early stopping a phase ends early, and where departures split the graph eac
 component ends it at its own iteration (:mod:`nlagg_node.termination`). A node that has stopped
 publishes nothing more in the phase and its duals stay as they were: the replay leaves every pair
 whose ends have both stopped (or departed) unchanged, steps the pairs of the nodes still running,
-and moves on to the next phase's start once every node has stopped. Live, each x tells whether
-its node stops after it (:func:`nlagg_node.termination.halts` of the fields it carries); from a
+and moves on to the next phase's start once every node has stopped. Live, each accepted x tells
+whether its node stops after it (the fields it carries); the replay reads those ends from the
+record of whoever accepted it (:class:`adversary.rules.PhaseEnds`, the transcript's rules); from a
 finished transcript, a node's phase ends with the last x of its component
 (:func:`adversary.spans.node_ends`).
 
@@ -45,8 +46,8 @@ from nlagg_node.pdmm import dual_sum, linear_branch, z_update
 from nlagg_node.protocol import phase_starts
 from nlagg_node.runtime.wire import AdvStateMsg
 from nlagg_node.schedule import Phase
-from nlagg_node.termination import halts
 
+from .rules import PhaseEnds
 from .spans import iterations_run, node_ends, node_iterations_run, phase_spans
 
 __all__ = [
@@ -135,10 +136,10 @@ class LiveReplay:
     known and returns the new exposures. A plain group waits for all its z^(0); a ``sealed`` one
     (whose z^(0) the wire never shows) starts with what the corrupted nodes forwarded.
 
-    ``reach``: in a run with early stopping, the stop's reach
-    (:func:`nlagg_node.termination.stop_reach`); the fields an x carries (``stop``, ``departures``)
-    then tell whether its node stops after it, and the replay waits for no x of a stopped node
-    for the rest of the phase. Without it (or without the fields) a phase is over once nothing
+    ``ends``: in a run with early stopping, where its nodes ended each phase
+    (:class:`~adversary.rules.PhaseEnds`, the record of whoever judges the x's: live, the
+    transcript's rules, which learn it from the fields each accepted x carries); the replay waits
+    for no x of a stopped node for the rest of the phase. Without it a phase is over once nothing
     is published at an iteration and the next phase has begun.
     """
 
@@ -151,7 +152,7 @@ class LiveReplay:
         theta: float,
         sealed: Iterable[str] = (),
         *,
-        reach: int | None = None,
+        ends: PhaseEnds | None = None,
     ) -> None:
         self.n = n
         self.layout = EdgeLayout.from_graphs(n, [np.asarray(edges, dtype=np.int64)])
@@ -164,11 +165,10 @@ class LiveReplay:
         self.t_total = sum(p.t_len for p in self.phases)
         self._phase_of = np.repeat(np.arange(len(self.phases)), [p.t_len for p in self.phases])
         self._starts = np.asarray(phase_starts(self.phases), dtype=np.int64)
-        self.reach = reach
-        # Early stopping: per phase, node -> the last iteration it ran (it stopped after it).
-        self.halted: list[dict[int, int]] = [{} for _ in self.phases]
-        self._halts = False  # any node stopped (the per-message paths check only this)
-        self._expected_at: dict[int, int] = {}  # _expected's answers while halts are known
+        self.ends = ends
+        self._no_ends: list[dict[int, int]] = [{} for _ in self.phases]
+        self._expected_at: dict[int, int] = {}  # _expected's answers while ends are known
+        self._ends_known = 0  # the ends' count those answers hold for
         self.z0: dict[str, FloatArray] = {}
         self.x = np.full((n, self.t_total), np.nan)
         # Plain lists: read and written per captured x, where numpy's scalar access costs most.
@@ -197,21 +197,21 @@ class LiveReplay:
         """
         if not 0 <= j < self.n or j in self.departed or not 0 <= t < self.t_total:
             return
-        if t < self.t_next and (self.reach is None or not np.isnan(self.x[j, t : self.t_next]).all()):
+        if t < self.t_next and (self.ends is None or not np.isnan(self.x[j, t : self.t_next]).all()):
             return
         self.departed[j] = t
         bisect.insort(self._departures, t)
         self._expected_at.clear()
 
-    def halt(self, i: int, t: int) -> None:
-        """Node i ran iteration t last in its phase (early stopping): it publishes nothing more there."""
-        if not (0 <= i < self.n and 0 <= t < self.t_total):
-            return
-        done = self.halted[int(self._phase_of[t])]
-        if i not in done:  # the first one counts: its later x's of the phase are not waited for
-            done[i] = t
-            self._halts = True
-            self._expected_at.clear()
+    @property
+    def halted(self) -> list[dict[int, int]]:
+        """Per phase, node -> the last iteration it ran (it stopped after it): the ``ends`` record."""
+        return self.ends.by_phase if self.ends is not None else self._no_ends
+
+    @property
+    def _halts(self) -> bool:
+        """Whether any node has stopped a phase (the per-message paths check only this)."""
+        return self.ends is not None and self.ends.count > 0
 
     def set_z0(self, group: str, i: int, j: int, z: float) -> None:
         arr = self.z0.setdefault(group, np.full(len(self.full.src), np.nan))
@@ -234,30 +234,18 @@ class LiveReplay:
                 if e is not None and np.isnan(arr[e]):
                     arr[e] = z
 
-    def add_x(
-        self, i: int, t: int, x: float, stop: int | None = None, departures: Sequence[int] | None = None
-    ) -> bool:
+    def add_x(self, i: int, t: int, x: float) -> bool:
         """Keep ``x_i^(t)`` (the first one wins); whether iteration t now has every x it waits for,
-        so that :meth:`advance` may move on (an x that completes nothing cannot).
-
-        ``stop`` and ``departures``: the early-stopping fields the x carries; with ``reach`` they
-        tell whether node i stops after t (:func:`nlagg_node.termination.halts`).
+        so that :meth:`advance` may move on (an x that completes nothing cannot). Whether node i
+        ended its phase at t is the ``ends`` record's, noted before.
         """
         if 0 <= i < self.n and 0 <= t < self.t_total and math.isnan(self.x[i, t]):
             if self._halts and self._stopped_before(i, t):
                 return False  # its phase is over: nobody uses it
             self.x[i, t] = x
             self._seen[t] += 1
-            if stop == t:
-                self.note_stop(i, t, stop, departures)
             return self._seen[t] >= self._expected(t)
         return False
-
-    def note_stop(self, i: int, t: int, stop: int, departures: Sequence[int] | None = None) -> None:
-        """The early-stopping fields ``x_i^(t)`` carries: with ``reach``, whether node i stops
-        after t (:func:`nlagg_node.termination.halts`), and if so :meth:`halt`."""
-        if self.reach is not None and halts(stop, t, departures or (), self.reach):
-            self.halt(i, t)
 
     def _stopped_before(self, i: int, t: int) -> bool:
         """Whether node i stopped its phase before iteration t (of that phase)."""
@@ -267,8 +255,11 @@ class LiveReplay:
     def _expected(self, t: int) -> int:
         """How many x's iteration t has: one per node not departed at or before t, nor stopped
         (early) in t's phase before t."""
-        if not self._halts:
+        if self.ends is None or not self.ends.count:
             return self.n - bisect.bisect_right(self._departures, t) if self._departures else self.n
+        if self._ends_known != self.ends.count:  # a node has stopped since: the answers are stale
+            self._ends_known = self.ends.count
+            self._expected_at.clear()
         got = self._expected_at.get(t)
         if got is None:
             if len(self._expected_at) >= 4096:

@@ -23,6 +23,8 @@ from it once validated.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nlagg_node.protocol import (
     NO_HALT,
     OUTSIDE_WINDOW,
@@ -54,12 +56,44 @@ from nlagg_node.runtime.wire import (
 )
 from nlagg_node.termination import NO_STOP
 
-__all__ = ["OUTSIDE_WINDOW", "RunRules", "rules_for"]
+__all__ = ["OUTSIDE_WINDOW", "PhaseEnds", "RunRules", "rules_for"]
 
 _WHY = {
     "gone": "node {i} departed at t={gone}",
     "stopped": "node {i} ended this phase after t={halt}",
 }
+
+
+class PhaseEnds:
+    """Where each node ended each phase of a run that stops early: the iteration of its first x whose
+    fields say it halts there (:func:`~nlagg_node.protocol.halt_span`). One record per run, kept by
+    whoever judges the x's (the transcript's :class:`RunRules`) and read by the live replay.
+
+    ``by_phase[p]``: node -> the last iteration it ran in phase p; ``count``: how many ends are known
+    (a reader that caches what depends on them compares it).
+    """
+
+    def __init__(self, shape: RunShape) -> None:
+        self.shape = shape
+        _ = shape.reach  # a graph the stop cannot follow (disconnected) fails now, not at an x
+        self.by_phase: list[dict[int, int]] = [{} for _ in shape.phases]
+        self.count = 0
+
+    def note(self, node: int, t: int, stop: int | None, departures: Sequence[int] | None) -> None:
+        """``x_node^(t)`` with these fields was accepted: its sender's end if it halts there (the
+        first end of a phase counts)."""
+        if not (0 <= node < self.shape.n and 0 <= t < self.shape.t_total):
+            return
+        end, _ = halt_span(self.shape, t, stop, departures)
+        if end != NO_STOP:
+            ended = self.by_phase[self.shape.phase_of(end)]
+            if node not in ended:
+                ended[node] = end
+                self.count += 1
+
+    def last(self, node: int, t: int) -> int | None:
+        """The last iteration ``node`` ran in t's phase, None while it runs."""
+        return self.by_phase[self.shape.phase_of(t)].get(node)
 
 
 class RunRules:
@@ -82,7 +116,7 @@ class RunRules:
         self.latest: list[int] = [-1] * self.n  # latest valid t per node
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
         self.departures = Departures(shape)  # from statuses
-        self._halted: dict[tuple[int, int], int] = {}  # (phase, node) -> the t after which it stopped
+        self.ends = PhaseEnds(shape)
 
     def inside(self, node: int, t: int) -> bool:
         """Whether ``(node, t)`` is a node and an iteration of the run."""
@@ -112,11 +146,10 @@ class RunRules:
         return None
 
     def _halt(self, node: int, t: int) -> tuple[int, int]:
-        if not self._halted:
+        if not self.ends.count:
             return NO_HALT
-        p = self.shape.phase_of(t)
-        last = self._halted.get((p, node))
-        return NO_HALT if last is None else (last, self.shape.starts[p + 1])
+        last = self.ends.last(node, t)
+        return NO_HALT if last is None else (last, self.shape.phase_end(t))
 
     def _x(self, msg: XMsg | XWire) -> str | None:
         i, t = msg.node, msg.t
@@ -152,9 +185,7 @@ class RunRules:
         """Record a message stored as valid (the window moves on)."""
         if isinstance(msg, X_TYPES):
             self.saw_x(msg.node, msg.t)
-            stop, _ = halt_span(self.shape, msg.t, msg.stop, msg.departures)
-            if stop != NO_STOP:
-                self._halted.setdefault((self.shape.phase_of(stop), msg.node), stop)
+            self.ends.note(msg.node, msg.t, msg.stop, msg.departures)
         elif isinstance(msg, StatusMsg):
             for j, t in departure_claims(msg.node, msg.state, msg.iterations, msg.departed):
                 self.departures.claim(msg.node, j, t)

@@ -150,20 +150,17 @@ def write_sim_transcript(
     if out.exists():
         raise ConfigError("transcript", str(out), "already exists; choose a new path")
     cfg = result.config
-    edges: IntArray = result.graphs[trial]
     rid = run_id if run_id is not None else f"sim-{uuid.uuid4().hex[:12]}"
     tp = topics(prefix, rid)
-    layout = EdgeLayout.from_graphs(cfg.n, [edges])
-    z0 = trial_z0(result, trial)
-    x = trial_x(result, trial)
+    messages = _TrialMessages(result, trial, tp)
     corrupt = _corrupted_values(result, trial, corrupted)
     with Transcript(out, run_id=rid, prefix=prefix) as tr:
         tr.set_meta("source", f"nlagg simulator, trial {trial}, seed {cfg.seed}")
-        tr.add(tp.config, encode(build_config_msg(cfg, rid, edges)), retained=True, received=0.0)
-        _write_z0(tr, tp, result, layout, z0)
-        _write_x(tr, tp, result, trial, x)
-        _write_forwarded(tr, tp, result, layout, z0, corrupt)
-        _write_finals(tr, tp, result, trial, x)
+        tr.add(tp.config, encode(build_config_msg(cfg, rid, messages.edges)), retained=True, received=0.0)
+        messages.write_z0(tr)
+        messages.write_x(tr)
+        messages.write_forwarded(tr, corrupt)
+        messages.write_finals(tr)
         tr.commit()
     truth = {
         "run_id": rid,
@@ -175,120 +172,119 @@ def write_sim_transcript(
     return out
 
 
-def _write_z0(
-    tr: Transcript, tp: topics, result: SimResult, layout: EdgeLayout, z0: dict[str, FloatArray]
-) -> None:
-    """Every z^(0) of the plain dual groups (a sealed group's never show on the wire)."""
-    from nlagg_node.runtime.wire import Z0Msg, encode
+class _TrialMessages:
+    """The messages a network running trial ``trial`` of ``result`` publishes on the topics ``tp``,
+    written into a transcript kind by kind: its graph, duals and x's are the trial's."""
 
-    sealed = sealed_groups_of(result.config, result.phases)
-    for group, z in z0.items():
-        if group in sealed:
-            continue
-        for e in range(len(z)):
-            i, j = int(layout.src[e]), int(layout.dst[e])
-            if np.isnan(z[e]):
-                continue  # an edge of a node that had departed before this exchange
-            msg = Z0Msg.model_validate({"from": i, "to": j, "group": group, "z": float(z[e])})
-            tr.add(tp.z0(i, j), encode(msg), received=0.0)
+    def __init__(self, result: SimResult, trial: int, tp: topics) -> None:
+        self.result, self.trial, self.tp = result, trial, tp
+        self.edges: IntArray = result.graphs[trial]
+        self.layout = EdgeLayout.from_graphs(result.config.n, [self.edges])
+        self.nbrs = neighbours(result.config.n, self.edges)
+        self.gone = result.departures_of(trial)
+        self.z0 = trial_z0(result, trial)
+        self.x = trial_x(result, trial)
 
+    def write_z0(self, tr: Transcript) -> None:
+        """Every z^(0) of the plain dual groups (a sealed group's never show on the wire)."""
+        from nlagg_node.runtime.wire import Z0Msg, encode
 
-def _write_x(tr: Transcript, tp: topics, result: SimResult, trial: int, x: FloatArray) -> None:
-    """Every x the nodes publish, in time order, with a departure's will and its neighbours'
-    statuses before their next x (with early stopping, each x with its stop fields)."""
-    from nlagg_node.runtime.wire import encode_x
+        layout = self.layout
+        sealed = sealed_groups_of(self.result.config, self.result.phases)
+        for group, z in self.z0.items():
+            if group in sealed:
+                continue
+            for e in range(len(z)):
+                i, j = int(layout.src[e]), int(layout.dst[e])
+                if np.isnan(z[e]):
+                    continue  # an edge of a node that had departed before this exchange
+                msg = Z0Msg.model_validate({"from": i, "to": j, "group": group, "z": float(z[e])})
+                tr.add(self.tp.z0(i, j), encode(msg), received=0.0)
 
-    n = result.config.n
-    gone = result.departures_of(trial)
-    nbrs = neighbours(n, result.graphs[trial])
-    names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
-    # Early stopping: the x's of the iterations each node ran, with their fields.
-    stream = _early_x(result, trial, x) if result.config.early_stop else None
-    due = next(stream, None) if stream is not None else None
-    for t in range(x.shape[1]):
-        _write_departures(tr, tp, gone, nbrs, t)
-        if stream is not None:
-            if due is not None and due[0] == t:
-                for i, payload in due[1]:
-                    tr.add(tp.x(i), payload, received=float(t))
-                due = next(stream, None)
-            continue
-        for i in range(n):
-            if np.isnan(x[i, t]):
-                continue  # departed
-            tr.add(tp.x(i), encode_x(i, t, str(names[t]), float(x[i, t])), received=float(t))
+    def write_x(self, tr: Transcript) -> None:
+        """Every x the nodes publish, in time order, with a departure's will and its neighbours'
+        statuses before their next x (with early stopping, each x with its stop fields)."""
+        from nlagg_node.runtime.wire import encode_x
 
+        result, x, tp = self.result, self.x, self.tp
+        names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
+        # Early stopping: the x's of the iterations each node ran, with their fields.
+        stream = _early_x(result, self.trial, x) if result.config.early_stop else None
+        due = next(stream, None) if stream is not None else None
+        for t in range(x.shape[1]):
+            self._write_departures(tr, t)
+            if stream is not None:
+                if due is not None and due[0] == t:
+                    for i, payload in due[1]:
+                        tr.add(tp.x(i), payload, received=float(t))
+                    due = next(stream, None)
+                continue
+            for i in range(result.config.n):
+                if np.isnan(x[i, t]):
+                    continue  # departed
+                tr.add(tp.x(i), encode_x(i, t, str(names[t]), float(x[i, t])), received=float(t))
 
-def _write_departures(
-    tr: Transcript, tp: topics, gone: Mapping[int, int], nbrs: list[list[int]], t: int
-) -> None:
-    """The wills of the nodes that departed at ``t - 1`` and their neighbours' statuses naming them,
-    published before the neighbours' x^(t), as on a network."""
-    from nlagg_node.runtime.wire import StatusMsg, encode
+    def _write_departures(self, tr: Transcript, t: int) -> None:
+        """The wills of the nodes that departed at ``t - 1`` and their neighbours' statuses naming
+        them, published before the neighbours' x^(t), as on a network."""
+        from nlagg_node.runtime.wire import StatusMsg, encode
 
-    for j in sorted(k for k, at in gone.items() if at + 1 == t):
-        offline = encode(StatusMsg(node=j, state="offline"))
-        tr.add(tp.status(j), offline, retained=True, received=t - 0.5)
-        for i in nbrs[j]:
-            if gone.get(i, t) < t:
-                continue  # gone before it
-            told = {str(k): at for k, at in sorted(gone.items()) if k in nbrs[i] and at < t}
-            status = StatusMsg(node=i, state="running", departed=told)
-            tr.add(tp.status(i), encode(status), retained=True, received=t - 0.5)
+        gone, nbrs, tp = self.gone, self.nbrs, self.tp
+        for j in sorted(k for k, at in gone.items() if at + 1 == t):
+            offline = encode(StatusMsg(node=j, state="offline"))
+            tr.add(tp.status(j), offline, retained=True, received=t - 0.5)
+            for i in nbrs[j]:
+                if gone.get(i, t) < t:
+                    continue  # gone before it
+                told = {str(k): at for k, at in sorted(gone.items()) if k in nbrs[i] and at < t}
+                status = StatusMsg(node=i, state="running", departed=told)
+                tr.add(tp.status(i), encode(status), retained=True, received=t - 0.5)
 
+    def write_forwarded(self, tr: Transcript, corrupt: Mapping[int, float]) -> None:
+        """The state each corrupted node (``{node: its value}``) forwards at the first iteration of
+        each dual group."""
+        from nlagg_node.runtime.wire import AdvStateMsg, encode
 
-def _write_forwarded(
-    tr: Transcript,
-    tp: topics,
-    result: SimResult,
-    layout: EdgeLayout,
-    z0: dict[str, FloatArray],
-    corrupt: Mapping[int, float],
-) -> None:
-    """The state each corrupted node forwards at the first iteration of each dual group."""
-    from nlagg_node.runtime.wire import AdvStateMsg, encode
+        result, layout = self.result, self.layout
+        starts: dict[str, int] = {}
+        for ph, t0 in zip(result.phases, np.cumsum([0] + [p.t_len for p in result.phases]), strict=False):
+            starts.setdefault(ph.group, int(t0))
+        scale = scale_for(result.config)
+        for i, s_user in corrupt.items():
+            s = scale.protocol_float(s_user)  # a node forwards the value it runs the protocol on
+            for group, t0 in starts.items():
+                zg = self.z0[group]
+                zs = {str(int(layout.dst[e])): float(zg[e]) for e in np.flatnonzero(layout.src == i)}
+                zin = {str(int(layout.src[e])): float(zg[e]) for e in np.flatnonzero(layout.dst == i)}
+                adv = AdvStateMsg(node=i, t=t0, s=s, z=zs, z_in=zin)
+                tr.add(self.tp.adv(i), encode(adv), received=float(t0))
 
-    starts: dict[str, int] = {}
-    for ph, t0 in zip(result.phases, np.cumsum([0] + [p.t_len for p in result.phases]), strict=False):
-        starts.setdefault(ph.group, int(t0))
-    scale = scale_for(result.config)
-    for i, s_user in corrupt.items():
-        s = scale.protocol_float(s_user)  # a node forwards the value it runs the protocol on
-        for group, t0 in starts.items():
-            zg = z0[group]
-            zs = {str(int(layout.dst[e])): float(zg[e]) for e in np.flatnonzero(layout.src == i)}
-            zin = {str(int(layout.src[e])): float(zg[e]) for e in np.flatnonzero(layout.dst == i)}
-            adv = AdvStateMsg(node=i, t=t0, s=s, z=zs, z_in=zin)
-            tr.add(tp.adv(i), encode(adv), received=float(t0))
+    def write_finals(self, tr: Transcript) -> None:
+        """Each node's last status: ``done`` with its final x per phase (its last iteration run in
+        each: ``t_len - 1``, or earlier where its component stopped early), output and the
+        departures it knows of; ``offline`` for a departed node."""
+        from nlagg_node.runtime.wire import StatusMsg, encode
 
-
-def _write_finals(tr: Transcript, tp: topics, result: SimResult, trial: int, x: FloatArray) -> None:
-    """Each node's last status: ``done`` with its final x per phase (its last iteration run in each:
-    ``t_len - 1``, or earlier where its component stopped early), output and the departures it
-    knows of; ``offline`` for a departed node."""
-    from nlagg_node.runtime.wire import StatusMsg, encode
-
-    gone = result.departures_of(trial)
-    nbrs = neighbours(result.config.n, result.graphs[trial])
-    offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])[:-1]
-    ends = offsets[None, :] + result.node_iterations[trial] - 1  # (n, phases)
-    iterations = result.node_iterations[trial].sum(axis=1)  # (n,) each node's
-    output = np.asarray(result.output[trial], dtype=np.float64)
-    for i in range(result.config.n):
-        final_told = {str(j): t for j, t in sorted(gone.items()) if j in nbrs[i]} or None
-        status = (
-            StatusMsg(node=i, state="offline")
-            if i in gone
-            else StatusMsg(
-                node=i,
-                state="done",
-                final=[float(x[i, e]) for e in ends[i]],
-                output=[float(v) for v in np.atleast_1d(output[i])],
-                iterations=int(iterations[i]),
-                departed=final_told,
+        result, trial, x, gone, nbrs = self.result, self.trial, self.x, self.gone, self.nbrs
+        offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])[:-1]
+        ends = offsets[None, :] + result.node_iterations[trial] - 1  # (n, phases)
+        iterations = result.node_iterations[trial].sum(axis=1)  # (n,) each node's
+        output = np.asarray(result.output[trial], dtype=np.float64)
+        for i in range(result.config.n):
+            final_told = {str(j): t for j, t in sorted(gone.items()) if j in nbrs[i]} or None
+            status = (
+                StatusMsg(node=i, state="offline")
+                if i in gone
+                else StatusMsg(
+                    node=i,
+                    state="done",
+                    final=[float(x[i, e]) for e in ends[i]],
+                    output=[float(v) for v in np.atleast_1d(output[i])],
+                    iterations=int(iterations[i]),
+                    departed=final_told,
+                )
             )
-        )
-        tr.add(tp.status(i), encode(status), retained=True, received=float(x.shape[1]))
+            tr.add(self.tp.status(i), encode(status), retained=True, received=float(x.shape[1]))
 
 
 def _early_x(result: SimResult, trial: int, x: FloatArray) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:

@@ -39,7 +39,6 @@ from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
-from nlagg_node.termination import stop_reach
 
 from ..live import BRANCH_NAMES, Exposure, LiveReplay
 from ..transcript.arrays import public_z0
@@ -294,9 +293,8 @@ class Eavesdropper:
         elif isinstance(msg, X_TYPES):
             v = self.view(msg.node)
             v.iterations = max(v.iterations, msg.t + 1)
-            if self.replay is not None and self.replay.add_x(
-                msg.node, msg.t, msg.x, msg.stop, msg.departures
-            ):
+            # Its stop fields are in the rules' record (PhaseEnds) already: the transcript accepted it.
+            if self.replay is not None and self.replay.add_x(msg.node, msg.t, msg.x):
                 self._advance()
         elif isinstance(msg, AdvStateMsg):
             v = self.view(msg.node)
@@ -342,10 +340,11 @@ class Eavesdropper:
         self.scale = scale_for(cfg)
         phases = plan_phases(cfg)
         cs = [phase_c(cfg, p) for p in phases]
-        reach = stop_reach(cfg.n, edges, cfg.may_depart) if cfg.early_stop else None
-        self.replay = LiveReplay(
-            cfg.n, edges, phases, cs, cfg.theta, sealed_groups_of(cfg, phases), reach=reach
-        )
+        rules = self.transcript.rules
+        assert rules is not None  # a config the transcript stored as valid set them
+        ends = rules.ends if cfg.early_stop else None  # where the nodes stopped: the rules' record
+        sealed = sealed_groups_of(cfg, phases)
+        self.replay = LiveReplay(cfg.n, edges, phases, cs, cfg.theta, sealed, ends=ends)
         # Catch up on what arrived before the config.
         for group, arr in public_z0(cfg, edges, phases, self.transcript.z0(cfg.n, edges)).items():
             self.replay.z0[group] = arr
@@ -354,12 +353,11 @@ class Eavesdropper:
         self._depart(announced([st.departed for st in self.transcript.statuses().values()]))
         x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
         stops = self.transcript.x_stops(cfg.n, self.replay.t_total) if cfg.early_stop else {}
+        if ends is not None:  # what a transcript continued after a restart held (noted once)
+            for (i, t), (stop, deps) in stops.items():
+                ends.note(i, t, stop, deps)
         for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):
-            fields = stops.get((int(i), int(t)))
-            if fields is None:
-                self.replay.add_x(int(i), int(t), float(x[i, t]))
-            else:
-                self.replay.add_x(int(i), int(t), float(x[i, t]), *fields)
+            self.replay.add_x(int(i), int(t), float(x[i, t]))
         self._advance()
         self._check_finished()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -34,6 +35,9 @@ TESTBED_FILES = (
     "report.png",
 )
 """What ``nlagg testbed --out`` (and ``nlagg report`` on it) writes."""
+
+_SAME_NAMED = ("run_id", "prefix", "broker_kind", "in_process", "neighbour_timeout", "ca_file")
+"""The options :func:`~nlagg_node.lab.testbed.run_testbed` takes as they are, under their own names."""
 
 
 def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]:
@@ -85,22 +89,19 @@ def run_testbed_command(opts: TestbedOptions) -> None:
         if not opts.quiet:
             console.print(f"[dim]{msg}[/dim]")
 
+    # The testbed the options describe; each run gives it its directory and progress line.
+    testbed = functools.partial(
+        run_testbed,
+        cfg,
+        broker_url=opts.broker,
+        corrupt=corrupted,
+        departures=departures,
+        on_event=note,
+        **{name: getattr(opts, name) for name in _SAME_NAMED},
+    )
+
     async def run(out_dir: Path | None, on_progress: ProgressFn | None = None) -> TestbedSummary:
-        summary = await run_testbed(
-            cfg,
-            run_id=opts.run_id,
-            prefix=opts.prefix,
-            broker_url=opts.broker,
-            broker_kind=opts.broker_kind,
-            in_process=opts.in_process,
-            corrupt=corrupted,
-            out_dir=out_dir,
-            neighbour_timeout=opts.neighbour_timeout,
-            ca_file=opts.ca_file,
-            on_event=note,
-            departures=departures,
-            on_progress=on_progress,
-        )
+        summary = await testbed(out_dir=out_dir, on_progress=on_progress)
         if opts.out is None:
             summary["transcript"] = None  # the dashboard's temporary copy goes at exit: no path to it
         return report(summary)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import DEFAULT_BROKER, RunConfig
-from ..options import PlanRunOptions
+from ..options import PlanRunOptions, option_fields
 from ..valuesource import ValueSource
 from .mosquitto_auth import TlsFiles
 
@@ -78,14 +79,7 @@ def plan_spec(opts: PlanRunOptions, broker_url: str = DEFAULT_BROKER) -> PlanSpe
         early_stop=True if opts.early_stop is None else opts.early_stop,
         may_depart=True if opts.may_depart is None else opts.may_depart,
     )
-    return PlanSpec(
-        run=run,
-        run_id=opts.run_id,
-        prefix=opts.prefix,
-        corrupt=opts.corrupt,
-        corrupt_count=opts.corrupt_count,
-        seed=opts.seed,
-        replay=opts.replay,
-        broker_url=broker_url,
-        value_source=source,
-    )
+    # The spec's fields that are run options of the same name (run_id, prefix, corrupt, seed...).
+    options = option_fields(PlanRunOptions)
+    same = {f.name: getattr(opts, f.name) for f in dataclasses.fields(PlanSpec) if f.name in options}
+    return PlanSpec(run=run, broker_url=broker_url, value_source=source, **same)

@@ -106,7 +106,7 @@ def prepare_node(opts: NodeOptions) -> NodeStart:
     from ..config import load_config
     from ..runtime.wire import check_prefix, check_run_id
     from ..scale import check_node_value, leak_warning, scale_for
-    from ..valuesource import read_value, source_from_flags
+    from ..valuesource import read_value
 
     if opts.leave_by not in ("status", "kill"):
         raise ConfigError("leave_by", opts.leave_by, "use status or kill")
@@ -117,7 +117,7 @@ def prepare_node(opts: NodeOptions) -> NodeStart:
     pfx = check_prefix(opts.prefix or str(net.get("prefix", "nlagg")))
     if not 0 <= opts.id < cfg.n:
         raise ConfigError("id", opts.id, f"must lie in 0..{cfg.n - 1}")
-    source = source_from_flags(opts.value, opts.value_file, opts.value_cmd)
+    source = opts.value_source()
     if source is None:
         raise ConfigError("value", "0 sources", "give exactly one of --value, --value-file, --value-cmd")
     # Before anything is published: the value lies in the declared range and the start protects it.

@@ -15,26 +15,28 @@ from .opt import (
     KEY_OPT,
     NETWORK,
     OUTPUT,
-    VALUE_CMD_OPT,
-    VALUE_FILE_OPT,
-    VALUE_OPT,
     VALUES,
     VERBOSE_OPT,
     Opt,
 )
+from .run import ValueSourceOptions
 
 __all__ = ["EavesdropOptions", "NodeOptions"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeOptions:
-    """``nlagg node``: one node of a real run. :func:`to_argv` writes its command line."""
+class _WhichNode:
+    """Which node of which run: the first words of a node's command line."""
 
     id: Annotated[int, Opt("this node's id, 0..n-1", flags=("--id",), always=True)]
     config: Annotated[str, Opt("run config (TOML with [run] and optional [network], or JSON)", always=True)]
-    value: Annotated[float | None, VALUE_OPT] = None
-    value_file: Annotated[str | None, VALUE_FILE_OPT] = None
-    value_cmd: Annotated[str | None, VALUE_CMD_OPT] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeOptions(ValueSourceOptions, _WhichNode):
+    """``nlagg node``: one node of a real run (:class:`_WhichNode`), its value
+    (:class:`ValueSourceOptions`) and the rest. :func:`to_argv` writes its command line."""
+
     broker: Annotated[str, Opt("broker URL, mqtt://host[:port]", NETWORK, always=True)] = DEFAULT_BROKER
     run_id: Annotated[str | None, Opt("run id (default: [network].run_id of the config)", NETWORK)] = None
     prefix: Annotated[str | None, Opt("topic prefix (default: [network].prefix or nlagg)", NETWORK)] = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import Literal, TypedDict, Unpack
+from typing import Literal, Required, TypedDict, Unpack
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from .transport import Transport
 from .watch import DepartureWatch
 from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, Z0Msg, encode, topics
 
-__all__ = ["DepartedError", "Member", "MemberOptions", "NodeResult", "check_neighbour_timeout"]
+__all__ = ["DepartedError", "Member", "MemberOptions", "NodeResult", "Seat", "check_neighbour_timeout"]
 
 
 def check_neighbour_timeout(seconds: float) -> float:
@@ -55,9 +55,15 @@ def check_neighbour_timeout(seconds: float) -> float:
     return seconds
 
 
-class MemberOptions(TypedDict, total=False):
-    """A node's options besides its configuration, id, value and connection (all optional).
+Seat = tuple[RunConfig, int, float, Transport]
+"""A member's place in a run, the positional arguments of :class:`Member` (and
+:class:`~nlagg_node.runtime.node.Node`): its configuration, id, private value and connection."""
 
+
+class MemberOptions(TypedDict, total=False):
+    """A node's options besides its :data:`Seat` (all optional but the run id).
+
+    run_id : the run's id (with ``prefix``, the topic namespace).
     prefix, edges : the topic prefix (``nlagg``) and the canonical edge list (:func:`run_edges`).
     corrupt : publish ``adv/{i}/state`` every iteration (the paper's passive corrupted node).
     seed : seed of the private generator ``rng_for(seed, "node", 0, i)``; ``"config"`` (default)
@@ -71,6 +77,7 @@ class MemberOptions(TypedDict, total=False):
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
     """
 
+    run_id: Required[str]
     prefix: str
     edges: IntArray | None
     corrupt: bool
@@ -92,8 +99,6 @@ class Member:
         node_id: int,
         value: float,
         transport: Transport,
-        *,
-        run_id: str,
         **options: Unpack[MemberOptions],
     ) -> None:
         self.cfg = cfg.resolved()
@@ -102,7 +107,7 @@ class Member:
         self.id = node_id
         self.value = float(value)
         self.transport = transport
-        self.run_id = run_id
+        self.run_id = run_id = options["run_id"]
         self.prefix = options.get("prefix", "nlagg")
         self.topics = topics(self.prefix, run_id)
         edges = options.get("edges")

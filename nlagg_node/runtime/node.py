@@ -18,14 +18,13 @@ import logging
 from types import TracebackType
 from typing import Generic, Self, TypeVar, Unpack, cast
 
-from ..config import RunConfig
 from ..errors import NeighbourTimeoutError, NlaggError
 from .checkpoint import Checkpoint, CheckpointStore
 from .loop import run_members
-from .member import Member, MemberOptions, NodeResult
+from .member import Member, MemberOptions, NodeResult, Seat
 from .public import ConfigMismatchError, build_config_msg, config_from_msg, run_edges
 from .routing import Router
-from .transport import Message, Transport, Will
+from .transport import Message, Will
 from .wire import StatusMsg, WireError, encode, topics
 
 __all__ = [
@@ -68,31 +67,20 @@ class Node:
 
     Parameters
     ----------
-    cfg : the run configuration (the same file every node and the launcher read).
-    node_id : this node's id.
-    value : the private value s_i (never published, except in a corrupted node's adv state).
-    transport : connection to the broker. With ``own_transport`` (default) the node connects it,
-        subscribes and reads it; otherwise a host (:func:`~nlagg_node.runtime.hosted.host_nodes`)
-        shares one connection between several nodes.
-    run_id : the run's id (with ``prefix``, the topic namespace).
-    options : the rest (:class:`~nlagg_node.runtime.member.MemberOptions`): ``prefix``, ``edges``,
-        ``corrupt``, ``seed``, ``neighbour_timeout``, ``startup_timeout``, ``checkpoint``,
-        ``departure_timeout``, ``leave_after``, ``leave_quietly``.
+    seat : ``cfg, node_id, value, transport`` (:data:`~nlagg_node.runtime.member.Seat`): the run
+        configuration (the same file every node and the launcher read), this node's id, its private
+        value s_i (never published, except in a corrupted node's adv state) and its connection to
+        the broker. With ``own_transport`` (default) the node connects it, subscribes and reads it;
+        otherwise a host (:func:`~nlagg_node.runtime.hosted.host_nodes`) shares one connection
+        between several nodes.
+    options : the member's (:class:`~nlagg_node.runtime.member.MemberOptions`): ``run_id`` (with
+        ``prefix``, the topic namespace), ``edges``, ``corrupt``, ``seed``, ``neighbour_timeout``,
+        ``startup_timeout``, ``checkpoint``, ``departure_timeout``, ``leave_after``, ``leave_quietly``.
     """
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        node_id: int,
-        value: float,
-        transport: Transport,
-        *,
-        run_id: str,
-        own_transport: bool = True,
-        **options: Unpack[MemberOptions],
-    ) -> None:
-        self.member = Member(cfg, node_id, value, transport, run_id=run_id, **options)
-        self.transport = transport
+    def __init__(self, *seat: *Seat, own_transport: bool = True, **options: Unpack[MemberOptions]) -> None:
+        self.member = Member(*seat, **options)
+        self.transport = self.member.transport
         self.own_transport = own_transport
         self.router = Router([self.member], self._undecodable, self.member.reject)
 

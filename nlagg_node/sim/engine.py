@@ -429,7 +429,7 @@ def _run_span(
     start, stop = span
     last_bad, ran = judged
     tick = time.perf_counter()
-    st.rec_ptr = run_phase(
+    run = (
         (st.u, layout.src, layout.dst, st.pair_start, c * layout.degree),
         (s_eff, plan.s_used),
         (c, cfg.theta, obj.kind == "quadratic", obj.alpha, obj.beta),
@@ -439,8 +439,8 @@ def _run_span(
         st.x,
         (cfg.early_stop, cfg.stop_window_value, st.reach, st.hist, st.kq, st.ev, ran, st.halt, st.calm_from),
         (st.dep_t, st.dep_known, st.fresh),
-        plan.parallel,
     )
+    st.rec_ptr = run_phase(run, plan.parallel)
     st.loop_seconds += time.perf_counter() - tick
 
 

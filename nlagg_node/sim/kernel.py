@@ -25,7 +25,8 @@ whether all are. ``hist[s, g]``: node g's x at its last phase-local iteration eq
 Where nodes may stop or depart apart, each node's stop iteration and known departures as the nodes
 keep them.
 
-The run's arguments come in groups (tuples), unpacked once per trial:
+The run's arguments come as one tuple ``run = (graph, values, rule, span, judge, record, x, stop,
+departed)`` of groups (tuples, and ``x`` the nodes' x), unpacked once per trial:
 
 * ``graph``: ``(u, src, dst, pair_start, cd)``, the signed duals (updated in place), the directed
   edges, each trial's first edge pair and ``c d_i`` per node;
@@ -232,19 +233,7 @@ def _count_quiet(xl: Any, slot: int, calm: bool, g0: int, now: int, counters: An
 
 
 @njit(nogil=True, depends=_DEPENDS)
-def run_trial(
-    b: int,
-    tracked: bool,
-    graph: Any,
-    values: Any,
-    rule: Any,
-    span: Any,
-    judge: Any,
-    record: Any,
-    x: Any,
-    stop: Any,
-    departed: Any,
-) -> None:
+def run_trial(b: int, tracked: bool, run: Any) -> None:
     """The iterations ``span`` gives of trial ``b`` (nodes ``b n .. b n + n - 1``), in local buffers.
 
     The loop calls only scalar functions, and others where rare: a call with arrays per iteration
@@ -253,6 +242,7 @@ def run_trial(
     constant): nodes may stop or depart apart (:func:`_stop_apart`); without, they stop together.
     """
     literally(tracked)
+    graph, values, rule, span, judge, record, x, stop, departed = run
     u, src, dst, pair_start, cd = graph
     s_eff, s_used = values
     c, theta, quadratic, alpha, beta = rule
@@ -349,18 +339,7 @@ def _store_trial(u: Any, ul: Any, p0: int, x: Any, xl: Any, g0: int) -> None:
 
 
 @njit(parallel=True, depends=_DEPENDS)
-def run_phase(
-    graph: Any,
-    values: Any,
-    rule: Any,
-    span: Any,
-    judge: Any,
-    record: Any,
-    x: Any,
-    stop: Any,
-    departed: Any,
-    parallel: bool,
-) -> int:
+def run_phase(run: Any, parallel: bool) -> int:
     """Run ``t_len`` iterations of every trial in place on ``u`` (signed duals) and ``x``.
 
     Returns the new ``rec_ptr``. Trial ``b`` owns nodes ``b n .. b n + n - 1`` and the
@@ -373,14 +352,15 @@ def run_phase(
     and ``recorded[k]`` (x at global iteration ``record_t[k]``) are updated in place, and so
     are the early-stop state ``hist``/``kq``/``ev``/``halt``/``known``/``fresh`` (per node) and
     ``ran`` (per trial, -1 while running) when ``early`` (``reach``: each trial's stop reach,
-    :func:`nlagg_node.termination.stop_reach`; ``dep_t``: the run's departure iterations). The
-    groups are those of the module docs.
+    :func:`nlagg_node.termination.stop_reach`; ``dep_t``: the run's departure iterations).
+    ``run`` holds the groups of the module docs.
 
     With ``parallel`` the trials are shared out over numba's threads (``prange``); without,
     they run one after the other on the calling thread and no thread pool is woken, which
     for a handful of trials (or on a busy machine) is faster. A trial's arithmetic is the same
     either way, so every bit of the result is too.
     """
+    graph, values, rule, span, judge, record, x, stop, departed = run
     n_trials = judge[5].shape[1]
     t0, t_len = span[1], span[3]
     record_t = record[0]
@@ -390,16 +370,18 @@ def run_phase(
     tracked = stop[0] and departed[0].shape[0] > 0  # nodes may stop or depart apart
     if parallel:
         for b in numba.prange(n_trials):
+            # A parallel loop takes tuples of arrays, not tuples of tuples: its trials pack the groups.
+            trial = (graph, values, rule, span, judge, record, x, stop, departed)
             if tracked:
-                run_trial(b, True, graph, values, rule, span, judge, record, x, stop, departed)
+                run_trial(b, True, trial)
             else:
-                run_trial(b, False, graph, values, rule, span, judge, record, x, stop, departed)
+                run_trial(b, False, trial)
     else:
         for b in range(n_trials):
             if tracked:
-                run_trial(b, True, graph, values, rule, span, judge, record, x, stop, departed)
+                run_trial(b, True, run)
             else:
-                run_trial(b, False, graph, values, rule, span, judge, record, x, stop, departed)
+                run_trial(b, False, run)
     return rec_end
 
 

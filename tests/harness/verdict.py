@@ -23,7 +23,14 @@ from nlagg_node.config import RunConfig
 from nlagg_node.schedule import plan_phases, sealed_groups_of
 from nlagg_node.sim import SimResult, simulate
 
-__all__ = ["TranscriptCheck", "Verdict", "assert_transcript_is_simulation", "check_transcript", "judge"]
+__all__ = [
+    "TranscriptCheck",
+    "Verdict",
+    "assert_transcript_holds",
+    "assert_transcript_is_simulation",
+    "check_transcript",
+    "judge",
+]
 
 
 @dataclass
@@ -96,15 +103,23 @@ def judge(
 
 
 def assert_transcript_is_simulation(cfg: RunConfig, db: Path) -> None:
-    """A testbed run's transcript is the simulator's trial 0: every x (stop iterations included) and
-    every plaintext z^(0), bit for bit; a sealed group's z^(0) never travel in plaintext."""
-    sim = simulate(cfg.model_copy(update={"trials": 1, "record": "all"}))
-    seen = check_transcript(sim, cfg.n, db)
+    """A testbed run's transcript is the simulator's trial 0 of ``cfg`` (:func:`assert_transcript_holds`)."""
+    assert_transcript_holds(simulate(cfg.model_copy(update={"trials": 1, "record": "all"})), db)
+
+
+def assert_transcript_holds(sim: SimResult, db: Path, corrupt: Collection[int] | None = None) -> None:
+    """The transcript at ``db`` is ``sim``'s trial 0 (recorded with ``record="all"``): every x (stop
+    iterations included) and every plaintext z^(0), bit for bit; a sealed group's z^(0) never travel
+    in plaintext. With ``corrupt`` (a capture of a whole run): also every state those nodes forward,
+    one per x they publish, nobody else's, nothing twice, and no message the nodes would refuse."""
+    seen = check_transcript(sim, sim.config.n, db, corrupt or ())
     assert seen.same, seen.detail
     assert seen.missing["x"] == 0
-    resolved = cfg.resolved()
+    resolved = sim.config.resolved()
     assert seen.z0_groups == sim.z0.keys() - sealed_groups_of(resolved, plan_phases(resolved))
     assert all(seen.missing[f"z0 {group}"] == 0 for group in seen.z0_groups)
+    if corrupt is not None:
+        assert (seen.missing["adv"], seen.extra, seen.invalid) == (0, 0, 0), seen
 
 
 def _outputs_match(sim: SimResult, results: Mapping[int, Mapping[str, Any]], here: list[int]) -> bool:

@@ -400,3 +400,30 @@ def test_what_came_before_the_config_is_caught_up_on_departures_and_stops_includ
         ran = sim.node_iterations[0, :, 0]
         assert replay.halted == [{i: int(ran[i]) - 1 for i in LEFT + RIGHT}]
         assert np.array_equal(replay.result().first, sim.first_match[0])
+
+
+def test_a_restarted_eavesdropper_knows_the_stops_its_transcript_holds(tmp_path: Path) -> None:
+    """An eavesdropper that continues its transcript after a restart learns the stops stored
+    before it (the rules' record, which its replay reads) once the retained configuration comes
+    again, and reaches the simulator's exposures."""
+    sim = simulate(split_config(tmp_path, "max", trials=1))  # no departure: every node stops at once
+    db = tmp_path / "sim.sqlite"
+    write_sim_transcript(sim, db, trial=0, run_id=RUN)
+    rows = [(tp, p) for _, tp, p in x_rows(db)]
+    config = [r for r in rows if r[0].endswith("/config")]
+    last = int(sim.node_iterations[0, 0, 0]) - 1  # every node's last x, which says it stops
+    assert last < sim.phases[0].t_len - 1
+    split = 1 + max(k for k, (_, p) in enumerate(rows) if f'"t":{last},'.encode() in p)
+    path = tmp_path / "live.sqlite"
+    for part in (rows[:split], config + rows[split:]):  # stopped, restarted: the rest
+        with Transcript(path, run_id=RUN) as tr:
+            eaves = Eavesdropper(MemoryTransport(MemoryBroker(), "eve"), tr)
+            for topic, payload in part:
+                assert eaves.handle(topic, payload, topic.endswith(("/status", "/config"))) is not None
+            tr.commit()
+            eaves._check_finished()
+    replay = eaves.replay
+    assert replay is not None
+    assert (eaves.rejected, eaves.finished.is_set()) == (0, True)
+    assert replay.halted == [dict.fromkeys(range(9), last)]
+    assert np.array_equal(replay.result().first, sim.first_match[0])

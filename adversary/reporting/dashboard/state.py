@@ -35,15 +35,16 @@ from numpy.typing import NDArray
 
 from nlagg_node.departure import announced
 from nlagg_node.errors import ConfigError, WireError
+from nlagg_node.protocol import RunShape
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.wire import ConfigMsg, decode
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
-from nlagg_node.termination import stop_reach
 from nlagg_node.verdict import output_holders
 
 from ...attack import NodeFinding, attack_arrays
 from ...live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
+from ...rules import PhaseEnds
 from ...transcript.reader import connect_read_only
 
 __all__ = ["DashboardState", "graph_positions"]
@@ -271,8 +272,9 @@ class DashboardState:
         for j, at in sorted(self._departed.items(), key=lambda kv: kv[1]):
             if j not in self.replay.departed:
                 self.replay.depart(j, at)
-        for i, t, stop, deps in self._stops:
-            self.replay.note_stop(i, t, stop, deps)
+        if self.replay.ends is not None:
+            for i, t, stop, deps in self._stops:
+                self.replay.ends.note(i, t, stop, deps)
         self._stops = []
 
     def _on_config(self, row_id: int) -> None:
@@ -292,9 +294,9 @@ class DashboardState:
         self.edges = edges
         self.early_stop = cfg.early_stop
         self._follow_stops = cfg.early_stop and cfg.may_depart
-        reach = stop_reach(cfg.n, edges, cfg.may_depart) if self._follow_stops else None
+        ends = PhaseEnds(RunShape(cfg, edges)) if self._follow_stops else None  # fed from the x's stops
         self.replay = LiveReplay(
-            cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta, reach=reach
+            cfg.n, edges, phases, [phase_c(cfg, p) for p in phases], cfg.theta, ends=ends
         )
         if not self._follow_stops:  # a phase ends for all at once: nothing at t and the next one begun
             self._stops = []
