@@ -1,0 +1,106 @@
+"""Epochs of a continuous deployment over the in-memory transport: exact every epoch, a node absent
+for an epoch departs at t = 0 of it and rejoins the next, an overrun skips the starts it missed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nlagg_node.config import RunConfig
+from nlagg_node.errors import ConfigError
+from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epochs
+from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
+from nlagg_node.runtime.node import node_will, run_edges
+from nlagg_node.runtime.outputs import EpochOutput, append_output, epoch_run_id, read_outputs, results_topic
+
+PREFIX, RUN = "farm", "greenhouse"
+EPOCHS = 3
+
+
+def values_of(epoch: int, n: int) -> np.ndarray:
+    """Values that change every epoch (pinned)."""
+    return np.random.default_rng([7, epoch]).uniform(10.0, 30.0, n)
+
+
+async def deployment(
+    cfg: RunConfig, broker: MemoryBroker, absent: dict[int, int], clock: EpochClock
+) -> list[list[EpochOutcome]]:
+    """Every node runs ``clock``'s epochs; node j of ``absent`` {j: k} cannot read its value in epoch k."""
+    edges = run_edges(cfg)
+
+    async def node(i: int) -> list[EpochOutcome]:
+        async def value_for(k: int) -> float:
+            if absent.get(i) == k:
+                raise ConfigError("value", "sensor", "no reading")
+            return float(values_of(k, cfg.n)[i])
+
+        def transport_for(k: int) -> MemoryTransport:
+            return MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(k), i))
+
+        out = run_epochs(
+            cfg, i, value_for, transport_for, clock, deployment=(PREFIX, RUN), edges=edges, seed=None
+        )
+        return [o async for o in out]
+
+    return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
+
+
+def clock_now(epochs: int = EPOCHS, period: float = 2.0) -> EpochClock:
+    return EpochClock(origin=time.time() + 0.2, period=period, epochs=epochs, join=0.6)
+
+
+CFG = RunConfig(op="max", n=6, graph="complete", may_depart=True, seed=1)
+
+
+def test_every_epoch_is_exact_with_changing_values() -> None:
+    broker = MemoryBroker()
+    runs = asyncio.run(deployment(CFG, broker, {}, clock_now()))
+    for k in range(EPOCHS):
+        truth = float(values_of(k, CFG.n).max())
+        outputs = [r[k].result.output[0] for r in runs if r[k].result is not None]
+        assert [r[k].epoch for r in runs] == [k] * CFG.n
+        assert outputs == pytest.approx([truth] * CFG.n, abs=CFG.tolerance * 10)
+    latest = EpochOutput.model_validate_json(broker.retained[results_topic(PREFIX, RUN, 3)])
+    assert (latest.node, latest.epoch) == (3, EPOCHS - 1)
+
+
+def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins() -> None:
+    top = int(np.argmax(values_of(1, CFG.n)))  # the maximum's holder sits epoch 1 out
+    runs = asyncio.run(deployment(CFG, MemoryBroker(), {top: 1}, clock_now()))
+    assert runs[top][1].result is None and runs[top][1].missed is not None
+    present = [i for i in range(CFG.n) if i != top]
+    truth = float(values_of(1, CFG.n)[present].max())
+    for i in present:
+        r = runs[i][1]
+        assert r.result is not None and r.result.departed == {top: 0}
+        assert r.result.output[0] == pytest.approx(truth, abs=CFG.tolerance * 10)
+    assert runs[top][2].result is not None  # back for the next epoch
+    assert runs[top][2].result.output[0] == pytest.approx(float(values_of(2, CFG.n).max()), abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("now", "after", "expected"),
+    [(99.0, -1, 0), (100.4, -1, 0), (100.6, -1, 1), (105.0, 0, 1), (113.0, 0, 2), (121.0, 1, 3)],
+    ids=["before", "late-within", "too-late", "next", "overran-skips", "past-the-last"],
+)
+def test_the_clock_joins_on_time_or_the_next_start(now: float, after: int, expected: int | None) -> None:
+    clock = EpochClock(origin=100.0, period=10.0, epochs=3, join=1.0)
+    assert clock.next_epoch(now, after) == (expected if expected < 3 else None)
+
+
+def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "results.jsonl"
+    records = [
+        EpochOutput(node=2, epoch=k, output=20.0 + k, iterations=100, time=1.0e9 + k) for k in range(3)
+    ]
+    for r in records:
+        append_output(path, r)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert read_outputs(path) == records
+    path.write_text(path.read_text() + "not json\n")
+    with pytest.raises(ConfigError, match="results.jsonl:4"):
+        read_outputs(path)
