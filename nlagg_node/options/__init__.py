@@ -16,8 +16,10 @@ the run parameters), :mod:`.deploy` (``deploy plan``/``compose``), :mod:`.client
 
 from .clients import EavesdropOptions, NodeOptions
 from .deploy import ComposeOptions, PlanOptions, PlanRunOptions
+from .epochs import DeploymentEpochOptions, EpochOptions
 from .opt import (
     ADVERSARY,
+    EPOCHS,
     FORCE_HELP,
     GRAPH,
     NETWORK,
@@ -38,6 +40,7 @@ from .run import CorruptOptions, ModelOptions, RunOptions, SimOptions, TestbedOp
 
 __all__ = [
     "ADVERSARY",
+    "EPOCHS",
     "FORCE_HELP",
     "GRAPH",
     "NETWORK",
@@ -51,7 +54,9 @@ __all__ = [
     "VERBOSE_HELP",
     "ComposeOptions",
     "CorruptOptions",
+    "DeploymentEpochOptions",
     "EavesdropOptions",
+    "EpochOptions",
     "ModelOptions",
     "NodeOptions",
     "Opt",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 from ..defaults import DEFAULT_BROKER
+from .epochs import DeploymentEpochOptions
 from .opt import (
     ADVERSARY,
     CA_OPT,
@@ -27,7 +28,7 @@ __all__ = ["EavesdropOptions", "NodeOptions"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeOptions:
+class NodeOptions(DeploymentEpochOptions):
     """``nlagg node``: one node of a real run. :func:`to_argv` writes its command line."""
 
     id: Annotated[int, Opt("this node's id, 0..n-1", flags=("--id",), always=True)]
@@ -76,6 +77,9 @@ class NodeOptions:
             "seconds a neighbour's last will must stay before it counts as departed for good "
             "(docs/protocol.md 'Nodes that leave') [default: 3/4 of --neighbour-timeout]"
         ),
+    ] = None
+    results_file: Annotated[
+        str | None, Opt("with --every: append each epoch's output here (one JSON line, 0600)", OUTPUT)
     ] = None
     verbose: Annotated[bool, VERBOSE_OPT] = False
 

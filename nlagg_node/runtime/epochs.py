@@ -52,6 +52,7 @@ __all__ = [
     "ValueFor",
     "epoch_seed",
     "initialization_for_epoch",
+    "join_window",
     "run_epoch",
     "run_epochs",
 ]
@@ -98,6 +99,11 @@ class EpochClock:
         is at most :attr:`late` ago; None once the deployment's epochs are over."""
         k = max(after + 1, math.ceil((now - self.late - self.origin) / self.period))
         return None if self.epochs is not None and k >= self.epochs else k
+
+
+def join_window(period: float) -> float:
+    """The join window of epochs ``period`` seconds apart: a third of the period, at most 30 s."""
+    return min(period / 3, 30.0)
 
 
 def initialization_for_epoch(cfg: RunConfig, epoch: int, previous: EpochOutput | None) -> RunConfig:

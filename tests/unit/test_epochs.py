@@ -53,6 +53,11 @@ def clock_now(epochs: int = EPOCHS, period: float = 2.0) -> EpochClock:
     return EpochClock(origin=time.time() + 0.2, period=period, epochs=epochs, join=0.6)
 
 
+def output_of(o: EpochOutcome) -> float:
+    assert o.result is not None, o.missed
+    return o.result.output[0]
+
+
 CFG = RunConfig(op="max", n=6, graph="complete", may_depart=True, seed=1)
 
 
@@ -61,7 +66,7 @@ def test_every_epoch_is_exact_with_changing_values() -> None:
     runs = asyncio.run(deployment(CFG, broker, {}, clock_now()))
     for k in range(EPOCHS):
         truth = float(values_of(k, CFG.n).max())
-        outputs = [r[k].result.output[0] for r in runs if r[k].result is not None]
+        outputs = [output_of(r[k]) for r in runs]
         assert [r[k].epoch for r in runs] == [k] * CFG.n
         assert outputs == pytest.approx([truth] * CFG.n, abs=CFG.tolerance * 10)
     latest = EpochOutput.model_validate_json(broker.retained[results_topic(PREFIX, RUN, 3)])
@@ -71,15 +76,18 @@ def test_every_epoch_is_exact_with_changing_values() -> None:
 def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins() -> None:
     top = int(np.argmax(values_of(1, CFG.n)))  # the maximum's holder sits epoch 1 out
     runs = asyncio.run(deployment(CFG, MemoryBroker(), {top: 1}, clock_now()))
-    assert runs[top][1].result is None and runs[top][1].missed is not None
+    assert runs[top][1].result is None
+    assert runs[top][1].missed is not None
     present = [i for i in range(CFG.n) if i != top]
     truth = float(values_of(1, CFG.n)[present].max())
     for i in present:
         r = runs[i][1]
-        assert r.result is not None and r.result.departed == {top: 0}
-        assert r.result.output[0] == pytest.approx(truth, abs=CFG.tolerance * 10)
-    assert runs[top][2].result is not None  # back for the next epoch
-    assert runs[top][2].result.output[0] == pytest.approx(float(values_of(2, CFG.n).max()), abs=1e-3)
+        assert output_of(r) == pytest.approx(truth, abs=CFG.tolerance * 10)
+        assert r.result is not None
+        assert r.result.departed == {top: 0}
+    assert output_of(runs[top][2]) == pytest.approx(  # back for the next epoch
+        float(values_of(2, CFG.n).max()), abs=1e-3
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,7 +95,7 @@ def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins() -> None:
     [(99.0, -1, 0), (100.4, -1, 0), (100.6, -1, 1), (105.0, 0, 1), (113.0, 0, 2), (121.0, 1, 3)],
     ids=["before", "late-within", "too-late", "next", "overran-skips", "past-the-last"],
 )
-def test_the_clock_joins_on_time_or_the_next_start(now: float, after: int, expected: int | None) -> None:
+def test_the_clock_joins_on_time_or_the_next_start(now: float, after: int, expected: int) -> None:
     clock = EpochClock(origin=100.0, period=10.0, epochs=3, join=1.0)
     assert clock.next_epoch(now, after) == (expected if expected < 3 else None)
 
@@ -102,5 +110,5 @@ def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o600
     assert read_outputs(path) == records
     path.write_text(path.read_text() + "not json\n")
-    with pytest.raises(ConfigError, match="results.jsonl:4"):
+    with pytest.raises(ConfigError, match=r"results\.jsonl:4"):
         read_outputs(path)
