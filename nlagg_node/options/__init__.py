@@ -16,7 +16,7 @@ the run parameters), :mod:`.deploy` (``deploy plan``/``compose``), :mod:`.client
 
 from .clients import EavesdropOptions, NodeOptions
 from .deploy import ComposeOptions, PlanOptions, PlanRunOptions
-from .epochs import DeploymentEpochOptions, EpochOptions
+from .epochs import DeploymentEpochOptions, EpochOptions, ResultsOptions
 from .opt import (
     ADVERSARY,
     EPOCHS,
@@ -62,6 +62,7 @@ __all__ = [
     "Opt",
     "PlanOptions",
     "PlanRunOptions",
+    "ResultsOptions",
     "RunOptions",
     "SimOptions",
     "TestbedOptions",
