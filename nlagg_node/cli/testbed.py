@@ -72,6 +72,11 @@ def run_testbed_command(opts: TestbedOptions) -> None:
 
     setup_logging(opts.verbose)
     cfg, corrupted, departures = _checked(opts)
+    if opts.every is not None or opts.epochs is not None:  # a continuous deployment
+        from .epochtestbed import run_epoch_testbed_command
+
+        run_epoch_testbed_command(opts, cfg)
+        return
     console = Console(stderr=opts.as_json)
 
     def report(summary: TestbedSummary) -> TestbedSummary:
