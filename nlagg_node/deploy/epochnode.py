@@ -46,11 +46,11 @@ def check_epoch_options(opts: NodeOptions) -> None:
 
 
 def results_path(opts: NodeOptions) -> Path | None:
-    """Where a continuous node appends its outputs: ``--results-file``, else ``results.jsonl`` in
-    ``--state-dir`` (which keeps no checkpoint: a restarted node rejoins at the next epoch)."""
+    """Where a continuous node appends its outputs: ``--results-file``, else ``results-<id>.jsonl``
+    in ``--state-dir`` (which keeps no checkpoint: a restarted node rejoins at the next epoch)."""
     if opts.results_file is not None:
         return Path(opts.results_file)
-    return None if opts.state_dir is None else Path(opts.state_dir) / "results.jsonl"
+    return None if opts.state_dir is None else Path(opts.state_dir) / f"results-{opts.id}.jsonl"
 
 
 def epoch_clock(every: float, epochs: int | None, origin: float | None) -> EpochClock:

@@ -40,8 +40,9 @@ from .children import Child, log_tail
 
 __all__ = ["EpochRow", "EpochSummary", "epoch_values", "run_epoch_testbed"]
 
-START_LEAD = 2.0
-"""Seconds between the launch and epoch 0's start (the nodes connect meanwhile)."""
+START_LEAD = {True: 2.0, False: 10.0}
+"""Seconds between the launch and epoch 0's start, in-process or with node processes (which start
+Python and connect meanwhile; one that misses epoch 0's start joins epoch 1)."""
 
 
 class EpochRow(TypedDict):
@@ -185,7 +186,7 @@ def _rows(cfg: RunConfig, reports: list[list[dict[str, Any]]], epochs: int) -> l
         rows.append(
             {
                 "epoch": k,
-                "exact": bool(present) and max(errs) <= cfg.tolerance,
+                "exact": bool(present and max(errs) <= cfg.tolerance),
                 "output": got[present[0]]["output"] if present else None,
                 "iterations": max((int(got[i]["iterations"]) for i in present), default=0),
                 "true_value": None if not present else float(lo[0]) if single else [float(v) for v in lo],
@@ -223,7 +224,7 @@ async def run_epoch_testbed(
         else:
             url, kind = broker_url, "external"
         layout = kind == "amqtt" if in_process is None else in_process
-        clock = EpochClock(time.time() + START_LEAD, every, epochs, join_window(every))
+        clock = EpochClock(time.time() + START_LEAD[layout], every, epochs, join_window(every))
         if layout:
             reports = await _in_process(cfg, url, run_id, prefix, clock, neighbour_timeout)
         else:

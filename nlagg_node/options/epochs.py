@@ -50,7 +50,7 @@ class ResultsOptions:
 
     file: Annotated[
         list[Path] | None,
-        Opt("a node's results file (--results-file, or state/results.jsonl); repeat it"),
+        Opt("a node's results file (--results-file, or state/results-<id>.jsonl); repeat it"),
     ] = None
     broker: Annotated[
         str | None,
