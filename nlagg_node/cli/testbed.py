@@ -43,6 +43,8 @@ def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]
     from .net import tls_settings
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
+    if opts.every is not None and may_depart is None and opts.op != "trimmed-mean":
+        may_depart = True  # epochs: a node absent at an epoch's start departs at t = 0
     cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load(trials=1)
     if not opts.quiet:
         for line in config_warnings(cfg):

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
-from nlagg_node.errors import ConfigError
-from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epochs
+from nlagg_node.errors import ConfigError, DepartedError
+from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import EpochOutput, append_output, epoch_run_id, read_outputs, results_topic
+from nlagg_node.runtime.result import NodeResult
 
 PREFIX, RUN = "farm", "greenhouse"
 EPOCHS = 3
@@ -49,8 +50,12 @@ async def deployment(
     return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
 
 
-def clock_now(epochs: int = EPOCHS, period: float = 2.0) -> EpochClock:
+def clock_now(epochs: int = EPOCHS, period: float = 3.0) -> EpochClock:
     return EpochClock(origin=time.time() + 0.2, period=period, epochs=epochs, join=0.6)
+
+
+def record(r: NodeResult) -> EpochOutput:
+    return EpochOutput(node=r.node, epoch=0, output=r.output[0], iterations=r.iterations, time=0.0)
 
 
 def output_of(o: EpochOutcome) -> float:
@@ -112,3 +117,40 @@ def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "not json\n")
     with pytest.raises(ConfigError, match=r"results\.jsonl:4"):
         read_outputs(path)
+
+
+async def one_late_node(cfg: RunConfig, late: int) -> tuple[list[NodeResult], BaseException | None]:
+    """Epoch 0 with node ``late`` connecting after its neighbours' join window closed."""
+    broker, edges, values = MemoryBroker(), run_edges(cfg), values_of(0, cfg.n)
+    join_by = time.time() + 0.3
+
+    async def node(i: int) -> NodeResult:
+        if i == late:
+            await asyncio.sleep(0.6)
+        transport = MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), i))
+        result, _, _ = await run_epoch(
+            cfg,
+            i,
+            float(values[i]),
+            transport,
+            deployment=(PREFIX, RUN),
+            epoch=0,
+            join_by=join_by + (5.0 if i == late else 0.0),
+            record=record,
+            edges=edges,
+            seed=None,
+        )
+        return result
+
+    out = await asyncio.gather(*(node(i) for i in range(cfg.n)), return_exceptions=True)
+    return [r for r in out if isinstance(r, NodeResult)], next(
+        (e for e in out if isinstance(e, BaseException)), None
+    )
+
+
+def test_a_node_come_too_late_sits_the_epoch_out() -> None:
+    late = int(np.argmax(values_of(0, CFG.n)))
+    results, error = asyncio.run(one_late_node(CFG, late))
+    assert isinstance(error, DepartedError)
+    truth = float(np.delete(values_of(0, CFG.n), late).max())
+    assert [r.output[0] for r in results] == pytest.approx([truth] * (CFG.n - 1), abs=CFG.tolerance * 10)
