@@ -10,7 +10,9 @@ retained statuses and last wills, so nothing of one epoch reaches the next. Each
 3. waits for its neighbours until the join window closes: a neighbour not online by then is
    *absent* and departs at t = 0 of this epoch (:mod:`nlagg_node.departure`: its edges are dropped
    at the first z-update, the others aggregate among themselves); it rejoins the next epoch;
-4. runs the protocol (early stop as configured) and publishes its output on the results topic.
+4. runs the protocol (early stop as configured) and publishes its output on the results topic;
+5. clears its retained status and key of the epoch before (the broker's retained store stays
+   bounded over months of epochs).
 
 The clock (:class:`EpochClock`): epoch k starts at ``origin + k * period`` (unix seconds, wall
 clock). A node joins an epoch only at its start, up to ``late`` seconds after it (half the join
@@ -42,7 +44,7 @@ from .patience import check_not_finished
 from .result import NodeResult
 from .routing import Router
 from .transport import Transport
-from .wire import StatusMsg, WireError, encode
+from .wire import StatusMsg, WireError, encode, topics
 
 __all__ = [
     "EpochClock",
@@ -239,6 +241,10 @@ async def run_epoch(
             raise
         out = record(result)
         await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
+        if epoch > 0:  # the broker keeps no retained message of ours from older epochs
+            older = topics(member.prefix, epoch_run_id(epoch - 1))
+            for topic in (older.status(node_id), older.key(node_id)):
+                await transport.publish(topic, b"", qos=1, retain=True)
     return result, out, member.absent
 
 
