@@ -62,9 +62,23 @@ async def test_a_plan_with_every_runs_two_epochs_under_its_acl(tmp_path: Path) -
                     heard[r.node] = r
                     if len(heard) == run.n:
                         break
+        csv_path = tmp_path / "series.csv"
+        argv = [*ENTRY, "results", "--broker", broker.url, "--run-id", "green", "--username", "launcher"]
+        argv += [
+            "--password-file",
+            str(root / "secrets" / "launcher.pw"),
+            "--wait",
+            "1",
+            "--csv",
+            str(csv_path),
+        ]
+        shown = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+        printed, _ = await shown.communicate()
     values = [float((root / "values" / f"{i}.txt").read_text()) for i in range(run.n)]
     assert sorted(heard) == list(range(run.n))
     assert {r.epoch for r in heard.values()} == {1}  # the retained latest epoch of every node
+    assert printed.decode().startswith("epoch 1: output "), printed
+    assert len(csv_path.read_text().splitlines()) == 1 + run.n  # the header, a row per node
     for i in range(run.n):
         series = read_outputs(root / "state" / f"results-{i}.jsonl")
         assert [r.epoch for r in series] == [0, 1]
