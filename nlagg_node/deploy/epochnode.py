@@ -62,10 +62,10 @@ def epoch_clock(every: float, epochs: int | None, origin: float | None) -> Epoch
 
 async def run_node_epochs(start: NodeStart) -> AsyncIterator[dict[str, Any]]:
     """Run the node's epochs; yield each epoch's report (user units) as it ends."""
+    from ..runtime.epochmqtt import epoch_mqtt
     from ..runtime.epochs import run_epochs
     from ..runtime.mqtt import MqttTransport
-    from ..runtime.node import node_will
-    from ..runtime.outputs import append_output, epoch_run_id
+    from ..runtime.outputs import append_output
     from ..scale import check_node_value
     from ..valuesource import read_value, source_from_flags
 
@@ -78,11 +78,15 @@ async def run_node_epochs(start: NodeStart) -> AsyncIterator[dict[str, Any]]:
     async def value_for(_epoch: int) -> float:
         return check_node_value(start.cfg, await asyncio.to_thread(read_value, source))
 
-    def transport_for(epoch: int) -> MqttTransport:
-        return MqttTransport(
+    async def transport_for(epoch: int) -> MqttTransport:
+        client_id = f"nlagg-{start.run_id}-node-{o.id}"
+        where = (start.prefix, start.run_id)
+        return await epoch_mqtt(
             o.broker,
-            client_id=f"nlagg-{start.run_id}-node-{o.id}",
-            will=node_will(f"{start.prefix}/{start.run_id}", epoch_run_id(epoch), o.id),
+            client_id,
+            where,
+            o.id,
+            epoch,
             username=o.username,
             password=start.password,
             tls=start.tls,

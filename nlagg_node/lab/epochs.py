@@ -28,10 +28,9 @@ from ..lifetime import owned_tempdir
 from ..private import write_private
 from ..rng import rng_for
 from ..runtime.brokers import start_broker
+from ..runtime.epochmqtt import epoch_mqtt
 from ..runtime.epochs import EpochClock, join_window, run_epochs
 from ..runtime.mqtt import MqttTransport
-from ..runtime.node import node_will
-from ..runtime.outputs import epoch_run_id
 from ..runtime.public import run_edges
 from ..scale import check_node_value, check_start, scale_for
 from ..schedule import true_aggregate
@@ -40,9 +39,11 @@ from .children import Child, log_tail
 
 __all__ = ["EpochRow", "EpochSummary", "epoch_values", "run_epoch_testbed"]
 
-START_LEAD = {True: 2.0, False: 10.0}
-"""Seconds between the launch and epoch 0's start, in-process or with node processes (which start
-Python and connect meanwhile; one that misses epoch 0's start joins epoch 1)."""
+
+def start_lead(in_process: bool, n: int) -> float:
+    """Seconds between the launch and epoch 0's start: node processes start Python meanwhile (one
+    that misses epoch 0's start sits it out and joins epoch 1)."""
+    return 2.0 if in_process else 5.0 + n
 
 
 class EpochRow(TypedDict):
@@ -91,9 +92,8 @@ async def _in_process(
         async def value_for(k: int) -> float:
             return check_node_value(cfg, float(epoch_values(cfg, k)[i]))
 
-        def transport_for(k: int) -> MqttTransport:
-            will = node_will(f"{prefix}/{run_id}", epoch_run_id(k), i)
-            return MqttTransport(url, client_id=f"nlagg-{run_id}-node-{i}", will=will)
+        async def transport_for(k: int) -> MqttTransport:
+            return await epoch_mqtt(url, f"nlagg-{run_id}-node-{i}", (prefix, run_id), i, k)
 
         outcomes = run_epochs(
             cfg,
@@ -224,7 +224,7 @@ async def run_epoch_testbed(
         else:
             url, kind = broker_url, "external"
         layout = kind == "amqtt" if in_process is None else in_process
-        clock = EpochClock(time.time() + START_LEAD[layout], every, epochs, join_window(every))
+        clock = EpochClock(time.time() + start_lead(layout, cfg.n), every, epochs, join_window(every))
         if layout:
             reports = await _in_process(cfg, url, run_id, prefix, clock, neighbour_timeout)
         else:

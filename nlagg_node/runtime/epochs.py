@@ -15,7 +15,8 @@ retained statuses and last wills, so nothing of one epoch reaches the next. Each
    bounded over months of epochs).
 
 The clock (:class:`EpochClock`): epoch k starts at ``origin + k * period`` (unix seconds, wall
-clock). A node joins an epoch only at its start, up to ``late`` seconds after it (half the join
+clock). A node reads its value and prepares its connection half a join window before the start,
+and joins an epoch only at its start, up to ``late`` seconds after it (a quarter of the join
 window): the clocks of the nodes must agree within that (NTP does to milliseconds). A node started,
 or restarted, later waits for the next epoch. An epoch that overruns its period skips the starts it
 missed: the node begins at the next start still ahead (within ``late``), and the skipped epochs are
@@ -41,6 +42,7 @@ from .loop import run_members
 from .member import Member, MemberOptions
 from .outputs import EpochOutput, epoch_run_id, results_topic
 from .patience import check_not_finished
+from .public import run_edges
 from .result import NodeResult
 from .routing import Router
 from .transport import Transport
@@ -60,6 +62,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("nlagg.node")
+progress = logging.getLogger("nlagg.progress")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class EpochClock:
     period : seconds between two starts.
     epochs : how many epochs the deployment runs (None: for ever).
     join : seconds a node waits at an epoch's start for its neighbours (the join window); a node
-        joins an epoch up to ``join / 2`` after its start (:attr:`late`).
+        joins an epoch up to ``join / 4`` after its start (:attr:`late`).
     """
 
     origin: float
@@ -90,8 +93,9 @@ class EpochClock:
 
     @property
     def late(self) -> float:
-        """Seconds after an epoch's start a node may still join it (the clock skew tolerated)."""
-        return self.join / 2
+        """Seconds after an epoch's start a node may still join it (the clock skew tolerated): a
+        quarter of the join window, leaving the rest to connect and hear the neighbours."""
+        return self.join / 4
 
     def start(self, k: int) -> float:
         return self.origin + k * self.period
@@ -203,8 +207,9 @@ class EpochOutcome:
     absent: tuple[int, ...] = ()  # neighbours absent at its start
 
 
-TransportFor = Callable[[int], Transport]
-"""The connection of epoch k (its last will on that epoch's status topic)."""
+TransportFor = Callable[[int], Awaitable[Transport]]
+"""The connection of epoch k (its last will on that epoch's status topic; MQTT:
+:func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
 
 
 async def run_epoch(
@@ -274,13 +279,15 @@ async def run_epochs(
     seed = options.pop("seed", None)
     if seed == "config":
         seed = cfg.seed
+    if options.get("edges") is None:  # once, before any epoch: drawing a graph may compile first
+        options["edges"] = run_edges(cfg)
     previous: EpochOutput | None = None
     last = -1
     while (k := clock.next_epoch(time.time(), last)) is not None:
         skipped = 0 if last < 0 else k - last - 1
         if skipped:
             log.warning("node %d: epoch %d overran its period; %d start(s) skipped", node_id, last, skipped)
-        await asyncio.sleep(max(0.0, clock.start(k) - time.time()))
+        await asyncio.sleep(max(0.0, clock.start(k) - clock.join / 2 - time.time()))
         last = k
 
         def record(r: NodeResult, k: int = k) -> EpochOutput:
@@ -295,12 +302,16 @@ async def run_epochs(
 
         opts: MemberOptions = {**options, "seed": epoch_seed(seed, k)}
         try:
-            value = await value_for(k)
+            # Read the sensor and prepare the connection just before the start, then connect at it.
+            value, transport = await value_for(k), await transport_for(k)
+            ahead = clock.start(k) - time.time()
+            progress.info("node %d: epoch %d starts in %.2f s", node_id, k, ahead)
+            await asyncio.sleep(max(0.0, ahead))
             result, previous, absent = await run_epoch(
                 initialization_for_epoch(cfg, k, previous),
                 node_id,
                 value,
-                transport_for(k),
+                transport,
                 deployment=deployment,
                 epoch=k,
                 join_by=clock.start(k) + clock.join,
