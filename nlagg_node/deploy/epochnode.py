@@ -9,7 +9,9 @@ between or during epochs (a service manager restarts it; it rejoins at the next 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -60,8 +62,11 @@ def epoch_clock(every: float, epochs: int | None, origin: float | None) -> Epoch
     return EpochClock(0.0 if origin is None else origin, every, epochs, join_window(every))
 
 
-async def run_node_epochs(start: NodeStart) -> AsyncIterator[dict[str, Any]]:
-    """Run the node's epochs; yield each epoch's report (user units) as it ends."""
+async def run_node_epochs(
+    start: NodeStart, stop: asyncio.Event | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """Run the node's epochs; yield each epoch's report (user units) as it ends. ``stop`` set: leave
+    the epoch running cleanly and end (:func:`~nlagg_node.runtime.epochs.run_epochs`)."""
     from ..runtime.epochmqtt import epoch_mqtt
     from ..runtime.epochs import run_epochs
     from ..runtime.mqtt import MqttTransport
@@ -100,6 +105,7 @@ async def run_node_epochs(start: NodeStart) -> AsyncIterator[dict[str, Any]]:
         epoch_clock(o.every, o.epochs, o.origin),
         deployment=(start.prefix, start.run_id),
         to_user=start.scale.user_float,
+        stop=stop,
         seed=start.seed,
         corrupt=o.corrupt,
         neighbour_timeout=o.neighbour_timeout,
@@ -131,7 +137,12 @@ def epoch_line(report: dict[str, Any]) -> str:
 
 
 async def print_epochs(start: NodeStart, as_json: bool) -> None:
-    """Run the node's epochs and print a line for each (JSON with ``as_json``) as it ends."""
-    async for report in run_node_epochs(start):
+    """Run the node's epochs and print a line for each (JSON with ``as_json``) as it ends; a SIGTERM
+    (a service manager's stop or restart) leaves the epoch running cleanly, then the node exits."""
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async for report in run_node_epochs(start, stop):
         print(json.dumps(report) if as_json else epoch_line(report), flush=True)
-    print(f"node {start.opts.id}: the deployment's epochs are over", file=sys.stderr)
+    over = "stopped" if stop.is_set() else "the deployment's epochs are over"
+    print(f"node {start.opts.id}: {over}", file=sys.stderr)

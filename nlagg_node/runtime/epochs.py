@@ -222,11 +222,13 @@ async def run_epoch(
     epoch: int,
     join_by: float,
     record: Callable[[NodeResult], EpochOutput],
+    stop: asyncio.Event | None = None,
     **options: Unpack[MemberOptions],
-) -> tuple[NodeResult, EpochOutput, list[int]]:
+) -> tuple[NodeResult, EpochOutput | None, list[int]]:
     """One epoch of node ``node_id`` on its own connection: its result, the output ``record`` made
-    of it (published retained on the results topic before the connection closes) and the
-    neighbours absent at its start. ``deployment``: its prefix and run id ``(P, R)``."""
+    of it (published retained on the results topic before the connection closes; None when the
+    node left) and the neighbours absent at its start. ``deployment``: its prefix and run id
+    ``(P, R)``. ``stop`` set (a SIGTERM): the node leaves the epoch cleanly before its next x."""
     prefix, run_id = deployment
     opts: MemberOptions = {**options, "prefix": f"{prefix}/{run_id}"}
     member = EpochMember(cfg, node_id, value, transport, run_id=epoch_run_id(epoch), join_by=join_by, **opts)
@@ -237,6 +239,7 @@ async def run_epoch(
     router = Router([member], undecodable, member.reject)
     async with transport:
         await transport.subscribe(*router.subscriptions())
+        leaving = asyncio.ensure_future(_leave_on(stop, member))
         try:
             (result,) = await run_members([member], router, transport)
         except DepartedError:
@@ -244,6 +247,10 @@ async def run_epoch(
             gone = StatusMsg(node=node_id, state="offline")
             await transport.publish(member.topics.status(node_id), encode(gone), qos=1, retain=True)
             raise
+        finally:
+            leaving.cancel()
+        if result.left_at is not None:
+            return result, None, member.absent
         out = record(result)
         await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
         if epoch > 0:  # the broker keeps no retained message of ours from older epochs
@@ -251,6 +258,25 @@ async def run_epoch(
             for topic in (older.status(node_id), older.key(node_id)):
                 await transport.publish(topic, b"", qos=1, retain=True)
     return result, out, member.absent
+
+
+async def _leave_on(stop: asyncio.Event | None, member: Member) -> None:
+    if stop is not None:
+        await stop.wait()
+        member.leave()
+
+
+async def _sleep_until(when: float, stop: asyncio.Event | None) -> bool:
+    """Sleep until unix time ``when``; True if ``stop`` was set first."""
+    if stop is None:
+        await asyncio.sleep(max(0.0, when - time.time()))
+        return False
+    try:
+        async with asyncio.timeout(max(0.0, when - time.time())):
+            await stop.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 ValueFor = Callable[[int], Awaitable[float]]
@@ -266,6 +292,7 @@ async def run_epochs(
     *,
     deployment: tuple[str, str],
     to_user: Callable[[float], float] = float,
+    stop: asyncio.Event | None = None,
     **options: Unpack[MemberOptions],
 ) -> AsyncIterator[EpochOutcome]:
     """Run epoch after epoch (:class:`EpochClock`); yield each epoch's outcome as it ends.
@@ -274,7 +301,9 @@ async def run_epochs(
     out of the declared range) sits that epoch out. ``to_user`` maps an output to the user's units
     (:class:`~nlagg_node.valuemap.ValueScale`). A run error of one epoch (a neighbour that timed
     out, one that counted this node as departed) is logged and the next epoch starts; cancellation
-    stops the loop. ``options["seed"]`` (None: OS entropy) seeds each epoch apart (:func:`epoch_seed`).
+    stops the loop; ``stop`` set (a SIGTERM) ends it after a clean leave of the epoch running (status
+    ``leaving``: the neighbours go on without this node). ``options["seed"]`` (None: OS entropy)
+    seeds each epoch apart (:func:`epoch_seed`).
     """
     seed = options.pop("seed", None)
     if seed == "config":
@@ -287,7 +316,8 @@ async def run_epochs(
         skipped = 0 if last < 0 else k - last - 1
         if skipped:
             log.warning("node %d: epoch %d overran its period; %d start(s) skipped", node_id, last, skipped)
-        await asyncio.sleep(max(0.0, clock.start(k) - clock.join / 2 - time.time()))
+        if await _sleep_until(clock.start(k) - clock.join / 2, stop):
+            return
         last = k
 
         def record(r: NodeResult, k: int = k) -> EpochOutput:
@@ -304,10 +334,10 @@ async def run_epochs(
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
             value, transport = await value_for(k), await transport_for(k)
-            ahead = clock.start(k) - time.time()
-            progress.info("node %d: epoch %d starts in %.2f s", node_id, k, ahead)
-            await asyncio.sleep(max(0.0, ahead))
-            result, previous, absent = await run_epoch(
+            progress.info("node %d: epoch %d starts in %.2f s", node_id, k, clock.start(k) - time.time())
+            if await _sleep_until(clock.start(k), stop):
+                return
+            result, output, absent = await run_epoch(
                 initialization_for_epoch(cfg, k, previous),
                 node_id,
                 value,
@@ -316,10 +346,15 @@ async def run_epochs(
                 epoch=k,
                 join_by=clock.start(k) + clock.join,
                 record=record,
+                stop=stop,
                 **opts,
             )
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
             yield EpochOutcome(k, None, None, skipped, missed=str(exc))
             continue
+        if output is None:  # it left (stop)
+            yield EpochOutcome(k, None, None, skipped, missed=f"left at t={result.left_at}")
+            return
+        previous = output
         yield EpochOutcome(k, result, previous, skipped, absent=tuple(absent))

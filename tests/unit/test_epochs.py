@@ -28,11 +28,15 @@ def values_of(epoch: int, n: int) -> np.ndarray:
 
 
 async def deployment(
-    cfg: RunConfig, broker: MemoryBroker, absent: dict[int, int]
+    cfg: RunConfig, broker: MemoryBroker, absent: dict[int, int], stopped: tuple[int, int] | None = None
 ) -> list[list[EpochOutcome]]:
-    """Every node runs the epochs; node j of ``absent`` {j: k} cannot read its value in epoch k."""
+    """Every node runs the epochs; node j of ``absent`` {j: k} cannot read its value in epoch k;
+    node j of ``stopped`` (j, k) is told to stop (a SIGTERM) 0.3 s into epoch k."""
     edges = run_edges(cfg)  # before the clock starts (the first call compiles)
     clock = clock_now()
+    stop = asyncio.Event()
+    if stopped is not None:
+        asyncio.get_running_loop().call_later(clock.start(stopped[1]) + 0.3 - time.time(), stop.set)
 
     async def node(i: int) -> list[EpochOutcome]:
         async def value_for(k: int) -> float:
@@ -43,8 +47,17 @@ async def deployment(
         async def transport_for(k: int) -> MemoryTransport:
             return MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(k), i))
 
+        mine = stop if stopped is not None and stopped[0] == i else None
         out = run_epochs(
-            cfg, i, value_for, transport_for, clock, deployment=(PREFIX, RUN), edges=edges, seed=None
+            cfg,
+            i,
+            value_for,
+            transport_for,
+            clock,
+            deployment=(PREFIX, RUN),
+            stop=mine,
+            edges=edges,
+            seed=None,
         )
         return [o async for o in out]
 
@@ -99,6 +112,18 @@ def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins(channel: str) ->
     assert output_of(runs[top][2]) == pytest.approx(  # back for the next epoch
         float(values_of(2, CFG.n).max()), abs=1e-3
     )
+
+
+def test_a_stopped_node_leaves_its_epoch_cleanly_and_the_others_go_on() -> None:
+    top = int(np.argmax(values_of(1, CFG.n)))
+    runs = asyncio.run(deployment(CFG, MemoryBroker(), {}, stopped=(top, 1)))
+    assert [o.epoch for o in runs[top]] == [0, 1]  # it left epoch 1 and ran no more
+    assert str(runs[top][1].missed).startswith("left at t=")
+    for k in (1, 2):
+        others = np.delete(values_of(k, CFG.n), top)
+        for i in range(CFG.n):
+            if i != top:
+                assert output_of(runs[i][k]) == pytest.approx(float(others.max()), abs=CFG.tolerance * 10)
 
 
 @pytest.mark.parametrize(
