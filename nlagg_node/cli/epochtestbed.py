@@ -39,6 +39,9 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             out_dir=opts.out,
         )
     )
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+        (opts.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if opts.as_json:
         print(json.dumps(summary), flush=True)
         return
@@ -49,7 +52,9 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             print(f"epoch {row['epoch']}: skipped (the previous epoch overran its period)")
             continue
         verdict = "exact" if row["exact"] else "NOT exact"
+        lo, hi = row["true_interval"][0]
+        truth = f"{lo}" if lo == hi else f"[{lo}, {hi}]"
         print(
-            f"epoch {row['epoch']}: output {row['output']} (truth {row['true_value']}), {verdict},"
+            f"epoch {row['epoch']}: output {row['output']} (truth {truth}), {verdict},"
             f" {row['iterations']} iterations, nodes present {len(row['present'])}/{cfg.n}"
         )

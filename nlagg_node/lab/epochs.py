@@ -53,7 +53,8 @@ class EpochRow(TypedDict):
     exact: bool
     output: float | list[float] | None  # the first present node's (all agree when exact)
     iterations: int  # the most any node ran
-    true_value: float | list[float] | None
+    true_value: float | list[float] | None  # the interval's low end (an even median's: see below)
+    true_interval: list[list[float]]  # [lo, hi] of each output (a median of an even count: between)
     present: list[int]
     skipped: bool  # no node ran it (the previous epoch overran its period)
 
@@ -190,6 +191,9 @@ def _rows(cfg: RunConfig, reports: list[list[dict[str, Any]]], epochs: int) -> l
                 "output": got[present[0]]["output"] if present else None,
                 "iterations": max((int(got[i]["iterations"]) for i in present), default=0),
                 "true_value": None if not present else float(lo[0]) if single else [float(v) for v in lo],
+                "true_interval": [[float(a), float(b)] for a, b in zip(lo, hi, strict=True)]
+                if present
+                else [],
                 "present": present,
                 "skipped": not present,
             }
