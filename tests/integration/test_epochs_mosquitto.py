@@ -24,9 +24,13 @@ ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
 pytestmark = pytest.mark.mosquitto
 
 
-async def test_three_epochs_exact_with_changing_values(mosquitto_url: str) -> None:
+@pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "processes"])
+async def test_three_epochs_exact_with_changing_values(mosquitto_url: str, in_process: bool) -> None:
     cfg = RunConfig(op="median", n=5, graph="complete", value_range=(0.0, 100.0), seed=3)
-    summary = await run_epoch_testbed(cfg, 3, 8.0, run_id="tb-ep", broker_url=mosquitto_url, in_process=True)
+    summary = await run_epoch_testbed(
+        cfg, 3, 8.0, run_id="tb-ep", broker_url=mosquitto_url, in_process=in_process
+    )
+    assert summary["in_process"] == in_process
     rows = summary["epochs"]
     assert [r["epoch"] for r in rows] == [0, 1, 2]
     assert [r["present"] for r in rows] == [list(range(5))] * 3
