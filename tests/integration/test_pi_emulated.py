@@ -10,6 +10,11 @@ started as its systemd unit starts it (``nlagg deploy node``), reading its value
 ``--value-cmd`` from the DS18B20 script and a fake ``/sys/bus/w1/devices/28-*/w1_slave`` with the
 range the script declares. The run must be exact, its transcript the simulator's trial bit for bit,
 and node 5's x's bit-identical to what the x86 simulator computes for it.
+
+A second test installs a continuous plan's bundle (``deploy plan --every``, docs/continuous.md): the
+unit gets its ``Restart=always`` drop-in, and the arm64 node runs 3 epochs with 5 x86 nodes under the
+plan's ACL, its sensor reading changed before each epoch; every node's results file holds each
+epoch's exact maximum.
 """
 
 from __future__ import annotations
