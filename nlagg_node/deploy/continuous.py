@@ -60,14 +60,17 @@ def continuous_acl(acl: str, prefix: str, run_id: str, n: int, operator: str) ->
     """The ACL of one run (``acl_text``) made to cover every epoch of the deployment.
 
     Every grant under ``P/R/`` moves under ``P/R/+/`` (any epoch), but a read of all of ``P/R/#``
-    (the eavesdropper's) stays; node i also writes ``P/R/results/{i}`` and ``operator`` reads every
-    node's results.
+    (the eavesdropper's) stays, and so does a grant of ``P/R/config`` (the launcher still publishes
+    the deployment's config there: the compose testbed's eavesdropper waits for it); node i also
+    writes ``P/R/results/{i}`` and ``operator`` reads every node's results.
     """
     root = f"{prefix}/{run_id}/"
     nodes = {node_user(i): i for i in range(n)}
     lines = []
     for line in acl.splitlines():
         kind, _, rest = line.partition(" ")
+        if line.endswith(f"{root}config"):  # the deployment's own config too (the launcher's, compose)
+            lines.append(line)
         if kind == "topic" and root in line and not line.endswith(f"{root}#"):
             line = line.replace(root, f"{root}+/", 1)
         lines.append(line)
