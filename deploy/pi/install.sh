@@ -165,6 +165,15 @@ if [ "$systemd" = 1 ]; then
     changed=0
     cmp -s "$tmp_unit" "$unit" || changed=1
     put 0644 "$tmp_unit" "$unit"
+    # A node of a continuous deployment (its node file has 'every', docs/continuous.md) runs epoch
+    # after epoch: systemd restarts it whatever its exit, and it rejoins at the next epoch's start.
+    if [ -n "$node_id" ] && grep -q '^every = ' "$etc/nodes/$node_id.toml"; then
+        dropin="$systemd_dir/nlagg-node@$node_id.service.d/continuous.conf"
+        mkdir -p "$(dirname "$dropin")"
+        printf '[Service]\nRestart=always\nRestartSec=10s\n' > "$work/continuous.conf"
+        cmp -s "$work/continuous.conf" "$dropin" || changed=1
+        put 0644 "$work/continuous.conf" "$dropin"
+    fi
     # systemd runs the machine (a booted Pi) or not (a chroot, a container, an image being built):
     # then only the files and the enablement symlink are written, and the node starts at boot.
     running=0

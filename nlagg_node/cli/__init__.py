@@ -14,6 +14,7 @@ def _register() -> None:
     from . import analysis as _analysis  # noqa: F401
     from . import deploy as _deploy  # noqa: F401
     from . import net as _net  # noqa: F401
+    from . import results as _results  # noqa: F401
     from . import sim as _sim  # noqa: F401
     from . import testbed as _testbed  # noqa: F401
     from . import tune as _tune  # noqa: F401

@@ -30,6 +30,7 @@ app.add_typer(deploy_app, name="deploy")
 def _network(opts: PlanOptions) -> PlanSpec:
     """The spec of ``deploy plan``: the run's options, then its broker, listener, TLS and sites."""
     from ..deploy import TlsFiles, plan_spec
+    from ..deploy.continuous import schedule_of
     from ..errors import ConfigError
 
     if opts.out.exists() and not opts.out.is_dir():
@@ -66,6 +67,7 @@ def _network(opts: PlanOptions) -> PlanSpec:
         sites=opts.sites,
         site_of=site_of,
         site_brokers=tuple(opts.site_broker or ()),
+        schedule=schedule_of(opts.every, opts.epochs, opts.origin),
     )
 
 

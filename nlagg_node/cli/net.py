@@ -48,10 +48,16 @@ def node(opts: NodeOptions) -> None:
 
 def run_node_command(opts: NodeOptions) -> None:
     """Start a node and print its result (``nlagg node``, ``nlagg deploy node``)."""
-    from ..deploy.start import result_lines, start_node
+    from ..deploy.epochnode import check_epoch_options, print_epochs
+    from ..deploy.start import prepare_node, result_lines, start_node
+    from ..lifetime import run_stoppable
 
     setup_logging(opts.verbose)
     logging.getLogger("nlagg.progress").setLevel(logging.INFO)  # a line every few seconds (stderr)
+    check_epoch_options(opts)
+    if opts.every is not None:  # a continuous deployment: a line per epoch
+        run_stoppable(print_epochs(prepare_node(opts), opts.as_json))
+        return
     result = start_node(opts)
     if opts.as_json:
         print(json.dumps(result))

@@ -47,6 +47,8 @@ def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]
     from .net import tls_settings
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
+    if opts.every is not None and may_depart is None and opts.op != "trimmed-mean":
+        may_depart = True  # epochs: a node absent at an epoch's start departs at t = 0
     cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load(trials=1)
     if not opts.quiet:
         for line in config_warnings(cfg):
@@ -76,6 +78,11 @@ def run_testbed_command(opts: TestbedOptions) -> None:
 
     setup_logging(opts.verbose)
     cfg, corrupted, departures = _checked(opts)
+    if opts.every is not None or opts.epochs is not None:  # a continuous deployment
+        from .epochtestbed import run_epoch_testbed_command
+
+        run_epoch_testbed_command(opts, cfg)
+        return
     console = Console(stderr=opts.as_json)
 
     def report(summary: TestbedSummary) -> TestbedSummary:

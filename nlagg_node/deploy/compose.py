@@ -204,6 +204,8 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         argv += ["--state-dir", _STATE_MOUNT]
         note = "  # corrupted: forwards its state to the adversary" if node.corrupt else ""
         lines += ["", f"  node-{node.id}:{note}", "    <<: *node", f"    command: {_flow(argv)}"]
+        if node.every is not None:  # a continuous deployment: epoch after epoch, whatever happens
+            lines.append("    restart: unless-stopped")
         lines += _volumes(src, node_mounts(node), f"state-{node.id}:{_STATE_MOUNT}")
     lines += ["", "volumes:", "  transcript:", "  broker-data:"]
     lines += [f"  state-{node.id}:" for node in plan.nodes]

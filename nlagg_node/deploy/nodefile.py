@@ -48,6 +48,9 @@ class NodeFile(BaseModel):
     cert_file: str | None = None  # client certificate and key, when the broker requires one
     key_file: str | None = None
     value: ValueSource
+    every: float | None = Field(None, gt=0)  # a continuous deployment (nlagg_node.runtime.epochs)
+    epochs: int | None = Field(None, ge=1)
+    origin: float | None = None
 
 
 def node_file_text(node: NodeFile) -> str:

@@ -39,6 +39,7 @@ from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from ..valuesource import ValueSource
 from .commands import TRANSCRIPT_NAME, commands_text, site_conf_path
+from .continuous import continuous_acl, scheduled
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
     LAUNCHER_USER,
@@ -223,7 +224,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         edges=edges,
         neighbours=nbrs,
         corrupted=corrupted,
-        nodes=nodes,
+        nodes=scheduled(nodes, spec.schedule),
         passwords=passwords,
         values=drawn,
         pem=pem,
@@ -243,6 +244,8 @@ def _sites(
         return [0] * n, [spec.broker_url], [spec.listen_port], []
     if spec.uses_tls:
         raise ConfigError("sites", spec.sites, "bridged sites do not speak TLS yet: leave out --tls")
+    if spec.schedule is not None:
+        raise ConfigError("sites", spec.sites, "bridged sites do not run epochs yet: leave out --every")
     if spec.site_of is not None:
         site_of = list(spec.site_of)
         if len(site_of) != n or sorted(set(site_of)) != list(range(max(site_of) + 1)):
@@ -282,6 +285,8 @@ def _plan_toml(plan: DeployPlan) -> str:
             "transcript": TRANSCRIPT_NAME,
         }
     }
+    if plan.spec.schedule is not None:
+        doc["plan"]["schedule"] = {k: v for k, v in vars(plan.spec.schedule).items() if v is not None}
     if plan.spec.listen_host:
         doc["plan"]["listen_host"] = plan.spec.listen_host
     if len(plan.site_urls) > 1:
@@ -343,7 +348,10 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
         _hand_broker_to_mosquitto(out / "broker")
         return written
     put("broker/passwd", password_file_text(hashes), 0o600)
-    put("broker/acl", acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted), 0o600)
+    acl = acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted)
+    if spec.schedule is not None:  # every epoch's topics
+        acl = continuous_acl(acl, spec.prefix, spec.run_id, plan.n, LAUNCHER_USER)
+    put("broker/acl", acl, 0o600)
     for rel, (pem, mode) in sorted(plan.pem.items()):
         if rel.startswith("tls/"):
             (out / "tls").mkdir(exist_ok=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..config import DEFAULT_BROKER, RunConfig
 from ..options import PlanRunOptions, option_fields
 from ..valuesource import ValueSource
+from .continuous import Schedule
 from .mosquitto_auth import TlsFiles
 
 __all__ = ["DEFAULT_PREFIX", "PlanSpec", "plan_spec"]
@@ -37,6 +38,7 @@ class PlanSpec:
     site_of : each node's site, given by hand (``--sites-file``); None partitions the graph.
     site_brokers : each site broker's URL; empty = ``broker_url``'s host with port + site number
         (site s then listens on ``listen_port + s``; otherwise on its URL's port).
+    schedule : a continuous deployment's epochs (``--every``, :mod:`.continuous`); None: one run.
     """
 
     run: RunConfig
@@ -56,6 +58,7 @@ class PlanSpec:
     sites: int = 1
     site_of: tuple[int, ...] | None = None
     site_brokers: tuple[str, ...] = ()
+    schedule: Schedule | None = None
 
     @property
     def uses_tls(self) -> bool:

@@ -16,8 +16,10 @@ the run parameters), :mod:`.deploy` (``deploy plan``/``compose``), :mod:`.client
 
 from .clients import EavesdropOptions, NodeOptions
 from .deploy import ComposeOptions, PlanOptions, PlanRunOptions
+from .epochs import DeploymentEpochOptions, EpochOptions, ResultsOptions
 from .opt import (
     ADVERSARY,
+    EPOCHS,
     FORCE_HELP,
     GRAPH,
     NETWORK,
@@ -39,6 +41,7 @@ from .tune import TuneOptions
 
 __all__ = [
     "ADVERSARY",
+    "EPOCHS",
     "FORCE_HELP",
     "GRAPH",
     "NETWORK",
@@ -52,12 +55,15 @@ __all__ = [
     "VERBOSE_HELP",
     "ComposeOptions",
     "CorruptOptions",
+    "DeploymentEpochOptions",
     "EavesdropOptions",
+    "EpochOptions",
     "ModelOptions",
     "NodeOptions",
     "Opt",
     "PlanOptions",
     "PlanRunOptions",
+    "ResultsOptions",
     "RunOptions",
     "SimOptions",
     "TestbedOptions",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 from ..defaults import DEFAULT_BROKER
+from .epochs import DeploymentEpochOptions
 from .opt import (
     ADVERSARY,
     CA_OPT,
@@ -33,9 +34,10 @@ class _WhichNode:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeOptions(ValueSourceOptions, _WhichNode):
-    """``nlagg node``: one node of a real run (:class:`_WhichNode`), its value
-    (:class:`ValueSourceOptions`) and the rest. :func:`to_argv` writes its command line."""
+class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
+    """``nlagg node``: one node of a real run (:class:`_WhichNode`), its epochs
+    (:class:`DeploymentEpochOptions`), its value (:class:`ValueSourceOptions`) and the rest.
+    :func:`to_argv` writes its command line."""
 
     broker: Annotated[str, Opt("broker URL, mqtt://host[:port]", NETWORK, always=True)] = DEFAULT_BROKER
     run_id: Annotated[str | None, Opt("run id (default: [network].run_id of the config)", NETWORK)] = None
@@ -78,6 +80,9 @@ class NodeOptions(ValueSourceOptions, _WhichNode):
             "seconds a neighbour's last will must stay before it counts as departed for good "
             "(docs/protocol.md 'Nodes that leave') [default: 3/4 of --neighbour-timeout]"
         ),
+    ] = None
+    results_file: Annotated[
+        str | None, Opt("with --every: append each epoch's output here (one JSON line, 0600)", OUTPUT)
     ] = None
     verbose: Annotated[bool, VERBOSE_OPT] = False
 

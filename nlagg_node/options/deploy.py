@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 from ..defaults import DEFAULT_BROKER
+from .epochs import DeploymentEpochOptions
 from .opt import FORCE_OPT, GRAPH, NETWORK, OUTPUT, RUN, STOPPING, VALUES, Opt
 from .run import CorruptOptions, ModelOptions, ValueSourceOptions
 
@@ -43,7 +44,7 @@ class PlanRunOptions(ModelOptions, CorruptOptions, ValueSourceOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanOptions(PlanRunOptions):
+class PlanOptions(PlanRunOptions, DeploymentEpochOptions):
     """``nlagg deploy plan``."""
 
     out: Annotated[Path, Opt("directory to write the plan into", OUTPUT)]

@@ -13,6 +13,7 @@ from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
 
 __all__ = [
     "ADVERSARY",
+    "EPOCHS",
     "GRAPH",
     "NETWORK",
     "OUTPUT",
@@ -36,7 +37,8 @@ VALUES = "Values"
 ADVERSARY = "Adversary"
 NETWORK = "Network"
 OUTPUT = "Output"
-PANELS = (RUN, GRAPH, PROTOCOL, STOPPING, VALUES, ADVERSARY, NETWORK, OUTPUT)
+EPOCHS = "Epochs"
+PANELS = (RUN, GRAPH, PROTOCOL, STOPPING, VALUES, ADVERSARY, NETWORK, EPOCHS, OUTPUT)
 """The order the panels are shown in (options without a panel come first)."""
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+from .epochs import EpochOptions
 from .opt import (
     ADVERSARY,
     CA_OPT,
@@ -279,7 +280,7 @@ class SimOptions(RunOptions, CorruptOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TestbedOptions(RunOptions, CorruptOptions):
+class TestbedOptions(RunOptions, CorruptOptions, EpochOptions):
     """``nlagg testbed``."""
 
     __test__ = False  # not a pytest class

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .brokers import start_mosquitto as start_mosquitto
     from .hosted import host_nodes as host_nodes
     from .member import MemberOptions as MemberOptions
+    from .member import MemberSettings as MemberSettings
     from .member import Seat as Seat
     from .memory import MemoryBroker as MemoryBroker
     from .memory import MemoryTransport as MemoryTransport

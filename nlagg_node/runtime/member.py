@@ -45,7 +45,15 @@ from .transport import Transport
 from .watch import DepartureWatch
 from .wire import AdvStateMsg, ConfigMsg, KeyMsg, SealedZ0Msg, StatusMsg, Z0Msg, encode, topics
 
-__all__ = ["DepartedError", "Member", "MemberOptions", "NodeResult", "Seat", "check_neighbour_timeout"]
+__all__ = [
+    "DepartedError",
+    "Member",
+    "MemberOptions",
+    "MemberSettings",
+    "NodeResult",
+    "Seat",
+    "check_neighbour_timeout",
+]
 
 
 def check_neighbour_timeout(seconds: float) -> float:
@@ -60,10 +68,9 @@ Seat = tuple[RunConfig, int, float, Transport]
 :class:`~nlagg_node.runtime.node.Node`): its configuration, id, private value and connection."""
 
 
-class MemberOptions(TypedDict, total=False):
-    """A node's options besides its :data:`Seat` (all optional but the run id).
+class MemberSettings(TypedDict, total=False):
+    """A node's options besides its :data:`Seat` and its run id (all optional).
 
-    run_id : the run's id (with ``prefix``, the topic namespace).
     prefix, edges : the topic prefix (``nlagg``) and the canonical edge list (:func:`run_edges`).
     corrupt : publish ``adv/{i}/state`` every iteration (the paper's passive corrupted node).
     seed : seed of the private generator ``rng_for(seed, "node", 0, i)``; ``"config"`` (default)
@@ -77,7 +84,6 @@ class MemberOptions(TypedDict, total=False):
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
     """
 
-    run_id: Required[str]
     prefix: str
     edges: IntArray | None
     corrupt: bool
@@ -88,6 +94,12 @@ class MemberOptions(TypedDict, total=False):
     departure_timeout: float | None
     leave_after: int | None
     leave_quietly: bool
+
+
+class MemberOptions(MemberSettings, total=False):
+    """:class:`MemberSettings` and the run's id (with ``prefix``, the topic namespace): required."""
+
+    run_id: Required[str]
 
 
 class Member:

@@ -10,6 +10,11 @@ started as its systemd unit starts it (``nlagg deploy node``), reading its value
 ``--value-cmd`` from the DS18B20 script and a fake ``/sys/bus/w1/devices/28-*/w1_slave`` with the
 range the script declares. The run must be exact, its transcript the simulator's trial bit for bit,
 and node 5's x's bit-identical to what the x86 simulator computes for it.
+
+A second test installs a continuous plan's bundle (``deploy plan --every``, docs/continuous.md): the
+unit gets its ``Restart=always`` drop-in, and the arm64 node runs 3 epochs with 5 x86 nodes under the
+plan's ACL, its sensor reading changed before each epoch; every node's results file holds each
+epoch's exact maximum.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -258,3 +264,103 @@ async def _finish(
     except TimeoutError:
         detail.append(f"not finished within {within:g} s")
     return results, detail, arm_text
+
+
+EPOCH_READINGS = [24750, 26500, 25500]  # the DS18B20 each epoch: the maximum, 1.6 or more above x86
+EVERY = 20.0  # seconds between epochs: an emulated arm64 node needs a few per epoch
+
+
+def _continuous_bundle(workdir: Path, values_file: Path, dest: Path) -> Path:
+    """A continuous plan (3 epochs) of N nodes; node PI's bundle reads the DS18B20. Its root."""
+    from nlagg_node.deploy import PlanSpec, build_plan
+    from nlagg_node.deploy.continuous import Schedule
+
+    run = RunConfig(
+        op="max",
+        n=N,
+        graph="rgg",
+        c=C,
+        mu_z=MU_Z,
+        t_max=T_MAX,
+        seed=SEED,
+        may_depart=True,
+        value_range=(-55.0, 125.0),
+        values_file=values_file,
+    )
+    root = workdir / "continuous-plan"
+    schedule = Schedule(EVERY, time.time() + 3600.0, len(EPOCH_READINGS))  # the origin is set later
+    write_plan(build_plan(PlanSpec(run=run, run_id="pi-epochs", seed=SEED, schedule=schedule)), root)
+    node_file = root / "nodes" / f"{PI}.toml"
+    node = load_node_file(node_file)
+    node_file.write_text(
+        node_file_text(node.model_copy(update={"value": ValueSource(source="command", command=SENSOR)}))
+    )
+    (root / "values" / f"{PI}.txt").unlink()
+    write_bundle(root, PI, dest)
+    return root
+
+
+def _set_origin(node_files: list[Path], origin: float) -> None:
+    """Every node's schedule starts at ``origin`` (after the install, whose time varies)."""
+    for path in node_files:
+        node = load_node_file(path)
+        path.write_text(node_file_text(node.model_copy(update={"origin": origin})))
+
+
+@pytest.mark.timeout(3000)
+async def test_arm64_node_runs_three_epochs_of_a_continuous_plan(
+    pi_image: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A continuous plan (``--every``): the Pi's unit gets ``Restart=always``, and the arm64 node runs
+    3 epochs with the x86 nodes under the plan's ACL, reading its sensor again each epoch."""
+    from nlagg_node.deploy import security_lines
+    from nlagg_node.lab.children import Child, log_tail
+    from nlagg_node.runtime.brokers import start_mosquitto
+    from nlagg_node.runtime.outputs import read_outputs
+
+    installed, report = pi_image
+    values_file = tmp_path / "values.txt"
+    values_file.write_text(" ".join(map(str, [*X86_VALUES, 0.0])) + "\n")  # node PI reads its sensor
+    entry = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
+    with PiRoot(installed, tmp_path / "pi", bind_sys=False) as pi:
+        root = _continuous_bundle(tmp_path, values_file, pi.path(f"/home/pi/node{PI}.tar.gz"))
+        await asyncio.to_thread(_install_on_the_pi, pi, report)
+        dropin = pi.path(f"/etc/systemd/system/nlagg-node@{PI}.service.d/continuous.conf").read_text()
+        assert "Restart=always" in dropin
+        slave = pi.path(f"{W1_DEVICE}/w1_slave")
+        slave.parent.mkdir(parents=True)
+        origin = time.time() + 30.0  # Python starts slowly under emulation
+        node_files = [root / "nodes" / f"{i}.toml" for i in range(N) if i != PI]
+        _set_origin([*node_files, pi.path(f"/etc/nlagg/nodes/{PI}.toml")], origin)
+        lines = security_lines(str(root / "broker" / "passwd"), str(root / "broker" / "acl"))
+        async with start_mosquitto(extra_lines=[*lines, "user root"], allow_anonymous=False) as broker:
+            slave.write_text(W1_SLAVE)
+            arm = await asyncio.create_subprocess_exec(
+                *pi.argv([*NODE_CMD, "--broker", broker.url, "--state-dir", STATE_DIR], cwd="/etc/nlagg"),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=(tmp_path / "arm64.log").open("wb"),
+            )
+            x86 = [
+                await Child.start(
+                    [*entry, "deploy", "node", str(path), "--broker", broker.url],
+                    log=tmp_path / f"{path.stem}.log",
+                )
+                for path in node_files
+            ]
+            for k, reading in enumerate(EPOCH_READINGS):  # the sensor changes half a period before each start
+                await asyncio.sleep(max(0.0, origin + k * EVERY - EVERY / 2 - time.time()))
+                slave.write_text(W1_SLAVE.replace(f"t={READING}", f"t={reading}"))
+            async with asyncio.timeout(900):
+                arm_out, _ = await arm.communicate()
+                codes = [await p.wait() for p in x86]
+        arm_text = arm_out.decode()
+        assert arm.returncode == 0, (arm_text[-2000:], log_tail(tmp_path / "arm64.log"))
+        series = {PI: read_outputs(pi.path(f"{STATE_DIR}/results-{PI}.jsonl"))}
+    assert codes == [0] * (N - 1), [log_tail(tmp_path / f"{path.stem}.log") for path in node_files]
+    assert [f"node {PI}: epoch {k}: output" in arm_text for k in range(3)] == [True] * 3, arm_text
+    series |= {i: read_outputs(root / "state" / f"results-{i}.jsonl") for i in range(N) if i != PI}
+    truths = [max(*X86_VALUES, r / 1000) for r in EPOCH_READINGS]  # the sensor read again each epoch
+    for i, records in series.items():
+        assert [r.epoch for r in records] == [0, 1, 2], (i, records)
+        for r, truth in zip(records, truths, strict=True):
+            assert r.output == pytest.approx(truth, abs=1e-9 * 180), (i, r, truth)

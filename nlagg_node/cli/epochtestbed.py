@@ -1,0 +1,60 @@
+"""``nlagg testbed --epochs K --every S``: K epochs of a continuous deployment on this machine."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..options import TestbedOptions
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+__all__ = ["run_epoch_testbed_command"]
+
+
+def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
+    """Run the epochs and print the summary (one JSON object with ``--json``, else a line per epoch)."""
+    from ..lab.epochs import run_epoch_testbed
+    from ..lab.testbed import new_run_id
+    from ..lifetime import run_stoppable
+
+    if opts.every is None or opts.epochs is None:
+        raise ConfigError("every", opts.every, "a testbed of epochs needs both --epochs K and --every S")
+    for field in ("corrupt", "corrupt_count", "depart", "dashboard", "ca_file"):
+        if getattr(opts, field) is not None:
+            raise ConfigError(field, getattr(opts, field), "not with --epochs (one run only)")
+    summary = run_stoppable(
+        run_epoch_testbed(
+            cfg,
+            opts.epochs,
+            opts.every,
+            run_id=opts.run_id or new_run_id(),
+            prefix=opts.prefix,
+            broker_url=opts.broker,
+            broker_kind=opts.broker_kind,
+            in_process=opts.in_process,
+            neighbour_timeout=opts.neighbour_timeout,
+            out_dir=opts.out,
+        )
+    )
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+        (opts.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if opts.as_json:
+        print(json.dumps(summary), flush=True)
+        return
+    k = len(summary["epochs"])
+    print(f"run {summary['run_id']}: {cfg.op} of n={cfg.n}, {k} epochs every {opts.every:g} s")
+    for row in summary["epochs"]:
+        if row["skipped"]:
+            print(f"epoch {row['epoch']}: skipped (the previous epoch overran its period)")
+            continue
+        verdict = "exact" if row["exact"] else "NOT exact"
+        lo, hi = row["true_interval"][0]
+        truth = f"{lo}" if lo == hi else f"[{lo}, {hi}]"
+        print(
+            f"epoch {row['epoch']}: output {row['output']} (truth {truth}), {verdict},"
+            f" {row['iterations']} iterations, nodes present {len(row['present'])}/{cfg.n}"
+        )

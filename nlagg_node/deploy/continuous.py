@@ -1,0 +1,81 @@
+"""``nlagg deploy plan --every S``: a continuous deployment (docs/continuous.md).
+
+One plan, one bundle per device, no restart between epochs: the node files carry the schedule
+(``every``, ``epochs``, ``origin``), and the broker's ACL covers every epoch. Epoch k's topics are
+those of the single run ``P/R/e{k}`` (:mod:`nlagg_node.runtime.epochs`), so the ACL of one run is
+rewritten with a ``+`` wildcard at the epoch level (``topic write P/R/+/node/3/x``), and each
+node may write its results topic ``P/R/results/{i}``, which the operator (the launcher user) and
+the eavesdropper read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..runtime.outputs import results_filter, results_topic
+from .mosquitto_auth import node_user
+from .nodefile import NodeFile
+
+__all__ = ["Schedule", "continuous_acl", "schedule_of", "scheduled"]
+
+ORIGIN_LEAD = 60.0
+"""A plan's default origin: the first whole minute at least this many seconds after planning."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a continuous deployment's epochs start: ``origin + k * every``, k < ``epochs``."""
+
+    every: float
+    origin: float
+    epochs: int | None = None
+
+
+def schedule_of(every: float | None, epochs: int | None, origin: float | None) -> Schedule | None:
+    """The schedule of ``--every/--epochs/--origin`` (None without ``--every``); errors name the option."""
+    if every is None:
+        for field, value in (("epochs", epochs), ("origin", origin)):
+            if value is not None:
+                raise ConfigError(field, value, "needs --every (a continuous deployment)")
+        return None
+    if not (math.isfinite(every) and every > 0):
+        raise ConfigError("every", every, "must be a positive number of seconds")
+    if origin is None:
+        origin = math.ceil((time.time() + ORIGIN_LEAD) / 60.0) * 60.0
+    return Schedule(every, origin, epochs)
+
+
+def scheduled(nodes: list[NodeFile], schedule: Schedule | None) -> list[NodeFile]:
+    """The node files with the schedule written in (unchanged without one)."""
+    if schedule is None:
+        return nodes
+    fields = {"every": schedule.every, "epochs": schedule.epochs, "origin": schedule.origin}
+    return [node.model_copy(update=fields) for node in nodes]
+
+
+def continuous_acl(acl: str, prefix: str, run_id: str, n: int, operator: str) -> str:
+    """The ACL of one run (``acl_text``) made to cover every epoch of the deployment.
+
+    Every grant under ``P/R/`` moves under ``P/R/+/`` (any epoch), but a read of all of ``P/R/#``
+    (the eavesdropper's) stays, and so does a grant of ``P/R/config`` (the launcher still publishes
+    the deployment's config there: the compose testbed's eavesdropper waits for it); node i also
+    writes ``P/R/results/{i}`` and ``operator`` reads every node's results.
+    """
+    root = f"{prefix}/{run_id}/"
+    nodes = {node_user(i): i for i in range(n)}
+    lines = []
+    for line in acl.splitlines():
+        kind, _, rest = line.partition(" ")
+        if line.endswith(f"{root}config"):  # the deployment's own config too (the launcher's, compose)
+            lines.append(line)
+        if kind == "topic" and root in line and not line.endswith(f"{root}#"):
+            line = line.replace(root, f"{root}+/", 1)
+        lines.append(line)
+        if kind == "user" and rest == operator:
+            lines.append(f"topic read {results_filter(prefix, run_id)}")
+        elif kind == "user" and rest in nodes:
+            lines.append(f"topic write {results_topic(prefix, run_id, nodes[rest])}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,359 @@
+"""A continuous deployment: a node runs epoch after epoch, each an ordinary run of its own.
+
+Epoch k of the deployment with prefix ``P`` and run id ``R`` is the single run with prefix
+``P/R`` and run id ``e{k}`` (:func:`~nlagg_node.runtime.outputs.epoch_run_id`): its own topics,
+retained statuses and last wills, so nothing of one epoch reaches the next. Each epoch a node
+
+1. reads its value source again (a sensor), at the epoch's start;
+2. connects, with fresh z^(0) and fresh sealed-channel keys from the OS's entropy (a new
+   :class:`~nlagg_node.runtime.member.Member`; the seed helper's OS-entropy path);
+3. waits for its neighbours until the join window closes: a neighbour not online by then is
+   *absent* and departs at t = 0 of this epoch (:mod:`nlagg_node.departure`: its edges are dropped
+   at the first z-update, the others aggregate among themselves); it rejoins the next epoch;
+4. runs the protocol (early stop as configured) and publishes its output on the results topic;
+5. clears its retained status and key of the epoch before (the broker's retained store stays
+   bounded over months of epochs).
+
+The clock (:class:`EpochClock`): epoch k starts at ``origin + k * period`` (unix seconds, wall
+clock). A node reads its value and prepares its connection half a join window before the start,
+and joins an epoch only at its start, up to ``late`` seconds after it (a quarter of the join
+window): the clocks of the nodes must agree within that (NTP does to milliseconds). A node started,
+or restarted, later waits for the next epoch. An epoch that overruns its period skips the starts it
+missed: the node begins at the next start still ahead (within ``late``), and the skipped epochs are
+counted (:attr:`EpochOutcome.skipped`); epochs are never queued, as a queue would only grow.
+
+Warm starts plug in at :func:`initialization_for_epoch` (today: every epoch cold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal, Unpack
+
+from ..config import RunConfig
+from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
+from ..rng import rng_for
+from .loop import run_members
+from .member import Member, MemberOptions, MemberSettings
+from .outputs import EpochOutput, epoch_run_id, results_topic
+from .patience import check_not_finished
+from .public import run_edges
+from .result import NodeResult
+from .routing import Router
+from .transport import Transport
+from .wire import StatusMsg, WireError, encode, topics
+
+__all__ = [
+    "EpochClock",
+    "EpochMember",
+    "EpochOutcome",
+    "TransportFor",
+    "ValueFor",
+    "epoch_seed",
+    "initialization_for_epoch",
+    "join_window",
+    "run_epoch",
+    "run_epochs",
+]
+
+log = logging.getLogger("nlagg.node")
+progress = logging.getLogger("nlagg.progress")
+
+
+@dataclass(frozen=True)
+class EpochClock:
+    """When the epochs of a deployment start.
+
+    origin : unix time of epoch 0's start (public: in the plan).
+    period : seconds between two starts.
+    epochs : how many epochs the deployment runs (None: for ever).
+    join : seconds a node waits at an epoch's start for its neighbours (the join window); a node
+        joins an epoch up to ``join / 4`` after its start (:attr:`late`).
+    """
+
+    origin: float
+    period: float
+    epochs: int | None = None
+    join: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.period) and self.period > 0):
+            raise ConfigError("every", self.period, "must be a positive number of seconds")
+        if not math.isfinite(self.origin):
+            raise ConfigError("origin", self.origin, "must be a unix time in seconds")
+        if self.epochs is not None and self.epochs < 1:
+            raise ConfigError("epochs", self.epochs, "must be 1 or more")
+        if not 0 < self.join < self.period:
+            raise ConfigError("join", self.join, f"must lie between 0 and the period ({self.period:g} s)")
+
+    @property
+    def late(self) -> float:
+        """Seconds after an epoch's start a node may still join it (the clock skew tolerated): a
+        quarter of the join window, leaving the rest to connect and hear the neighbours."""
+        return self.join / 4
+
+    def start(self, k: int) -> float:
+        return self.origin + k * self.period
+
+    def next_epoch(self, now: float, after: int = -1) -> int | None:
+        """The epoch a node ready at ``now`` joins, after epoch ``after``: the first whose start
+        is at most :attr:`late` ago; None once the deployment's epochs are over."""
+        k = max(after + 1, math.ceil((now - self.late - self.origin) / self.period))
+        return None if self.epochs is not None and k >= self.epochs else k
+
+
+def join_window(period: float) -> float:
+    """The join window of epochs ``period`` seconds apart: a third of the period, at most 30 s."""
+    return min(period / 3, 30.0)
+
+
+def initialization_for_epoch(cfg: RunConfig, epoch: int, previous: EpochOutput | None) -> RunConfig:
+    """The run configuration of epoch ``epoch``, given the previous epoch's public output.
+
+    The seam for warm starts (issue 35): every epoch starts cold today, with the configuration as
+    planned.
+    """
+    del epoch, previous
+    return cfg
+
+
+def epoch_seed(seed: int | None, epoch: int) -> int | None:
+    """The node generator's seed of epoch ``epoch``: None (OS entropy, a device in the field) stays
+    None; a fixed seed (a reproducible testbed) gives each epoch its own stream."""
+    if seed is None:
+        return None
+    return int(rng_for(seed, "epoch", epoch).integers(2**63))
+
+
+class EpochMember(Member):
+    """A :class:`Member` of one epoch: a neighbour not online when the join window closes
+    (``join_by``, ``time.time()`` seconds) departs at t = 0 instead of failing the run."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        node_id: int,
+        value: float,
+        transport: Transport,
+        *,
+        join_by: float,
+        **options: Unpack[MemberOptions],
+    ) -> None:
+        super().__init__(cfg, node_id, value, transport, **options)
+        self.join_by = join_by
+        self.absent: list[int] = []
+
+    async def announce(self) -> None:
+        """Publish our key and ``online``; wait for the neighbours until the join window closes."""
+        self.z0.announce_key()
+        await self.status("online")
+        try:
+            async with asyncio.timeout(max(0.0, self.join_by - time.time())):
+                await self.peers.all_live.wait()
+        except TimeoutError:
+            self.absent = self.peers.not_live()
+            log.warning(
+                "node %d: neighbour(s) %s absent at the start of %s", self.id, self.absent, self.run_id
+            )
+            for j in self.absent:
+                self.watch.depart(j, 0)
+            if self.keys is not None:  # a sealed exchange waits for the keys of those here only
+                self.keys.neighbours = [j for j in self.neighbours if j not in self.departed]
+                if not self.keys.missing():
+                    self.keys.complete.set()
+        check_not_finished(self.id, self.run_id, self.peers.state, self.neighbours)
+
+    async def status(self, state: Literal["online", "running", "done", "leaving"], **extra: object) -> None:
+        if state == "running" and self.departed:  # the absent: said with the first 'running'
+            extra.setdefault("departed", self.departed_wire())
+        await super().status(state, **extra)
+
+    async def exchange_z0(self, group: str, z_out: list[float]) -> list[float]:
+        """The exchange without the absent neighbours (a sealed one needs no key of theirs)."""
+        if not self.absent:
+            return await super().exchange_z0(group, z_out)
+        here = [(j, z) for j, z in zip(self.active, z_out, strict=True) if j not in self.departed]
+        if group in self.sealed and self.keys is not None:
+            try:
+                async with asyncio.timeout(self.startup_timeout):
+                    await self.keys.complete.wait()
+            except TimeoutError:
+                raise NeighbourTimeoutError(
+                    f"node {self.id}: no public key from neighbour(s) {self.keys.missing()}"
+                ) from None
+            payloads = {j: self.z0.sealed_payload(group, j, z) for j, z in here}
+        else:
+            plain = self.z0.payloads(group, z_out)
+            payloads = {j: plain[j] for j, _ in here}
+        await self.outbox.send_z0(group, payloads)
+        return await self.z0_in.take(self.shape.exchange_of[group])
+
+
+@dataclass(frozen=True)
+class EpochOutcome:
+    """What one epoch gave a node: its result (None when it sat the epoch out, ``missed`` says why)."""
+
+    epoch: int
+    result: NodeResult | None
+    output: EpochOutput | None
+    skipped: int = 0  # epochs skipped before this one (the previous overran its period)
+    missed: str | None = None
+    absent: tuple[int, ...] = ()  # neighbours absent at its start
+
+
+TransportFor = Callable[[int], Awaitable[Transport]]
+"""The connection of epoch k (its last will on that epoch's status topic; MQTT:
+:func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
+
+
+async def run_epoch(
+    cfg: RunConfig,
+    node_id: int,
+    value: float,
+    transport: Transport,
+    *,
+    deployment: tuple[str, str],
+    epoch: int,
+    join_by: float,
+    record: Callable[[NodeResult], EpochOutput],
+    stop: asyncio.Event | None = None,
+    **options: Unpack[MemberSettings],
+) -> tuple[NodeResult, EpochOutput | None, list[int]]:
+    """One epoch of node ``node_id`` on its own connection: its result, the output ``record`` made
+    of it (published retained on the results topic before the connection closes; None when the
+    node left) and the neighbours absent at its start. ``deployment``: its prefix and run id
+    ``(P, R)``. ``stop`` set (a SIGTERM): the node leaves the epoch cleanly before its next x."""
+    prefix, run_id = deployment
+    opts: MemberOptions = {**options, "prefix": f"{prefix}/{run_id}", "run_id": epoch_run_id(epoch)}
+    member = EpochMember(cfg, node_id, value, transport, join_by=join_by, **opts)
+
+    def undecodable(topic: str, exc: WireError) -> None:
+        member.reject(f"{topic}: {exc}")
+
+    router = Router([member], undecodable, member.reject)
+    async with transport:
+        await transport.subscribe(*router.subscriptions())
+        leaving = asyncio.ensure_future(_leave_on(stop, member))
+        try:
+            (result,) = await run_members([member], router, transport)
+        except DepartedError:
+            # Counted as departed by a neighbour (it came too late): the others must not wait for us.
+            gone = StatusMsg(node=node_id, state="offline")
+            await transport.publish(member.topics.status(node_id), encode(gone), qos=1, retain=True)
+            raise
+        finally:
+            leaving.cancel()
+        if result.left_at is not None:
+            return result, None, member.absent
+        out = record(result)
+        await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
+        if epoch > 0:  # the broker keeps no retained message of ours from older epochs
+            older = topics(member.prefix, epoch_run_id(epoch - 1))
+            for topic in (older.status(node_id), older.key(node_id)):
+                await transport.publish(topic, b"", qos=1, retain=True)
+    return result, out, member.absent
+
+
+async def _leave_on(stop: asyncio.Event | None, member: Member) -> None:
+    if stop is not None:
+        await stop.wait()
+        member.leave()
+
+
+async def _sleep_until(when: float, stop: asyncio.Event | None) -> bool:
+    """Sleep until unix time ``when``; True if ``stop`` was set first."""
+    if stop is None:
+        await asyncio.sleep(max(0.0, when - time.time()))
+        return False
+    try:
+        async with asyncio.timeout(max(0.0, when - time.time())):
+            await stop.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+ValueFor = Callable[[int], Awaitable[float]]
+"""The node's value of epoch k, in protocol units (read at the epoch's start)."""
+
+
+async def run_epochs(
+    cfg: RunConfig,
+    node_id: int,
+    value_for: ValueFor,
+    transport_for: TransportFor,
+    clock: EpochClock,
+    *,
+    deployment: tuple[str, str],
+    to_user: Callable[[float], float] = float,
+    stop: asyncio.Event | None = None,
+    **options: Unpack[MemberSettings],
+) -> AsyncIterator[EpochOutcome]:
+    """Run epoch after epoch (:class:`EpochClock`); yield each epoch's outcome as it ends.
+
+    ``value_for`` reads the value of an epoch; a failure to read it (a :class:`ConfigError`, e.g.
+    out of the declared range) sits that epoch out. ``to_user`` maps an output to the user's units
+    (:class:`~nlagg_node.valuemap.ValueScale`). A run error of one epoch (a neighbour that timed
+    out, one that counted this node as departed) is logged and the next epoch starts; cancellation
+    stops the loop; ``stop`` set (a SIGTERM) ends it after a clean leave of the epoch running (status
+    ``leaving``: the neighbours go on without this node). ``options["seed"]`` (None: OS entropy)
+    seeds each epoch apart (:func:`epoch_seed`).
+    """
+    seed = options.pop("seed", None)
+    if seed == "config":
+        seed = cfg.seed
+    if options.get("edges") is None:  # once, before any epoch: drawing a graph may compile first
+        options["edges"] = run_edges(cfg)
+    previous: EpochOutput | None = None
+    last = -1
+    while (k := clock.next_epoch(time.time(), last)) is not None:
+        skipped = 0 if last < 0 else k - last - 1
+        if skipped:
+            log.warning("node %d: epoch %d overran its period; %d start(s) skipped", node_id, last, skipped)
+        if await _sleep_until(clock.start(k) - clock.join / 2, stop):
+            return
+        last = k
+
+        def record(r: NodeResult, k: int = k) -> EpochOutput:
+            out = [to_user(v) for v in r.output]
+            return EpochOutput(
+                node=node_id,
+                epoch=k,
+                output=out[0] if len(out) == 1 else out,
+                iterations=r.iterations,
+                time=time.time(),
+            )
+
+        opts: MemberSettings = {**options, "seed": epoch_seed(seed, k)}
+        try:
+            # Read the sensor and prepare the connection just before the start, then connect at it.
+            value, transport = await value_for(k), await transport_for(k)
+            progress.info("node %d: epoch %d starts in %.2f s", node_id, k, clock.start(k) - time.time())
+            if await _sleep_until(clock.start(k), stop):
+                return
+            result, output, absent = await run_epoch(
+                initialization_for_epoch(cfg, k, previous),
+                node_id,
+                value,
+                transport,
+                deployment=deployment,
+                epoch=k,
+                join_by=clock.start(k) + clock.join,
+                record=record,
+                stop=stop,
+                **opts,
+            )
+        except (NlaggError, OSError) as exc:
+            log.warning("node %d: epoch %d: %s", node_id, k, exc)
+            yield EpochOutcome(k, None, None, skipped, missed=str(exc))
+            continue
+        if output is None:  # it left (stop)
+            yield EpochOutcome(k, None, None, skipped, missed=f"left at t={result.left_at}")
+            return
+        previous = output
+        yield EpochOutcome(k, result, previous, skipped, absent=tuple(absent))

@@ -1,0 +1,85 @@
+"""The output series of a continuous deployment: one record per node and epoch, on the wire and on disk.
+
+A node of a continuous deployment (prefix ``P``, run id ``R``) publishes the output of each epoch
+it finished as :class:`EpochOutput`, retained, on ``P/R/results/{i}`` (:func:`results_topic`): the
+latest epoch stays readable by a late subscriber (the operator's ``nlagg results``, the
+eavesdropper). The output is public in the paper's model (every node holds it), so the topic holds
+nothing private. The node also appends each record to its local results file, one JSON object a
+line, 0600 (:func:`append_output`); :func:`read_outputs` reads such a file back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError
+from ..inputs import read_input_text
+from ..private import open_private
+from .wire import check_prefix, check_run_id
+
+__all__ = ["EpochOutput", "append_output", "epoch_run_id", "read_outputs", "results_filter", "results_topic"]
+
+
+class EpochOutput(BaseModel):
+    """Node ``node``'s output of epoch ``epoch`` (user units), after ``iterations``, at unix ``time``.
+
+    ``output`` is one number, or the k values of a top-K run.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = 1
+    node: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    output: float | list[float]
+    iterations: int = Field(ge=0)
+    time: float
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def epoch_run_id(epoch: int) -> str:
+    """The run id of epoch ``epoch`` under the deployment's ``P/R`` prefix: ``e{k}``."""
+    return check_run_id(f"e{epoch}")
+
+
+def results_topic(prefix: str, run_id: str, node: int | str) -> str:
+    """``P/R/results/{i}``: node i's latest :class:`EpochOutput`, retained."""
+    return f"{check_prefix(prefix)}/{check_run_id(run_id)}/results/{node}"
+
+
+def results_filter(prefix: str, run_id: str) -> str:
+    """The filter of every node's results topic of a deployment."""
+    return results_topic(prefix, run_id, "+")
+
+
+def append_output(path: Path, record: EpochOutput) -> None:
+    """Append ``record`` as one JSON line to the 0600 file ``path`` (created, with its folder, if missing)."""
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, record.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_outputs(path: Path) -> list[EpochOutput]:
+    """The records of a results file; a line that is not one names the file and line (ConfigError)."""
+    return list(_parse(str(path), read_input_text(path, "file").splitlines()))
+
+
+def _parse(name: str, lines: Iterable[str]) -> Iterable[EpochOutput]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield EpochOutput.model_validate(json.loads(line))
+        except (ValueError, ValidationError) as exc:
+            raise ConfigError("file", f"{name}:{number}", f"not a result record ({exc})") from None

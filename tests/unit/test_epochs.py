@@ -1,0 +1,208 @@
+"""Epochs of a continuous deployment over the in-memory transport: exact every epoch, a node absent
+for an epoch departs at t = 0 of it and rejoins the next, an overrun skips the starts it missed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nlagg_node.config import RunConfig
+from nlagg_node.errors import ConfigError, DepartedError
+from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
+from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
+from nlagg_node.runtime.node import node_will, run_edges
+from nlagg_node.runtime.outputs import EpochOutput, append_output, epoch_run_id, read_outputs, results_topic
+from nlagg_node.runtime.result import NodeResult
+from nlagg_node.runtime.transport import Will
+
+PREFIX, RUN = "farm", "greenhouse"
+EPOCHS = 3
+
+
+def values_of(epoch: int, n: int) -> np.ndarray:
+    """Values that change every epoch (pinned)."""
+    return np.random.default_rng([7, epoch]).uniform(10.0, 30.0, n)
+
+
+async def deployment(
+    cfg: RunConfig, broker: MemoryBroker, absent: dict[int, int], stopped: tuple[int, int] | None = None
+) -> list[list[EpochOutcome]]:
+    """Every node runs the epochs; node j of ``absent`` {j: k} cannot read its value in epoch k;
+    node j of ``stopped`` (j, k) is told to stop (a SIGTERM) once it published x^(3) of epoch k."""
+    edges = run_edges(cfg)  # before the clock starts (the first call compiles)
+    clock = clock_now()
+    stop = asyncio.Event()
+
+    async def node(i: int) -> list[EpochOutcome]:
+        async def value_for(k: int) -> float:
+            if absent.get(i) == k:
+                raise ConfigError("value", "sensor", "no reading")
+            return float(values_of(k, cfg.n)[i])
+
+        async def transport_for(k: int) -> MemoryTransport:
+            will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(k), i)
+            if stopped == (i, k):
+                return StopsMidEpoch(
+                    broker, f"n{i}", will=will, x_topic=f"{PREFIX}/{RUN}/e{k}/node/{i}/x", stop=stop
+                )
+            return MemoryTransport(broker, f"n{i}", will=will)
+
+        mine = stop if stopped is not None and stopped[0] == i else None
+        out = run_epochs(
+            cfg,
+            i,
+            value_for,
+            transport_for,
+            clock,
+            deployment=(PREFIX, RUN),
+            stop=mine,
+            edges=edges,
+            seed=None,
+        )
+        return [o async for o in out]
+
+    return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
+
+
+class StopsMidEpoch(MemoryTransport):
+    """A node's transport that sets ``stop`` (its SIGTERM) when the node publishes its fourth x."""
+
+    def __init__(
+        self, broker: MemoryBroker, client_id: str, *, will: Will, x_topic: str, stop: asyncio.Event
+    ) -> None:
+        super().__init__(broker, client_id, will=will)
+        self.x_topic, self.stop, self.sent = x_topic, stop, 0
+
+    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        super().publish_nowait(topic, payload, qos=qos, retain=retain)
+        if topic == self.x_topic:
+            self.sent += 1
+            if self.sent == 4:
+                self.stop.set()
+
+
+def clock_now() -> EpochClock:
+    return EpochClock(origin=time.time() + 0.2, period=2.5, epochs=EPOCHS, join=0.6)
+
+
+def record(r: NodeResult) -> EpochOutput:
+    return EpochOutput(node=r.node, epoch=0, output=r.output[0], iterations=r.iterations, time=0.0)
+
+
+def output_of(o: EpochOutcome) -> float:
+    assert o.result is not None, o.missed
+    return o.result.output[0]
+
+
+CFG = RunConfig(op="max", n=4, graph="complete", may_depart=True, seed=1)  # 0.5 s an epoch
+
+
+def test_every_epoch_is_exact_with_changing_values() -> None:
+    broker = MemoryBroker()
+    runs = asyncio.run(deployment(CFG, broker, {}))
+    for k in range(EPOCHS):
+        truth = float(values_of(k, CFG.n).max())
+        outputs = [output_of(r[k]) for r in runs]
+        assert [r[k].epoch for r in runs] == [k] * CFG.n
+        assert outputs == pytest.approx([truth] * CFG.n, abs=CFG.tolerance * 10)
+    latest = EpochOutput.model_validate_json(broker.retained[results_topic(PREFIX, RUN, 3)])
+    assert (latest.node, latest.epoch) == (3, EPOCHS - 1)
+    kept = {topic.split("/")[2] for topic in broker.retained}
+    assert kept == {f"e{EPOCHS - 1}", "results"}  # older epochs' retained statuses and keys cleared
+
+
+@pytest.mark.parametrize("channel", ["plain", "sealed"], ids=["plain", "sealed"])
+def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins(channel: str) -> None:
+    cfg = CFG.model_copy(update={"init_channel": channel})
+    top = int(np.argmax(values_of(1, CFG.n)))  # the maximum's holder sits epoch 1 out
+    runs = asyncio.run(deployment(cfg, MemoryBroker(), {top: 1}))
+    assert [[o.epoch for o in r] for r in runs] == [[0, 1, 2]] * CFG.n  # none overran its period
+    assert runs[top][1].result is None
+    assert runs[top][1].missed is not None
+    present = [i for i in range(CFG.n) if i != top]
+    truth = float(values_of(1, CFG.n)[present].max())
+    for i in present:
+        r = runs[i][1]
+        assert output_of(r) == pytest.approx(truth, abs=CFG.tolerance * 10)
+        assert r.result is not None
+        assert r.result.departed == {top: 0}
+    assert output_of(runs[top][2]) == pytest.approx(  # back for the next epoch
+        float(values_of(2, CFG.n).max()), abs=1e-3
+    )
+
+
+def test_a_stopped_node_leaves_its_epoch_cleanly_and_the_others_go_on() -> None:
+    top = int(np.argmax(values_of(1, CFG.n)))
+    runs = asyncio.run(deployment(CFG, MemoryBroker(), {}, stopped=(top, 1)))
+    assert [o.epoch for o in runs[top]] == [0, 1]  # it left epoch 1 and ran no more
+    assert str(runs[top][1].missed).startswith("left at t=")
+    for k in (1, 2):
+        others = np.delete(values_of(k, CFG.n), top)
+        for i in range(CFG.n):
+            if i != top:
+                assert output_of(runs[i][k]) == pytest.approx(float(others.max()), abs=CFG.tolerance * 10)
+
+
+@pytest.mark.parametrize(
+    ("now", "after", "expected"),
+    [(99.0, -1, 0), (100.2, -1, 0), (100.3, -1, 1), (105.0, 0, 1), (113.0, 0, 2), (121.0, 1, 3)],
+    ids=["before", "late-within", "too-late", "next", "overran-skips", "past-the-last"],
+)
+def test_the_clock_joins_on_time_or_the_next_start(now: float, after: int, expected: int) -> None:
+    clock = EpochClock(origin=100.0, period=10.0, epochs=3, join=1.0)
+    assert clock.next_epoch(now, after) == (expected if expected < 3 else None)
+
+
+def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "results.jsonl"
+    records = [
+        EpochOutput(node=2, epoch=k, output=20.0 + k, iterations=100, time=1.0e9 + k) for k in range(3)
+    ]
+    for r in records:
+        append_output(path, r)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert read_outputs(path) == records
+    path.write_text(path.read_text() + "not json\n")
+    with pytest.raises(ConfigError, match=r"results\.jsonl:4"):
+        read_outputs(path)
+
+
+async def one_late_node(cfg: RunConfig, late: int) -> tuple[list[NodeResult], BaseException | None]:
+    """Epoch 0 with node ``late`` connecting after its neighbours' join window closed."""
+    broker, edges, values = MemoryBroker(), run_edges(cfg), values_of(0, cfg.n)
+    join_by = time.time() + 0.3
+
+    async def node(i: int) -> NodeResult:
+        if i == late:
+            await asyncio.sleep(0.6)
+        transport = MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), i))
+        result, _, _ = await run_epoch(
+            cfg,
+            i,
+            float(values[i]),
+            transport,
+            deployment=(PREFIX, RUN),
+            epoch=0,
+            join_by=join_by + (5.0 if i == late else 0.0),
+            record=record,
+            edges=edges,
+            seed=None,
+        )
+        return result
+
+    out = await asyncio.gather(*(node(i) for i in range(cfg.n)), return_exceptions=True)
+    return [r for r in out if isinstance(r, NodeResult)], next(
+        (e for e in out if isinstance(e, BaseException)), None
+    )
+
+
+def test_a_node_come_too_late_sits_the_epoch_out() -> None:
+    late = int(np.argmax(values_of(0, CFG.n)))
+    results, error = asyncio.run(one_late_node(CFG, late))
+    assert isinstance(error, DepartedError)
+    truth = float(np.delete(values_of(0, CFG.n), late).max())
+    assert [r.output[0] for r in results] == pytest.approx([truth] * (CFG.n - 1), abs=CFG.tolerance * 10)
