@@ -11,7 +11,16 @@ from a CDN).
 
 from __future__ import annotations
 
+from .gate import GateLimits
 from .server import Dashboard, is_loopback, parse_listen, serve_beside, serve_dashboard
 from .state import DashboardState
 
-__all__ = ["Dashboard", "DashboardState", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
+__all__ = [
+    "Dashboard",
+    "DashboardState",
+    "GateLimits",
+    "is_loopback",
+    "parse_listen",
+    "serve_beside",
+    "serve_dashboard",
+]
