@@ -5,7 +5,8 @@ wire models with each field either of its kind or hostile (wrong type, huge or n
 NaN, deep nesting, odd dictionary keys), dropped, or joined by an unknown one; beside them raw
 payloads (non-UTF-8, truncated JSON, 5000-digit integers, nesting thousands deep) and topics of
 other runs, of no node, with leading zeros. Each is published retained or not, before the nodes
-start or during their run.
+start or during their run, against three runs: max on a fixed schedule, median with early
+stopping and departures, and average (every z^(0) sealed).
 
 - A node refuses what does not decode, naming why, and finishes bit for bit the simulator's run;
   whatever decodes (a forgery: any password holder can publish it) ends its run either with a
@@ -53,8 +54,13 @@ CFG = RunConfig(op="max", n=N, graph="ring", trials=1, record="all", t_max=40, s
 DEPARTING = RunConfig(
     op="median", n=N, graph="ring", trials=1, record="all", t_max=40, seed=5, may_depart=True
 )
+# average seals every z^(0) (X25519 keys, ChaCha20-Poly1305): the sealed exchange under fire
+SEALED = RunConfig(
+    op="average", n=N, graph="ring", trials=1, record="all", t_max=40, seed=5, early_stop=False
+)
+RUNS = {"max": CFG, "median-departing": DEPARTING, "average-sealed": SEALED}
 STATES = ["online", "running", "done", "leaving", "offline"]
-PHASES = ["max", "median", "nope", ""]
+PHASES = ["max", "median", "average", "nope", ""]
 
 FAST = settings(
     max_examples=30,
@@ -313,23 +319,24 @@ async def _run(cfg: RunConfig, messages: list[Sent]) -> list[NodeResult | NlaggE
                     await asyncio.sleep(0.001)
                     await outsider.publish(m.topic, m.payload, retain=m.retain)
 
-        async with asyncio.timeout(60):
-            *results, _ = await asyncio.gather(*(one(i) for i in range(cfg.n)), during())
-    return results
+        async with asyncio.timeout(60), asyncio.TaskGroup() as tg:
+            tg.create_task(during())
+            runs = [tg.create_task(one(i)) for i in range(cfg.n)]
+    return [run.result() for run in runs]
 
 
 @functools.cache
-def _simulated_x() -> np.ndarray[Any, np.dtype[np.float64]]:
-    return simulate(CFG).recorded_x[:, 0, :]
+def _simulated_x(run: str) -> np.ndarray[Any, np.dtype[np.float64]]:
+    return simulate(RUNS[run]).recorded_x[:, 0, :]
 
 
-def _check_refused_leave_the_run_exact(messages: list[Sent]) -> None:
+def _check_refused_leave_the_run_exact(run: str, messages: list[Sent]) -> None:
     refused = [m for m in messages if _refused(m)]
-    results = asyncio.run(_run(CFG, refused))
+    results = asyncio.run(_run(RUNS[run], refused))
     errors = [r for r in results if isinstance(r, NlaggError)]
     assert not errors, errors
     x = np.array([r.x for r in results if isinstance(r, NodeResult)]).T
-    assert np.array_equal(x, _simulated_x())
+    assert np.array_equal(x, _simulated_x(run))
 
 
 def _check_any_message_ends_with_a_result_or_a_named_error(cfg: RunConfig, messages: list[Sent]) -> None:
@@ -338,19 +345,19 @@ def _check_any_message_ends_with_a_result_or_a_named_error(cfg: RunConfig, messa
 
 
 @FAST
-@given(st.lists(sent(), min_size=1, max_size=12))
-@example(REVIEWED[:3])
-def test_a_node_refuses_what_does_not_decode_and_stays_exact(messages: list[Sent]) -> None:
-    _check_refused_leave_the_run_exact(messages)
+@given(st.sampled_from(sorted(RUNS)), st.lists(sent(), min_size=1, max_size=12))
+@example("median-departing", REVIEWED[:3])
+def test_a_node_refuses_what_does_not_decode_and_stays_exact(run: str, messages: list[Sent]) -> None:
+    _check_refused_leave_the_run_exact(run, messages)
 
 
 @FAST
-@given(st.sampled_from([CFG, DEPARTING]), st.lists(sent(), min_size=1, max_size=12))
-@example(DEPARTING, REVIEWED[:3])
+@given(st.sampled_from(sorted(RUNS)), st.lists(sent(), min_size=1, max_size=12))
+@example("median-departing", REVIEWED[:3])
 def test_a_node_ends_with_a_result_or_a_named_error_whatever_it_is_sent(
-    cfg: RunConfig, messages: list[Sent]
+    run: str, messages: list[Sent]
 ) -> None:
-    _check_any_message_ends_with_a_result_or_a_named_error(cfg, messages)
+    _check_any_message_ends_with_a_result_or_a_named_error(RUNS[run], messages)
 
 
 # The eavesdropper --------------------------------------------------------------------------------------
@@ -424,9 +431,11 @@ def test_the_eavesdropper_stores_every_message_and_never_raises(how: str, messag
 
 
 CHECKS: dict[str, Callable[[list[Sent]], None]] = {
-    "node-refuses": _check_refused_leave_the_run_exact,
-    "node-fixed": lambda ms: _check_any_message_ends_with_a_result_or_a_named_error(CFG, ms),
-    "node-departing": lambda ms: _check_any_message_ends_with_a_result_or_a_named_error(DEPARTING, ms),
+    **{f"node-refuses-{run}": functools.partial(_check_refused_leave_the_run_exact, run) for run in RUNS},
+    **{
+        f"node-{run}": functools.partial(_check_any_message_ends_with_a_result_or_a_named_error, cfg)
+        for run, cfg in RUNS.items()
+    },
     **{f"eavesdropper-{how}": functools.partial(_check_a_capture, how) for how in CAPTURES},
 }
 
