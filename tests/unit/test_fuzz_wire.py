@@ -78,7 +78,7 @@ FAST = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-MANY = settings(FAST, max_examples=400, derandomize=False)
+MANY = settings(FAST, max_examples=200, derandomize=False)
 
 
 @dataclass(frozen=True)
