@@ -5,7 +5,6 @@ tests/integration/test_compose_testbed.py)."""
 from __future__ import annotations
 
 import dataclasses
-
 import shutil
 import subprocess
 from pathlib import Path
