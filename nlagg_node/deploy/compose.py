@@ -38,6 +38,7 @@ __all__ = [
     "CONTAINER_UID",
     "NLAGG_IMAGE",
     "ComposeProject",
+    "client_tls",
     "compose_yaml",
     "env_text",
     "node_mounts",
