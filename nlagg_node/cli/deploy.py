@@ -98,21 +98,37 @@ def compose_cmd(opts: ComposeOptions) -> None:
     """A docker-compose testbed: Mosquitto with the plan's ACL and passwords, the eavesdropper (transcript
     in the volume 'transcript'), one service per node (checkpoint in its volume 'state-<i>').
 
-    Without --plan, writes a fresh plan (new passwords; broker mqtt://broker:1883) under --out, then
-    the compose file and its .env beside it; run it from --out with docker-compose
-    (docs/cli.md, 'deploy compose').
+    Without --plan, writes a fresh plan (new passwords; broker mqtt://broker:1883, with --tls
+    mqtts://broker:8883) under --out, then the compose file and its .env beside it; run it from
+    --out with docker-compose (docs/cli.md, 'deploy compose').
     """
     from ..deploy import build_plan, load_plan, plan_spec, write_plan
-    from ..deploy.compose import COMPOSE_BROKER_URL, compose_yaml, write_compose_project
+    from ..deploy.compose import (
+        COMPOSE_BROKER_URL,
+        COMPOSE_TLS_BROKER_URL,
+        compose_yaml,
+        write_compose_project,
+    )
 
     plan = opts.plan
+    if plan is not None and (opts.tls or opts.require_certificate):
+        from ..errors import ConfigError
+
+        raise ConfigError("tls", True, "an existing plan brings its own TLS: leave out --tls with --plan")
     if plan is not None and opts.out is None:
         sys.stdout.write(compose_yaml(load_plan(plan), compose_dir=opts.compose_dir))
         return
     out = opts.out if opts.out is not None else Path(".")
     if plan is None:
         plan = out / opts.plan_dir
-        write_plan(build_plan(plan_spec(opts, COMPOSE_BROKER_URL)), plan, force=opts.force)
+        spec = plan_spec(opts, COMPOSE_TLS_BROKER_URL if opts.tls else COMPOSE_BROKER_URL)
+        spec = dataclasses.replace(
+            spec,
+            make_tls=opts.tls,
+            require_certificate=opts.require_certificate,
+            listen_port=8883 if opts.tls else spec.listen_port,
+        )
+        write_plan(build_plan(spec), plan, force=opts.force)
     loaded = load_plan(plan)
     project = write_compose_project(loaded, out, force=opts.force)
     corrupted = ",".join(str(i) for i in loaded.corrupted) or "none"

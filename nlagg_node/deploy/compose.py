@@ -10,6 +10,10 @@ a node container killed and started again resumes from it).
 ``write_compose_project`` writes a fresh plan (new passwords, broker ``mqtt://broker:1883``), the
 compose file and its ``.env`` into one directory; the plan directory carries a ``.gitignore`` of
 ``*``, so its secrets never land in git.
+
+A TLS plan (``--tls``) gives the broker its TLS-only listener on 8883 (its certificate names the
+host ``broker``), and every client the CA (``tls/ca.pem``, and with ``--require-certificate``
+its own client certificate and key) to dial ``mqtts://broker:8883`` with.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..argv import tls_args
 from ..errors import ConfigError
 from ..inputs import make_output_dir
 from .commands import TRANSCRIPT_NAME, eavesdrop_argv, launcher_argv
@@ -29,9 +34,11 @@ from .plan import LoadedPlan
 __all__ = [
     "BROKER_IMAGE",
     "COMPOSE_BROKER_URL",
+    "COMPOSE_TLS_BROKER_URL",
     "CONTAINER_UID",
     "NLAGG_IMAGE",
     "ComposeProject",
+    "client_tls",
     "compose_yaml",
     "env_text",
     "node_mounts",
@@ -43,6 +50,7 @@ __all__ = [
 BROKER_IMAGE = "eclipse-mosquitto:2.0"
 NLAGG_IMAGE = "nlagg:0.1.0"
 COMPOSE_BROKER_URL = "mqtt://broker:1883"
+COMPOSE_TLS_BROKER_URL = "mqtts://broker:8883"
 CONTAINER_UID = 10001  # the image's nlagg user (Dockerfile)
 _PLAN_MOUNT = "/plan"
 _TRANSCRIPT_MOUNT = "/transcript"
@@ -98,11 +106,23 @@ def node_mounts(node: NodeFile) -> list[str]:
     files = [node.config, "graph.json", f"nodes/{node.id}.toml", node.password_file]
     if node.value.source == "file" and node.value.path is not None:
         files.append(node.value.path)
+    files += [f for f in (node.ca_file, node.cert_file, node.key_file) if f is not None]
     rel = [_plan_relative(f) for f in files]
     bad = [f for f, r in zip(files, rel, strict=True) if r is None]
     if bad:
         raise ConfigError("node_file", bad[0], f"node {node.id}: compose mounts only files inside the plan")
     return [r for r in rel if r is not None]
+
+
+def client_tls(plan: LoadedPlan, user: str) -> dict[str, str]:
+    """The TLS files (``ca_file``, ``cert_file``, ``key_file``) user ``user`` dials a TLS plan's
+    broker with, as its nodes do (none for a plain-MQTT plan)."""
+    node = plan.nodes[0] if plan.nodes else None
+    if node is None or node.ca_file is None:
+        return {}
+    if node.cert_file is None:
+        return {"ca_file": node.ca_file}
+    return {"ca_file": node.ca_file, "cert_file": f"secrets/{user}.crt", "key_file": f"secrets/{user}.key"}
 
 
 def _volumes(src: str, files: list[str], *named: str) -> list[str]:
@@ -131,16 +151,12 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         f"exec mosquitto -c {conf}/mosquitto.conf"
     )
     db = f"{_TRANSCRIPT_MOUNT}/{TRANSCRIPT_NAME}"
-    tls = [node.id for node in plan.nodes if node.ca_file is not None]
-    if tls:
-        raise ConfigError(
-            "plan", str(plan.root), "a TLS plan: nlagg deploy compose writes plain-MQTT testbeds"
-        )
-    url = COMPOSE_BROKER_URL
-    eaves_files = [f"secrets/{EAVESDROPPER_USER}.pw"]
-    eaves = eavesdrop_argv(plan.run_id, url, db, plan.prefix)
-    launcher_files = [f"secrets/{LAUNCHER_USER}.pw"]
-    launcher = launcher_argv(url)
+    eaves_tls, launcher_tls = client_tls(plan, EAVESDROPPER_USER), client_tls(plan, LAUNCHER_USER)
+    url = COMPOSE_TLS_BROKER_URL if eaves_tls else COMPOSE_BROKER_URL
+    eaves_files = [f"secrets/{EAVESDROPPER_USER}.pw", *eaves_tls.values()]
+    eaves = eavesdrop_argv(plan.run_id, url, db, plan.prefix) + tls_args(**eaves_tls)
+    launcher_files = [f"secrets/{LAUNCHER_USER}.pw", *launcher_tls.values()]
+    launcher = launcher_argv(url) + tls_args(**launcher_tls)
     corrupted = ", ".join(str(i) for i in plan.corrupted) or "none"
     first = service_names(plan)[3] if plan.nodes else "node-0"
     lines = [
@@ -237,6 +253,7 @@ def _hand_to_container(plan: LoadedPlan) -> tuple[int, int]:
     if os.geteuid() != 0:
         return os.getuid(), os.getgid()
     files = {"run.toml", "graph.json", f"secrets/{EAVESDROPPER_USER}.pw", f"secrets/{LAUNCHER_USER}.pw"}
+    files.update(client_tls(plan, EAVESDROPPER_USER).values(), client_tls(plan, LAUNCHER_USER).values())
     for node in plan.nodes:
         files.update(node_mounts(node))
     for rel in sorted(files):

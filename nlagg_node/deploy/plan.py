@@ -12,6 +12,8 @@ Layout of a plan directory ``DIR``::
     secrets/<user>.crt, .key   with --require-certificate: each user's client certificate and key
     secrets/ca.key      with --tls: the plan CA's private key (the operator's; never on a node)
     broker/tls/         with TLS: ca.pem, server.pem, server.key (0600) of the broker's listener
+    broker/site<s>/     with --sites: each site broker's conf, passwd, ACL (and tls/ with TLS: its
+                        listener's files, and with --require-certificate its bridges' client ones)
     broker/mosquitto.conf         run from DIR: mosquitto -c broker/mosquitto.conf (persistence in broker/)
     broker/mosquitto-docker.conf  the same for the eclipse-mosquitto container (/mosquitto/...)
     broker/passwd, broker/acl     password file (PBKDF2-SHA512, mosquitto_passwd format) and ACL
@@ -55,11 +57,13 @@ from .mosquitto_auth import (
 from .nodefile import NodeFile, node_file_text
 from .sites import (
     Bridge,
+    BridgeTls,
     bridge_acl_lines,
     bridge_address,
     bridge_conf_lines,
     partition_graph,
     plan_bridges,
+    site_dir,
     site_layout,
 )
 from .spec import DEFAULT_PREFIX, PlanSpec
@@ -110,16 +114,23 @@ def plan_users(n: int) -> list[str]:
     return [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in range(n))]
 
 
-def _tls_files(spec: PlanSpec, users: list[str]) -> dict[str, tuple[bytes, int]]:
-    """Every TLS file of a plan (relative path -> (PEM, mode)): generated, or copied from ``spec.tls``."""
+def _tls_files(
+    spec: PlanSpec, servers: dict[str, list[str]], clients: dict[str, str]
+) -> dict[str, tuple[bytes, int]]:
+    """Every TLS file of a plan (relative path -> (PEM, mode)): generated, or copied from ``spec.tls``.
+
+    ``servers``: each broker folder (``broker``, or ``broker/site<s>`` per site) -> the host names
+    its certificate holds, written to ``<folder>/tls/``; ``clients``: each user -> the folder of its
+    client certificate and key (with ``require_certificate``; a bridge's lies with its broker).
+    """
     from .tls import new_ca
 
     if spec.require_certificate and not spec.make_tls:
         raise ConfigError(
             "require_certificate", True, "client certificates come from the plan's CA: add --tls"
         )
+    out: dict[str, tuple[bytes, int]] = {}
     if spec.tls is not None:
-        out = {}
         for name, src, mode in (
             ("ca.pem", spec.tls.cafile, 0o644),
             ("server.pem", spec.tls.certfile, 0o644),
@@ -128,27 +139,32 @@ def _tls_files(spec: PlanSpec, users: list[str]) -> dict[str, tuple[bytes, int]]
             path = Path(src)
             if not path.is_file():
                 raise ConfigError(f"tls_{name.replace('.', '')}", src, "no such file")
-            out[f"broker/tls/{name}"] = (path.read_bytes(), mode)
-        out["tls/ca.pem"] = out["broker/tls/ca.pem"]
+            out |= {f"{root}/tls/{name}": (path.read_bytes(), mode) for root in servers}
+        out["tls/ca.pem"] = (Path(spec.tls.cafile).read_bytes(), 0o644)
         return out
     if not spec.make_tls:
         return {}
     ca = new_ca(spec.run_id)
-    host = broker_endpoint(spec.broker_url).host
-    server = ca.server([host, spec.listen_host or "", "localhost", "127.0.0.1", "broker"])
-    out = {
-        "tls/ca.pem": (ca.pair.cert_pem, 0o644),
-        "secrets/ca.key": (ca.pair.key_pem, 0o600),
-        "broker/tls/ca.pem": (ca.pair.cert_pem, 0o644),
-        "broker/tls/server.pem": (server.cert_pem, 0o644),
-        "broker/tls/server.key": (server.key_pem, 0o600),
-    }
+    out = {"tls/ca.pem": (ca.pair.cert_pem, 0o644), "secrets/ca.key": (ca.pair.key_pem, 0o600)}
+    for root, hosts in servers.items():
+        server = ca.server(hosts)
+        out[f"{root}/tls/ca.pem"] = (ca.pair.cert_pem, 0o644)
+        out[f"{root}/tls/server.pem"] = (server.cert_pem, 0o644)
+        out[f"{root}/tls/server.key"] = (server.key_pem, 0o600)
     if spec.require_certificate:
-        for user in users:
+        for user, folder in clients.items():
             pair = ca.client(user)
-            out[f"secrets/{user}.crt"] = (pair.cert_pem, 0o600)
-            out[f"secrets/{user}.key"] = (pair.key_pem, 0o600)
+            out[f"{folder}/{user}.crt"] = (pair.cert_pem, 0o600)
+            out[f"{folder}/{user}.key"] = (pair.key_pem, 0o600)
     return out
+
+
+def _tls_servers(spec: PlanSpec, urls: list[str]) -> dict[str, list[str]]:
+    """Each broker folder and the host names its certificate holds (what its clients dial)."""
+    local = [spec.listen_host or "", "localhost", "127.0.0.1"]
+    if len(urls) == 1:
+        return {"broker": [broker_endpoint(spec.broker_url).host, *local, "broker"]}
+    return {site_dir(s): [broker_endpoint(url).host, *local] for s, url in enumerate(urls)}
 
 
 def build_plan(spec: PlanSpec) -> DeployPlan:
@@ -159,7 +175,6 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     if broker_endpoint(spec.broker_url).tls != spec.uses_tls:
         why = "a TLS plan needs mqtts://host:port" if spec.uses_tls else "mqtts:// needs --tls"
         raise ConfigError("broker", spec.broker_url, why)
-    pem = _tls_files(spec, plan_users(spec.run.n))
     if spec.replay and spec.seed is None:
         raise ConfigError("replay", True, "replay mode needs an explicit --seed")
     import secrets
@@ -192,6 +207,10 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     passwords = {user: new_password() for user in [LAUNCHER_USER, EAVESDROPPER_USER]}
     nbrs = neighbours(n, edges_arr)
     site_of, urls, ports, bridges = _sites(spec, nbrs, edges, seed)
+    clients = {user: "secrets" for user in plan_users(n)} | {
+        b.user: f"{site_dir(b.local)}/tls" for b in bridges
+    }
+    pem = _tls_files(spec, _tls_servers(spec, urls), clients)
     for bridge in bridges:
         passwords[bridge.user] = new_password()
     nodes = []
@@ -242,8 +261,6 @@ def _sites(
     n = spec.run.n
     if spec.site_of is None and spec.sites == 1:
         return [0] * n, [spec.broker_url], [spec.listen_port], []
-    if spec.uses_tls:
-        raise ConfigError("sites", spec.sites, "bridged sites do not speak TLS yet: leave out --tls")
     if spec.schedule is not None:
         raise ConfigError("sites", spec.sites, "bridged sites do not run epochs yet: leave out --every")
     if spec.site_of is not None:
@@ -343,6 +360,9 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
         put(f"secrets/{user}.pw", password + "\n", 0o600)
     hashes = {user: hash_password(pw) for user, pw in plan.passwords.items()}
     put("commands.txt", commands_text(spec, plan.nodes, plan.site_urls, plan.site_of))
+    for rel, (pem, mode) in sorted(plan.pem.items()):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        put(rel, pem.decode("ascii"), mode)
     if len(plan.site_urls) > 1:
         _write_sites(plan, hashes, put)
         _hand_broker_to_mosquitto(out / "broker")
@@ -352,10 +372,6 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     if spec.schedule is not None:  # every epoch's topics
         acl = continuous_acl(acl, spec.prefix, spec.run_id, plan.n, LAUNCHER_USER)
     put("broker/acl", acl, 0o600)
-    for rel, (pem, mode) in sorted(plan.pem.items()):
-        if rel.startswith("tls/"):
-            (out / "tls").mkdir(exist_ok=True)
-        put(rel, pem.decode("ascii"), mode)
     host_tls = docker_tls = None
     if plan.pem:
         names = ("ca.pem", "server.pem", "server.key")
@@ -399,7 +415,7 @@ def _write_sites(plan: DeployPlan, hashes: dict[str, str], put: Callable[[str, s
         dialled_here = [b for b in plan.bridges if b.remote == s]
         users = [LAUNCHER_USER, EAVESDROPPER_USER, *(node_user(i) for i in own)]
         users += [b.user for b in dialled_here]
-        root = f"broker/site{s}"
+        root = site_dir(s)
         put(f"{root}/passwd", password_file_text({u: hashes[u] for u in users}), 0o600)
         acl = acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted, only=own)
         put(
@@ -412,10 +428,19 @@ def _write_sites(plan: DeployPlan, hashes: dict[str, str], put: Callable[[str, s
             f"Start from the plan directory: mosquitto -c {site_conf_path(s)}"
         )
         paths = BrokerPaths(f"{root}/passwd", f"{root}/acl", root, "stderr")
-        conf = mosquitto_conf(paths, listen_host=spec.listen_host, listen_port=port, header=header)
+        tls = TlsFiles(*(f"{root}/tls/{name}" for name in ("ca.pem", "server.pem", "server.key")))
+        conf = mosquitto_conf(
+            paths,
+            listen_host=spec.listen_host,
+            listen_port=port,
+            tls=tls if plan.pem else None,
+            require_certificate=spec.require_certificate,
+            header=header,
+        )
         for b in plan.bridges:
             if b.local == s:
-                lines = bridge_conf_lines(b, bridge_address(plan.site_urls[b.remote]), plan.passwords[b.user])
+                address = bridge_address(plan.site_urls[b.remote])
+                lines = bridge_conf_lines(b, address, plan.passwords[b.user], _bridge_tls(plan, b))
                 conf += "\n" + "\n".join(lines) + "\n"
         put(site_conf_path(s), conf, 0o600)
         put(
@@ -423,6 +448,16 @@ def _write_sites(plan: DeployPlan, hashes: dict[str, str], put: Callable[[str, s
             "# Mosquitto's persistence file, written at run time\nmosquitto.db*\n",
             0o644,
         )
+
+
+def _bridge_tls(plan: DeployPlan, bridge: Bridge) -> BridgeTls | None:
+    """The files ``bridge`` verifies its remote site with (and proves itself with), in a TLS plan."""
+    if not plan.pem:
+        return None
+    folder = f"{site_dir(bridge.local)}/tls"
+    if not plan.spec.require_certificate:
+        return BridgeTls(f"{folder}/ca.pem")
+    return BridgeTls(f"{folder}/ca.pem", f"{folder}/{bridge.user}.crt", f"{folder}/{bridge.user}.key")
 
 
 def _hand_broker_to_mosquitto(broker_dir: Path) -> None:

@@ -22,6 +22,10 @@ bridge only carries topics of its own two sites' nodes), so nothing loops. The r
 configuration is published at every site by the launcher; an ``adv`` state stays at its site.
 The eavesdropper subscribes at every site and stores each message once (the transcript's dedup
 key is topic + payload, and a bridged copy is the same bytes on the same topic).
+
+With TLS (``--tls``) every site broker listens with TLS only, on a certificate of the plan's CA
+naming its host, and each bridge verifies the site it dials with that CA (and, with
+``--require-certificate``, shows a client certificate of its own user).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ..runtime.wire import topics
 
 __all__ = [
     "Bridge",
+    "BridgeTls",
     "bridge_acl_lines",
     "bridge_address",
     "bridge_conf_lines",
@@ -44,6 +49,7 @@ __all__ = [
     "partition_graph",
     "plan_bridges",
     "read_sites_file",
+    "site_dir",
     "site_layout",
     "sites_from_groups",
 ]
@@ -76,6 +82,21 @@ class Bridge:
     @property
     def name(self) -> str:
         return f"site{self.local}-site{self.remote}"
+
+
+@dataclass(frozen=True)
+class BridgeTls:
+    """What a bridge dials its remote site's TLS listener with: the CA that verifies it, and the
+    bridge user's client certificate and key when the broker requires one (paths as Mosquitto sees them)."""
+
+    cafile: str
+    certfile: str | None = None
+    keyfile: str | None = None
+
+
+def site_dir(site: int) -> str:
+    """The folder of site ``site``'s broker files in a plan."""
+    return f"broker/site{site}"
 
 
 def cut_edges(edges: Sequence[Sequence[int]], site_of: Sequence[int]) -> list[tuple[int, int]]:
@@ -199,12 +220,13 @@ def plan_bridges(
     return [Bridge(a, b, tuple(carried(a, b)), tuple(carried(b, a))) for a, b in pairs]
 
 
-def bridge_conf_lines(bridge: Bridge, address: str, password: str) -> list[str]:
+def bridge_conf_lines(bridge: Bridge, address: str, password: str, tls: BridgeTls | None = None) -> list[str]:
     """The ``connection`` section of ``bridge`` in site ``bridge.local``'s mosquitto.conf.
 
     ``address`` is the remote site's ``host:port``. The session is persistent on both sides
     (``cleansession false``), so what is published while the bridge is down is delivered when
-    it comes back; notifications are off (they would need a ``$SYS`` write on the remote).
+    it comes back; notifications are off (they would need a ``$SYS`` write on the remote). With
+    ``tls`` the bridge speaks TLS 1.2+ and verifies the remote's certificate and host name.
     """
     lines = [
         f"# Bridge to site {bridge.remote}: {len(bridge.out_topics)} topics out, {len(bridge.in_topics)} in.",
@@ -222,6 +244,10 @@ def bridge_conf_lines(bridge: Bridge, address: str, password: str) -> list[str]:
         "restart_timeout 1 10",
         "keepalive_interval 30",
     ]
+    if tls is not None:
+        lines += [f"bridge_cafile {tls.cafile}", "bridge_tls_version tlsv1.2", "bridge_insecure false"]
+        if tls.certfile is not None and tls.keyfile is not None:
+            lines += [f"bridge_certfile {tls.certfile}", f"bridge_keyfile {tls.keyfile}"]
     lines += [f"topic {topic} out 1" for topic in bridge.out_topics]
     lines += [f"topic {topic} in 1" for topic in bridge.in_topics]
     return lines
@@ -270,14 +296,15 @@ def site_layout(
     """
     from ..runtime.tls import broker_endpoint
 
+    base = broker_endpoint(broker_url)
     if site_brokers:
         if len(site_brokers) != k:
             raise ConfigError("site_broker", list(site_brokers), f"give one URL per site ({k})")
         ends = [broker_endpoint(url) for url in site_brokers]
-        if any(e.tls for e in ends):
-            raise ConfigError("site_broker", list(site_brokers), "bridged sites do not speak TLS yet")
+        if any(e.tls != base.tls for e in ends):
+            why = "with --tls every site broker is mqtts://, without it mqtt://"
+            raise ConfigError("site_broker", list(site_brokers), why)
         return list(site_brokers), [e.port for e in ends]
-    base = broker_endpoint(broker_url)
     scheme = "mqtts" if base.tls else "mqtt"
     if not 0 < base.port + k - 1 < 65536 or not 0 < listen_port + k - 1 < 65536:
         raise ConfigError("sites", k, f"ports {base.port}.. and {listen_port}.. run past 65535")

@@ -43,6 +43,12 @@ class PlanRunOptions(ModelOptions, CorruptOptions, ValueSourceOptions):
     force: Annotated[bool, FORCE_OPT] = False
 
 
+TLS_OPT = Opt(
+    "generate a private CA and the broker's certificate; a TLS-only listener (bridges too)", NETWORK
+)
+REQUIRE_CERTIFICATE_OPT = Opt("with --tls: a client certificate per user, required by the broker", NETWORK)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanOptions(PlanRunOptions, DeploymentEpochOptions):
     """``nlagg deploy plan``."""
@@ -60,12 +66,8 @@ class PlanOptions(PlanRunOptions, DeploymentEpochOptions):
         str | None,
         Opt("broker listener: PORT or HOST:PORT (PORT = every address; 1883, with --tls 8883)", NETWORK),
     ] = None
-    tls: Annotated[
-        bool, Opt("generate a private CA and the broker's certificate; a TLS-only listener", NETWORK)
-    ] = False
-    require_certificate: Annotated[
-        bool, Opt("with --tls: a client certificate per user, required by the broker", NETWORK)
-    ] = False
+    tls: Annotated[bool, TLS_OPT] = False
+    require_certificate: Annotated[bool, REQUIRE_CERTIFICATE_OPT] = False
     tls_cafile: Annotated[str | None, Opt("broker TLS: CA certificate (PEM)", NETWORK)] = None
     tls_certfile: Annotated[str | None, Opt("broker TLS: server certificate (PEM)", NETWORK)] = None
     tls_keyfile: Annotated[str | None, Opt("broker TLS: server key (PEM)", NETWORK)] = None
@@ -107,3 +109,5 @@ class ComposeOptions(PlanRunOptions):
     compose_dir: Annotated[
         Path | None, Opt("with --plan and no --out: where the printed file will live", OUTPUT)
     ] = None
+    tls: Annotated[bool, TLS_OPT] = False
+    require_certificate: Annotated[bool, REQUIRE_CERTIFICATE_OPT] = False

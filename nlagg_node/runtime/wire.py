@@ -79,8 +79,17 @@ def _finite(value: float) -> float:
     return value
 
 
+def _node_key(text: str) -> str:
+    if not (text.isascii() and text.isdigit() and len(text) <= 9) or text != str(int(text)):
+        raise ValueError("must be a node id, in decimal without leading zeros")
+    if int(text) >= MAX_NODES:
+        raise ValueError(f"must be a node id below {MAX_NODES}")
+    return text
+
+
 Finite = Annotated[float, AfterValidator(_finite)]
 NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
+NodeKey = Annotated[str, AfterValidator(_node_key)]  # a node id as a JSON object's key: str(j)
 Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
 
 
@@ -215,7 +224,7 @@ class StatusMsg(_Msg):
     final: list[Finite] | None = None
     output: list[Finite] | None = None
     iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
-    departed: dict[str, Iteration] | None = None
+    departed: dict[NodeKey, Iteration] | None = None
 
 
 class AdvStateMsg(_Msg):
@@ -224,8 +233,8 @@ class AdvStateMsg(_Msg):
     node: NodeId
     t: Iteration
     s: Finite
-    z: dict[str, Finite]
-    z_in: dict[str, Finite]
+    z: dict[NodeKey, Finite]
+    z_in: dict[NodeKey, Finite]
 
 
 WireMessage = ConfigMsg | Z0Msg | SealedZ0Msg | XMsg | StatusMsg | AdvStateMsg | KeyMsg
@@ -380,7 +389,7 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
         msg: WireMessage = model.model_validate_json(payload)  # type: ignore[assignment]
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(str(p)[:24] for p in err["loc"])  # a key of 5000 digits is not a field name
         if not loc or err["type"] in ("json_invalid", "json_type", "model_type", "model_attributes_type"):
             raise WireError(
                 "payload", payload[:60], f"not a JSON object of protocol v1/v2 ({err['msg']})"

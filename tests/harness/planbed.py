@@ -43,7 +43,8 @@ class PlanBed:
     ``client_port``, when given, the port every client dials instead (a relay in front of it).
     ``sites`` > 1: that many site brokers on free loopback ports, bridged as the plan says (the
     nodes start once every bridge is connected); the eavesdropper captures from all of them.
-    ``capture=False`` starts the brokers only (no eavesdropper, no launcher).
+    ``capture=False`` starts the brokers only (no eavesdropper, no launcher). ``tls``: the plan's
+    own CA and TLS listeners (bridges too), ``require_certificate``: and a client certificate per user.
 
     ``net``: each site s's broker and nodes run in ``net``'s host ``site<s>``, the eavesdropper and
     the launcher in its host ``eaves``; the brokers listen on ``port`` (default 1883) of every
@@ -58,6 +59,7 @@ class PlanBed:
         *,
         run_id: str = "planbed",
         tls: bool = False,
+        require_certificate: bool = False,
         corrupt: str | None = None,
         early: Callable[[PlanBed], Awaitable[None]] | None = None,
         port: int | None = None,
@@ -82,9 +84,10 @@ class PlanBed:
             self.port = port or free_port()  # the plan's listener
             scheme = "mqtts" if tls else "mqtt"
             # What every client dials: the listener, or a relay in front of it (client_port).
-            self.url = f"{scheme}://{'localhost' if tls else '127.0.0.1'}:{client_port or self.port}"
+            host = "localhost" if tls else "127.0.0.1"  # what the plan's certificates name
+            self.url = f"{scheme}://{host}:{client_port or self.port}"
             ports = [self.port, *(free_port() for _ in range(sites - 1))] if sites > 1 else []
-            self.site_urls = [f"mqtt://127.0.0.1:{p}" for p in ports]
+            self.site_urls = [f"{scheme}://{host}:{p}" for p in ports]
         self.spec = PlanSpec(
             run=self.cfg,
             run_id=run_id,
@@ -95,6 +98,7 @@ class PlanBed:
             listen_port=self.port,
             broker_url=self.url,
             make_tls=tls,
+            require_certificate=require_certificate,
             sites=sites,
             site_brokers=tuple(self.site_urls),
         )

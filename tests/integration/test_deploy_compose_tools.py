@@ -4,6 +4,7 @@ tests/integration/test_compose_testbed.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,14 +27,17 @@ def test_git_holds_no_secrets() -> None:
 
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose binary not installed")
-@pytest.mark.parametrize("which", ["committed", "generated"])
+@pytest.mark.parametrize("which", ["committed", "generated", "generated-tls"])
 def test_docker_compose_config_accepts_the_file(tmp_path: Path, which: str) -> None:
     if which == "committed":
         compose, cwd = REPO / "docker-compose.yml", REPO
         expected = ["broker", "eavesdropper", "launcher", *(f"node-{i}" for i in range(6))]
     else:
         run = load_config(None, op="max", n=4, graph="ring")
-        write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7)), tmp_path / "plan")
+        spec = PlanSpec(run=run, run_id="r1", seed=7)
+        if which == "generated-tls":  # the CA and client files mounted into every service
+            spec = dataclasses.replace(spec, broker_url="mqtts://broker:8883", make_tls=True)
+        write_plan(build_plan(spec), tmp_path / "plan")
         compose, cwd = tmp_path / "docker-compose.yml", tmp_path
         compose.write_text(compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path))
         expected = service_names(load_plan(tmp_path / "plan"))

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
 from adversary.capture import AckingSubscriber
@@ -30,7 +32,7 @@ from adversary.capture.merged import MergedSubscriber
 from adversary.transcript import Transcript
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
-from nlagg_node.deploy import PlanSpec, build_plan
+from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.deploy.sites import (
     cut_edges,
     delivery_model,
@@ -135,17 +137,44 @@ def test_a_sites_file_assigns_nodes_by_hand(tmp_path: Path) -> None:
     assert [node.broker for node in plan.nodes] == ["mqtt://127.0.0.1:1883", "mqtt://127.0.0.1:1884"] * 3
 
 
-def test_sites_refuse_tls() -> None:
+def test_tls_sites_listen_and_bridge_with_the_plans_ca(tmp_path: Path) -> None:
     spec = PlanSpec(
         run=load_config(None, op="max", n=6, graph="ring"),
         run_id=RUN,
         seed=1,
         sites=2,
-        broker_url="mqtts://localhost:8883",
+        broker_url="mqtts://pi.lan:8883",
         make_tls=True,
+        require_certificate=True,
     )
-    with pytest.raises(ConfigError, match="TLS"):
-        build_plan(spec)
+    plan = build_plan(spec)
+    write_plan(plan, tmp_path)
+    assert plan.site_urls == ["mqtts://pi.lan:8883", "mqtts://pi.lan:8884"]
+    assert {node.ca_file for node in plan.nodes} == {"tls/ca.pem"}
+    ca = x509.load_pem_x509_certificate((tmp_path / "tls" / "ca.pem").read_bytes())
+    for s in range(2):
+        tls = tmp_path / "broker" / f"site{s}" / "tls"
+        server = x509.load_pem_x509_certificate((tls / "server.pem").read_bytes())
+        server.verify_directly_issued_by(ca)
+        names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert "pi.lan" in names.get_values_for_type(x509.DNSName)
+        assert oct((tls / "server.key").stat().st_mode & 0o777) == "0o600"
+        conf = (tmp_path / "broker" / f"site{s}" / "mosquitto.conf").read_text().splitlines()
+        assert {f"certfile broker/site{s}/tls/server.pem", "require_certificate true"} <= set(conf)
+    (bridge,) = plan.bridges
+    bridge_cert = x509.load_pem_x509_certificate((tmp_path / "broker/site0/tls/bridge0-1.crt").read_bytes())
+    bridge_cert.verify_directly_issued_by(ca)
+    assert bridge_cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == bridge.user
+    conf0 = (tmp_path / "broker" / "site0" / "mosquitto.conf").read_text().splitlines()
+    assert conf0[conf0.index("address pi.lan:8884") :][-len(bridge.out_topics) - len(bridge.in_topics) - 5 :][
+        :5
+    ] == [
+        "bridge_cafile broker/site0/tls/ca.pem",
+        "bridge_tls_version tlsv1.2",
+        "bridge_insecure false",
+        "bridge_certfile broker/site0/tls/bridge0-1.crt",
+        "bridge_keyfile broker/site0/tls/bridge0-1.key",
+    ]
 
 
 # On real Mosquitto ---------------------------------------------------------------------------------
@@ -355,6 +384,22 @@ async def test_a_sealed_run_across_three_bridged_sites_is_exact(tmp_path: Path) 
 
 
 @pytest.mark.mosquitto
+async def test_two_sites_bridged_over_tls_with_client_certificates_are_exact(tmp_path: Path) -> None:
+    # Every listener TLS only, every client (bridge included) with a certificate of the plan's CA.
+    cfg = load_config(None, op="max", n=8, graph="rgg", seed=5, t_max=600, c=1.0, mu_z=3.0)
+    async with PlanBed(cfg, tmp_path, sites=2, tls=True, require_certificate=True) as bed:
+        assert [url.split(":")[0] for url in bed.site_urls] == ["mqtts", "mqtts"]
+        assert len(bed.plan.bridges) == 1
+        await bed.start_nodes()
+        verdict = await bed.finish(within=120)
+    assert verdict.completed, (verdict.detail, bed.report())
+    assert verdict.identical, (verdict.detail, bed.report())  # every node's output is the simulator's
+    assert (verdict.lost, verdict.extra, verdict.rejected_by_eavesdropper) == (0, 0, 0)
+    sim = simulate(bed.cfg)
+    assert np.all(np.abs(sim.output[0] - np.max(sim.values[0])) <= 1e-9)  # exact
+
+
+@pytest.mark.mosquitto
 async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_order(tmp_path: Path) -> None:
     cfg = load_config(None, op="max", n=3, graph="ring", t_max=5, seed=1, early_stop=False).resolved()
     phase = plan_phases(cfg)[0].name
@@ -436,11 +481,11 @@ def test_plan_with_sites_writes_one_broker_per_site(
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        (["--sites", "2", "--tls"], "sites="),
+        (["--sites", "2", "--tls", *("--site-broker", "mqtt://a:1883") * 2], "site_broker="),
         (["--sites", "30"], "sites=30"),
         (["--sites", "2", "--site-broker", "mqtt://a:1883"], "site_broker="),
     ],
-    ids=["tls", "more-sites-than-nodes", "one-url-for-two-sites"],
+    ids=["tls-with-plain-site-brokers", "more-sites-than-nodes", "one-url-for-two-sites"],
 )
 def test_bad_site_options_name_the_option(
     tmp_path: Path,

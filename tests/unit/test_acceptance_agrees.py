@@ -144,7 +144,7 @@ def status(node: int, **fields: object) -> tuple[str, bytes]:
 def departure_claims(s: Sides) -> list[Step]:
     return [
         (status(1, state="running", departed={"4": 3}), "refused"),  # 4 is no neighbour of 1
-        (status(1, state="running", departed={"abc": 3}), "refused"),
+        ((TP.status(1), b'{"v":1,"node":1,"state":"running","departed":{"abc":3}}'), "refused"),
         (status(1, state="running", iterations=21), "refused"),
         (status(1, state="leaving", iterations=P + 1), "taken"),  # its own word: gone from P + 1
         (s.x(1, P, honest(1, P)), "taken"),

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, compose_yaml, load_plan, service_names, write_plan
-from nlagg_node.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 # The committed docker-compose.yml is what this writes (deploy/README.md, "Run the compose testbed").
@@ -131,9 +131,38 @@ def test_deploy_truth_writes_the_plans_values_privately(
     assert out.stat().st_mode & 0o777 == 0o600
 
 
-def test_tls_plans_are_refused_with_the_reason(tmp_path: Path) -> None:
-    run = load_config(None, op="max", n=3, graph="ring")
-    spec = PlanSpec(run=run, run_id="r1", seed=7, broker_url="mqtts://broker:8883", make_tls=True)
-    write_plan(build_plan(spec), tmp_path / "plan")
-    with pytest.raises(ConfigError, match="plain-MQTT"):
-        compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path)
+@pytest.mark.parametrize("client_certificates", [False, True], ids=["ca", "client-certificates"])
+def test_a_tls_testbed_listens_with_tls_and_every_client_dials_with_the_ca(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    client_certificates: bool,
+) -> None:
+    args = ["deploy", "compose", "--n", "3", "--graph", "ring", "--tls", "--out", str(tmp_path)]
+    code, text = run_cli([*args, *(["--require-certificate"] * client_certificates)], capsys, monkeypatch)
+    assert code == 0, text
+    plan = load_plan(tmp_path / "plan")
+    services = _services((tmp_path / "docker-compose.yml").read_text())
+    conf = (tmp_path / "plan/broker/mosquitto-docker.conf").read_text().splitlines()
+    assert {"listener 8883", "certfile /mosquitto/config/tls/server.pem", "tls_version tlsv1.2"} <= set(conf)
+    assert ("require_certificate true" in conf) == client_certificates
+    server = x509.load_pem_x509_certificate((tmp_path / "plan/broker/tls/server.pem").read_bytes())
+    server.verify_directly_issued_by(
+        x509.load_pem_x509_certificate((tmp_path / "plan/tls/ca.pem").read_bytes())
+    )
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "broker" in names.get_values_for_type(x509.DNSName)  # the host every client dials
+    for name in service_names(plan)[1:]:
+        user = name.replace("-", "")
+        command, mounts = services[name]["command"], _mounts(services[name])
+        assert command[command.index("--broker") + 1] == "mqtts://broker:8883"
+        files = ["tls/ca.pem"] + [f"secrets/{user}.{ext}" for ext in ("crt", "key")] * client_certificates
+        assert {f"./plan/{f}:/plan/{f}:ro" for f in files} <= mounts
+        if not name.startswith("node-"):  # a node reads its TLS files from its node file
+            assert command[command.index("--ca-file") + 1] == "tls/ca.pem"
+            assert ("--cert-file" in command) == client_certificates
+    code, text = run_cli(
+        ["deploy", "compose", "--plan", str(tmp_path / "plan"), "--tls"], capsys, monkeypatch
+    )
+    assert code == 2
+    assert "tls=True" in text

@@ -12,6 +12,7 @@ from a CDN).
 from __future__ import annotations
 
 from .epochs import EpochDashboardState
+from .gate import GateLimits
 from .server import Dashboard, is_loopback, parse_listen, serve_beside, serve_dashboard
 from .state import DashboardState
 
@@ -19,6 +20,7 @@ __all__ = [
     "Dashboard",
     "DashboardState",
     "EpochDashboardState",
+    "GateLimits",
     "is_loopback",
     "parse_listen",
     "serve_beside",

@@ -11,7 +11,9 @@ header must then name a loopback host too (a web page elsewhere cannot reach it 
 rebinding). On any other address every request needs the token printed at start, as
 ``?token=`` (the page then keeps it in an HttpOnly cookie), the cookie, or ``Authorization:
 Bearer``. The page's Content-Security-Policy allows only its own origin: nothing is fetched from
-a CDN, and nothing on the page can reach elsewhere.
+a CDN, and nothing on the page can reach elsewhere. A refused request's connection is closed
+after the answer, and connections without a request under way are bounded per source, in all
+and in time (:mod:`.gate`), so an outsider's idle sockets cannot exhaust the descriptors.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from nlagg_node.lifetime import stop_requested
 
 from ...transcript.reader import settle_file
 from .epochs import DashboardView, open_state
+from .gate import ConnectionGate, GateLimits, gated_app, gated_protocol
 
 __all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
 
@@ -57,6 +60,7 @@ CSP = (
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
 KEEPALIVE_S = 15.0
+BACKLOG = 128  # also what one turn of the event loop accepts at most, before the gate closes any
 
 
 def parse_listen(spec: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -125,10 +129,10 @@ class _Guard:
 
     def _refusal(self, request: Request) -> Response | None:
         if request.method not in ("GET", "HEAD"):
-            return PlainTextResponse("read-only: GET only", status_code=405, headers={"Allow": "GET, HEAD"})
+            return _refuse("read-only: GET only", 405, {"Allow": "GET, HEAD"})
         if self.token is None:
             if not is_loopback(_host_of(request.headers.get("host", ""))):
-                return PlainTextResponse("loopback dashboard: use http://127.0.0.1:PORT/", status_code=403)
+                return _refuse("loopback dashboard: use http://127.0.0.1:PORT/", 403)
             return None
         auth = request.headers.get("authorization", "")
         given = (
@@ -137,8 +141,13 @@ class _Guard:
             or (auth[7:] if auth.lower().startswith("bearer ") else "")
         )
         if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
-            return PlainTextResponse("token required: open the URL printed at start", status_code=401)
+            return _refuse("token required: open the URL printed at start", 401)
         return None
+
+
+def _refuse(text: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    """A refusal, closing its connection: an outsider keeps no socket open by being refused."""
+    return PlainTextResponse(text, status_code=status, headers={**(headers or {}), "Connection": "close"})
 
 
 class _Hub:
@@ -256,7 +265,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
-        sock.listen(128)
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise ConfigError("port", port, f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
@@ -277,6 +286,7 @@ class Dashboard:
     token : the access token on a non-loopback host (a fresh one when None).
     poll_every : seconds between reads of the transcript.
     wait : seconds to wait on entry for the transcript to appear (a capture starting beside it).
+    limits : bounds on connections without a request under way (:class:`GateLimits`).
     """
 
     def __init__(
@@ -289,6 +299,7 @@ class Dashboard:
         token: str | None = None,
         poll_every: float = 0.25,
         wait: float = 0.0,
+        limits: GateLimits | None = None,
     ) -> None:
         self.transcript = Path(transcript)
         self.host = host
@@ -296,6 +307,7 @@ class Dashboard:
         self.truth = truth
         self.poll_every = poll_every
         self.wait_s = wait
+        self.gate = ConnectionGate(limits or GateLimits())
         self.sock = _bind(host, port)
         self.port = int(self.sock.getsockname()[1])
         self._state: DashboardView | None = None
@@ -333,7 +345,10 @@ class Dashboard:
             raise
         self.hub = _Hub(self._state, self.poll_every)
         config = uvicorn.Config(
-            build_app(self._state, self.hub, self.token),
+            gated_app(build_app(self._state, self.hub, self.token), self.gate),
+            http=gated_protocol(self.gate),
+            backlog=BACKLOG,
+            proxy_headers=False,  # the gate counts the real peer, never a forwarded-for address
             log_level="warning",
             lifespan="off",
             access_log=False,
