@@ -14,8 +14,9 @@ the barrier window, edges and dual groups); what a node would have dropped is st
 before the configuration are judged again, in arrival order, when it arrives.
 
 Nothing a client sends can stop the capture: every integer on the wire is bounded (see
-:mod:`nlagg_node.limits`), an undecodable payload is stored as a bounded prefix
-(``MAX_INVALID_PAYLOAD`` bytes), and a row SQLite refuses is stored as invalid with the error.
+:mod:`nlagg_node.limits`), a payload the nodes would not use (undecodable, refused by the rules,
+a conflict) is stored as a bounded prefix (``MAX_INVALID_PAYLOAD`` bytes), and a row SQLite
+refuses is stored as invalid with the error.
 Without per-node ACLs on the broker (``allow_anonymous true``) anyone can publish as any node: the
 rules then keep what the nodes kept, but nothing protects the run's integrity.
 
@@ -197,8 +198,9 @@ class Transcript(TranscriptReader):
         why = self._judge(key, topic, info, msg, fields)
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
             self._seen[key] = why is None
-        if why is not None:
-            self._rows.append((topic, payload, when, int(retained), 0, why, *NO_FIELDS, key))
+        if why is not None:  # kept as evidence, bounded whatever decodes: the nodes never use it
+            kept = payload[:MAX_INVALID_PAYLOAD]
+            self._rows.append((topic, kept, when, int(retained), 0, why, *NO_FIELDS, key))
             return None
         kind, node, peer = info.kind, info.node, info.peer
         self._rows.append((topic, payload, when, int(retained), 1, None, kind, node, peer, *fields, key))

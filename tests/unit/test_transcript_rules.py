@@ -122,6 +122,35 @@ def test_an_undecodable_payload_is_stored_as_a_bounded_prefix(tmp_path: Path) ->
     assert "larger than 1048576 bytes" in error
 
 
+def padded(payload: bytes, size: int = 1_000_000) -> bytes:
+    """``payload`` padded with JSON whitespace to ``size`` bytes: it still decodes."""
+    return payload[:-1] + b" " * (size - len(payload)) + b"}"
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        pytest.param(padded(raw_x(1, 1, 42.0)), "conflicts with the x already stored", id="conflict"),
+        pytest.param(padded(raw_x(1, 7, 42.0)), "outside every neighbour's window", id="outside-window"),
+    ],
+)
+def test_a_rejected_payload_is_stored_as_a_bounded_prefix_whatever_decodes(
+    tmp_path: Path, payload: bytes, why: str
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        feed_rounds(tr, range(2))
+        for k in range(5):  # five different padded copies: five rejected rows
+            assert tr.add(TP.x(1), payload[:-2] + b" " * k + payload[-2:]) is None
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT length(payload), error FROM messages WHERE valid = 0").fetchall()
+    assert len(rows) == 5
+    assert all(size == MAX_INVALID_PAYLOAD and why in error for size, error in rows)
+
+
 def test_a_reopened_transcript_keeps_the_window(tmp_path: Path) -> None:
     path = tmp_path / "t.sqlite"
     with Transcript(path, run_id=RUN) as tr:
