@@ -54,6 +54,7 @@ from nlagg_node.runtime.wire import (
 )
 
 from ..rules import OUTSIDE_WINDOW, RunRules, rules_for
+from .early import EarlySlots
 from .reader import (
     MAX_INVALID_PAYLOAD,
     NO_FIELDS,
@@ -128,6 +129,7 @@ class Transcript(TranscriptReader):
         # the valid x/z0/adv message that holds that slot.
         self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
+        self._early: EarlySlots | None = None  # with the rules: when each node subscribed
         self.rules: RunRules | None = None
         self._candidate: RunRules | None = None  # rules of the config being stored
         if config is not None:
@@ -165,6 +167,7 @@ class Transcript(TranscriptReader):
         self._rows = []
         self._seen = None
         self._slots = {}
+        self._early = None
         return self
 
     # Writing ------------------------------------------------------------------------------
@@ -218,6 +221,9 @@ class Transcript(TranscriptReader):
     ) -> str | None:
         """Why ``msg`` must not count (None: it is valid and now holds its slot); ``fields`` are its
         :func:`~adversary.transcript.reader.row_fields`."""
+        early = self._early
+        if early is not None:
+            early.tick += 1
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._candidate, why = rules_for(msg)
             if self._candidate is None:
@@ -229,6 +235,8 @@ class Transcript(TranscriptReader):
         clash = self._claim(key, topic, info, fields[0], fields[1])
         if clash is None and self.rules is not None:
             self.rules.accepted(msg)
+            if early is not None and info.kind == "status" and info.node is not None:
+                early.status(info.node)
         return clash
 
     def set_config(self, config: ConfigMsg) -> None:
@@ -259,7 +267,7 @@ class Transcript(TranscriptReader):
         sql = "SELECT id, topic, payload, valid, error, dedup FROM messages ORDER BY id"
         before = self.db.execute(sql).fetchall()
         self.rules = rules
-        self._seen, self._slots = {}, {}
+        self._seen, self._slots, self._early = {}, {}, EarlySlots(rules.n)
         changed: list[tuple[object, ...]] = []
         for row_id, topic, payload, valid, error, dedup in before:
             key = str(dedup)
@@ -285,36 +293,75 @@ class Transcript(TranscriptReader):
                 changed,
             )
             self.db.execute("COMMIT")
+        if self._early is not None:
+            self._early.flush(self.db)
 
     def _claim(self, key: str, topic: str, info: TopicInfo, t: int | None, phase: str | None) -> str | None:
         """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
         if info.kind not in ("x", "z0", "adv"):
             return None
         slot = (info.kind, topic, phase if info.kind == "z0" else t)
-        verdict = slot_verdict(self._slots.get(slot), key)  # the first message of a slot wins
+        held = self._slots.get(slot)
+        verdict = slot_verdict(held, key)  # the first message of a slot wins ...
+        early = self._early
         if verdict == "new":
             self._slots[slot] = key
-        if verdict != "conflict":
+            if early is not None and len(early.subscribed) < early.n:
+                early.taken[slot] = early.tick  # EarlySlots.take, inline: once per x
+            return None
+        if verdict == "dup":
+            return None
+        missed = self._missed(slot, info, t) if early is not None and early.taken else []
+        if missed:  # ... unless it came before its receivers subscribed and this one after
+            assert held is not None
+            assert early is not None
+            assert self._seen is not None
+            early.displace(slot, held, missed, f"{info.kind} for {topic}")
+            self._seen[held] = False
+            self._slots[slot] = key
+            early.take(slot)
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+
+    def _missed(self, slot: tuple[str, str, object], info: TopicInfo, t: int | None) -> list[int]:
+        """The receivers that had not subscribed when ``slot`` was taken, if all have now
+        (:class:`~adversary.transcript.early.EarlySlots`): x's and z^(0)'s only."""
+        assert self._early is not None
+        assert self.rules is not None
+        if info.kind == "z0" and info.peer is not None:
+            return self._early.missed(slot, [info.peer])
+        if info.kind == "x" and info.node is not None and t is not None:
+            return self._early.missed(slot, self.rules.departures.receivers(info.node, t))
+        return []
 
     def _load_writer_state(self) -> None:
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
         sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload, error FROM messages ORDER BY id"
         self._seen = {}
-        for key, valid, kind, topic, node, t, phase, payload, error in self.db.execute(sql).fetchall():
+        rows = self.db.execute(sql).fetchall()
+        for key, valid, kind, topic, node, t, phase, payload, error in rows:
             if not valid:
                 if OUTSIDE_WINDOW not in str(error):
                     self._seen.setdefault(str(key), False)
                 continue
             self._seen[str(key)] = True
+            early = self._early
+            if early is not None:
+                early.tick += 1
             if kind in ("x", "z0", "adv"):
-                self._slots.setdefault((str(kind), str(topic), phase if kind == "z0" else t), str(key))
+                slot = (str(kind), str(topic), phase if kind == "z0" else t)
+                if slot not in self._slots:
+                    self._slots[slot] = str(key)
+                    if early is not None:
+                        early.take(slot)
+            elif kind == "status" and early is not None:
+                early.status(int(node))
             if kind == "config" and self.rules is None:
                 msg = self._decode(str(topic), bytes(payload))
                 if isinstance(msg, ConfigMsg):
                     self.rules, _ = rules_for(msg)
+                    self._early = None if self.rules is None else EarlySlots(self.rules.n)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.saw_x(int(node), int(t))
 
@@ -324,13 +371,14 @@ class Transcript(TranscriptReader):
         A row SQLite refuses is stored instead as invalid, with the error and a bounded prefix of
         its payload, so one message can never block the commits (and the acknowledgements) after it.
         """
-        if not self._rows:
-            return
-        try:
-            self._insert(self._rows)
-        except (sqlite3.Error, OverflowError, ValueError):
-            self._insert([self._storable(row) for row in self._rows])
-        self._rows = []
+        if self._rows:
+            try:
+                self._insert(self._rows)
+            except (sqlite3.Error, OverflowError, ValueError):
+                self._insert([self._storable(row) for row in self._rows])
+            self._rows = []
+        if self._early is not None:
+            self._early.flush(self.db)
 
     def _insert(self, rows: list[tuple[object, ...]]) -> None:
         self.db.execute("BEGIN")

@@ -14,7 +14,7 @@ import pytest
 from adversary.transcript import MAX_INVALID_PAYLOAD, Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.node import build_config_msg, run_edges
-from nlagg_node.runtime.wire import ConfigMsg, StatusMsg, XMsg, encode, topics
+from nlagg_node.runtime.wire import ConfigMsg, StatusMsg, XMsg, Z0Msg, encode, topics
 
 RUN = "r1"
 TP = topics("nlagg", RUN)
@@ -149,6 +149,40 @@ def test_a_rejected_payload_is_stored_as_a_bounded_prefix_whatever_decodes(
         rows = db.execute("SELECT length(payload), error FROM messages WHERE valid = 0").fetchall()
     assert len(rows) == 5
     assert all(size == MAX_INVALID_PAYLOAD and why in error for size, error in rows)
+
+
+def z0_payload(i: int, j: int, z: float) -> bytes:
+    return encode(Z0Msg.model_validate({"from": i, "to": j, "group": "max", "z": z}))
+
+
+@pytest.mark.parametrize("reopen", [False, True], ids=["one-capture", "restarted-capture"])
+def test_an_injection_before_the_receivers_subscribed_gives_way_to_the_real_message(
+    tmp_path: Path, reopen: bool
+) -> None:
+    """Issue 31: an x^(0) and a z^(0) published after the config, before the nodes connected, were
+    never seen by the nodes; the real ones, captured after every receiver's status, are the truth."""
+    path = tmp_path / "t.sqlite"
+    tr = Transcript(path, run_id=RUN)
+    tr.add(TP.config, encode(ring_config()), retained=True)
+    assert tr.add(TP.x(1), x_payload(1, 0, 42.0)) is not None  # kept while nothing contradicts it
+    assert tr.add(TP.z0(0, 1), z0_payload(0, 1, 99.0)) is not None
+    if reopen:
+        tr.close()
+        tr = Transcript(path, run_id=RUN)
+    with tr:
+        for i in range(4):
+            assert tr.add(TP.status(i), encode(StatusMsg(node=i, state="online"))) is not None
+        for i, j in ((0, 1), (1, 0)):
+            assert tr.add(TP.z0(i, j), z0_payload(i, j, -300.0 - i)) is not None
+        feed_rounds(tr, range(2))
+        assert tr.x(4, 2)[1, 0] == 10.0  # the real x_1^(0), not the injected 42
+        z0 = tr.z0(4, np.asarray(ring_config().edges, dtype=np.int64))["max"]
+        assert 99.0 not in z0.tolist()
+        assert -300.0 in z0.tolist()
+        errors = [e for _, e in tr.rejected()]
+        assert len(errors) == 2
+        assert all("subscribed (they never received it)" in e for e in errors)
+        assert tr.add(TP.x(1), x_payload(1, 0, 43.0)) is None  # after the real one: a plain conflict
 
 
 def test_a_reopened_transcript_keeps_the_window(tmp_path: Path) -> None:
