@@ -55,6 +55,7 @@ from nlagg_node.runtime.wire import (
 
 from ..rules import OUTSIDE_WINDOW, RunRules, rules_for
 from .early import EarlySlots
+from .quota import QUOTA_FACTOR, Quota, compact, node_budget
 from .reader import (
     MAX_INVALID_PAYLOAD,
     NO_FIELDS,
@@ -130,6 +131,7 @@ class Transcript(TranscriptReader):
         self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
         self._early: EarlySlots | None = None  # with the rules: when each node subscribed
+        self._quota: Quota | None = None  # with the rules: bytes stored per node
         self.rules: RunRules | None = None
         self._candidate: RunRules | None = None  # rules of the config being stored
         if config is not None:
@@ -168,6 +170,7 @@ class Transcript(TranscriptReader):
         self._seen = None
         self._slots = {}
         self._early = None
+        self._quota = None
         return self
 
     # Writing ------------------------------------------------------------------------------
@@ -190,7 +193,7 @@ class Transcript(TranscriptReader):
         try:
             info, msg = self._decode_hot(topic, payload)
         except WireError as exc:
-            if key not in self._seen:
+            if key not in self._seen and self._fits(topic, None, payload):
                 self._seen[key] = False
                 kept = payload[:MAX_INVALID_PAYLOAD]
                 self._rows.append((topic, kept, when, int(retained), 0, str(exc), *NO_FIELDS, key))
@@ -199,6 +202,8 @@ class Transcript(TranscriptReader):
             return (info, msg) if self._seen[key] else None
         fields = row_fields(info, msg)
         why = self._judge(key, topic, info, msg, fields)
+        if why is not None and not self._fits(topic, info.node, payload):
+            return None  # beyond the sender's quota: counted, neither stored nor remembered
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
             self._seen[key] = why is None
         if why is not None:  # kept as evidence, bounded whatever decodes: the nodes never use it
@@ -206,10 +211,20 @@ class Transcript(TranscriptReader):
             self._rows.append((topic, kept, when, int(retained), 0, why, *NO_FIELDS, key))
             return None
         kind, node, peer = info.kind, info.node, info.peer
+        if len(payload) > MAX_INVALID_PAYLOAD:
+            payload = compact(payload, msg)  # a padded message the nodes use: stored without its padding
         self._rows.append((topic, payload, when, int(retained), 1, None, kind, node, peer, *fields, key))
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._set_rules(msg, self._candidate)
         return (info, msg)
+
+    def _fits(self, topic: str, node: int | None, payload: bytes) -> bool:
+        """Whether a message the nodes would not use fits its sender's storage quota (charged if so)."""
+        quota = self._quota
+        if quota is None:
+            return True
+        who = quota.topic_node(topic) if node is None else node
+        return quota.admit(who, len(topic) + min(len(payload), MAX_INVALID_PAYLOAD), len(payload))
 
     def _judge(
         self,
@@ -268,9 +283,12 @@ class Transcript(TranscriptReader):
         before = self.db.execute(sql).fetchall()
         self.rules = rules
         self._seen, self._slots, self._early = {}, {}, EarlySlots(rules.n)
+        self._quota = self._quota_for(rules)
         changed: list[tuple[object, ...]] = []
         for row_id, topic, payload, valid, error, dedup in before:
             key = str(dedup)
+            if not valid:
+                self._quota.charge(self._quota.topic_node(str(topic)), len(str(topic)) + len(payload))
             try:
                 info, msg = decode(str(topic), bytes(payload), self.prefix, self.run_id)
             except WireError:
@@ -324,6 +342,19 @@ class Transcript(TranscriptReader):
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
 
+    def _quota_for(self, rules: RunRules) -> Quota:
+        """The run's per-node storage quota (:mod:`adversary.transcript.quota`), with what the file
+        says was dropped already."""
+        shape = rules.shape
+        budgets = [
+            QUOTA_FACTOR * node_budget(shape.t_total, len(nbrs), len(shape.exchanges))
+            for nbrs in shape.neighbours
+        ]
+        quota = Quota(budgets, f"{self.prefix}/{self.run_id}/")
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'dropped'").fetchone()
+        quota.load(None if row is None else str(row[0]))
+        return quota
+
     def _missed(self, slot: tuple[str, str, object], info: TopicInfo, t: int | None) -> list[int]:
         """The receivers that had not subscribed when ``slot`` was taken, if all have now
         (:class:`~adversary.transcript.early.EarlySlots`): x's and z^(0)'s only."""
@@ -341,6 +372,8 @@ class Transcript(TranscriptReader):
         self._seen = {}
         rows = self.db.execute(sql).fetchall()
         for key, valid, kind, topic, node, t, phase, payload, error in rows:
+            if not valid and self._quota is not None:
+                self._quota.charge(self._quota.topic_node(str(topic)), len(str(topic)) + len(payload))
             if not valid:
                 if OUTSIDE_WINDOW not in str(error):
                     self._seen.setdefault(str(key), False)
@@ -361,7 +394,8 @@ class Transcript(TranscriptReader):
                 msg = self._decode(str(topic), bytes(payload))
                 if isinstance(msg, ConfigMsg):
                     self.rules, _ = rules_for(msg)
-                    self._early = None if self.rules is None else EarlySlots(self.rules.n)
+                    if self.rules is not None:
+                        self._early, self._quota = EarlySlots(self.rules.n), self._quota_for(self.rules)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.saw_x(int(node), int(t))
 
@@ -379,6 +413,10 @@ class Transcript(TranscriptReader):
             self._rows = []
         if self._early is not None:
             self._early.flush(self.db)
+        if self._quota is not None and self._quota.changed:
+            self.db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('dropped', ?)", (self._quota.dump(),)
+            )
 
     def _insert(self, rows: list[tuple[object, ...]]) -> None:
         self.db.execute("BEGIN")

@@ -28,7 +28,7 @@ RANGE = (-3.0, 5.0)
 
 
 def shape_of(**kw: object) -> RunShape:
-    cfg = RunConfig(trials=1, **kw).resolved()  # type: ignore[arg-type]
+    cfg = RunConfig(trials=1, **kw).resolved()
     return RunShape(cfg, run_edges(cfg))
 
 
@@ -48,7 +48,7 @@ def shape_of(**kw: object) -> RunShape:
     ],
 )
 def test_no_honest_x_of_the_simulator_leaves_the_envelope(kw: dict[str, object]) -> None:
-    cfg = RunConfig(n=15, trials=20, seed=1, record="all", value_range=RANGE, **kw)  # type: ignore[arg-type]
+    cfg = RunConfig(n=15, trials=20, seed=1, record="all", value_range=RANGE, **kw)
     res = simulate(cfg)
     resolved = res.config.resolved()
     worst = 0.0

@@ -185,6 +185,40 @@ def test_an_injection_before_the_receivers_subscribed_gives_way_to_the_real_mess
         assert tr.add(TP.x(1), x_payload(1, 0, 43.0)) is None  # after the real one: a plain conflict
 
 
+def test_beyond_a_nodes_quota_what_the_nodes_would_not_use_is_counted_not_stored(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        feed_rounds(tr, range(2))
+        for k in range(300):  # issue 31: 300 padded, decodable, different x's (here 100 kB each)
+            assert tr.add(TP.x(1), padded(raw_x(1, 9, 42.0 + k), 100_000)) is None
+        feed_rounds(tr, range(2, 20))  # the run goes on: every honest x is stored
+        assert tr.complete(4, 20, [], {"max"}) == (0, 0)
+        messages, dropped_bytes = tr.dropped()[1]
+        stored = len(tr.rejected())
+    assert stored + messages == 300
+    assert dropped_bytes == messages * 100_000
+    assert stored * MAX_INVALID_PAYLOAD < 4 * 40_000  # node 1's quota: a few times its honest traffic
+    with sqlite3.connect(path) as db:
+        [(total,)] = db.execute("SELECT SUM(length(payload)) FROM messages").fetchall()
+    assert total < 200_000
+
+
+def test_a_padded_message_the_nodes_use_is_stored_without_its_padding(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        assert tr.add(TP.x(1), padded(raw_x(1, 0, 10.0), 500_000)) is not None  # first for its slot
+        assert tr.x(4, 1)[1, 0] == 10.0
+    with sqlite3.connect(path) as db:
+        [(size,)] = db.execute("SELECT length(payload) FROM messages WHERE kind = 'x'").fetchall()
+    assert size == len(raw_x(1, 0, 10.0))
+
+
 def test_a_reopened_transcript_keeps_the_window(tmp_path: Path) -> None:
     path = tmp_path / "t.sqlite"
     with Transcript(path, run_id=RUN) as tr:
