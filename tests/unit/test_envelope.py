@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -45,11 +46,15 @@ def shape_of(**kw: object) -> RunShape:
         pytest.param({"op": "quantile", "quantile": 0.7}, id="quantile"),
         pytest.param({"op": "trimmed-mean", "k": 2}, id="trimmed-mean"),
         pytest.param({"op": "average"}, id="average"),
+        pytest.param({"op": "max", "early_stop": False, "t_max": 3000, "gone": {3: 200}}, id="max-departure"),
+        pytest.param({"op": "median", "may_depart": True, "gone": {3: 200, 7: 900}}, id="median-departures"),
     ],
 )
 def test_no_honest_x_of_the_simulator_leaves_the_envelope(kw: dict[str, object]) -> None:
-    cfg = RunConfig(n=15, trials=20, seed=1, record="all", value_range=RANGE, **kw)
-    res = simulate(cfg)
+    params = dict(kw)
+    gone = cast("dict[int, int] | None", params.pop("gone", None))
+    cfg = RunConfig(n=15, trials=20, seed=1, record="all", value_range=RANGE, **params)
+    res = simulate(cfg, departures=gone)
     resolved = res.config.resolved()
     worst = 0.0
     for b in range(res.recorded_x.shape[1]):
