@@ -35,6 +35,7 @@ from itertools import accumulate
 
 from ..config import RunConfig
 from ..schedule import Phase, phase_c, value_noise
+from ..valuemap import ValueScale
 
 __all__ = ["FAILURE", "XEnvelope", "output_error", "x_envelope"]
 
@@ -137,12 +138,12 @@ def x_envelope(
 
 
 def output_error(
-    envelope: XEnvelope, node: int, output: Sequence[float], pulls: Mapping[int, float]
+    envelope: XEnvelope, node: int, output: Sequence[float], pulls: Mapping[int, float], scale: ValueScale
 ) -> str | None:
     """Why node ``node``'s ``output`` (protocol scale) cannot be the run's: it lies outside the
     values' range. ``pulls``: per neighbour still here, ``-u_{node|j} / c``, where its dual pulls
     the node's x (x is a proximal step of their sum); the suspects are those beyond the range on the
-    output's side, else the one pulling farthest that way."""
+    output's side, else the one pulling farthest that way. ``scale`` maps to the user's units."""
     slack = 1e-9 * (envelope.s_hi - envelope.s_lo)
     bad = [v for v in output if not envelope.s_lo - slack <= v <= envelope.s_hi + slack]
     if not bad:
@@ -151,8 +152,9 @@ def output_error(
     edge = envelope.s_hi if high else envelope.s_lo
     side = sorted(pulls, key=lambda j: -pulls[j] if high else pulls[j])
     suspects = [j for j in side if (pulls[j] > edge if high else pulls[j] < edge)] or side[:1]
+    lo, hi = scale.user_float(envelope.s_lo), scale.user_float(envelope.s_hi)
     return (
-        f"node {node}: output {bad[0]!r} lies {'above' if high else 'below'} the declared value range"
-        f" (protocol scale [{envelope.s_lo:.6g}, {envelope.s_hi:.6g}]); suspect neighbour(s)"
-        f" {suspects} (their x's pulled it there), unless the run did not converge (raise t_max)"
+        f"node {node}: output {scale.user_float(bad[0]):.6g} lies {'above' if high else 'below'} the"
+        f" values' range [{lo:.6g}, {hi:.6g}]; suspect neighbour(s) {suspects} (their x's pulled it"
+        " there), unless the run did not converge (raise t_max)"
     )

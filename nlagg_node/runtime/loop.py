@@ -46,6 +46,7 @@ from ..termination import (
     recent,
     stop_threshold,
 )
+from ..valuemap import scale_for
 from .checkpoint import Checkpoint, Stage
 from .duals import duals_for
 from .member import Member, NodeResult
@@ -299,10 +300,10 @@ class PdmmLoop:
         envelope = self.members[0].shape.envelope
         if envelope is None:
             return
-        c = phase_c(self.cfg, self.phases[-1])
+        c, scale = phase_c(self.cfg, self.phases[-1]), scale_for(self.cfg)
         for k, (m, tr) in enumerate(zip(self.members, self.tracks, strict=True)):
             pulls = {j: -u / c for j, u in zip(m.active, self.duals.of(k)[0], strict=True)}
-            why = output_error(envelope, m.id, m.output_of(tr.finals), pulls)
+            why = output_error(envelope, m.id, m.output_of(tr.finals), pulls, scale)
             if why is not None:
                 raise NlaggError(why)
 

@@ -8,6 +8,8 @@ close the closest came (the envelope is a proven bound: the ratio must stay belo
 
 from __future__ import annotations
 
+import asyncio
+import re
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import cast
@@ -18,12 +20,14 @@ import pytest
 from adversary.rules import RunRules
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.errors import NlaggError
 from nlagg_node.protocol import RunShape, output_error, x_value_error
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import XMsg, encode, encode_x, topics
+from nlagg_node.runtime.wire import StatusMsg, XMsg, Z0Msg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
+from nlagg_node.valuemap import scale_for
 
 RANGE = (-3.0, 5.0)
 
@@ -90,12 +94,14 @@ def test_an_output_outside_the_range_names_the_neighbour_that_pulled_it() -> Non
     shape = shape_of(op="max", n=15, value_range=RANGE)
     env = shape.envelope
     assert env is not None
-    assert output_error(env, 0, [0.7], {1: 0.7, 2: 0.71}) is None
-    why = output_error(env, 0, [3.2], {1: 9.5, 2: 0.7, 3: 0.68})
+    scale = scale_for(shape.cfg)
+    assert output_error(env, 0, [0.7], {1: 0.7, 2: 0.71}, scale) is None
+    why = output_error(env, 0, [1.5], {1: 9.5, 2: 0.7, 3: 0.68}, scale)
     assert why is not None
     assert "suspect neighbour(s) [1]" in why
     assert "above" in why
-    why = output_error(env, 0, [-0.4], {1: 0.3, 2: 0.7})  # none beyond: the one pulling farthest down
+    assert "output 9 lies above the values' range [-3, 5]" in why  # in the user's units
+    why = output_error(env, 0, [-0.4], {1: 0.3, 2: 0.7}, scale)  # none beyond: the one pulling farthest down
     assert why is not None
     assert "suspect neighbour(s) [1]" in why
     assert "below" in why
@@ -136,3 +142,33 @@ def test_the_transcript_rules_and_the_node_rule_are_one() -> None:
     for x in (0.5, 40.0, -40.0):
         msg = XMsg(node=3, t=0, phase="median", x=x)
         assert rules.reject(msg) == x_value_error(rules.shape, 3, 0, x)
+
+
+async def test_an_output_pulled_outside_the_range_fails_the_node_naming_the_suspect() -> None:
+    """Node 1 of a 2-node run is an impostor whose every x is 2.0: inside the envelope (about
+    [-3, 4] here), outside the range [0, 1]. It pulls node 0's output there, and node 0 fails
+    with one line naming it."""
+    run = "pull"
+    tp = topics("nlagg", run)
+    cfg = RunConfig(
+        op="max", n=2, graph="complete", t_max=300, trials=1, early_stop=False, value_range=(0.0, 1.0)
+    )
+    broker = MemoryBroker()
+
+    async def impostor(tr: MemoryTransport) -> None:
+        z0 = Z0Msg.model_validate({"from": 1, "to": 0, "group": "max", "z": 1100.0})
+        await tr.publish(tp.z0(1, 0), encode(z0))
+        async for raw in tr.messages():
+            _, msg = decode(raw.topic, raw.payload, "nlagg", run)
+            if isinstance(msg, XMsg):
+                await tr.publish(tp.x(1), encode_x(1, msg.t, "max", 2.0))
+
+    async with MemoryTransport(broker, "impostor") as tr:
+        await tr.subscribe(tp.x(0))
+        await tr.publish(tp.status(1), encode(StatusMsg(node=1, state="online")), retain=True)
+        node = Node(cfg, 0, 0.5, MemoryTransport(broker, "node-0"), run_id=run, edges=run_edges(cfg))
+        async with node:
+            fake = asyncio.create_task(impostor(tr))
+            with pytest.raises(NlaggError, match=re.escape("suspect neighbour(s) [1]")):
+                await node.run()
+            fake.cancel()
