@@ -48,5 +48,4 @@ class Insider(Intruder):
             publish_frame(tp.x(self.node), padded_x(self.node, t, 42.0 + k, "not-a-phase", size))
             for k in range(count)
         ]
-        for k in range(0, count, 10):  # ten to a connection
-            await self._session(f"insider-{self.node}", frames[k : k + 10])
+        await self._session(f"insider-{self.node}", frames)
