@@ -28,8 +28,9 @@ class EarlySlots:
     a message came after it at the broker (one broker keeps the order of a run's messages).
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, jumps: frozenset[int]) -> None:
         self.n = n
+        self.jumps = jumps  # iterations a receiver takes whatever its position (RunShape.jumps)
         self.tick = 0
         self.subscribed: dict[int, int] = {}  # node -> the tick of its first status
         self.taken: dict[Slot, int] = {}  # slot -> the tick it was taken, while a node had not subscribed
@@ -39,9 +40,12 @@ class EarlySlots:
         """A valid status of ``node``, captured now: it has subscribed."""
         self.subscribed.setdefault(node, self.tick)
 
-    def take(self, slot: Slot) -> None:
-        """A message took ``slot`` now (remembered only while some node has not subscribed)."""
-        if len(self.subscribed) < self.n:
+    def take(self, slot: Slot, kind: str, t: int | None) -> None:
+        """A message took ``slot`` now. Remembered only while some node has not subscribed, and only
+        where a receiver that has published no x yet takes one: a z^(0), an x^(0), or an x at an
+        iteration taken whatever the receiver's position (the first of a phase with early stopping);
+        any other x is outside the window of a receiver not yet running, and refused."""
+        if len(self.subscribed) < self.n and (kind == "z0" or (kind == "x" and (t == 0 or t in self.jumps))):
             self.taken[slot] = self.tick
 
     def missed(self, slot: Slot, receivers: list[int]) -> list[int]:

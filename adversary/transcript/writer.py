@@ -282,7 +282,7 @@ class Transcript(TranscriptReader):
         sql = "SELECT id, topic, payload, valid, error, dedup FROM messages ORDER BY id"
         before = self.db.execute(sql).fetchall()
         self.rules = rules
-        self._seen, self._slots, self._early = {}, {}, EarlySlots(rules.n)
+        self._seen, self._slots, self._early = {}, {}, EarlySlots(rules.n, rules.shape.jumps)
         self._quota = self._quota_for(rules)
         changed: list[tuple[object, ...]] = []
         for row_id, topic, payload, valid, error, dedup in before:
@@ -325,7 +325,7 @@ class Transcript(TranscriptReader):
         if verdict == "new":
             self._slots[slot] = key
             if early is not None and len(early.subscribed) < early.n:
-                early.taken[slot] = early.tick  # EarlySlots.take, inline: once per x
+                early.take(slot, info.kind, t)
             return None
         if verdict == "dup":
             return None
@@ -337,7 +337,7 @@ class Transcript(TranscriptReader):
             early.displace(slot, held, missed, f"{info.kind} for {topic}")
             self._seen[held] = False
             self._slots[slot] = key
-            early.take(slot)
+            early.take(slot, info.kind, t)
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
@@ -387,7 +387,7 @@ class Transcript(TranscriptReader):
                 if slot not in self._slots:
                     self._slots[slot] = str(key)
                     if early is not None:
-                        early.take(slot)
+                        early.take(slot, str(kind), t)
             elif kind == "status" and early is not None:
                 early.status(int(node))
             if kind == "config" and self.rules is None:
@@ -395,7 +395,8 @@ class Transcript(TranscriptReader):
                 if isinstance(msg, ConfigMsg):
                     self.rules, _ = rules_for(msg)
                     if self.rules is not None:
-                        self._early, self._quota = EarlySlots(self.rules.n), self._quota_for(self.rules)
+                        self._early = EarlySlots(self.rules.n, self.rules.shape.jumps)
+                        self._quota = self._quota_for(self.rules)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.saw_x(int(node), int(t))
 
