@@ -458,6 +458,8 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         early_stop=cfg.early_stop,
     )
     report.extra["run_id"] = data["run_id"]
+    if not cfg.early_stop and data["x"].shape[1] < data["t_total"]:
+        report.output = None  # the schedule's last iteration was not captured: no output to read
     if data["departed"]:
         report.extra["departed"] = {str(j): t for j, t in sorted(data["departed"].items())}
     report.extra["captured_x"] = int(np.isfinite(data["x"]).sum())
@@ -470,7 +472,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
             ).sum()
         )
         if cfg.early_stop
-        else int(data["n"] * x.shape[1])
+        else int(data["n"] * data["t_total"])
     )
     # A node's 'done' status says how many x it published: more than captured = a cut transcript.
     said = sum(

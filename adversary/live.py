@@ -141,6 +141,10 @@ class LiveReplay:
     transcript's rules, which learn it from the fields each accepted x carries); the replay waits
     for no x of a stopped node for the rest of the phase. Without it a phase is over once nothing
     is published at an iteration and the next phase has begun.
+
+    ``horizon``: the iterations it keeps (and steps) from 0 on; the run's by default. A transcript
+    read after the run passes the iterations it captured, so its memory follows the transcript's
+    content, not the size the (public, possibly hostile) config announces.
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class LiveReplay:
         sealed: Iterable[str] = (),
         *,
         ends: PhaseEnds | None = None,
+        horizon: int | None = None,
     ) -> None:
         self.n = n
         self.layout = EdgeLayout.from_graphs(n, [np.asarray(edges, dtype=np.int64)])
@@ -170,10 +175,11 @@ class LiveReplay:
         self._expected_at: dict[int, int] = {}  # _expected's answers while ends are known
         self._ends_known = 0  # the ends' count those answers hold for
         self.z0: dict[str, FloatArray] = {}
-        self.x = np.full((n, self.t_total), np.nan)
+        self.horizon = self.t_total if horizon is None else min(max(horizon, 0), self.t_total)
+        self.x = np.full((n, self.horizon), np.nan)
         # Plain lists: read and written per captured x, where numpy's scalar access costs most.
-        self._seen = [0] * self.t_total  # x's known per iteration
-        self.branch = np.full((n, self.t_total), UNKNOWN, dtype=np.int8)
+        self._seen = [0] * self.horizon  # x's known per iteration
+        self.branch = np.full((n, self.horizon), UNKNOWN, dtype=np.int8)
         self.first = np.full(n, -1, dtype=np.int64)
         self.value = np.full(n, np.nan)
         self.t_next = 0
@@ -239,7 +245,7 @@ class LiveReplay:
         so that :meth:`advance` may move on (an x that completes nothing cannot). Whether node i
         ended its phase at t is the ``ends`` record's, noted before.
         """
-        if 0 <= i < self.n and 0 <= t < self.t_total and math.isnan(self.x[i, t]):
+        if 0 <= i < self.n and 0 <= t < self.horizon and math.isnan(self.x[i, t]):
             if self._halts and self._stopped_before(i, t):
                 return False  # its phase is over: nobody uses it
             self.x[i, t] = x
@@ -296,9 +302,9 @@ class LiveReplay:
         i = np.asarray(nodes, dtype=np.int64)
         t = np.asarray(ts, dtype=np.int64)
         x = np.asarray(xs, dtype=np.float64)
-        keep = (i >= 0) & (i < self.n) & (t >= 0) & (t < self.t_total)
+        keep = (i >= 0) & (i < self.n) & (t >= 0) & (t < self.horizon)
         i, t, x = i[keep], t[keep], x[keep]
-        flat = i * self.t_total + t
+        flat = i * self.horizon + t
         _, first = np.unique(flat, return_index=True)
         i, t, x = i[first], t[first], x[first]
         fresh = np.isnan(self.x[i, t])
@@ -323,17 +329,17 @@ class LiveReplay:
     def advance(self, *, force: bool = False) -> list[Exposure]:
         """Process ready iterations (``force``: also incomplete ones, with NaN for the gaps)."""
         found: list[Exposure] = []
-        while self.t_next < self.t_total:
+        while self.t_next < self.horizon:
             t = self.t_next
             if self._halts and self.halted[int(self._phase_of[t])] and self._expected(t) == 0:
                 nxt = int(self._starts[self._phase_of[t] + 1])
-                if nxt >= self.t_total:
+                if nxt >= self.horizon:
                     break  # the run is over: t_next stays just after its last iteration
                 self.t_next = nxt  # every node stopped its phase
                 continue
             if not (force or self.ready(t)):
                 nxt = int(self._starts[self._phase_of[t] + 1])
-                if self._seen[t] or nxt >= self.t_total or not self.ready(nxt):
+                if self._seen[t] or nxt >= self.horizon or not self.ready(nxt):
                     break
                 self.t_next = nxt  # the phase stopped early (nothing at t, the next one has begun)
                 continue
@@ -416,7 +422,7 @@ def forwarded_z0(
     A corrupted node forwards its duals every iteration; at the first iteration of a dual group
     they are that group's z^(0) on each of its edges, in both directions (sealed or not).
     """
-    replay = LiveReplay(n, edges, phases, [1.0] * len(phases), 0.5)
+    replay = LiveReplay(n, edges, phases, [1.0] * len(phases), 0.5, horizon=0)  # no x: z^(0) only
     for group, arr in z0.items():
         replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
     for msg in states:
@@ -444,12 +450,12 @@ def replay_exposures(run: PublicRun, *, early_stop: bool = False) -> Exposures:
         x or duals depend on missing data are ``unknown`` from then on (NaN propagates).
     """
     n, edges, phases, x, departed = run.n, run.edges, run.phases, run.x, run.departed
-    replay = LiveReplay(n, edges, phases, run.cs, run.theta)
+    replay = LiveReplay(n, edges, phases, run.cs, run.theta, horizon=x.shape[1])  # sized by what was captured
     for j, at in (departed or {}).items():
         replay.depart(j, at)
     for group, arr in run.z0.items():
         replay.z0[group] = np.asarray(arr, dtype=np.float64).copy()
-    t_len = min(x.shape[1], replay.t_total)
+    t_len = replay.horizon
     replay.x[:, :t_len] = x[:, :t_len]
     if not early_stop:
         for t in range(t_len):
@@ -459,7 +465,7 @@ def replay_exposures(run: PublicRun, *, early_stop: bool = False) -> Exposures:
         ends = node_ends(phases, x[:, :t_len], edges, departed)
         for p, start in enumerate(replay._starts[: len(phases)].tolist()):
             end = ends[p]
-            for t in range(start, int(end.max()) if n else start):
+            for t in range(start, min(int(end.max()), t_len) if n else start):
                 running = end > t
                 replay.t_next = t
                 replay._step(t, None if running.all() else running)

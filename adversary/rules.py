@@ -39,6 +39,7 @@ from nlagg_node.protocol import (
     lowest_position,
     status_error,
     x_form_error,
+    x_value_error,
     z0_error,
 )
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
@@ -154,6 +155,8 @@ class RunRules:
     def _x(self, msg: XMsg | XWire) -> str | None:
         i, t = msg.node, msg.t
         why = x_form_error(self.shape, i, t, msg.phase, msg.quiet, msg.stop, msg.departures)
+        if why is None and self.shape.envelope is not None:
+            why = x_value_error(self.shape, i, t, msg.x)
         if why is not None:
             return why
         halt = self._halt(i, t)

@@ -38,7 +38,8 @@ class TranscriptData(TypedDict):
     cs: list[float]  # c of every phase
     theta: float
     z0: dict[str, FloatArray]  # per dual group, EdgeLayout order
-    x: FloatArray  # (n, T), NaN where not captured
+    x: FloatArray  # (n, T), NaN where not captured; T: up to the last iteration captured
+    t_total: int  # the run's iterations (its config's schedule)
     corrupted: dict[int, float]  # corrupted node -> its forwarded s_i, in the user's units
     statuses: dict[int, StatusMsg]
     departed: dict[int, int]  # node -> the iteration it left at (its neighbours' statuses)
@@ -77,7 +78,8 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
             "cs": [phase_c(cfg, ph) for ph in phases],
             "theta": cfg.theta,
             "z0": z0,
-            "x": tr.x(cfg.n, t_total),
+            "x": tr.x(cfg.n)[:, :t_total],  # sized by what was captured, not by the config's t_total
+            "t_total": t_total,
             "corrupted": corrupted,
             "statuses": (statuses := tr.statuses()),
             "departed": announced(st.departed for st in statuses.values()),

@@ -307,6 +307,16 @@ class TranscriptReader:
     def _decode(self, topic: str, payload: bytes) -> WireMessage:
         return decode(topic, payload, self.prefix, self.run_id)[1]
 
+    def dropped(self) -> dict[int, tuple[int, int]]:
+        """``node -> (messages, bytes)`` the capture counted but did not store: messages the nodes
+        would not use, beyond the node's storage quota (-1: topics naming no node of the run;
+        :mod:`adversary.transcript.quota`)."""
+        rows = list(self._query("SELECT value FROM meta WHERE key = 'dropped'"))
+        if not rows:
+            return {}
+        doc = json.loads(str(rows[0][0]))
+        return {int(k): (int(v["messages"]), int(v["bytes"])) for k, v in doc.items()}
+
     def config(self) -> ConfigMsg | None:
         """The retained public configuration, if it was captured."""
         rows = self._payloads("config")

@@ -14,8 +14,9 @@ the barrier window, edges and dual groups); what a node would have dropped is st
 before the configuration are judged again, in arrival order, when it arrives.
 
 Nothing a client sends can stop the capture: every integer on the wire is bounded (see
-:mod:`nlagg_node.limits`), an undecodable payload is stored as a bounded prefix
-(``MAX_INVALID_PAYLOAD`` bytes), and a row SQLite refuses is stored as invalid with the error.
+:mod:`nlagg_node.limits`), a payload the nodes would not use (undecodable, refused by the rules,
+a conflict) is stored as a bounded prefix (``MAX_INVALID_PAYLOAD`` bytes), and a row SQLite
+refuses is stored as invalid with the error.
 Without per-node ACLs on the broker (``allow_anonymous true``) anyone can publish as any node: the
 rules then keep what the nodes kept, but nothing protects the run's integrity.
 
@@ -53,6 +54,8 @@ from nlagg_node.runtime.wire import (
 )
 
 from ..rules import OUTSIDE_WINDOW, RunRules, rules_for
+from .early import EarlySlots
+from .quota import QUOTA_FACTOR, Quota, compact, node_budget
 from .reader import (
     MAX_INVALID_PAYLOAD,
     NO_FIELDS,
@@ -127,6 +130,8 @@ class Transcript(TranscriptReader):
         # the valid x/z0/adv message that holds that slot.
         self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
+        self._early: EarlySlots | None = None  # with the rules: when each node subscribed
+        self._quota: Quota | None = None  # with the rules: bytes stored per node
         self.rules: RunRules | None = None
         self._candidate: RunRules | None = None  # rules of the config being stored
         if config is not None:
@@ -164,6 +169,8 @@ class Transcript(TranscriptReader):
         self._rows = []
         self._seen = None
         self._slots = {}
+        self._early = None
+        self._quota = None
         return self
 
     # Writing ------------------------------------------------------------------------------
@@ -186,7 +193,7 @@ class Transcript(TranscriptReader):
         try:
             info, msg = self._decode_hot(topic, payload)
         except WireError as exc:
-            if key not in self._seen:
+            if key not in self._seen and self._fits(topic, None, payload):
                 self._seen[key] = False
                 kept = payload[:MAX_INVALID_PAYLOAD]
                 self._rows.append((topic, kept, when, int(retained), 0, str(exc), *NO_FIELDS, key))
@@ -195,16 +202,29 @@ class Transcript(TranscriptReader):
             return (info, msg) if self._seen[key] else None
         fields = row_fields(info, msg)
         why = self._judge(key, topic, info, msg, fields)
+        if why is not None and not self._fits(topic, info.node, payload):
+            return None  # beyond the sender's quota: counted, neither stored nor remembered
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
             self._seen[key] = why is None
-        if why is not None:
-            self._rows.append((topic, payload, when, int(retained), 0, why, *NO_FIELDS, key))
+        if why is not None:  # kept as evidence, bounded whatever decodes: the nodes never use it
+            kept = payload[:MAX_INVALID_PAYLOAD]
+            self._rows.append((topic, kept, when, int(retained), 0, why, *NO_FIELDS, key))
             return None
         kind, node, peer = info.kind, info.node, info.peer
+        if len(payload) > MAX_INVALID_PAYLOAD:
+            payload = compact(payload, msg)  # a padded message the nodes use: stored without its padding
         self._rows.append((topic, payload, when, int(retained), 1, None, kind, node, peer, *fields, key))
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._set_rules(msg, self._candidate)
         return (info, msg)
+
+    def _fits(self, topic: str, node: int | None, payload: bytes) -> bool:
+        """Whether a message the nodes would not use fits its sender's storage quota (charged if so)."""
+        quota = self._quota
+        if quota is None:
+            return True
+        who = quota.topic_node(topic) if node is None else node
+        return quota.admit(who, len(topic) + min(len(payload), MAX_INVALID_PAYLOAD), len(payload))
 
     def _judge(
         self,
@@ -216,6 +236,9 @@ class Transcript(TranscriptReader):
     ) -> str | None:
         """Why ``msg`` must not count (None: it is valid and now holds its slot); ``fields`` are its
         :func:`~adversary.transcript.reader.row_fields`."""
+        early = self._early
+        if early is not None:
+            early.tick += 1
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._candidate, why = rules_for(msg)
             if self._candidate is None:
@@ -227,6 +250,8 @@ class Transcript(TranscriptReader):
         clash = self._claim(key, topic, info, fields[0], fields[1])
         if clash is None and self.rules is not None:
             self.rules.accepted(msg)
+            if early is not None and info.kind == "status" and info.node is not None:
+                early.status(info.node)
         return clash
 
     def set_config(self, config: ConfigMsg) -> None:
@@ -257,10 +282,13 @@ class Transcript(TranscriptReader):
         sql = "SELECT id, topic, payload, valid, error, dedup FROM messages ORDER BY id"
         before = self.db.execute(sql).fetchall()
         self.rules = rules
-        self._seen, self._slots = {}, {}
+        self._seen, self._slots, self._early = {}, {}, EarlySlots(rules.n, rules.shape.jumps)
+        self._quota = self._quota_for(rules)
         changed: list[tuple[object, ...]] = []
         for row_id, topic, payload, valid, error, dedup in before:
             key = str(dedup)
+            if not valid:
+                self._quota.charge(self._quota.topic_node(str(topic)), len(str(topic)) + len(payload))
             try:
                 info, msg = decode(str(topic), bytes(payload), self.prefix, self.run_id)
             except WireError:
@@ -283,36 +311,92 @@ class Transcript(TranscriptReader):
                 changed,
             )
             self.db.execute("COMMIT")
+        if self._early is not None:
+            self._early.flush(self.db)
 
     def _claim(self, key: str, topic: str, info: TopicInfo, t: int | None, phase: str | None) -> str | None:
         """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
         if info.kind not in ("x", "z0", "adv"):
             return None
         slot = (info.kind, topic, phase if info.kind == "z0" else t)
-        verdict = slot_verdict(self._slots.get(slot), key)  # the first message of a slot wins
+        held = self._slots.get(slot)
+        verdict = slot_verdict(held, key)  # the first message of a slot wins ...
+        early = self._early
         if verdict == "new":
             self._slots[slot] = key
-        if verdict != "conflict":
+            if early is not None and len(early.subscribed) < early.n:
+                early.take(slot, info.kind, t)
+            return None
+        if verdict == "dup":
+            return None
+        missed = self._missed(slot, info, t) if early is not None and early.taken else []
+        if missed:  # ... unless it came before its receivers subscribed and this one after
+            assert held is not None
+            assert early is not None
+            assert self._seen is not None
+            early.displace(slot, held, missed, f"{info.kind} for {topic}")
+            self._seen[held] = False
+            self._slots[slot] = key
+            early.take(slot, info.kind, t)
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
         return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+
+    def _quota_for(self, rules: RunRules) -> Quota:
+        """The run's per-node storage quota (:mod:`adversary.transcript.quota`), with what the file
+        says was dropped already."""
+        shape = rules.shape
+        budgets = [
+            QUOTA_FACTOR * node_budget(shape.t_total, len(nbrs), len(shape.exchanges))
+            for nbrs in shape.neighbours
+        ]
+        quota = Quota(budgets, f"{self.prefix}/{self.run_id}/")
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'dropped'").fetchone()
+        quota.load(None if row is None else str(row[0]))
+        return quota
+
+    def _missed(self, slot: tuple[str, str, object], info: TopicInfo, t: int | None) -> list[int]:
+        """The receivers that had not subscribed when ``slot`` was taken, if all have now
+        (:class:`~adversary.transcript.early.EarlySlots`): x's and z^(0)'s only."""
+        assert self._early is not None
+        assert self.rules is not None
+        if info.kind == "z0" and info.peer is not None:
+            return self._early.missed(slot, [info.peer])
+        if info.kind == "x" and info.node is not None and t is not None:
+            return self._early.missed(slot, self.rules.departures.receivers(info.node, t))
+        return []
 
     def _load_writer_state(self) -> None:
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
         sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload, error FROM messages ORDER BY id"
         self._seen = {}
-        for key, valid, kind, topic, node, t, phase, payload, error in self.db.execute(sql).fetchall():
+        rows = self.db.execute(sql).fetchall()
+        for key, valid, kind, topic, node, t, phase, payload, error in rows:
+            if not valid and self._quota is not None:
+                self._quota.charge(self._quota.topic_node(str(topic)), len(str(topic)) + len(payload))
             if not valid:
                 if OUTSIDE_WINDOW not in str(error):
                     self._seen.setdefault(str(key), False)
                 continue
             self._seen[str(key)] = True
+            early = self._early
+            if early is not None:
+                early.tick += 1
             if kind in ("x", "z0", "adv"):
-                self._slots.setdefault((str(kind), str(topic), phase if kind == "z0" else t), str(key))
+                slot = (str(kind), str(topic), phase if kind == "z0" else t)
+                if slot not in self._slots:
+                    self._slots[slot] = str(key)
+                    if early is not None:
+                        early.take(slot, str(kind), t)
+            elif kind == "status" and early is not None:
+                early.status(int(node))
             if kind == "config" and self.rules is None:
                 msg = self._decode(str(topic), bytes(payload))
                 if isinstance(msg, ConfigMsg):
                     self.rules, _ = rules_for(msg)
+                    if self.rules is not None:
+                        self._early = EarlySlots(self.rules.n, self.rules.shape.jumps)
+                        self._quota = self._quota_for(self.rules)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.saw_x(int(node), int(t))
 
@@ -322,13 +406,18 @@ class Transcript(TranscriptReader):
         A row SQLite refuses is stored instead as invalid, with the error and a bounded prefix of
         its payload, so one message can never block the commits (and the acknowledgements) after it.
         """
-        if not self._rows:
-            return
-        try:
-            self._insert(self._rows)
-        except (sqlite3.Error, OverflowError, ValueError):
-            self._insert([self._storable(row) for row in self._rows])
-        self._rows = []
+        if self._rows:
+            try:
+                self._insert(self._rows)
+            except (sqlite3.Error, OverflowError, ValueError):
+                self._insert([self._storable(row) for row in self._rows])
+            self._rows = []
+        if self._early is not None:
+            self._early.flush(self.db)
+        if self._quota is not None and self._quota.changed:
+            self.db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('dropped', ?)", (self._quota.dump(),)
+            )
 
     def _insert(self, rows: list[tuple[object, ...]]) -> None:
         self.db.execute("BEGIN")

@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     from .accept import slot_verdict as slot_verdict
     from .accept import status_error as status_error
     from .accept import x_form_error as x_form_error
+    from .accept import x_value_error as x_value_error
     from .accept import z0_error as z0_error
+    from .envelope import XEnvelope as XEnvelope
+    from .envelope import output_error as output_error
+    from .envelope import x_envelope as x_envelope
     from .shape import RunShape as RunShape
     from .shape import phase_starts as phase_starts
 

@@ -7,7 +7,8 @@ An x ``x_j^(t)`` passes three checks, in order:
 
 1. its *form* (:func:`x_form_error`): a node and an iteration of the run, the phase of that
    iteration, the early-stop fields exactly where the run stops early, departures only where its
-   nodes may depart;
+   nodes may depart; and its *value* (:func:`x_value_error`): with a declared value range, inside
+   the envelope every honest x lies in (:mod:`.envelope`);
 2. its *sender* and *window* (:func:`admit`): refused once the sender has departed (``gone``: from
    its departure iteration on), after the sender ended the phase (``stopped``: an x whose fields
    say it halts is the sender's last of the phase, :func:`halt_span`), and ahead of the receiver's
@@ -60,6 +61,7 @@ __all__ = [
     "slot_verdict",
     "status_error",
     "x_form_error",
+    "x_value_error",
     "z0_error",
 ]
 
@@ -208,6 +210,13 @@ def x_form_error(
             "whose nodes may not depart" if early else "with a fixed schedule"
         )
     return None
+
+
+def x_value_error(shape: RunShape, node: int, t: int, x: float) -> str | None:
+    """Why the value of x_node^(t) (passed by :func:`x_form_error`) is no honest x: outside the
+    envelope the run's declared value range and initialization allow (:mod:`.envelope`)."""
+    envelope = shape.envelope
+    return None if envelope is None else envelope.error(node, t, x)
 
 
 def z0_error(shape: RunShape, sender: int, to: int, group: str, sealed: bool) -> str | None:

@@ -18,6 +18,7 @@ from ..config import RunConfig
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, plan_phases, sealed_groups_of
 from ..termination import stop_reach
+from .envelope import XEnvelope, x_envelope
 
 __all__ = ["RunShape", "phase_starts"]
 
@@ -116,6 +117,11 @@ class RunShape:
     def neighbours(self) -> list[list[int]]:
         """Every node's neighbours, ascending (plain lists: read per message on the hot path)."""
         return neighbours(self.cfg.n, self.edges)
+
+    @cached_property
+    def envelope(self) -> XEnvelope | None:
+        """Where every honest x lies (:mod:`.envelope`); None without a declared value range."""
+        return x_envelope(self.cfg, self.phases, self.neighbours)
 
     @cached_property
     def directed(self) -> frozenset[tuple[int, int]]:

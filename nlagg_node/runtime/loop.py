@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import NlaggError
 from ..init import draw_z0, perturb_value
+from ..protocol import output_error
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
 from ..termination import (
@@ -45,6 +46,7 @@ from ..termination import (
     recent,
     stop_threshold,
 )
+from ..valuemap import scale_for
 from .checkpoint import Checkpoint, Stage
 from .duals import duals_for
 from .member import Member, NodeResult
@@ -219,6 +221,7 @@ class PdmmLoop:
             await m.status("leaving", iterations=left)
             return [result]
         seconds = time.perf_counter() - started
+        self._check_outputs()
         return await gather_first_error(
             [m.finish(tr.finals, tr.xs, tr.z0_sent, seconds) for m, tr in zip(members, tracks, strict=True)]
         )
@@ -290,6 +293,19 @@ class PdmmLoop:
                 m.outbox.send_x(t - 1, phase, tr.xs[-1])
             if tr.adv is not None:
                 m.outbox.send_adv(tr.adv.encode())
+
+    def _check_outputs(self) -> None:
+        """With a declared value range, an output outside it fails the run, naming the neighbours
+        whose duals pulled it there (:func:`~nlagg_node.protocol.output_error`)."""
+        envelope = self.members[0].shape.envelope
+        if envelope is None:
+            return
+        c, scale = phase_c(self.cfg, self.phases[-1]), scale_for(self.cfg)
+        for k, (m, tr) in enumerate(zip(self.members, self.tracks, strict=True)):
+            pulls = {j: -u / c for j, u in zip(m.active, self.duals.of(k)[0], strict=True)}
+            why = output_error(envelope, m.id, m.output_of(tr.finals), pulls, scale)
+            if why is not None:
+                raise NlaggError(why)
 
     async def iterate(self) -> int | None:
         """Every phase from the start, or from the checkpoint; a checkpoint precedes every publish.

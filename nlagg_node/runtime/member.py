@@ -352,12 +352,15 @@ class Member:
             self.store.save(ck)
             self.resumed = ck
 
+    def output_of(self, finals: list[float]) -> list[float]:
+        """The node's output (protocol scale) from its phases' finals."""
+        return [float(v) for v in np.ravel(combine(self.cfg, self.phases, [np.array([f]) for f in finals]))]
+
     async def finish(
         self, finals: list[float], xs: list[float], z0_sent: dict[str, list[float]], seconds: float
     ) -> NodeResult:
         """Combine the phases' finals into the output, checkpoint and publish ``done``, return the result."""
-        output = combine(self.cfg, self.phases, [np.array([f]) for f in finals])
-        out_list = [float(v) for v in np.ravel(output)]
+        out_list = self.output_of(finals)
         if self.store is not None:
             last = self.resumed
             assert last is not None  # the loop saved at least one checkpoint

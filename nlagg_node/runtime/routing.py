@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import NlaggError
-from ..protocol import NO_HALT, halt_span, x_form_error
+from ..protocol import NO_HALT, halt_span, x_form_error, x_value_error
 from ..termination import NO_STOP
 from .barrier import Outcome
 from .member import Member
@@ -97,6 +97,7 @@ class Router:
         if isinstance(msg, X_TYPES):
             t, stop = msg.t, msg.stop
             why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures)
+            why = why or x_value_error(self.shape, msg.node, t, msg.x)
             if why is not None:
                 self.on_reject(raw.topic, WireError("x", (msg.node, t, msg.phase), why))
                 return

@@ -148,3 +148,30 @@ def test_simulate_transcript_is_trial_zero_of_the_batch(tmp_path: Path) -> None:
     assert from_file.findings == direct.findings
     assert from_file.precision == 1.0
     assert from_file.recall == 1.0
+
+
+def test_the_attack_sizes_its_arrays_by_what_the_transcript_holds(tmp_path: Path) -> None:
+    """A small transcript whose config announces n = 10000 and 7000 iterations (70 million cells):
+    the arrays follow the iterations captured, not the config (issue 31: 1.9 GB for 512 KB)."""
+    from adversary.live import PublicRun, replay_exposures
+    from adversary.transcript import Transcript
+    from adversary.transcript.arrays import load_transcript_arrays
+    from nlagg_node.runtime.node import build_config_msg, run_edges
+    from nlagg_node.runtime.wire import XMsg, encode, topics
+
+    cfg = RunConfig(op="max", n=10_000, graph="ring", trials=1, early_stop=False)
+    tp = topics("nlagg", "big")
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id="big") as tr:
+        tr.add(tp.config, encode(build_config_msg(cfg, "big", run_edges(cfg))), retained=True)
+        for i in range(0, 300, 3):
+            tr.add(tp.x(i), encode(XMsg(node=i, t=0, phase="max", x=1.0)))
+    data = load_transcript_arrays(path)
+    assert data["t_total"] == 7000
+    assert data["x"].shape == (10_000, 1)
+    arrays = (data["edges"], data["phases"], data["cs"], data["theta"], data["z0"], data["x"])
+    run = PublicRun(data["n"], *arrays)
+    assert replay_exposures(run).branch.shape == (10_000, 1)
+    report = attack_transcript(path)
+    assert report.output is None  # the schedule's last iteration was not captured
+    assert report.extra["expected_x"] == 10_000 * 7000

@@ -14,7 +14,7 @@ import pytest
 from adversary.transcript import MAX_INVALID_PAYLOAD, Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.node import build_config_msg, run_edges
-from nlagg_node.runtime.wire import ConfigMsg, StatusMsg, XMsg, encode, topics
+from nlagg_node.runtime.wire import ConfigMsg, StatusMsg, XMsg, Z0Msg, encode, topics
 
 RUN = "r1"
 TP = topics("nlagg", RUN)
@@ -120,6 +120,103 @@ def test_an_undecodable_payload_is_stored_as_a_bounded_prefix(tmp_path: Path) ->
         [(size, error)] = db.execute("SELECT length(payload), error FROM messages").fetchall()
     assert size == MAX_INVALID_PAYLOAD
     assert "larger than 1048576 bytes" in error
+
+
+def padded(payload: bytes, size: int = 1_000_000) -> bytes:
+    """``payload`` padded with JSON whitespace to ``size`` bytes: it still decodes."""
+    return payload[:-1] + b" " * (size - len(payload)) + b"}"
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        pytest.param(padded(raw_x(1, 1, 42.0)), "conflicts with the x already stored", id="conflict"),
+        pytest.param(padded(raw_x(1, 7, 42.0)), "outside every neighbour's window", id="outside-window"),
+    ],
+)
+def test_a_rejected_payload_is_stored_as_a_bounded_prefix_whatever_decodes(
+    tmp_path: Path, payload: bytes, why: str
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        feed_rounds(tr, range(2))
+        for k in range(5):  # five different padded copies: five rejected rows
+            assert tr.add(TP.x(1), payload[:-2] + b" " * k + payload[-2:]) is None
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT length(payload), error FROM messages WHERE valid = 0").fetchall()
+    assert len(rows) == 5
+    assert all(size == MAX_INVALID_PAYLOAD and why in error for size, error in rows)
+
+
+def z0_payload(i: int, j: int, z: float) -> bytes:
+    return encode(Z0Msg.model_validate({"from": i, "to": j, "group": "max", "z": z}))
+
+
+@pytest.mark.parametrize("reopen", [False, True], ids=["one-capture", "restarted-capture"])
+def test_an_injection_before_the_receivers_subscribed_gives_way_to_the_real_message(
+    tmp_path: Path, reopen: bool
+) -> None:
+    """Issue 31: an x^(0) and a z^(0) published after the config, before the nodes connected, were
+    never seen by the nodes; the real ones, captured after every receiver's status, are the truth."""
+    path = tmp_path / "t.sqlite"
+    tr = Transcript(path, run_id=RUN)
+    tr.add(TP.config, encode(ring_config()), retained=True)
+    assert tr.add(TP.x(1), x_payload(1, 0, 42.0)) is not None  # kept while nothing contradicts it
+    assert tr.add(TP.z0(0, 1), z0_payload(0, 1, 99.0)) is not None
+    if reopen:
+        tr.close()
+        tr = Transcript(path, run_id=RUN)
+    with tr:
+        for i in range(4):
+            assert tr.add(TP.status(i), encode(StatusMsg(node=i, state="online"))) is not None
+        for i, j in ((0, 1), (1, 0)):
+            assert tr.add(TP.z0(i, j), z0_payload(i, j, -300.0 - i)) is not None
+        feed_rounds(tr, range(2))
+        assert tr.x(4, 2)[1, 0] == 10.0  # the real x_1^(0), not the injected 42
+        z0 = tr.z0(4, np.asarray(ring_config().edges, dtype=np.int64))["max"]
+        assert 99.0 not in z0.tolist()
+        assert -300.0 in z0.tolist()
+        errors = [e for _, e in tr.rejected()]
+        assert len(errors) == 2
+        assert all("subscribed (they never received it)" in e for e in errors)
+        assert tr.add(TP.x(1), x_payload(1, 0, 43.0)) is None  # after the real one: a plain conflict
+
+
+def test_beyond_a_nodes_quota_what_the_nodes_would_not_use_is_counted_not_stored(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        feed_rounds(tr, range(2))
+        for k in range(300):  # issue 31: 300 padded, decodable, different x's (here 100 kB each)
+            assert tr.add(TP.x(1), padded(raw_x(1, 9, 42.0 + k), 100_000)) is None
+        feed_rounds(tr, range(2, 20))  # the run goes on: every honest x is stored
+        assert tr.complete(4, 20, [], {"max"}) == (0, 0)
+        messages, dropped_bytes = tr.dropped()[1]
+        stored = len(tr.rejected())
+    assert stored + messages == 300
+    assert dropped_bytes == messages * 100_000
+    assert stored * MAX_INVALID_PAYLOAD < 4 * 40_000  # node 1's quota: a few times its honest traffic
+    with sqlite3.connect(path) as db:
+        [(total,)] = db.execute("SELECT SUM(length(payload)) FROM messages").fetchall()
+    assert total < 200_000
+
+
+def test_a_padded_message_the_nodes_use_is_stored_without_its_padding(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        tr.add(TP.config, encode(ring_config()), retained=True)
+        assert tr.add(TP.x(1), padded(raw_x(1, 0, 10.0), 500_000)) is not None  # first for its slot
+        assert tr.x(4, 1)[1, 0] == 10.0
+    with sqlite3.connect(path) as db:
+        [(size,)] = db.execute("SELECT length(payload) FROM messages WHERE kind = 'x'").fetchall()
+    assert size == len(raw_x(1, 0, 10.0))
 
 
 def test_a_reopened_transcript_keeps_the_window(tmp_path: Path) -> None:
