@@ -83,7 +83,7 @@ async def run_node_epochs(
     async def value_for(_epoch: int) -> float:
         return check_node_value(start.cfg, await asyncio.to_thread(read_value, source))
 
-    async def transport_for(epoch: int) -> MqttTransport:
+    async def transport_for(epoch: int, run: str) -> MqttTransport:
         client_id = f"nlagg-{start.run_id}-node-{o.id}"
         where = (start.prefix, start.run_id)
         return await epoch_mqtt(
@@ -95,6 +95,7 @@ async def run_node_epochs(
             username=o.username,
             password=start.password,
             tls=start.tls,
+            run=run,
         )
 
     outcomes = run_epochs(

@@ -93,8 +93,8 @@ async def _in_process(
         async def value_for(k: int) -> float:
             return check_node_value(cfg, float(epoch_values(cfg, k)[i]))
 
-        async def transport_for(k: int) -> MqttTransport:
-            return await epoch_mqtt(url, f"nlagg-{run_id}-node-{i}", (prefix, run_id), i, k)
+        async def transport_for(k: int, run: str) -> MqttTransport:
+            return await epoch_mqtt(url, f"nlagg-{run_id}-node-{i}", (prefix, run_id), i, k, run=run)
 
         outcomes = run_epochs(
             cfg,
