@@ -37,7 +37,7 @@ __all__ = [
 def check_epoch_options(opts: NodeOptions) -> None:
     """Refuse what a continuous node cannot have (before anything connects)."""
     if opts.every is None:
-        for field in ("epochs", "origin", "results_file"):
+        for field in ("epochs", "origin", "results_file", "drift"):
             if getattr(opts, field) is not None:
                 raise ConfigError(field, getattr(opts, field), "needs --every (a continuous deployment)")
         return
@@ -107,6 +107,7 @@ async def run_node_epochs(
         deployment=(start.prefix, start.run_id),
         to_user=start.scale.user_float,
         stop=stop,
+        drift=o.warm_drift,
         seed=start.seed,
         corrupt=o.corrupt,
         neighbour_timeout=o.neighbour_timeout,
@@ -117,6 +118,7 @@ async def run_node_epochs(
         report: dict[str, Any] = {"node": o.id, "epoch": out.epoch, "output": None}
         if out.output is not None:
             report.update(output=out.output.output, iterations=out.output.iterations, time=out.output.time)
+            report["start"] = out.start
             if results is not None:
                 append_output(results, out.output)
         if out.absent:
