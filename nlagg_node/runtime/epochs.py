@@ -393,9 +393,9 @@ class _Epoch:
             raise _StoppedError
         prefix, run_id = self.deployment
         until = self.clock.start(self.k + 1) - self.clock.join
-        heard = await listen_for_output(
-            transport, (f"{prefix}/{run_id}", epoch_run_id(self.k)), neighbours, until
-        )
+        runs = (epoch_run_id(self.k), rerun_run_id(self.k))
+        grace = self.clock.join / 2  # a rerun's statuses come within moments of the warm run's end
+        heard = await listen_for_output(transport, f"{prefix}/{run_id}", runs, neighbours, until, grace)
         return HeardOutput(self.k, None if heard is None else self.to_user(heard[0]))
 
 

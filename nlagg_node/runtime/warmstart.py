@@ -80,29 +80,60 @@ def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: flo
 
 
 async def listen_for_output(
-    transport: Transport, where: tuple[str, str], neighbours: list[int], until: float
+    transport: Transport,
+    prefix: str,
+    runs: tuple[str, str],
+    neighbours: list[int],
+    until: float,
+    grace: float,
 ) -> list[float] | None:
-    """Sit a run out on ``transport`` (``where``: its prefix and run id) and return the output
-    (protocol units) of the first neighbour ``done`` status heard before ``time.time()`` reaches
-    ``until``; None if none came. Nothing is published: the neighbours count the node absent."""
+    """Sit an epoch out on ``transport`` and return its output (protocol units), heard from a
+    neighbour's ``done`` status; None if none came before ``time.time()`` reaches ``until``.
+
+    ``runs``: the epoch's run and its cold rerun (``e{k}``, ``e{k}r``) under ``prefix``. The warm
+    run's ``done`` is the epoch's output unless the run fell back: so after it the node waits
+    ``grace`` seconds for a status of the rerun, and if one comes, for the rerun's ``done``.
+    Nothing is published: the neighbours count the node absent.
+    """
     import time
 
-    prefix, run_id = where
-    t = topics(prefix, run_id)
+    first, rerun = runs
+    warm_out: list[float] | None = None
+    rerunning = False
+    loop = asyncio.get_running_loop()
+    end = loop.time() + max(0.0, until - time.time())
     async with transport:
-        await transport.subscribe(*(t.status(j) for j in neighbours))
+        await transport.subscribe(*(topics(prefix, r).status(j) for r in runs for j in neighbours))
         try:
-            async with asyncio.timeout(max(0.0, until - time.time())):
+            async with asyncio.timeout_at(end) as deadline:
                 async for msg in transport.messages():
-                    if not msg.payload:  # a cleared retained status
+                    run = rerun if f"/{rerun}/" in msg.topic else first
+                    status = _status(msg.topic, msg.payload, prefix, run)
+                    if status is None:
                         continue
-                    try:
-                        _, status = decode(msg.topic, msg.payload, prefix, run_id)
-                    except WireError as exc:
-                        log.warning("sitting %s out: %s: %s", run_id, msg.topic, exc)
-                        continue
-                    if isinstance(status, StatusMsg) and status.state == "done" and status.output:
-                        return list(status.output)
+                    done = status.output if status.state == "done" and status.output else None
+                    if run == rerun:
+                        if done is not None:
+                            return list(done)
+                        if not rerunning:  # the warm run fell back: wait for the rerun's output
+                            rerunning = True
+                            deadline.reschedule(end)
+                    elif done is not None and warm_out is None:
+                        warm_out = list(done)
+                        if not rerunning:
+                            deadline.reschedule(min(end, loop.time() + grace))
         except TimeoutError:
             pass
-    return None
+    return None if rerunning else warm_out
+
+
+def _status(topic: str, payload: bytes, prefix: str, run: str) -> StatusMsg | None:
+    """A status heard while sitting out (None: a cleared retained one, or not a status: logged)."""
+    if not payload:
+        return None
+    try:
+        _, msg = decode(topic, payload, prefix, run)
+    except WireError as exc:
+        log.warning("sitting %s out: %s: %s", run, topic, exc)
+        return None
+    return msg if isinstance(msg, StatusMsg) else None

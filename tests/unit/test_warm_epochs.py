@@ -46,7 +46,7 @@ async def deployment(
     """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k."""
     edges = run_edges(cfg)
     broker = MemoryBroker()
-    clock = EpochClock(origin=time.time() + 0.2, period=3.0, epochs=len(values), join=0.6)
+    clock = EpochClock(origin=time.time() + 0.2, period=4.0, epochs=len(values), join=1.2)
 
     async def node(i: int) -> list[EpochOutcome]:
         async def value_for(k: int) -> float:
@@ -109,12 +109,14 @@ def test_a_jump_beyond_the_drift_reruns_the_epoch_cold_and_stays_exact() -> None
     assert outputs(runs, 2) == pytest.approx([values[2].max()] * CFG.n, abs=TOL)
 
 
-def test_a_node_that_missed_an_epoch_listens_to_the_next_then_runs_warm() -> None:
-    values = walk(4, CFG.n)
+@pytest.mark.parametrize("jump_at", [None, 2], ids=["drifting", "rerun-while-listening"])
+def test_a_node_that_missed_an_epoch_listens_to_the_next_then_runs_warm(jump_at: int | None) -> None:
+    values = walk(4, CFG.n, jump_at)
     late = int(np.argmin(values[1]))
     runs = asyncio.run(deployment(CFG, values, DRIFT, {late: 1}))
-    listened = runs[late][2]
+    listened = runs[late][2]  # what it heard is the epoch's output (its cold rerun's, after a jump)
     assert (listened.start, listened.output) == ("listened", None)
+    assert runs[(late + 1) % CFG.n][2].start == ("warm" if jump_at is None else "fell back")
     assert listened.heard is not None
     assert listened.heard.output == pytest.approx(values[2][np.arange(CFG.n) != late].max(), abs=TOL)
     assert runs[late][3].start == "warm"
