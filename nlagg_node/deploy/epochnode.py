@@ -115,10 +115,9 @@ async def run_node_epochs(
         departure_timeout=o.departure_timeout,
     )
     async for out in outcomes:
-        report: dict[str, Any] = {"node": o.id, "epoch": out.epoch, "output": None}
+        report: dict[str, Any] = {"node": o.id, "epoch": out.epoch, "output": None, "start": out.start}
         if out.output is not None:
             report.update(output=out.output.output, iterations=out.output.iterations, time=out.output.time)
-            report["start"] = out.start
             if results is not None:
                 append_output(results, out.output)
         if out.absent:

@@ -215,7 +215,7 @@ class EpochOutcome:
     skipped: int = 0  # epochs skipped before this one (the previous overran its period)
     missed: str | None = None
     absent: tuple[int, ...] = ()  # neighbours absent at its start
-    start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold" or "listened"
+    start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold", "listened", "missed"
     heard: HeardOutput | None = None  # sat out listening: the output it heard of the epoch
 
 
@@ -476,7 +476,7 @@ async def run_epochs(
             return
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
-            yield EpochOutcome(k, None, None, skipped, missed=str(exc))
+            yield EpochOutcome(k, None, None, skipped, missed=str(exc), start="missed")
             continue
         outcome = replace(outcome, skipped=skipped)
         if outcome.heard is not None:
