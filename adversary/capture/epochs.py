@@ -13,6 +13,9 @@ absent for that epoch never says ``done``). Closing stores its summary (the atta
 transcript, :func:`adversary.epochs.epoch_summary`) and, with ``keep_epochs`` N, deletes the raw
 transcripts of all but the newest N closed epochs. A message of an epoch already closed (a
 retained config or status sent again at every resubscription) is counted as ``late`` and not stored.
+An empty payload (a node clearing its retained status or key of the epoch before, as every node
+does once its output is out) is counted as ``cleared``, and a message of an epoch's cold rerun
+``e{k}r`` (a warm start that fell back: docs/continuous.md) as ``reruns``; neither is stored.
 
 As in the single-run capture, a message is acknowledged to the broker only after the transcript
 holding it is committed, and the store keeps which epochs are open: a restarted eavesdropper
@@ -28,16 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
-from nlagg_node.limits import MAX_ITERATIONS
+from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.wire import Finite, NodeId
 
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
@@ -46,7 +48,7 @@ from .eavesdropper import Eavesdropper, live_table
 from .merged import Acknowledging
 from .subscriber import AckingSubscriber, accepts_anonymous
 
-__all__ = ["MAX_OPEN_EPOCHS", "EpochCapture", "ResultMsg", "run_epoch_eavesdropper"]
+__all__ = ["MAX_OPEN_EPOCHS", "EpochCapture", "run_epoch_eavesdropper"]
 
 log = logging.getLogger("nlagg.eavesdropper")
 
@@ -55,18 +57,6 @@ MAX_OPEN_EPOCHS = 16
 """Epochs captured at once, at most: a client publishing under many ``e{k}`` cannot make the capture
 open a transcript (a file, an eavesdropper) for each; a message that would open one more is
 counted ``stray`` and not stored. A deployment has one epoch open, two while one ends."""
-
-
-class ResultMsg(BaseModel):
-    """``P/R/results/{i}``: node i's output of one epoch (retained)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    v: Annotated[int, Field(ge=1, le=1)]
-    node: NodeId
-    epoch: Annotated[int, Field(ge=0, le=MAX_EPOCH)]
-    output: Finite
-    iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)]
-    time: Finite
 
 
 @dataclass
@@ -122,7 +112,8 @@ class EpochCapture:
         self.on_event = on_event or (lambda kind, **fields: None)
         self.live: dict[int, _Epoch] = {}
         self.closing: set[int] = set()
-        self.captured = self.late = self.stray = self.results = 0
+        self.captured = self.late = self.stray = self.results = self.cleared = self.reruns = 0
+        self._reruns_seen: set[str] = set()
         self.subscribed = asyncio.Event()
         self.finished = asyncio.Event()
         self._acking = transport if isinstance(transport, Acknowledging) else None
@@ -147,10 +138,16 @@ class EpochCapture:
         self.captured += 1
         rest = topic[len(self.base) + 1 :] if topic.startswith(self.base + "/") else ""
         level, _, tail = rest.partition("/")
+        if not payload and rest:  # a node clearing its retained status or key of an older epoch
+            self.cleared += 1
+            return
         if level == "results":
             self._result(tail, payload)
             return
         k = epoch_of(level)
+        if k is None and level.endswith("r") and epoch_of(level[:-1]) is not None:
+            self._rerun(level)
+            return
         if k is None:
             self.stray += 1
             log.warning("captured a message outside every epoch of %s on %s: not stored", self.base, topic)
@@ -168,6 +165,15 @@ class EpochCapture:
             ep = self._open(k)
         ep.seen = time.monotonic()
         ep.eaves.handle(topic, payload, retained)
+
+    def _rerun(self, level: str) -> None:
+        """A message of an epoch's cold rerun ``e{k}r`` (its warm run fell back,
+        :func:`nlagg_node.runtime.epochs.rerun_run_id`): counted, not stored (the store holds one
+        transcript per epoch, its warm run's)."""
+        self.reruns += 1
+        if level not in self._reruns_seen:
+            self._reruns_seen.add(level)
+            log.info("epoch %s fell back: its cold rerun %s is counted, not stored", level[1:-1], level)
 
     def _open(self, k: int) -> _Epoch:
         self.store.open_epoch(k)
@@ -187,17 +193,20 @@ class EpochCapture:
         return ep
 
     def _result(self, tail: str, payload: bytes) -> None:
+        """A node's :class:`~nlagg_node.runtime.outputs.EpochOutput`; a top-K output is stored by its
+        first (largest) value."""
         try:
-            msg = ResultMsg.model_validate_json(payload)
+            msg = EpochOutput.model_validate_json(payload)
             if tail != str(msg.node):
                 raise ValueError(f"node {msg.node} on the topic of node {tail!r}")
+            if msg.epoch > MAX_EPOCH:
+                raise ValueError(f"epoch {msg.epoch} beyond {MAX_EPOCH}")
         except (ValidationError, ValueError) as exc:
             self.stray += 1
             log.warning("a result on %s/results/%s is not one: %s", self.base, tail[:40], str(exc)[:200])
             return
-        self.results += self.store.add_result(
-            Result(msg.epoch, msg.node, float(msg.output), msg.iterations, float(msg.time))
-        )
+        out = msg.output[0] if isinstance(msg.output, list) else msg.output
+        self.results += self.store.add_result(Result(msg.epoch, msg.node, out, msg.iterations, msg.time))
 
     # The capture loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -404,11 +413,18 @@ async def run_epoch_eavesdropper(
     with EpochStore(folder, read_only=True) as done:
         closed = [r.epoch for r in done.epochs() if r.state != "open"]
     if events:
-        _event("finished", epochs=closed, captured=capture.captured, late=capture.late, stray=capture.stray)
+        counts = {
+            "late": capture.late,
+            "stray": capture.stray,
+            "cleared": capture.cleared,
+            "reruns": capture.reruns,
+        }
+        _event("finished", epochs=closed, captured=capture.captured, **counts)
     else:
         console.print(
             f"{capture.captured} messages captured into {folder}: {len(closed)} epochs closed,"
-            f" {capture.late} late, {capture.stray} outside every epoch"
+            f" {capture.late} late, {capture.stray} outside every epoch, {capture.cleared} cleared retained,"
+            f" {capture.reruns} of cold reruns"
         )
     return capture
 

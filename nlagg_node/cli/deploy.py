@@ -67,7 +67,7 @@ def _network(opts: PlanOptions) -> PlanSpec:
         sites=opts.sites,
         site_of=site_of,
         site_brokers=tuple(opts.site_broker or ()),
-        schedule=schedule_of(opts.every, opts.epochs, opts.origin),
+        schedule=schedule_of(opts.every, opts.epochs, opts.origin, opts.drift, opts.cold_start),
     )
 
 

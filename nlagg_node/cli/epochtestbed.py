@@ -37,6 +37,8 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             in_process=opts.in_process,
             neighbour_timeout=opts.neighbour_timeout,
             out_dir=opts.out,
+            drift=opts.drift,
+            cold_start=opts.cold_start,
         )
     )
     if opts.out is not None:
@@ -56,5 +58,5 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
         truth = f"{lo}" if lo == hi else f"[{lo}, {hi}]"
         print(
             f"epoch {row['epoch']}: output {row['output']} (truth {truth}), {verdict},"
-            f" {row['iterations']} iterations, nodes present {len(row['present'])}/{cfg.n}"
+            f" {row['iterations']} iterations ({row['start']}), nodes present {len(row['present'])}/{cfg.n}"
         )

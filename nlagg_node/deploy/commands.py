@@ -15,9 +15,18 @@ if TYPE_CHECKING:
     from .nodefile import NodeFile
     from .spec import PlanSpec
 
-__all__ = ["TRANSCRIPT_NAME", "commands_text", "eavesdrop_argv", "launcher_argv", "site_conf_path"]
+__all__ = [
+    "EPOCH_STORE_NAME",
+    "TRANSCRIPT_NAME",
+    "commands_text",
+    "eavesdrop_argv",
+    "launcher_argv",
+    "site_conf_path",
+]
 
 TRANSCRIPT_NAME = "transcript.sqlite"
+EPOCH_STORE_NAME = "epochs"
+"""A continuous plan's eavesdropper captures into this epoch store (``nlagg eavesdrop --continuous``)."""
 
 
 class _TlsFiles(TypedDict, total=False):
@@ -45,16 +54,19 @@ def eavesdrop_argv(
     db: str,
     prefix: str = DEFAULT_PREFIX,
     spec: PlanSpec | None = None,
+    continuous: bool = False,
 ) -> list[str]:
     """The plan's ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw).
 
-    ``broker``: one URL, or every site broker's (one ``--broker`` each).
+    ``broker``: one URL, or every site broker's (one ``--broker`` each). ``continuous``: every
+    epoch of a continuous deployment into the epoch store ``db`` (a folder).
     """
     return build_eavesdrop_argv(
         broker,
         plan_run_id,
         db,
         prefix=None if prefix == DEFAULT_PREFIX else prefix,
+        continuous=continuous or None,
         username=EAVESDROPPER_USER,
         password_file=f"secrets/{EAVESDROPPER_USER}.pw",
         **_user_tls(spec, EAVESDROPPER_USER),
@@ -100,7 +112,10 @@ def commands_text(
         for s, url in enumerate(urls):
             lines += [f"# site {s} broker ({url})", shell_line(["mosquitto", "-c", site_conf_path(s)])]
     lines.append("# eavesdropper" + (" (every site, one transcript)" if len(urls) > 1 else ""))
-    lines.append(shell_line(eavesdrop_argv(spec.run_id, urls, TRANSCRIPT_NAME, spec.prefix, spec)))
+    if spec.schedule is None:
+        lines.append(shell_line(eavesdrop_argv(spec.run_id, urls, TRANSCRIPT_NAME, spec.prefix, spec)))
+    else:  # every epoch into one epoch store
+        lines.append(shell_line(eavesdrop_argv(spec.run_id, urls, EPOCH_STORE_NAME, spec.prefix, spec, True)))
     lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
     for url in urls:
         lines.append(shell_line(launcher_argv(url, spec)))

@@ -32,12 +32,21 @@ class Schedule:
     every: float
     origin: float
     epochs: int | None = None
+    drift: float | None = None  # warm starts (docs/continuous.md); None: 0
+    cold_start: bool = False
 
 
-def schedule_of(every: float | None, epochs: int | None, origin: float | None) -> Schedule | None:
-    """The schedule of ``--every/--epochs/--origin`` (None without ``--every``); errors name the option."""
+def schedule_of(
+    every: float | None,
+    epochs: int | None,
+    origin: float | None,
+    drift: float | None = None,
+    cold_start: bool = False,
+) -> Schedule | None:
+    """The schedule of ``--every/--epochs/--origin`` and the warm starts' ``--drift/--cold-start``
+    (None without ``--every``); errors name the option."""
     if every is None:
-        for field, value in (("epochs", epochs), ("origin", origin)):
+        for field, value in (("epochs", epochs), ("origin", origin), ("drift", drift)):
             if value is not None:
                 raise ConfigError(field, value, "needs --every (a continuous deployment)")
         return None
@@ -45,7 +54,7 @@ def schedule_of(every: float | None, epochs: int | None, origin: float | None) -
         raise ConfigError("every", every, "must be a positive number of seconds")
     if origin is None:
         origin = math.ceil((time.time() + ORIGIN_LEAD) / 60.0) * 60.0
-    return Schedule(every, origin, epochs)
+    return Schedule(every, origin, epochs, drift, cold_start)
 
 
 def scheduled(nodes: list[NodeFile], schedule: Schedule | None) -> list[NodeFile]:
@@ -53,6 +62,7 @@ def scheduled(nodes: list[NodeFile], schedule: Schedule | None) -> list[NodeFile
     if schedule is None:
         return nodes
     fields = {"every": schedule.every, "epochs": schedule.epochs, "origin": schedule.origin}
+    fields |= {"drift": schedule.drift, "cold_start": schedule.cold_start}
     return [node.model_copy(update=fields) for node in nodes]
 
 

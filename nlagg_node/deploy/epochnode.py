@@ -37,7 +37,7 @@ __all__ = [
 def check_epoch_options(opts: NodeOptions) -> None:
     """Refuse what a continuous node cannot have (before anything connects)."""
     if opts.every is None:
-        for field in ("epochs", "origin", "results_file"):
+        for field in ("epochs", "origin", "results_file", "drift"):
             if getattr(opts, field) is not None:
                 raise ConfigError(field, getattr(opts, field), "needs --every (a continuous deployment)")
         return
@@ -83,7 +83,7 @@ async def run_node_epochs(
     async def value_for(_epoch: int) -> float:
         return check_node_value(start.cfg, await asyncio.to_thread(read_value, source))
 
-    async def transport_for(epoch: int) -> MqttTransport:
+    async def transport_for(epoch: int, run: str) -> MqttTransport:
         client_id = f"nlagg-{start.run_id}-node-{o.id}"
         where = (start.prefix, start.run_id)
         return await epoch_mqtt(
@@ -95,6 +95,7 @@ async def run_node_epochs(
             username=o.username,
             password=start.password,
             tls=start.tls,
+            run=run,
         )
 
     outcomes = run_epochs(
@@ -106,6 +107,7 @@ async def run_node_epochs(
         deployment=(start.prefix, start.run_id),
         to_user=start.scale.user_float,
         stop=stop,
+        drift=o.warm_drift,
         seed=start.seed,
         corrupt=o.corrupt,
         neighbour_timeout=o.neighbour_timeout,
@@ -113,7 +115,7 @@ async def run_node_epochs(
         departure_timeout=o.departure_timeout,
     )
     async for out in outcomes:
-        report: dict[str, Any] = {"node": o.id, "epoch": out.epoch, "output": None}
+        report: dict[str, Any] = {"node": o.id, "epoch": out.epoch, "output": None, "start": out.start}
         if out.output is not None:
             report.update(output=out.output.output, iterations=out.output.iterations, time=out.output.time)
             if results is not None:

@@ -51,6 +51,8 @@ class NodeFile(BaseModel):
     every: float | None = Field(None, gt=0)  # a continuous deployment (nlagg_node.runtime.epochs)
     epochs: int | None = Field(None, ge=1)
     origin: float | None = None
+    drift: float | None = Field(None, ge=0)  # warm starts' declared drift (nlagg_node.runtime.warmstart)
+    cold_start: bool = False
 
 
 def node_file_text(node: NodeFile) -> str:

@@ -15,6 +15,7 @@ import json
 import shutil
 import time
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -40,6 +41,15 @@ from .children import Child, log_tail
 __all__ = ["EpochRow", "EpochSummary", "epoch_values", "run_epoch_testbed"]
 
 
+@dataclass(frozen=True)
+class Warm:
+    """The testbed's warm starts: the declared ``drift`` (None: every epoch cold, ``--cold-start``)
+    and ``walk``, the drift the values walk by (None: drawn afresh each epoch)."""
+
+    drift: float | None = 0.0
+    walk: float | None = None
+
+
 def start_lead(in_process: bool, n: int) -> float:
     """Seconds between the launch and epoch 0's start: node processes start Python meanwhile (one
     that misses epoch 0's start sits it out and joins epoch 1)."""
@@ -57,6 +67,7 @@ class EpochRow(TypedDict):
     true_interval: list[list[float]]  # [lo, hi] of each output (a median of an even count: between)
     present: list[int]
     skipped: bool  # no node ran it (the previous epoch overran its period)
+    start: str | None  # the first present node's: "cold", "warm" or "fell back" (warm, then rerun cold)
 
 
 class EpochSummary(TypedDict):
@@ -72,29 +83,37 @@ class EpochSummary(TypedDict):
     wall_seconds: float
 
 
-def epoch_values(cfg: RunConfig, epoch: int) -> FloatArray:
-    """The private values of epoch ``epoch`` (user units): the run's distribution, a seed per epoch."""
-    seed = int(rng_for(cfg.seed, "testbed-epoch", epoch).integers(2**63))
-    values = np.asarray(
-        run_values(cfg.model_copy(update={"seed": seed, "values_file": None}), 1)[0], dtype=float
-    )
+def epoch_values(cfg: RunConfig, epoch: int, drift: float | None = None) -> FloatArray:
+    """The private values of epoch ``epoch`` (user units): the run's distribution, a seed per epoch;
+    with a ``drift`` > 0, the simulator's bounded random walk from epoch 0's values instead
+    (:func:`~nlagg_node.sim.epochs.walk_values`: steps uniform in [-D, D] of the range's span)."""
+    if drift:
+        from ..sim.epochs import walk_values
+
+        walk = walk_values(cfg.model_copy(update={"values_file": None, "trials": 1}), epoch + 1, drift)
+        values = np.asarray(walk[epoch, 0], dtype=float)
+    else:
+        seed = int(rng_for(cfg.seed, "testbed-epoch", epoch).integers(2**63))
+        values = np.asarray(
+            run_values(cfg.model_copy(update={"seed": seed, "values_file": None}), 1)[0], dtype=float
+        )
     for v in values:
         check_start(cfg, float(v))
     return values
 
 
 async def _in_process(
-    cfg: RunConfig, url: str, run_id: str, prefix: str, clock: EpochClock, patience: float
+    cfg: RunConfig, url: str, run_id: str, prefix: str, clock: EpochClock, patience: float, warm: Warm
 ) -> list[list[dict[str, Any]]]:
     edges = run_edges(cfg)
     scale = scale_for(cfg)
 
     async def node(i: int) -> list[dict[str, Any]]:
         async def value_for(k: int) -> float:
-            return check_node_value(cfg, float(epoch_values(cfg, k)[i]))
+            return check_node_value(cfg, float(epoch_values(cfg, k, warm.walk)[i]))
 
-        async def transport_for(k: int) -> MqttTransport:
-            return await epoch_mqtt(url, f"nlagg-{run_id}-node-{i}", (prefix, run_id), i, k)
+        async def transport_for(k: int, run: str) -> MqttTransport:
+            return await epoch_mqtt(url, f"nlagg-{run_id}-node-{i}", (prefix, run_id), i, k, run=run)
 
         outcomes = run_epochs(
             cfg,
@@ -107,12 +126,14 @@ async def _in_process(
             edges=edges,
             neighbour_timeout=patience,
             seed=None,
+            drift=warm.drift,
         )
         return [
             {
                 "epoch": o.epoch,
                 "output": None if o.output is None else o.output.output,
                 "iterations": 0 if o.output is None else o.output.iterations,
+                "start": o.start,
             }
             async for o in outcomes
         ]
@@ -121,14 +142,21 @@ async def _in_process(
 
 
 async def _processes(
-    cfg: RunConfig, url: str, run_id: str, prefix: str, clock: EpochClock, patience: float, workdir: Path
+    cfg: RunConfig,
+    url: str,
+    run_id: str,
+    prefix: str,
+    clock: EpochClock,
+    patience: float,
+    workdir: Path,
+    warm: Warm,
 ) -> list[list[dict[str, Any]]]:
     cfg_path = workdir / "run-config.json"
     cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
     private = workdir / "private"
 
     def write_values(k: int) -> None:
-        for i, v in enumerate(epoch_values(cfg, k)):
+        for i, v in enumerate(epoch_values(cfg, k, warm.walk)):
             write_private(private / f"value-{i}", f"{float(v)!r}\n")
 
     write_values(0)
@@ -148,6 +176,8 @@ async def _processes(
                 every=clock.period,
                 epochs=clock.epochs,
                 origin=clock.origin,
+                drift=warm.walk,
+                cold_start=warm.drift is None or None,
             )
             procs.append(await Child.start(argv, log=workdir / f"node-{i}.log"))
         for k in range(1, clock.epochs or 0):  # each epoch's values, half a period before it starts
@@ -166,7 +196,9 @@ async def _processes(
     return [[e for e in p.events if "epoch" in e] for p in procs]
 
 
-def _rows(cfg: RunConfig, reports: list[list[dict[str, Any]]], epochs: int) -> list[EpochRow]:
+def _rows(
+    cfg: RunConfig, reports: list[list[dict[str, Any]]], epochs: int, walk: float | None
+) -> list[EpochRow]:
     """Each epoch's outputs against the aggregate of the nodes that took part in it."""
     rows: list[EpochRow] = []
     span = scale_for(cfg).span
@@ -175,7 +207,7 @@ def _rows(cfg: RunConfig, reports: list[list[dict[str, Any]]], epochs: int) -> l
             i: r for i, rs in enumerate(reports) for r in rs if r["epoch"] == k and r["output"] is not None
         }
         present = sorted(got)
-        values = epoch_values(cfg, k)
+        values = epoch_values(cfg, k, walk)
         lo, hi = true_aggregate(cfg, values[None, present]) if present else (np.zeros(1), np.zeros(1))
         lo, hi = np.ravel(lo), np.ravel(hi)
         errs = [
@@ -196,6 +228,7 @@ def _rows(cfg: RunConfig, reports: list[list[dict[str, Any]]], epochs: int) -> l
                 else [],
                 "present": present,
                 "skipped": not present,
+                "start": got[present[0]].get("start") if present else None,
             }
         )
     return rows
@@ -213,13 +246,19 @@ async def run_epoch_testbed(
     in_process: bool | None = None,
     neighbour_timeout: float = 60.0,
     out_dir: Path | None = None,
+    drift: float | None = None,
+    cold_start: bool = False,
 ) -> EpochSummary:
-    """Run ``epochs`` epochs ``every`` seconds apart on one machine and return the summary."""
+    """Run ``epochs`` epochs ``every`` seconds apart on one machine and return the summary.
+
+    ``drift``: the declared drift of warm starts (default 0) and the values' walk (default: values
+    drawn afresh each epoch); ``cold_start``: every epoch cold."""
+    warm = Warm(None if cold_start else (drift or 0.0), drift)
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     if epochs < 1:
         raise ConfigError("epochs", epochs, "must be 1 or more")
     for k in range(epochs):
-        epoch_values(cfg, k)  # a value the start would not protect: refused before anything starts
+        epoch_values(cfg, k, drift)  # a value the start would not protect: refused before anything starts
     started = time.time()
     async with AsyncExitStack() as stack:
         if broker_url is None:
@@ -230,11 +269,11 @@ async def run_epoch_testbed(
         layout = kind == "amqtt" if in_process is None else in_process
         clock = EpochClock(time.time() + start_lead(layout, cfg.n), every, epochs, join_window(every))
         if layout:
-            reports = await _in_process(cfg, url, run_id, prefix, clock, neighbour_timeout)
+            reports = await _in_process(cfg, url, run_id, prefix, clock, neighbour_timeout, warm)
         else:
             workdir = out_dir if out_dir is not None else stack.enter_context(owned_tempdir("testbed"))
-            reports = await _processes(cfg, url, run_id, prefix, clock, neighbour_timeout, workdir)
-    rows = _rows(cfg, reports, epochs)
+            reports = await _processes(cfg, url, run_id, prefix, clock, neighbour_timeout, workdir, warm)
+    rows = _rows(cfg, reports, epochs, drift)
     return {
         "run_id": run_id,
         "op": cfg.op,

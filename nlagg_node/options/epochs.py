@@ -28,6 +28,31 @@ class EpochOptions:
             extra=(("min", 1),),
         ),
     ] = None
+    drift: Annotated[
+        float | None,
+        Opt(
+            "with --every: the declared drift D, the most a value moves between epochs, a fraction of"
+            " --value-range (value units without one): epoch k+1 warm-starts at epoch k's output and"
+            " expects its output within D of it, else reruns cold (docs/continuous.md) [default: 0;"
+            " a testbed's values then walk by steps uniform in [-D, D] instead of drawn afresh]",
+            EPOCHS,
+            extra=(("min", 0.0),),
+        ),
+    ] = None
+    cold_start: Annotated[
+        bool,
+        Opt(
+            "with --every: start every epoch cold (default: max, min, median and quantile with"
+            " --init proposed warm-start at the last output)",
+            EPOCHS,
+            ("--cold-start",),
+        ),
+    ] = False
+
+    @property
+    def warm_drift(self) -> float | None:
+        """The drift the epochs warm-start with (None: every epoch cold, ``--cold-start``)."""
+        return None if self.cold_start else (self.drift or 0.0)
 
 
 @dataclass(frozen=True, kw_only=True)

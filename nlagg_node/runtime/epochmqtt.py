@@ -27,13 +27,14 @@ async def epoch_mqtt(
     username: str | None = None,
     password: str | None = None,
     tls: TlsSettings | None = None,
+    run: str | None = None,
 ) -> MqttTransport:
-    """Node ``node``'s connection for ``epoch`` (its last will on that epoch's status topic), after
-    the broker forgot the session of the epoch before."""
+    """Node ``node``'s connection for ``epoch`` (its last will on that epoch's status topic, or on
+    ``run``'s: the epoch's cold rerun ``e{k}r``), after the broker forgot the session before."""
     async with MqttTransport(
         url, client_id=client_id, clean_session=True, username=username, password=password, tls=tls
     ):
         pass
     prefix, run_id = deployment
-    will = node_will(f"{prefix}/{run_id}", epoch_run_id(epoch), node)
+    will = node_will(f"{prefix}/{run_id}", epoch_run_id(epoch) if run is None else run, node)
     return MqttTransport(url, client_id=client_id, will=will, username=username, password=password, tls=tls)

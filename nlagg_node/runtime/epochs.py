@@ -22,7 +22,11 @@ or restarted, later waits for the next epoch. An epoch that overruns its period 
 missed: the node begins at the next start still ahead (within ``late``), and the skipped epochs are
 counted (:attr:`EpochOutcome.skipped`); epochs are never queued, as a queue would only grow.
 
-Warm starts plug in at :func:`initialization_for_epoch` (today: every epoch cold).
+Warm starts (:mod:`~nlagg_node.runtime.warmstart`, the math of :mod:`nlagg_node.warm`): with a
+declared drift, epoch k runs warm from epoch k-1's output (:func:`initialization_for_epoch`); a node
+whose value lies outside the warm start's band runs a shell value, and when the warm run's output
+falls back, the epoch reruns cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under
+``P/R``, with fresh z^(0).
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Unpack
 
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..rng import rng_for
+from ..warm import WarmStart
 from .loop import run_members
 from .member import Member, MemberOptions, MemberSettings
 from .outputs import EpochOutput, epoch_run_id, results_topic
@@ -46,7 +51,8 @@ from .public import run_edges
 from .result import NodeResult
 from .routing import Router
 from .transport import Transport
-from .wire import StatusMsg, WireError, encode, topics
+from .warmstart import EpochStart, HeardOutput, epoch_start, listen_for_output
+from .wire import StatusMsg, WireError, check_run_id, encode, topics
 
 __all__ = [
     "EpochClock",
@@ -57,6 +63,7 @@ __all__ = [
     "epoch_seed",
     "initialization_for_epoch",
     "join_window",
+    "rerun_run_id",
     "run_epoch",
     "run_epochs",
 ]
@@ -112,22 +119,26 @@ def join_window(period: float) -> float:
     return min(period / 3, 30.0)
 
 
-def initialization_for_epoch(cfg: RunConfig, epoch: int, previous: EpochOutput | None) -> RunConfig:
-    """The run configuration of epoch ``epoch``, given the previous epoch's public output.
-
-    The seam for warm starts (issue 35): every epoch starts cold today, with the configuration as
-    planned.
-    """
-    del epoch, previous
-    return cfg
+def initialization_for_epoch(
+    cfg: RunConfig, epoch: int, previous: HeardOutput | None, drift: float | None = None
+) -> EpochStart:
+    """How epoch ``epoch`` starts, given the last public output the node holds (``previous``) and
+    the declared drift (None: cold, ``--cold-start``): :func:`~nlagg_node.runtime.warmstart.epoch_start`."""
+    return epoch_start(cfg, epoch, previous, drift)
 
 
-def epoch_seed(seed: int | None, epoch: int) -> int | None:
-    """The node generator's seed of epoch ``epoch``: None (OS entropy, a device in the field) stays
-    None; a fixed seed (a reproducible testbed) gives each epoch its own stream."""
+def rerun_run_id(epoch: int) -> str:
+    """The run id of epoch ``epoch``'s cold rerun (its warm run fell back): ``e{k}r``."""
+    return check_run_id(f"{epoch_run_id(epoch)}r")
+
+
+def epoch_seed(seed: int | None, epoch: int, *stream: str) -> int | None:
+    """The node generator's seed of epoch ``epoch`` (``stream``: a part of it, e.g. its ``rerun``):
+    None (OS entropy, a device in the field) stays None; a fixed seed (a reproducible testbed)
+    gives each epoch its own stream."""
     if seed is None:
         return None
-    return int(rng_for(seed, "epoch", epoch).integers(2**63))
+    return int(rng_for(seed, "epoch", epoch, *stream).integers(2**63))
 
 
 class EpochMember(Member):
@@ -204,11 +215,13 @@ class EpochOutcome:
     skipped: int = 0  # epochs skipped before this one (the previous overran its period)
     missed: str | None = None
     absent: tuple[int, ...] = ()  # neighbours absent at its start
+    start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold", "listened", "missed"
+    heard: HeardOutput | None = None  # sat out listening: the output it heard of the epoch
 
 
-TransportFor = Callable[[int], Awaitable[Transport]]
-"""The connection of epoch k (its last will on that epoch's status topic; MQTT:
-:func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
+TransportFor = Callable[[int, str], Awaitable[Transport]]
+"""The connection of epoch k's run ``run_id`` (``e{k}``, or its cold rerun ``e{k}r``), its last
+will on that run's status topic (MQTT: :func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
 
 
 async def run_epoch(
@@ -220,16 +233,22 @@ async def run_epoch(
     deployment: tuple[str, str],
     epoch: int,
     join_by: float,
-    record: Callable[[NodeResult], EpochOutput],
+    record: Callable[[NodeResult], EpochOutput | None],
     stop: asyncio.Event | None = None,
+    run: str | None = None,
+    clear: tuple[str, ...] | None = None,
     **options: Unpack[MemberSettings],
 ) -> tuple[NodeResult, EpochOutput | None, list[int]]:
     """One epoch of node ``node_id`` on its own connection: its result, the output ``record`` made
     of it (published retained on the results topic before the connection closes; None when the
-    node left) and the neighbours absent at its start. ``deployment``: its prefix and run id
-    ``(P, R)``. ``stop`` set (a SIGTERM): the node leaves the epoch cleanly before its next x."""
+    node left, or ``record`` returned None: a warm run that falls back publishes nothing) and the
+    neighbours absent at its start. ``deployment``: its prefix and run id ``(P, R)``. ``stop`` set
+    (a SIGTERM): the node leaves the epoch cleanly before its next x. ``run``: the run id under
+    ``P/R`` (default ``e{k}``; the cold rerun's ``e{k}r``); ``clear``: the run ids whose retained
+    status and key of this node are cleared once the output is out (default: epoch k-1's)."""
     prefix, run_id = deployment
-    opts: MemberOptions = {**options, "prefix": f"{prefix}/{run_id}", "run_id": epoch_run_id(epoch)}
+    run = epoch_run_id(epoch) if run is None else run
+    opts: MemberOptions = {**options, "prefix": f"{prefix}/{run_id}", "run_id": run}
     member = EpochMember(cfg, node_id, value, transport, join_by=join_by, **opts)
 
     def undecodable(topic: str, exc: WireError) -> None:
@@ -251,9 +270,13 @@ async def run_epoch(
         if result.left_at is not None:
             return result, None, member.absent
         out = record(result)
+        if out is None:
+            return result, None, member.absent
         await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
-        if epoch > 0:  # the broker keeps no retained message of ours from older epochs
-            older = topics(member.prefix, epoch_run_id(epoch - 1))
+        if clear is None:
+            clear = (epoch_run_id(epoch - 1),) if epoch > 0 else ()
+        for old in clear:  # the broker keeps no retained message of ours from older epochs
+            older = topics(member.prefix, old)
             for topic in (older.status(node_id), older.key(node_id)):
                 await transport.publish(topic, b"", qos=1, retain=True)
     return result, out, member.absent
@@ -282,6 +305,131 @@ ValueFor = Callable[[int], Awaitable[float]]
 """The node's value of epoch k, in protocol units (read at the epoch's start)."""
 
 
+@dataclass(frozen=True)
+class _Epoch:
+    """What every run of one epoch of one node shares (its warm run, cold rerun, or listening)."""
+
+    cfg: RunConfig
+    node_id: int
+    k: int
+    clock: EpochClock
+    deployment: tuple[str, str]
+    transport_for: TransportFor
+    to_user: Callable[[float], float]
+    stop: asyncio.Event | None
+    seed: int | None
+    options: MemberSettings
+
+    def record(
+        self, extra: int = 0, check: WarmStart | None = None
+    ) -> Callable[[NodeResult], EpochOutput | None]:
+        """The output record of a run (``extra``: iterations of the warm run before it; ``check``:
+        a warm start whose fallback discards the output)."""
+
+        def record(r: NodeResult) -> EpochOutput | None:
+            if check is not None and check.falls_back(r.output[0]):
+                return None
+            out = [self.to_user(v) for v in r.output]
+            return EpochOutput(
+                node=self.node_id,
+                epoch=self.k,
+                output=out[0] if len(out) == 1 else out,
+                iterations=r.iterations + extra,
+                time=time.time(),
+            )
+
+        return record
+
+    async def run(
+        self, start: EpochStart, value: float, join_by: float, *, rerun: bool = False, after: int = 0
+    ) -> tuple[NodeResult, EpochOutput | None, list[int]]:
+        """One run of the epoch: warm (``start.warm``) or cold, the epoch's own or its rerun."""
+        k, run = self.k, rerun_run_id(self.k) if rerun else epoch_run_id(self.k)
+        opts: MemberSettings = {
+            **self.options,
+            "seed": epoch_seed(self.seed, k, *(("rerun",) if rerun else ())),
+        }
+        ws = start.warm
+        if ws is not None:
+            u = rng_for(epoch_seed(self.seed, k), "shell", self.node_id).random()
+            value = ws.used_value(value, float(u))
+            opts["first_init"] = ws.init
+        transport = await self.transport_for(k, run)
+        if not rerun:
+            progress.info(
+                "node %d: epoch %d starts in %.2f s", self.node_id, k, self.clock.start(k) - time.time()
+            )
+            if await _sleep_until(self.clock.start(k), self.stop):
+                raise _StoppedError
+        return await run_epoch(
+            start.cfg,
+            self.node_id,
+            value,
+            transport,
+            deployment=self.deployment,
+            epoch=k,
+            join_by=join_by,
+            record=self.record(after, ws),
+            stop=self.stop,
+            run=run,
+            clear=self.clear(),
+            **opts,
+        )
+
+    def clear(self) -> tuple[str, ...]:
+        """Run ids of the epoch before whose retained status and key this node clears: ``e{k-1}``
+        and, as any node might have run it, ``e{k-1}r`` (an empty retained message is harmless)."""
+        return () if self.k == 0 else (epoch_run_id(self.k - 1), rerun_run_id(self.k - 1))
+
+    async def listen(self) -> HeardOutput:
+        """Sit the epoch out (the node cannot agree on its start) and hear its output."""
+        edges = self.options.get("edges")
+        assert edges is not None
+        neighbours = sorted(
+            {int(b) for a, b in edges if a == self.node_id} | {int(a) for a, b in edges if b == self.node_id}
+        )
+        transport = await self.transport_for(self.k, epoch_run_id(self.k))
+        if await _sleep_until(self.clock.start(self.k), self.stop):
+            raise _StoppedError
+        prefix, run_id = self.deployment
+        until = self.clock.start(self.k + 1) - self.clock.join
+        runs = (epoch_run_id(self.k), rerun_run_id(self.k))
+        grace = self.clock.join / 2  # a rerun's statuses come within moments of the warm run's end
+        heard = await listen_for_output(transport, f"{prefix}/{run_id}", runs, neighbours, until, grace)
+        return HeardOutput(self.k, None if heard is None else self.to_user(heard[0]))
+
+
+class _StoppedError(Exception):
+    """``stop`` was set while waiting for an epoch's start."""
+
+
+async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:
+    """Epoch ``ep.k`` of a node holding the output ``held``: warm, cold, or sat out listening; a
+    warm run whose output falls back is rerun cold at once (``e{k}r``)."""
+    k = ep.k
+    start = initialization_for_epoch(ep.cfg, k, held, drift)
+    if start.sit_out is not None:
+        heard = await ep.listen()
+        missed = f"{start.sit_out}; sat it out, heard {'no' if heard.output is None else 'its'} output"
+        return EpochOutcome(k, None, None, missed=missed, start="listened", heard=heard)
+    join_by = ep.clock.start(k) + ep.clock.join
+    result, output, absent = await ep.run(start, value, join_by)
+    kind = "cold" if start.warm is None else "warm"
+    if output is None and result.left_at is None:  # the warm output fell back: rerun cold at once
+        log.info(
+            "node %d: epoch %d's warm output %.6g fell back: rerunning it cold",
+            ep.node_id,
+            k,
+            result.output[0],
+        )
+        cold = EpochStart(ep.cfg.resolved())
+        result, output, absent = await ep.run(
+            cold, value, time.time() + ep.clock.join, rerun=True, after=result.iterations
+        )
+        kind = "fell back"
+    return EpochOutcome(k, result, output, absent=tuple(absent), start=kind)
+
+
 async def run_epochs(
     cfg: RunConfig,
     node_id: int,
@@ -292,6 +440,7 @@ async def run_epochs(
     deployment: tuple[str, str],
     to_user: Callable[[float], float] = float,
     stop: asyncio.Event | None = None,
+    drift: float | None = None,
     **options: Unpack[MemberSettings],
 ) -> AsyncIterator[EpochOutcome]:
     """Run epoch after epoch (:class:`EpochClock`); yield each epoch's outcome as it ends.
@@ -302,14 +451,15 @@ async def run_epochs(
     out, one that counted this node as departed) is logged and the next epoch starts; cancellation
     stops the loop; ``stop`` set (a SIGTERM) ends it after a clean leave of the epoch running (status
     ``leaving``: the neighbours go on without this node). ``options["seed"]`` (None: OS entropy)
-    seeds each epoch apart (:func:`epoch_seed`).
+    seeds each epoch apart (:func:`epoch_seed`). ``drift``: the declared drift of warm starts
+    (:mod:`~nlagg_node.runtime.warmstart`; None: every epoch cold).
     """
     seed = options.pop("seed", None)
     if seed == "config":
         seed = cfg.seed
     if options.get("edges") is None:  # once, before any epoch: drawing a graph may compile first
         options["edges"] = run_edges(cfg)
-    previous: EpochOutput | None = None
+    held: HeardOutput | None = None
     last = -1
     while (k := clock.next_epoch(time.time(), last)) is not None:
         skipped = 0 if last < 0 else k - last - 1
@@ -318,42 +468,22 @@ async def run_epochs(
         if await _sleep_until(clock.start(k) - clock.join / 2, stop):
             return
         last = k
-
-        def record(r: NodeResult, k: int = k) -> EpochOutput:
-            out = [to_user(v) for v in r.output]
-            return EpochOutput(
-                node=node_id,
-                epoch=k,
-                output=out[0] if len(out) == 1 else out,
-                iterations=r.iterations,
-                time=time.time(),
-            )
-
-        opts: MemberSettings = {**options, "seed": epoch_seed(seed, k)}
+        ep = _Epoch(cfg, node_id, k, clock, deployment, transport_for, to_user, stop, seed, options)
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
-            value, transport = await value_for(k), await transport_for(k)
-            progress.info("node %d: epoch %d starts in %.2f s", node_id, k, clock.start(k) - time.time())
-            if await _sleep_until(clock.start(k), stop):
-                return
-            result, output, absent = await run_epoch(
-                initialization_for_epoch(cfg, k, previous),
-                node_id,
-                value,
-                transport,
-                deployment=deployment,
-                epoch=k,
-                join_by=clock.start(k) + clock.join,
-                record=record,
-                stop=stop,
-                **opts,
-            )
+            outcome = await _one_epoch(ep, await value_for(k), held, drift)
+        except _StoppedError:
+            return
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
-            yield EpochOutcome(k, None, None, skipped, missed=str(exc))
+            yield EpochOutcome(k, None, None, skipped, missed=str(exc), start="missed")
             continue
-        if output is None:  # it left (stop)
-            yield EpochOutcome(k, None, None, skipped, missed=f"left at t={result.left_at}")
+        outcome = replace(outcome, skipped=skipped)
+        if outcome.heard is not None:
+            held = outcome.heard
+        elif outcome.result is not None and outcome.output is None:  # it left (stop)
+            yield replace(outcome, result=None, missed=f"left at t={outcome.result.left_at}")
             return
-        previous = output
-        yield EpochOutcome(k, result, previous, skipped, absent=tuple(absent))
+        elif outcome.output is not None:
+            held = HeardOutput(k, outcome.output.output if isinstance(outcome.output.output, float) else None)
+        yield outcome

@@ -268,7 +268,8 @@ class PdmmLoop:
         signs = [self.signs(k) for k in range(len(self.members))]
         if fresh:
             for k, tr in enumerate(self.tracks):
-                tr.z_out = draw_z0(phase.init, np.array(signs[k]), tr.rng).tolist()  # neighbours here
+                first = self.members[k].first_init if p_idx == 0 else None  # an epoch's warm start
+                tr.z_out = draw_z0(first or phase.init, np.array(signs[k]), tr.rng).tolist()  # those here
                 tr.z0_sent[group] = tr.z_out
                 tr.identified = []
             self.checkpoint("z0", t, p_idx, group)

@@ -29,6 +29,7 @@ import numpy as np
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray
+from ..init import DualInitSpec
 from ..protocol import RunShape, departure_claims, status_error
 from ..schedule import Phase, combine
 from ..termination import Fields
@@ -82,6 +83,8 @@ class MemberSettings(TypedDict, total=False):
         timeout by default).
     leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
+    first_init : draw the first dual group's z^(0) from this distribution instead of the phase's
+        (an epoch's warm start, :mod:`nlagg_node.warm`).
     """
 
     prefix: str
@@ -94,6 +97,7 @@ class MemberSettings(TypedDict, total=False):
     departure_timeout: float | None
     leave_after: int | None
     leave_quietly: bool
+    first_init: DualInitSpec | None
 
 
 class MemberOptions(MemberSettings, total=False):
@@ -137,6 +141,7 @@ class Member:
         self.startup_timeout = options.get("startup_timeout", 60.0)
         self.leave_at = options.get("leave_after")  # publish x^(0..T-1), then leave (None: stay)
         self.leave_quietly = options.get("leave_quietly", False)  # no 'leaving': wait for x^(T)
+        self.first_init = options.get("first_init")
         self.has_left = False
         self._told: dict[int, dict[str, int]] = {}  # the departures each neighbour has announced
         self.phases: list[Phase] = self.shape.phases

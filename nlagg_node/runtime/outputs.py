@@ -14,14 +14,15 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
 from ..inputs import read_input_text
+from ..limits import MAX_ITERATIONS
 from ..private import open_private
-from .wire import check_prefix, check_run_id
+from .wire import Finite, NodeId, check_prefix, check_run_id
 
 __all__ = ["EpochOutput", "append_output", "epoch_run_id", "read_outputs", "results_filter", "results_topic"]
 
@@ -29,17 +30,19 @@ __all__ = ["EpochOutput", "append_output", "epoch_run_id", "read_outputs", "resu
 class EpochOutput(BaseModel):
     """Node ``node``'s output of epoch ``epoch`` (user units), after ``iterations``, at unix ``time``.
 
-    ``output`` is one number, or the k values of a top-K run.
+    ``output`` is one number, or the k values of a top-K run. The one definition of the record:
+    the node writes it, ``nlagg results`` and the eavesdropper's capture
+    (:mod:`adversary.capture.epochs`) validate what they read with it.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     v: Literal[1] = 1
-    node: int = Field(ge=0)
+    node: NodeId
     epoch: int = Field(ge=0)
-    output: float | list[float]
-    iterations: int = Field(ge=0)
-    time: float
+    output: Finite | Annotated[list[Finite], Field(min_length=1)]
+    iterations: int = Field(ge=0, le=MAX_ITERATIONS)
+    time: Finite
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

@@ -38,6 +38,17 @@ async def test_three_epochs_exact_with_changing_values(mosquitto_url: str, in_pr
     assert len({r["true_value"] for r in rows if isinstance(r["true_value"], float)}) == 3  # values changed
 
 
+async def test_three_drifting_epochs_run_warm_and_exact(mosquitto_url: str) -> None:
+    cfg = RunConfig(op="max", n=5, graph="complete", value_range=(0.0, 100.0), seed=3)
+    summary = await run_epoch_testbed(
+        cfg, 3, 8.0, run_id="tb-warm", broker_url=mosquitto_url, in_process=True, drift=0.005
+    )
+    rows = summary["epochs"]
+    assert all(r["exact"] for r in rows), rows
+    assert [r["start"] for r in rows] == ["cold", "warm", "warm"]
+    assert max(r["iterations"] for r in rows[1:]) < rows[0]["iterations"]
+
+
 async def test_a_plan_with_every_runs_two_epochs_under_its_acl(tmp_path: Path) -> None:
     run = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0))
     origin = time.time() + 12.0  # the node processes start meanwhile

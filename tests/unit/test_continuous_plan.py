@@ -14,7 +14,7 @@ from nlagg_node.deploy.continuous import Schedule, schedule_of
 from nlagg_node.deploy.nodefile import load_node_file, node_file_argv
 from nlagg_node.errors import ConfigError
 
-SCHEDULE = Schedule(every=300.0, origin=1_800_000_000.0, epochs=12)
+SCHEDULE = Schedule(every=300.0, origin=1_800_000_000.0, epochs=12, drift=0.01)
 
 
 @pytest.fixture
@@ -32,6 +32,15 @@ def test_node_files_carry_the_schedule(plan_dir: Path) -> None:
     assert argv[argv.index("--every") + 1] == "300.0"
     assert argv[argv.index("--origin") + 1] == "1800000000.0"
     assert "every = 300.0" in (plan_dir / "plan.toml").read_text()
+    assert argv[argv.index("--drift") + 1] == "0.01"  # warm starts' declared drift
+    assert "--cold-start" not in argv
+
+
+def test_commands_tell_the_eavesdropper_to_capture_every_epoch(plan_dir: Path) -> None:
+    lines = (plan_dir / "commands.txt").read_text().splitlines()
+    (eaves,) = [line for line in lines if line.startswith("nlagg eavesdrop")]
+    assert "--continuous" in eaves.split()
+    assert eaves.split()[eaves.split().index("--transcript") + 1] == "epochs"
 
 
 def test_the_acl_covers_every_epoch_and_the_results(plan_dir: Path) -> None:

@@ -43,8 +43,8 @@ async def deployment(
                 raise ConfigError("value", "sensor", "no reading")
             return float(values_of(k, cfg.n)[i])
 
-        async def transport_for(k: int) -> MemoryTransport:
-            will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(k), i)
+        async def transport_for(k: int, run: str) -> MemoryTransport:
+            will = node_will(f"{PREFIX}/{RUN}", run, i)
             if stopped == (i, k):
                 return StopsMidEpoch(
                     broker, f"n{i}", will=will, x_topic=f"{PREFIX}/{RUN}/e{k}/node/{i}/x", stop=stop

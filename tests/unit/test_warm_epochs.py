@@ -1,0 +1,160 @@
+"""Warm starts in the node runtime over the in-memory transport (docs/continuous.md, "Warm starts"):
+drifting values run warm and exact in fewer iterations, a jump beyond the drift falls back to a cold
+rerun and stays exact, a node that missed an epoch sits the next out listening and then runs warm,
+and a warm run is the simulator's warm epoch bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from nlagg_node.config import RunConfig
+from nlagg_node.errors import ConfigError
+from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
+from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
+from nlagg_node.runtime.node import node_will, run_edges
+from nlagg_node.runtime.outputs import EpochOutput
+from nlagg_node.runtime.result import NodeResult
+from nlagg_node.scale import scale_for
+from nlagg_node.sim.engine import EpochInputs, simulate
+from nlagg_node.warm import warm_start
+
+PREFIX, RUN = "farm", "greenhouse"
+RANGE = (0.0, 40.0)
+DRIFT = 0.005  # of the range: 0.2 value units per epoch
+CFG = RunConfig(op="max", n=5, graph="complete", may_depart=True, seed=3, value_range=RANGE)
+
+
+def walk(epochs: int, n: int, jump_at: int | None = None) -> np.ndarray:
+    """Values that drift by at most DRIFT of the range per epoch (pinned); from ``jump_at`` on every
+    value is 8 units (40 drifts) higher."""
+    rng = np.random.default_rng(11)
+    steps = rng.uniform(-1.0, 1.0, (epochs, n)) * DRIFT * (RANGE[1] - RANGE[0])
+    steps[0] = rng.uniform(10.0, 30.0, n)
+    values = np.cumsum(steps, axis=0)
+    if jump_at is not None:
+        values[jump_at:] += 8.0
+    return values
+
+
+async def deployment(
+    cfg: RunConfig, values: np.ndarray, drift: float | None, missing: dict[int, int] | None = None
+) -> list[list[EpochOutcome]]:
+    """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k."""
+    edges = run_edges(cfg)
+    broker = MemoryBroker()
+    clock = EpochClock(origin=time.time() + 0.2, period=4.0, epochs=len(values), join=1.2)
+
+    async def node(i: int) -> list[EpochOutcome]:
+        async def value_for(k: int) -> float:
+            if (missing or {}).get(i) == k:
+                raise ConfigError("value", "sensor", "no reading")
+            return float(values[k, i] / RANGE[1])  # protocol units
+
+        async def transport_for(k: int, run: str) -> MemoryTransport:
+            return MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", run, i))
+
+        out = run_epochs(
+            cfg,
+            i,
+            value_for,
+            transport_for,
+            clock,
+            deployment=(PREFIX, RUN),
+            to_user=lambda x: x * RANGE[1],
+            drift=drift,
+            edges=edges,
+            seed=None,
+        )
+        return [o async for o in out]
+
+    return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
+
+
+def outputs(runs: list[list[EpochOutcome]], k: int) -> list[float]:
+    got = []
+    for r in runs:
+        o = next(o for o in r if o.epoch == k)
+        if o.output is not None:
+            assert isinstance(o.output.output, float)
+            got.append(o.output.output)
+    return got
+
+
+def iterations(runs: list[list[EpochOutcome]], k: int) -> int:
+    return max(o.output.iterations for r in runs for o in r if o.epoch == k and o.output is not None)
+
+
+TOL = CFG.tolerance * (RANGE[1] - RANGE[0]) * 10
+
+
+def test_drifting_values_run_warm_exact_and_in_fewer_iterations() -> None:
+    values = walk(4, CFG.n)
+    warm = asyncio.run(deployment(CFG, values, DRIFT))
+    cold = asyncio.run(deployment(CFG, values, None))
+    for k in range(4):
+        assert outputs(warm, k) == pytest.approx([values[k].max()] * CFG.n, abs=TOL)
+        assert [o.start for r in warm for o in r if o.epoch == k] == ["cold" if k == 0 else "warm"] * CFG.n
+    for k in range(1, 4):
+        assert iterations(warm, k) < iterations(cold, k)
+
+
+def test_a_jump_beyond_the_drift_reruns_the_epoch_cold_and_stays_exact() -> None:
+    values = walk(3, CFG.n, jump_at=2)
+    runs = asyncio.run(deployment(CFG, values, DRIFT))
+    assert [o.start for r in runs for o in r if o.epoch == 2] == ["fell back"] * CFG.n
+    assert outputs(runs, 2) == pytest.approx([values[2].max()] * CFG.n, abs=TOL)
+
+
+@pytest.mark.parametrize("jump_at", [None, 2], ids=["drifting", "rerun-while-listening"])
+def test_a_node_that_missed_an_epoch_listens_to_the_next_then_runs_warm(jump_at: int | None) -> None:
+    values = walk(4, CFG.n, jump_at)
+    late = int(np.argmin(values[1]))
+    runs = asyncio.run(deployment(CFG, values, DRIFT, {late: 1}))
+    listened = runs[late][2]  # what it heard is the epoch's output (its cold rerun's, after a jump)
+    assert (listened.start, listened.output) == ("listened", None)
+    assert runs[(late + 1) % CFG.n][2].start == ("warm" if jump_at is None else "fell back")
+    assert listened.heard is not None
+    assert listened.heard.output == pytest.approx(values[2][np.arange(CFG.n) != late].max(), abs=TOL)
+    assert runs[late][3].start == "warm"
+    for k in range(4):
+        present = [i for i in range(CFG.n) if not (i == late and k in (1, 2))]
+        assert outputs(runs, k) == pytest.approx([values[k, present].max()] * len(present), abs=TOL)
+
+
+@pytest.mark.parametrize("op", ["max", "median"], ids=["max", "median"])
+def test_a_warm_run_is_the_simulators_warm_epoch_bit_for_bit(op: str) -> None:
+    cfg = CFG.model_copy(update={"op": op, "trials": 1})
+    values = walk(2, cfg.n)
+    last = float(values[0].max() if op == "max" else np.median(values[0]))
+    ws = warm_start(op, last, drift=DRIFT, c=cfg.c_value, sigma_z=cfg.sigma_z_value, value_range=RANGE)
+    warm_cfg = cfg.model_copy(update={"c": ws.c})
+    used = np.array([ws.used_value(v / RANGE[1], 0.5) for v in values[1]])
+    sim = simulate(warm_cfg, epoch=EpochInputs(0, values[1][None], (ws.init,), used[None]))
+    broker, edges = MemoryBroker(), run_edges(cfg)
+
+    async def node(i: int) -> NodeResult:
+        transport = MemoryTransport(broker, f"n{i}")
+        result, _, _ = await run_epoch(
+            warm_cfg,
+            i,
+            float(used[i]),
+            transport,
+            deployment=(PREFIX, RUN),
+            epoch=1,
+            join_by=time.time() + 5.0,
+            record=lambda r: EpochOutput(node=r.node, epoch=1, output=0.0, iterations=0, time=0.0),
+            edges=edges,
+            first_init=ws.init,
+        )
+        return result
+
+    async def everyone() -> list[NodeResult]:
+        return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
+
+    results = asyncio.run(everyone())
+    assert [scale_for(cfg).user_float(r.output[0]) for r in results] == sim.output.ravel().tolist()
+    assert {r.iterations for r in results} == {int(sim.phase_iterations.sum())}
