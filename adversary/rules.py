@@ -15,6 +15,9 @@ this module keeps only the state the transcript needs to call them as the captur
   establish (:func:`~nlagg_node.protocol.departure_claims`: a node's own ``leaving``, or a
   neighbour's observation of their shared edge; never a claim about a non-neighbour).
 
+In a run with identities a message counts only with its sender's signature (the nodes' check,
+:meth:`RunRules.forged`): what a broker password alone forges is stored as rejected, with the reason.
+
 When the broker lost the capture's session (a broker crash), the messages queued for it are gone
 and the window has nothing to stand on: :meth:`RunRules.resync` suspends it until every node has
 been seen again. The rules need the run's public configuration; every size they allocate comes
@@ -29,12 +32,14 @@ from nlagg_node.protocol import (
     X_WINDOW,
     Departures,
     RunShape,
+    Verifier,
     admit,
     adv_error,
     departure_claims,
     halt_span,
     key_error,
     lowest_position,
+    signature_error,
     status_error,
     x_form_error,
     z0_error,
@@ -82,6 +87,7 @@ class RunRules:
         self.latest: list[int] = [-1] * self.n  # latest valid t per node
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
         self.departures = Departures(shape)  # from statuses
+        self.verifier = _verifier(config)  # None: a run without identities
         self._halted: dict[tuple[int, int], int] = {}  # (phase, node) -> the t after which it stopped
 
     def inside(self, node: int, t: int) -> bool:
@@ -110,6 +116,11 @@ class RunRules:
             if mismatch is not None:
                 return f"a second run configuration ({mismatch}); the first one is kept"
         return None
+
+    def forged(self, topic: str, node: int | None, payload: bytes, signed: bool) -> str | None:
+        """Why a message's signature refuses it (:func:`~nlagg_node.protocol.signature_error`, the
+        nodes' check): in a run with identities every node's message is signed by that node."""
+        return signature_error(self.verifier, topic, node, payload, signed)
 
     def _halt(self, node: int, t: int) -> tuple[int, int]:
         if not self._halted:
@@ -168,6 +179,14 @@ class RunRules:
     def resync(self) -> None:
         """The capture may have missed messages: no window until every node has been seen again."""
         self._resync = set(range(self.n))
+
+
+def _verifier(config: ConfigMsg) -> Verifier | None:
+    if config.identities is None:
+        return None
+    if len(config.identities) != config.n:
+        raise ValueError(f"identities: {len(config.identities)} keys for {config.n} nodes")
+    return Verifier(config.identities)
 
 
 def rules_for(config: ConfigMsg) -> tuple[RunRules | None, str | None]:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from nlagg_node.errors import ConfigError
-from nlagg_node.protocol import slot_verdict
+from nlagg_node.protocol import equivocation_error, slot_verdict
 from nlagg_node.runtime.wire import (
     ConfigMsg,
     Decoded,
@@ -194,7 +194,7 @@ class Transcript(TranscriptReader):
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
         fields = row_fields(info, msg)
-        why = self._judge(key, topic, info, msg, fields)
+        why = self._forged(topic, info, msg, payload) or self._judge(key, topic, info, msg, fields)
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
             self._seen[key] = why is None
         if why is not None:
@@ -205,6 +205,12 @@ class Transcript(TranscriptReader):
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._set_rules(msg, self._candidate)
         return (info, msg)
+
+    def _forged(self, topic: str, info: TopicInfo, msg: Decoded, payload: bytes) -> str | None:
+        """Why ``msg``'s signature refuses it (:meth:`adversary.rules.RunRules.forged`)."""
+        if self.rules is None:
+            return None
+        return self.rules.forged(topic, info.node, payload, getattr(msg, "sig", None) is not None)
 
     def _judge(
         self,
@@ -269,7 +275,8 @@ class Transcript(TranscriptReader):
             if key in self._seen:
                 continue
             tpv = row_fields(info, msg)
-            why = self._judge(key, str(topic), info, msg, tpv)
+            forged = self._forged(str(topic), info, msg, bytes(payload))
+            why = forged or self._judge(key, str(topic), info, msg, tpv)
             if why is None or OUTSIDE_WINDOW not in why:
                 self._seen[key] = why is None
             if (why is None) != bool(valid) or (why is not None and why != error):
@@ -295,7 +302,14 @@ class Transcript(TranscriptReader):
         if verdict != "conflict":
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
-        return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+        slot = f"{info.kind}_{info.node}^({t})"
+        if info.kind == "z0":
+            slot = f"z0 {info.node}->{info.peer} ({phase})"
+        signed = self.rules is not None and self.rules.verifier is not None
+        return (
+            f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept: "
+            + str(equivocation_error(int(info.node or 0), slot, signed))
+        )
 
     def _load_writer_state(self) -> None:
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""

@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from .accept import status_error as status_error
     from .accept import x_form_error as x_form_error
     from .accept import z0_error as z0_error
+    from .equivocation import EquivocationError as EquivocationError
+    from .equivocation import equivocation_error as equivocation_error
+    from .identity import Identity as Identity
+    from .identity import Verifier as Verifier
+    from .identity import new_identity as new_identity
+    from .identity import signature_error as signature_error
     from .shape import RunShape as RunShape
     from .shape import phase_starts as phase_starts
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, TypedDict, Unpack
 
 import numpy as np
@@ -30,8 +30,10 @@ from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray
 from ..protocol import RunShape, departure_claims, status_error
+from ..protocol.identity import Identity, Verifier
 from ..schedule import Phase, combine
 from ..termination import Fields
+from .auth import SignedTransport
 from .barrier import Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .exchange import Z0Exchange
@@ -69,6 +71,9 @@ class MemberOptions(TypedDict, total=False):
         timeout by default).
     leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
+    identities : the run's public identities (base64 Ed25519 keys, index = node id): every message
+        is signed and checked (:mod:`nlagg_node.protocol.identity`); None: a run without.
+    identity : this node's signing key (required with ``identities``, and must be its entry).
     """
 
     prefix: str
@@ -81,6 +86,26 @@ class MemberOptions(TypedDict, total=False):
     departure_timeout: float | None
     leave_after: int | None
     leave_quietly: bool
+    identities: Sequence[str] | None
+    identity: Identity | None
+
+
+_NO_KEYS = {"identities"}  # a checkpoint's fingerprint of a run without them is as before
+
+
+def _verifier(
+    identities: Sequence[str] | None, node_id: int, n: int, identity: Identity | None
+) -> Verifier | None:
+    """The run's verifier, once this node's own identity is its entry (None: a run without)."""
+    if identities is None:
+        return None
+    if len(identities) != n:
+        raise ConfigError("identities", f"{len(identities)} keys", f"the run has {n} nodes")
+    if identity is None:
+        raise ConfigError("signing_key", None, "the run's nodes sign their messages: give this node's key")
+    if identity.public != identities[node_id]:
+        raise ConfigError("signing_key", identity.public, f"is not node {node_id}'s identity in the config")
+    return Verifier(identities)
 
 
 class Member:
@@ -125,9 +150,13 @@ class Member:
         self.phases: list[Phase] = self.shape.phases
         self.t_total = self.shape.t_total
         self.phase_at: list[str] = self.shape.phase_at
-        self.public = build_config_msg(self.cfg, run_id, self.edges)
+        identities = options.get("identities")
+        self.public = build_config_msg(self.cfg, run_id, self.edges, identities)
+        self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"))
         self.peers = Neighbours(self.neighbours)
-        self.outbox = Outbox(transport, self.topics, node_id)
+        identity = options.get("identity") if self.verifier is not None else None
+        signed = transport if identity is None else SignedTransport(transport, identity)
+        self.outbox = Outbox(signed, self.topics, node_id)
         self.tally = Tally(node_id)
         self.intake = XIntake(
             node_id,
@@ -136,6 +165,7 @@ class Member:
             t_total=self.t_total,
             jumps=self.shape.jumps,
             tally=self.tally,
+            signed=self.verifier is not None,
         )
         self.x_in = self.intake.barrier
         self.store = options.get("checkpoint")
@@ -150,6 +180,7 @@ class Member:
             checkpoint=self.store,
             active=lambda: self.active,
             run=(self.prefix, run_id),
+            signed=self.verifier is not None,
         )
         self.z0_in = self.z0.barrier
         departure_timeout = options.get("departure_timeout")
@@ -167,7 +198,7 @@ class Member:
         self.fingerprint = ""
         if self.store is not None:
             self.fingerprint = fingerprint(
-                run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
+                run_id, node_id, self.value, self.public.model_dump(mode="json", exclude=_NO_KEYS), self.seed
             )
             self.resumed = self.store.load(self.fingerprint)
         if self.resumed is not None:

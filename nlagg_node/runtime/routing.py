@@ -5,6 +5,9 @@ topics) and an in-process host (every member of the process, one shared connecti
 with wildcards). Dispatch is by sender: an x or a status of node j goes to the members that
 have j as a neighbour (so does its public key in a sealed run), a z^(0) to its addressee, the
 retained run config to every member.
+In a run with identities every message must carry its sender's signature
+(:func:`nlagg_node.protocol.identity.signature_error`, checked once per message, before anything
+else reads it); in a run without, none may carry one.
 The form check of an x (:func:`nlagg_node.protocol.x_form_error`: its iteration, phase and
 fields) is made once per message, then each listening member's barrier decides (window,
 duplicate, conflict: :func:`nlagg_node.protocol.admit`).
@@ -20,6 +23,7 @@ from collections.abc import Callable
 
 from ..errors import NlaggError
 from ..protocol import NO_HALT, halt_span, x_form_error
+from ..protocol.identity import signature_error
 from ..termination import NO_STOP
 from .barrier import Outcome
 from .member import Member
@@ -65,6 +69,7 @@ class Router:
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
+        self.verifier = first.verifier  # None: a run without identities (and no message may be signed)
         self.shape = first.shape
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
@@ -93,6 +98,12 @@ class Router:
             info, msg = self.decode(raw.topic, raw.payload)
         except WireError as exc:
             self.on_reject(raw.topic, exc)
+            return
+        signed = getattr(msg, "sig", None) is not None
+        if (signed or self.verifier is not None) and (
+            forged := signature_error(self.verifier, raw.topic, info.node, raw.payload, signed)
+        ):
+            self.on_reject(raw.topic, WireError("sig", info.node, forged))
             return
         if isinstance(msg, X_TYPES):
             t, stop = msg.t, msg.stop

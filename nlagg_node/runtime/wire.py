@@ -82,34 +82,8 @@ def _finite(value: float) -> float:
 Finite = Annotated[float, AfterValidator(_finite)]
 NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
 Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
-
-
-class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
-    v: Literal[1] = 1
-
-
-class ConfigMsg(_Msg):
-    """``P/R/config``: what every participant may know. Never a private value, never a seed."""
-
-    run_id: str
-    n: Annotated[int, Field(ge=2, le=MAX_NODES)]
-    edges: list[Annotated[list[NodeId], Field(min_length=2, max_length=2)]]
-    run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
-    phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
-
-
-class Z0Msg(_Msg):
-    """``P/R/edge/{i}/{j}/z0``: ``z_{i|j}^(0)`` of dual group ``group``."""
-
-    from_: NodeId = Field(alias="from")
-    to: NodeId
-    group: str
-    z: Finite
-
-
-class _Msg2(_Msg):
-    v: Literal[2] = 2  # type: ignore[assignment]
+_B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+_SIG_PATTERN = "^[A-Za-z0-9+/]{86}==$"  # base64 of a 64-byte Ed25519 signature
 
 
 def _b64_of(size: int) -> AfterValidator:
@@ -121,7 +95,41 @@ def _b64_of(size: int) -> AfterValidator:
     return AfterValidator(check)
 
 
-_B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+    v: Literal[1] = 1
+
+
+class _Signed(_Msg):
+    """A node's message: in a run with identities it ends with its signature (base64 of 64 bytes,
+    :mod:`nlagg_node.protocol.identity`); without, it has none."""
+
+    sig: Annotated[str, _b64_of(64)] | None = None
+
+
+class ConfigMsg(_Msg):
+    """``P/R/config``: what every participant may know. Never a private value, never a seed."""
+
+    run_id: str
+    n: Annotated[int, Field(ge=2, le=MAX_NODES)]
+    edges: list[Annotated[list[NodeId], Field(min_length=2, max_length=2)]]
+    run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
+    phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
+    # The nodes' Ed25519 public keys (base64, index = node id) in a run whose nodes sign their messages.
+    identities: list[Annotated[str, _b64_of(32)]] | None = None
+
+
+class Z0Msg(_Signed):
+    """``P/R/edge/{i}/{j}/z0``: ``z_{i|j}^(0)`` of dual group ``group``."""
+
+    from_: NodeId = Field(alias="from")
+    to: NodeId
+    group: str
+    z: Finite
+
+
+class _Msg2(_Signed):
+    v: Literal[2] = 2  # type: ignore[assignment]
 
 
 class KeyMsg(_Msg2):
@@ -158,7 +166,7 @@ def _ascending(values: list[int]) -> list[int]:
 Departures = Annotated[list[Iteration], Field(min_length=1, max_length=MAX_NODES), AfterValidator(_ascending)]
 
 
-class XMsg(_Msg):
+class XMsg(_Signed):
     """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases.
 
     With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
@@ -197,12 +205,13 @@ class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
         ]
         | None
     ) = None  # HotDecoder checks the order
+    sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
 
 
 _decode_x = msgspec.json.Decoder(XWire).decode
 
 
-class StatusMsg(_Msg):
+class StatusMsg(_Signed):
     """``P/R/node/{i}/status`` (retained). ``done`` carries the final x of every phase.
 
     ``leaving`` (a clean departure) carries in ``iterations`` the departure iteration T: x^(T-1)
@@ -218,7 +227,7 @@ class StatusMsg(_Msg):
     departed: dict[str, Iteration] | None = None
 
 
-class AdvStateMsg(_Msg):
+class AdvStateMsg(_Signed):
     """``P/R/adv/{i}/state``: a corrupted node's s_i and duals z_{i|j}^(t), z_{j|i}^(t) (keys: str(j))."""
 
     node: NodeId
@@ -354,6 +363,9 @@ def encode(msg: WireMessage) -> bytes:
         body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
         if isinstance(msg, StatusMsg) and msg.departed is None:
             del body["departed"]  # statuses of a run without departures are as before
+        for key in ("sig", "identities"):  # a run without identities is as before
+            if body.get(key, 0) is None:
+                del body[key]
         text = json.dumps(body, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
         raise WireError(type(msg).__name__, msg, f"cannot encode ({exc})") from None
