@@ -51,8 +51,7 @@ class Sides:
         try:
             node.feed(Message(topic, payload))
         except EquivocationError as exc:
-            assert exc.node == SENDER
-            return "equivocation"
+            return "equivocation" if exc.node == SENDER else f"equivocation of node {exc.node}"
         return "dup" if node.duplicates > duplicates else "refused" if node.rejected > rejected else "taken"
 
     def transcript_decides(self, topic: str, payload: bytes) -> str:
