@@ -194,7 +194,7 @@ class Transcript(TranscriptReader):
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
         fields = row_fields(info, msg)
-        why = self._forged(topic, info, msg, payload) or self._judge(key, topic, info, msg, fields)
+        why = self._judge(key, topic, info, msg, fields, payload)
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
             self._seen[key] = why is None
         if why is not None:
@@ -219,15 +219,17 @@ class Transcript(TranscriptReader):
         info: TopicInfo,
         msg: Decoded,
         fields: tuple[int | None, str | None, float | None],
+        payload: bytes,
     ) -> str | None:
         """Why ``msg`` must not count (None: it is valid and now holds its slot); ``fields`` are its
-        :func:`~adversary.transcript.reader.row_fields`."""
+        :func:`~adversary.transcript.reader.row_fields`. The run's rules first, then the sender's
+        signature (a run with identities), then the slot."""
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._candidate, why = rules_for(msg)
             if self._candidate is None:
                 return why
         elif self.rules is not None:
-            why = self.rules.reject(msg)
+            why = self.rules.reject(msg) or self._forged(topic, info, msg, payload)
             if why is not None:
                 return why
         clash = self._claim(key, topic, info, fields[0], fields[1])
@@ -275,8 +277,7 @@ class Transcript(TranscriptReader):
             if key in self._seen:
                 continue
             tpv = row_fields(info, msg)
-            forged = self._forged(str(topic), info, msg, bytes(payload))
-            why = forged or self._judge(key, str(topic), info, msg, tpv)
+            why = self._judge(key, str(topic), info, msg, tpv, bytes(payload))
             if why is None or OUTSIDE_WINDOW not in why:
                 self._seen[key] = why is None
             if (why is None) != bool(valid) or (why is not None and why != error):

@@ -36,6 +36,7 @@ class PlanSpec:
     site_of : each node's site, given by hand (``--sites-file``); None partitions the graph.
     site_brokers : each site broker's URL; empty = ``broker_url``'s host with port + site number
         (site s then listens on ``listen_port + s``; otherwise on its URL's port).
+    auth : give every node an Ed25519 identity; its messages are signed (:mod:`.identities`).
     """
 
     run: RunConfig
@@ -55,6 +56,7 @@ class PlanSpec:
     sites: int = 1
     site_of: tuple[int, ...] | None = None
     site_brokers: tuple[str, ...] = ()
+    auth: bool = True
 
     @property
     def uses_tls(self) -> bool:
@@ -88,4 +90,5 @@ def plan_spec(opts: PlanRunOptions, broker_url: str = DEFAULT_BROKER) -> PlanSpe
         replay=opts.replay,
         broker_url=broker_url,
         value_source=source,
+        auth=opts.auth,
     )

@@ -92,18 +92,21 @@ class Router:
         if self.on_unrouted is not None:
             self.on_unrouted(why)
 
+    def _forged(self, raw: Message, sender: int | None, sig: str | None) -> bool:
+        """Whether a message fails the run's signature rule (then it is rejected here)."""
+        if sig is None and self.verifier is None:
+            return False  # a run without identities: the common case costs one test
+        why = signature_error(self.verifier, raw.topic, sender, raw.payload, sig is not None)
+        if why is not None:
+            self.on_reject(raw.topic, WireError("sig", sender, why))
+        return why is not None
+
     def feed(self, raw: Message) -> None:
         """Decode one raw message and dispatch it (raises only for a contradicting run config)."""
         try:
             info, msg = self.decode(raw.topic, raw.payload)
         except WireError as exc:
             self.on_reject(raw.topic, exc)
-            return
-        signed = getattr(msg, "sig", None) is not None
-        if (signed or self.verifier is not None) and (
-            forged := signature_error(self.verifier, raw.topic, info.node, raw.payload, signed)
-        ):
-            self.on_reject(raw.topic, WireError("sig", info.node, forged))
             return
         if isinstance(msg, X_TYPES):
             t, stop = msg.t, msg.stop
@@ -115,6 +118,8 @@ class Router:
             if routes is None:
                 self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
                 return
+            if self._forged(raw, info.node, msg.sig):
+                return
             j, x, quiet = msg.node, msg.x, msg.quiet
             for m, put, slot in routes:
                 outcome = put(t, slot, x)
@@ -125,6 +130,8 @@ class Router:
                     m.keep_quiet(t, slot, (quiet, NO_STOP if stop is None else stop, tuple(deps or ())))
                     if stop == t and (span := halt_span(self.shape, t, stop, deps)) != NO_HALT:
                         m.x_in.halted(slot, span)  # its last x of the phase: a later one is refused
+        elif self._forged(raw, info.node, getattr(msg, "sig", None)):
+            return
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:
