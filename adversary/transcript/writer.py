@@ -303,13 +303,15 @@ class Transcript(TranscriptReader):
         if verdict != "conflict":
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
-        slot = f"{info.kind}_{info.node}^({t})"
-        if info.kind == "z0":
-            slot = f"z0 {info.node}->{info.peer} ({phase})"
+        named = (
+            f"{info.kind}_{info.node}^({t})"
+            if info.kind != "z0"
+            else f"z0 {info.node}->{info.peer} ({phase})"
+        )
         signed = self.rules is not None and self.rules.verifier is not None
         return (
             f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept: "
-            + str(equivocation_error(int(info.node or 0), slot, signed))
+            + str(equivocation_error(int(info.node or 0), named, signed))
         )
 
     def _load_writer_state(self) -> None:

@@ -9,6 +9,7 @@ configuration, which is where the eavesdropper reads them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from ..errors import ConfigError
 from ..inputs import parse_document, read_input_text
@@ -23,11 +24,14 @@ def identity_file(user: str) -> str:
 
 
 def run_identities(config: Path) -> list[str] | None:
-    """The ``[identities]`` public keys of a run.toml (None: a run without identities, or JSON)."""
-    if config.suffix.lower() != ".toml":
+    """The ``[identities]`` public keys of a run.toml (or the ``identities`` object of a JSON run
+    configuration, as the lab testbed writes it); None: a run without identities."""
+    suffix = config.suffix.lower()
+    if suffix not in (".toml", ".json"):
         return None
-    doc = parse_document(read_input_text(config, "config"), "TOML", "config", config)
-    table = doc.get("identities")
+    kind: Literal["TOML", "JSON"] = "JSON" if suffix == ".json" else "TOML"
+    doc = parse_document(read_input_text(config, "config"), kind, "config", config)
+    table = doc.get("identities") if isinstance(doc, dict) else None
     if table is None:
         return None
     keys = table.get("ed25519") if isinstance(table, dict) else None

@@ -31,6 +31,7 @@ from ..errors import BrokerUnreachableError, ConfigError, NlaggError, TestbedErr
 from ..inputs import make_output_dir
 from ..lifetime import owned_tempdir
 from ..private import write_private
+from ..protocol.identity import Identity, new_identity
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
 from ..runtime.member import check_neighbour_timeout
@@ -181,6 +182,11 @@ class _Nodes:
     timeout: float  # seconds a node waits at a barrier
     departures: dict[int, int]  # node -> T: killed (SIGKILL) once its neighbours hold its x^(T-1)
     ca_file: Path | None = None  # verifies an mqtts:// broker
+    identities: tuple[Identity, ...] = ()  # one per node when the run signs its messages (auth)
+
+    @property
+    def public_keys(self) -> list[str] | None:
+        return [identity.public for identity in self.identities] if self.identities else None
 
 
 async def probe_broker(url: str, tls: TlsSettings | None, run_id: str, within: float = 5.0) -> None:
@@ -202,7 +208,10 @@ def _tls(ca_file: Path | None) -> TlsSettings | None:
 async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     cfg = run.cfg
     cfg_path = workdir / "run-config.json"
-    cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
+    doc: dict[str, object] = {"config": cfg.model_dump(mode="json")}
+    if run.identities:
+        doc["identities"] = {"ed25519": run.public_keys}
+    cfg_path.write_text(json.dumps(doc))
     # The private value and the seed travel in 0600 files: neither shows in ps.
     private = workdir / "private"
     seed_file = write_private(private / "seed", f"{cfg.seed}\n")
@@ -223,6 +232,7 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                 corrupt=i in run.corrupt,
                 leave_after=run.departures.get(i),
                 leave_by="kill" if i in run.departures else None,
+                signing_key=_key_file(run, private, i),
                 program=this_python(),
             )
             procs.append(await Child.start(argv, log=workdir / f"node-{i}.log"))
@@ -256,6 +266,13 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     return results
 
 
+def _key_file(run: _Nodes, private: Path, i: int) -> str | None:
+    """Node ``i``'s signing key in a 0600 file of the run's private folder (None: a run without)."""
+    if not run.identities:
+        return None
+    return str(write_private(private / f"identity-{i}.pem", run.identities[i].pem()))
+
+
 async def _run_in_process(run: _Nodes) -> list[NodeReport]:
     edges = run_edges(run.cfg)
     async with MqttTransport(
@@ -273,6 +290,8 @@ async def _run_in_process(run: _Nodes) -> list[NodeReport]:
                 corrupt=i in run.corrupt,
                 neighbour_timeout=run.timeout,
                 own_transport=False,
+                identities=run.public_keys,
+                identity=run.identities[i] if run.identities else None,
             )
             for i in range(run.cfg.n)
         ]
@@ -311,6 +330,7 @@ async def run_testbed(
     departures: dict[int, int] | None = None,
     ca_file: Path | None = None,
     on_progress: Callable[[Snapshot], None] | None = None,
+    auth: bool = False,
 ) -> TestbedSummary:
     """Run one testbed and return its summary (see the issue's ``--json`` fields).
 
@@ -333,6 +353,9 @@ async def run_testbed(
     ``on_progress`` receives a :class:`~nlagg_node.lab.progress.Snapshot` a few times a second
     (the launcher then also subscribes to node 0's x and the statuses). An eavesdropper that dies
     during the run stops it at once (:class:`TestbedError`).
+
+    ``auth``: every node gets an Ed25519 identity and signs every message, as a deployed plan's
+    nodes do (:mod:`nlagg_node.protocol.identity`); the retained config carries the public keys.
     """
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
@@ -363,13 +386,18 @@ async def run_testbed(
         launcher = await stack.enter_async_context(
             MqttTransport(url, client_id=f"nlagg-{run_id}-launcher", tls=_tls(ca_file))
         )
-        await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
+        identities = tuple(new_identity() for _ in range(cfg.n)) if auth else ()
+        keys = [identity.public for identity in identities] if auth else None
+        public = build_config_msg(cfg, run_id, edges, keys)
+        await launcher.publish(t.config, encode(public), qos=1, retain=True)
         eaves = _Eavesdropper(say, workdir / "eavesdropper.log", external=broker_url is not None)
         stack.push_async_callback(eaves.stop)
         await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice, ca_file)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file)
+        nodes = _Nodes(
+            cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file, identities
+        )
         if on_progress is not None:
             cap = sum(p.t_len for p in plan_phases(cfg))
             watch = RunProgress(prefix, run_id, cfg.n, cap, lambda: len(eaves.exposures), on_progress)
