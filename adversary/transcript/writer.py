@@ -127,6 +127,7 @@ class Transcript(TranscriptReader):
         # the valid x/z0/adv message that holds that slot.
         self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
+        self._values: dict[tuple[str, str, object], float | None] = {}  # the number each slot holds
         self.rules: RunRules | None = None
         self._candidate: RunRules | None = None  # rules of the config being stored
         if config is not None:
@@ -164,6 +165,7 @@ class Transcript(TranscriptReader):
         self._rows = []
         self._seen = None
         self._slots = {}
+        self._values = {}
         return self
 
     # Writing ------------------------------------------------------------------------------
@@ -232,7 +234,7 @@ class Transcript(TranscriptReader):
             why = self.rules.reject(msg) or self._forged(topic, info, msg, payload)
             if why is not None:
                 return why
-        clash = self._claim(key, topic, info, fields[0], fields[1])
+        clash = self._claim(key, topic, info, fields)
         if clash is None and self.rules is not None:
             self.rules.accepted(msg)
         return clash
@@ -265,7 +267,7 @@ class Transcript(TranscriptReader):
         sql = "SELECT id, topic, payload, valid, error, dedup FROM messages ORDER BY id"
         before = self.db.execute(sql).fetchall()
         self.rules = rules
-        self._seen, self._slots = {}, {}
+        self._seen, self._slots, self._values = {}, {}, {}
         changed: list[tuple[object, ...]] = []
         for row_id, topic, payload, valid, error, dedup in before:
             key = str(dedup)
@@ -292,27 +294,37 @@ class Transcript(TranscriptReader):
             )
             self.db.execute("COMMIT")
 
-    def _claim(self, key: str, topic: str, info: TopicInfo, t: int | None, phase: str | None) -> str | None:
-        """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
+    def _claim(
+        self, key: str, topic: str, info: TopicInfo, fields: tuple[int | None, str | None, float | None]
+    ) -> str | None:
+        """Why a valid x/z0/adv message must not count (another payload for its topic and iteration).
+
+        Another number for the slot is the equivocation the nodes stop for
+        (:func:`~nlagg_node.protocol.equivocation_error`, named in the reason); the same number in
+        another message (a resend with other early-stop fields, a z^(0) sealed anew) is refused
+        without that charge, as the nodes take it as a duplicate."""
+        t, phase, value = fields
         if info.kind not in ("x", "z0", "adv"):
             return None
         slot = (info.kind, topic, phase if info.kind == "z0" else t)
         verdict = slot_verdict(self._slots.get(slot), key)  # the first message of a slot wins
         if verdict == "new":
             self._slots[slot] = key
+            self._values[slot] = value
         if verdict != "conflict":
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
+        why = f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+        held = self._values.get(slot)
+        if held is None or value is None or held == value:  # unknown (sealed, restarted) or one number
+            return why
         named = (
-            f"{info.kind}_{info.node}^({t})"
-            if info.kind != "z0"
-            else f"z0 {info.node}->{info.peer} ({phase})"
+            f"z0 {info.node}->{info.peer} ({phase})"
+            if info.kind == "z0"
+            else f"{info.kind}_{info.node}^({t})"
         )
         signed = self.rules is not None and self.rules.verifier is not None
-        return (
-            f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept: "
-            + str(equivocation_error(int(info.node or 0), named, signed))
-        )
+        return f"{why}: {equivocation_error(int(info.node or 0), named, signed)}"
 
     def _load_writer_state(self) -> None:
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
