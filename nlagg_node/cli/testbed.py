@@ -97,6 +97,7 @@ def run_testbed_command(opts: TestbedOptions) -> None:
             out_dir=out_dir,
             neighbour_timeout=opts.neighbour_timeout,
             ca_file=opts.ca_file,
+            auth=opts.auth,
             on_event=note,
             departures=departures,
             on_progress=on_progress,

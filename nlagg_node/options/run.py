@@ -266,6 +266,15 @@ class TestbedOptions(RunOptions, CorruptOptions):
         ),
     ] = None
     ca_file: Annotated[Path | None, CA_OPT] = None
+    auth: Annotated[
+        bool,
+        Opt(
+            "give every node an Ed25519 identity and sign every message, as a deployed plan does"
+            " (off here: it costs rounds; docs/protocol.md 'Signed messages')",
+            NETWORK,
+            ("--auth/--no-auth",),
+        ),
+    ] = False
     broker_kind: Annotated[str, Opt("private broker: auto, mosquitto or amqtt", NETWORK)] = "auto"
     in_process: Annotated[
         bool | None,
