@@ -210,9 +210,10 @@ class Transcript(TranscriptReader):
 
     def _forged(self, topic: str, info: TopicInfo, msg: Decoded, payload: bytes) -> str | None:
         """Why ``msg``'s signature refuses it (:meth:`adversary.rules.RunRules.forged`)."""
-        if self.rules is None:
-            return None
-        return self.rules.forged(topic, info.node, payload, getattr(msg, "sig", None) is not None)
+        signed = getattr(msg, "sig", None) is not None
+        if self.rules is None or (self.rules.verifier is None and not signed):
+            return None  # no rules yet, or a run without identities and an unsigned message
+        return self.rules.forged(topic, info.node, payload, signed)
 
     def _judge(
         self,
