@@ -15,8 +15,9 @@ this module keeps only the state the transcript needs to call them as the captur
   establish (:func:`~nlagg_node.protocol.departure_claims`: a node's own ``leaving``, or a
   neighbour's observation of their shared edge; never a claim about a non-neighbour).
 
-In a run with identities a message counts only with its sender's signature (the nodes' check,
-:meth:`RunRules.forged`): what a broker password alone forges is stored as rejected, with the reason.
+In a run with identities a message counts only with its sender's signature, an x with its sender's
+key-chain element (the nodes' checks, :meth:`RunRules.forged`): what a broker password alone forges
+is stored as rejected, with the reason.
 
 When the broker lost the capture's session (a broker crash), the messages queued for it are gone
 and the window has nothing to stand on: :meth:`RunRules.resync` suspends it until every node has
@@ -44,6 +45,7 @@ from nlagg_node.protocol import (
     x_form_error,
     z0_error,
 )
+from nlagg_node.protocol.chain import ChainCheck, chain_check, x_key_error
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
 from nlagg_node.runtime.wire import (
     X_TYPES,
@@ -88,6 +90,8 @@ class RunRules:
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
         self.departures = Departures(shape)  # from statuses
         self.verifier = _verifier(config)  # None: a run without identities
+        self.chains: dict[int, ChainCheck] = {}  # each node's x key chain, from its signed anchor
+        self._far = {t: t + 1 for t in shape.jumps}
         self._halted: dict[tuple[int, int], int] = {}  # (phase, node) -> the t after which it stopped
 
     def inside(self, node: int, t: int) -> bool:
@@ -117,10 +121,14 @@ class RunRules:
                 return f"a second run configuration ({mismatch}); the first one is kept"
         return None
 
-    def forged(self, topic: str, node: int | None, payload: bytes, signed: bool) -> str | None:
-        """Why a message's signature refuses it (:func:`~nlagg_node.protocol.signature_error`, the
-        nodes' check): in a run with identities every node's message is signed by that node."""
-        return signature_error(self.verifier, topic, node, payload, signed)
+    def forged(self, topic: str, node: int | None, payload: bytes, msg: Decoded) -> str | None:
+        """Why a message's authentication refuses it, as the nodes decide: in a run with identities
+        an x carries its sender's key-chain element (:func:`~nlagg_node.protocol.chain.x_key_error`),
+        every other message of a node its signature (:func:`~nlagg_node.protocol.signature_error`)."""
+        if isinstance(msg, X_TYPES):
+            auth = self.verifier is not None
+            return x_key_error(auth, self.chains.get(msg.node), msg.node, msg.t, msg.k, msg.sig)
+        return signature_error(self.verifier, topic, node, payload, getattr(msg, "sig", None) is not None)
 
     def _halt(self, node: int, t: int) -> tuple[int, int]:
         if not self._halted:
@@ -167,6 +175,8 @@ class RunRules:
             if stop != NO_STOP:
                 self._halted.setdefault((self.shape.phase_of(stop), msg.node), stop)
         elif isinstance(msg, StatusMsg):
+            if msg.chain is not None and msg.node not in self.chains:
+                self.chains[msg.node] = chain_check(msg.chain, self._far)
             for j, t in departure_claims(msg.node, msg.state, msg.iterations, msg.departed):
                 self.departures.claim(msg.node, j, t)
 

@@ -210,10 +210,12 @@ class Transcript(TranscriptReader):
 
     def _forged(self, topic: str, info: TopicInfo, msg: Decoded, payload: bytes) -> str | None:
         """Why ``msg``'s signature refuses it (:meth:`adversary.rules.RunRules.forged`)."""
-        signed = getattr(msg, "sig", None) is not None
-        if self.rules is None or (self.rules.verifier is None and not signed):
-            return None  # no rules yet, or a run without identities and an unsigned message
-        return self.rules.forged(topic, info.node, payload, signed)
+        if self.rules is None:
+            return None
+        claims = getattr(msg, "sig", None) is not None or getattr(msg, "k", None) is not None
+        if self.rules.verifier is None and not claims:
+            return None  # a run without identities, and nothing on the message claims one
+        return self.rules.forged(topic, info.node, payload, msg)
 
     def _judge(
         self,
@@ -324,7 +326,7 @@ class Transcript(TranscriptReader):
             if info.kind == "z0"
             else f"{info.kind}_{info.node}^({t})"
         )
-        signed = self.rules is not None and self.rules.verifier is not None
+        signed = self.rules is not None and self.rules.verifier is not None and info.kind != "x"
         return f"{why}: {equivocation_error(int(info.node or 0), named, signed)}"
 
     def _load_writer_state(self) -> None:

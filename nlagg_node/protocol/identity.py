@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Sequence
 
 from cryptography.exceptions import InvalidSignature
@@ -69,6 +70,12 @@ class Identity:
     def pem(self) -> bytes:
         """The private key as unencrypted PKCS#8 PEM."""
         return self.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+
+    def chain_seed(self, context: str) -> bytes:
+        """A secret of this identity for ``context`` (the seed of a run's key chain,
+        :mod:`nlagg_node.protocol.chain`): the same identity and context give the same seed."""
+        raw = self.key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        return hashlib.blake2b(context.encode(), key=raw, digest_size=32, person=b"nlagg-chainseed").digest()
 
     def sign(self, topic: str, payload: bytes) -> bytes:
         """``payload`` (an unsigned JSON object) with its signature for ``topic`` appended."""

@@ -2,7 +2,8 @@
 
 The rule and the primitives are the protocol's (:mod:`nlagg_node.protocol.identity`); this module
 only puts them on a connection. :class:`SignedTransport` signs every payload a node's outbox
-publishes with the node's identity (its statuses, z^(0), key, x's and a corrupted node's states;
+publishes with the node's identity (its statuses, z^(0), key and a corrupted node's states; its
+x's carry a key-chain element instead, :mod:`nlagg_node.protocol.chain`;
 what it sends again after a broker crash is signed again, to the same bytes: Ed25519 is
 deterministic); :func:`signed_will` signs the last will the broker publishes for it. The router
 checks every message it decodes with :func:`~nlagg_node.protocol.identity.signature_error`, as the
@@ -22,17 +23,22 @@ __all__ = ["SignedTransport", "signed_will"]
 
 
 class SignedTransport(Transport):
-    """``inner`` with every published payload signed by ``identity`` (the rest is ``inner``'s)."""
+    """``inner`` with every published payload signed by ``identity`` but those on ``unsigned`` (the
+    node's x topic: its x's carry a key-chain element instead, :mod:`nlagg_node.protocol.chain`)."""
 
-    def __init__(self, inner: Transport, identity: Identity) -> None:
+    def __init__(self, inner: Transport, identity: Identity, unsigned: str = "") -> None:
         self.inner = inner
         self.identity = identity
+        self.unsigned = unsigned
+
+    def _signed(self, topic: str, payload: bytes) -> bytes:
+        return payload if topic == self.unsigned else self.identity.sign(topic, payload)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        await self.inner.publish(topic, self.identity.sign(topic, payload), qos=qos, retain=retain)
+        await self.inner.publish(topic, self._signed(topic, payload), qos=qos, retain=retain)
 
     def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        self.inner.publish_nowait(topic, self.identity.sign(topic, payload), qos=qos, retain=retain)
+        self.inner.publish_nowait(topic, self._signed(topic, payload), qos=qos, retain=retain)
 
     async def connect(self) -> None:
         await self.inner.connect()

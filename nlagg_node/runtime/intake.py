@@ -46,7 +46,6 @@ class XIntake:
     t_total : the run's iterations.
     jumps : iterations taken ahead of the window (the starts of phases that may follow an early stop).
     tally : where refusals and duplicates are counted.
-    signed : the run's messages are signed (a conflict is then proof of equivocation).
     """
 
     def __init__(
@@ -58,11 +57,9 @@ class XIntake:
         t_total: int,
         jumps: frozenset[int],
         tally: Tally,
-        signed: bool = False,
     ) -> None:
         self.senders = senders
         self.tally = tally
-        self.signed = signed
         # A neighbour's x's sent again after a broker crash are duplicates, not stale: keep HISTORY.
         self.barrier = Barrier(node, senders, "x^({})", timeout=timeout, end=t_total, window=2, keep=HISTORY)
         self.barrier.jumps = jumps
@@ -93,7 +90,9 @@ class XIntake:
         if outcome == "dup":
             self.tally.duplicates += 1
         elif outcome == "conflict":
-            raise equivocation_error(j, f"x_{j}^({t})", self.signed)
+            raise equivocation_error(
+                j, f"x_{j}^({t})", signed=False
+            )  # x's carry no signature (protocol.chain)
         elif outcome == "stale":
             reject(f"stale x from node {j} for t={t}; the node is at t={nxt}")
         elif outcome == "gone":

@@ -30,6 +30,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray
 from ..protocol import RunShape, departure_claims, status_error
+from ..protocol.chain import KeyChain
 from ..protocol.identity import Identity, Verifier
 from ..schedule import Phase, combine
 from ..termination import Fields
@@ -155,8 +156,11 @@ class Member:
         self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"))
         self.peers = Neighbours(self.neighbours)
         identity = options.get("identity") if self.verifier is not None else None
-        signed = transport if identity is None else SignedTransport(transport, identity)
-        self.outbox = Outbox(signed, self.topics, node_id)
+        signed, chain = transport, None
+        if identity is not None:  # x's carry a key-chain element, the rest a signature
+            signed = SignedTransport(transport, identity, unsigned=self.topics.x(node_id))
+            chain = KeyChain(identity.chain_seed(f"{self.prefix}|{run_id}|{node_id}"), self.t_total)
+        self.outbox = Outbox(signed, self.topics, node_id, chain)
         self.tally = Tally(node_id)
         self.intake = XIntake(
             node_id,
@@ -165,7 +169,6 @@ class Member:
             t_total=self.t_total,
             jumps=self.shape.jumps,
             tally=self.tally,
-            signed=self.verifier is not None,
         )
         self.x_in = self.intake.barrier
         self.store = options.get("checkpoint")

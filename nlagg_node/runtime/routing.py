@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from ..errors import NlaggError
 from ..protocol import NO_HALT, halt_span, x_form_error
+from ..protocol.chain import ChainCheck, chain_check, x_key_error
 from ..protocol.identity import signature_error
 from ..termination import NO_STOP
 from .barrier import Outcome
@@ -70,7 +71,9 @@ class Router:
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
         self.verifier = first.verifier  # None: a run without identities (and no message may be signed)
+        self.chains: dict[int, ChainCheck] = {}  # each sender's x key chain, from its signed anchor
         self.shape = first.shape
+        self.far = {t: t + 1 for t in self.shape.jumps}  # a phase start may follow a long skip
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
         # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
@@ -116,7 +119,11 @@ class Router:
             if routes is None:
                 self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
                 return
-            if (msg.sig is not None or self.verifier is not None) and self._forged(raw, info.node, msg.sig):
+            j = msg.node
+            if (self.verifier is not None or msg.k is not None or msg.sig is not None) and (
+                why := x_key_error(self.verifier is not None, self.chains.get(j), j, t, msg.k, msg.sig)
+            ):
+                self.on_reject(raw.topic, WireError("k", msg.node, why))
                 return
             j, x, quiet = msg.node, msg.x, msg.quiet
             for m, put, slot in routes:
@@ -139,6 +146,8 @@ class Router:
             else:
                 target.on_sealed_z0(msg)
         elif isinstance(msg, KeyMsg | StatusMsg):
+            if isinstance(msg, StatusMsg) and msg.chain is not None and msg.node not in self.chains:
+                self.chains[msg.node] = chain_check(msg.chain, self.far)
             listeners = self.listeners.get(msg.node)
             if listeners is None:
                 what = "key" if isinstance(msg, KeyMsg) else "status"

@@ -84,6 +84,7 @@ NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
 Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
 _B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _SIG_PATTERN = "^[A-Za-z0-9+/]{86}==$"  # base64 of a 64-byte Ed25519 signature
+_K_PATTERN = "^[A-Za-z0-9+/]{22}==$"  # base64 of a 16-byte key-chain element
 
 
 def _b64_of(size: int) -> AfterValidator:
@@ -182,6 +183,7 @@ class XMsg(_Signed):
     quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
     departures: Departures | None = None
+    k: Annotated[str, _b64_of(16)] | None = None  # the sender's key-chain element (a run with identities)
 
 
 class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -206,6 +208,7 @@ class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
         | None
     ) = None  # HotDecoder checks the order
     sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
+    k: Annotated[str, msgspec.Meta(min_length=24, max_length=24, pattern=_K_PATTERN)] | None = None
 
 
 _decode_x = msgspec.json.Decoder(XWire).decode
@@ -225,6 +228,7 @@ class StatusMsg(_Signed):
     output: list[Finite] | None = None
     iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     departed: dict[str, Iteration] | None = None
+    chain: Annotated[str, _b64_of(16)] | None = None  # the anchor of its x's key chain (with identities)
 
 
 class AdvStateMsg(_Signed):
@@ -337,13 +341,15 @@ def encode_x(
     quiet: int | None = None,
     stop: int | None = None,
     departures: Sequence[int] = (),
+    k: str | None = None,
 ) -> bytes:
     """``encode(XMsg(node=node, t=t, phase=phase, x=x, ...))`` without building the model (hot path).
 
     The caller guarantees ``phase`` needs no JSON escaping (phase names are ``[a-z0-9-]``);
     ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical. ``quiet``
     and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None,
-    and ``departures`` (ascending) only when not empty.
+    ``departures`` (ascending) only when not empty, and ``k`` (the key-chain element of a run with
+    identities, :mod:`nlagg_node.protocol.chain`) last, when given.
     """
     if not math.isfinite(x):
         raise WireError("x", x, "must be a finite number")
@@ -354,6 +360,8 @@ def encode_x(
         text += f',"stop":{stop}'
     if departures:
         text += ',"departures":[' + ",".join(str(int(d)) for d in departures) + "]"
+    if k is not None:
+        text += f',"k":"{k}"'
     return (text + "}").encode()
 
 
@@ -363,7 +371,7 @@ def encode(msg: WireMessage) -> bytes:
         body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
         if isinstance(msg, StatusMsg) and msg.departed is None:
             del body["departed"]  # statuses of a run without departures are as before
-        for key in ("sig", "identities"):  # a run without identities is as before
+        for key in ("sig", "identities", "chain"):  # a run without identities is as before
             if body.get(key, 0) is None:
                 del body[key]
         text = json.dumps(body, allow_nan=False, separators=(",", ":"))

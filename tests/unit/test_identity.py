@@ -2,7 +2,8 @@
 
 * sign/verify (:mod:`nlagg_node.protocol.identity`): what a node signs verifies; another topic, another
   key, a changed byte, a missing or misplaced signature do not; unsigned payloads are byte for byte
-  as in a run without identities;
+  as in a run without identities; an x's key-chain element (:mod:`nlagg_node.protocol.chain`) is
+  checked with one hash, and nothing off the chain passes;
 * a network with identities is the simulator's, bit for bit, and refuses what a password holder forges;
 * a conflict for one slot ends the run naming the node (:mod:`nlagg_node.protocol.equivocation`), signed
   (proof) or not (a lab run), and the transcript stores the second message as rejected naming it too.
@@ -24,10 +25,11 @@ from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, EquivocationError
 from nlagg_node.protocol import Identity, Verifier, new_identity, signature_error
+from nlagg_node.protocol.chain import ChainCheck, KeyChain, key_b64
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import StatusMsg, XMsg, decode, encode, encode_x, topics
+from nlagg_node.runtime.wire import StatusMsg, Z0Msg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
 
 RUN = "auth"
@@ -38,22 +40,39 @@ KEYS = [identity.public for identity in IDS]
 
 
 def test_what_a_node_signs_verifies_and_nothing_else() -> None:
-    body = encode_x(1, 5, "median", 0.25)
-    signed = IDS[1].sign(TP.x(1), body)
+    body = encode(StatusMsg(node=1, state="running"))
+    signed = IDS[1].sign(TP.status(1), body)
     assert signed.startswith(body[:-1])
-    msg = decode(TP.x(1), signed, "nlagg", RUN)[1]
-    assert isinstance(msg, XMsg)
+    msg = decode(TP.status(1), signed, "nlagg", RUN)[1]
+    assert isinstance(msg, StatusMsg)
     assert msg.sig is not None  # the models take the field
     check = Verifier(KEYS).check
-    assert check(TP.x(1), 1, signed) is None
-    assert "does not verify" in str(check(TP.x(2), 1, signed))  # bound to its topic
-    assert "does not verify" in str(check(TP.x(1), 1, IDS[2].sign(TP.x(1), body)))  # another key
-    tampered = signed.replace(b"0.25", b"0.26")
-    assert "does not verify" in str(check(TP.x(1), 1, tampered))
-    assert "unsigned" in str(check(TP.x(1), 1, body))
+    assert check(TP.status(1), 1, signed) is None
+    assert "does not verify" in str(check(TP.status(2), 1, signed))  # bound to its topic
+    assert "does not verify" in str(check(TP.status(1), 1, IDS[2].sign(TP.status(1), body)))  # another key
+    tampered = signed.replace(b"running", b"leaving")
+    assert "does not verify" in str(check(TP.status(1), 1, tampered))
+    assert "unsigned" in str(check(TP.status(1), 1, body))
     moved = b'{"sig":' + signed[signed.index(b'"sig":') + 6 : -1] + b"," + body[1:]  # not the last field
-    assert "unsigned" in str(check(TP.x(1), 1, moved))
-    assert Identity.from_pem(IDS[1].pem()).sign(TP.x(1), body) == signed  # deterministic, from its PEM
+    assert "unsigned" in str(check(TP.status(1), 1, moved))
+    assert Identity.from_pem(IDS[1].pem()).sign(TP.status(1), body) == signed  # deterministic, from its PEM
+
+
+def test_a_key_chain_authenticates_each_x_with_one_hash() -> None:
+    chain = KeyChain(IDS[1].chain_seed(f"nlagg|{RUN}|1"), 6000)
+    assert KeyChain(IDS[1].chain_seed(f"nlagg|{RUN}|1"), 6000).key(1234) == chain.key(1234)  # a resumed node
+    check = ChainCheck(chain.anchor, far={5000: 5001})
+    assert all(check.check(t, key_b64(chain.key(t))) is None for t in range(300))
+    assert check.check(120, key_b64(chain.key(120))) is None  # a resend, behind the latest
+    assert check.check(299, key_b64(chain.key(299))) is None
+    assert "not on the sender's key chain" in str(check.check(300, key_b64(chain.key(301))))
+    assert "not on the sender's key chain" in str(check.check(300, key_b64(bytes(16))))
+    assert "no key-chain element" in str(check.check(300, None))
+    assert "cannot be checked" in str(check.check(5999, key_b64(chain.key(5999))))  # too far to hash
+    assert check.check(5000, key_b64(chain.key(5000))) is None  # a phase start: allowed to jump
+    assert check.check(5001, key_b64(chain.key(5001))) is None
+    other = KeyChain(IDS[2].chain_seed(f"nlagg|{RUN}|1"), 6000)
+    assert "not on the sender's key chain" in str(ChainCheck(chain.anchor).check(0, key_b64(other.key(0))))
 
 
 def test_without_identities_payloads_are_as_before_and_a_signature_is_refused() -> None:
@@ -118,16 +137,31 @@ def _neighbours(i: int) -> set[int]:
     return {int(b) if a == i else int(a) for a, b in run_edges(CFG).tolist() if i in (a, b)}
 
 
-@pytest.mark.parametrize("signed", [True, False], ids=["signed-proof", "lab-no-identities"])
-async def test_an_equivocating_node_ends_the_run_naming_it(signed: bool) -> None:
+def _other(topic: str, payload: bytes, signed: bool) -> bytes:
+    """The same message with another number: an x keeps its key-chain element, a z^(0) is signed anew."""
+    body = json.loads(payload)
+    field = "x" if "x" in body else "z"
+    body[field] += 1.0
+    if not signed or field == "x":
+        return json.dumps(body, separators=(",", ":")).encode()
+    del body["sig"]
+    return IDS[3].sign(topic, json.dumps(body, separators=(",", ":")).encode())
+
+
+@pytest.mark.parametrize(
+    ("kind", "signed"),
+    [("x", True), ("x", False), ("z0", True)],
+    ids=["x-identities", "x-lab-no-identities", "z0-signed-proof"],
+)
+async def test_an_equivocating_node_ends_the_run_naming_it(kind: str, signed: bool) -> None:
     broker = MemoryBroker()
     route = broker.route
+    target = TP.x(3) if kind == "x" else TP.z0(3, min(_neighbours(3)))
 
     def equivocate(topic: str, payload: bytes, retain: bool) -> None:
         route(topic, payload, retain)
-        if topic == TP.x(3) and json.loads(payload)["t"] == 10:  # node 3 itself sends another x_3^(10)
-            other = encode_x(3, 10, "median", json.loads(payload)["x"] + 1.0)
-            route(topic, IDS[3].sign(topic, other) if signed else other, retain)
+        if topic == target and json.loads(payload).get("t", 10) == 10:  # node 3 sends another one
+            route(topic, _other(topic, payload, signed), retain)
 
     broker.route = equivocate  # type: ignore[method-assign]
     nodes = _network(broker, KEYS if signed else None, IDS if signed else None)
@@ -136,26 +170,40 @@ async def test_an_equivocating_node_ends_the_run_naming_it(signed: bool) -> None
     errors = [e for e in caught.value.exceptions if isinstance(e, EquivocationError)]
     assert errors, caught.value.exceptions
     assert {e.node for e in errors} == {3}
-    assert all("x_3^(10)" in str(e) for e in errors)
-    assert all(("equivocated" in str(e)) == signed for e in errors)  # proof only with identities
+    slot = "x_3^(10)" if kind == "x" else "z0 3->"
+    assert all(slot in str(e) for e in errors)
+    assert all(("node 3 equivocated" in str(e)) == (kind == "z0") for e in errors)  # proof: signed pairs
 
 
 def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Path) -> None:
     cfg = CFG.model_copy(update={"init_channel": "plain"})
     edges = run_edges(cfg)
+    chains = [KeyChain(IDS[k].chain_seed(f"nlagg|{RUN}|{k}"), 60) for k in range(cfg.n)]
+
+    def x(k: int, t: int, value: float, key: int | None = None) -> bytes:
+        return encode_x(k, t, "median", value, k=key_b64(chains[k].key(t if key is None else key)))
+
     with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
         tr.add(TP.config, encode(build_config_msg(cfg, RUN, edges, KEYS)), retained=True)
-        x0 = [(TP.x(k), IDS[k].sign(TP.x(k), encode_x(k, 0, "median", 0.5))) for k in range(cfg.n)]
-        assert all(tr.add(topic, payload) is not None for topic, payload in x0)
-        forged = encode_x(1, 1, "median", 9.0)
-        assert tr.add(TP.x(1), forged) is None
-        assert tr.add(TP.x(1), IDS[2].sign(TP.x(1), forged)) is None
-        assert tr.add(TP.x(1), IDS[1].sign(TP.x(1), encode_x(1, 1, "median", 0.5))) is not None
-        assert tr.add(TP.x(1), IDS[1].sign(TP.x(1), encode_x(1, 1, "median", 0.75))) is None
+        for k in range(cfg.n):
+            online = encode(StatusMsg(node=k, state="online", chain=key_b64(chains[k].anchor)))
+            assert tr.add(TP.status(k), IDS[k].sign(TP.status(k), online)) is not None
+        assert all(tr.add(TP.x(k), x(k, 0, 0.5)) is not None for k in range(cfg.n))
+        assert tr.add(TP.x(1), encode_x(1, 1, "median", 9.0)) is None  # a broker password's forgery
+        assert tr.add(TP.x(1), x(1, 1, 9.0, key=2)) is None  # another iteration's element
+        assert tr.add(TP.x(1), x(1, 1, 0.5)) is not None
+        assert tr.add(TP.x(1), x(1, 1, 0.75)) is None  # the same element, another number
+        z0 = encode(Z0Msg.model_validate({"from": 1, "to": 0, "group": "median", "z": 1.5}))
+        assert tr.add(TP.z0(1, 0), IDS[1].sign(TP.z0(1, 0), z0)) is not None
+        assert tr.add(TP.z0(1, 0), z0) is None  # unsigned
+        other = z0.replace(b"1.5", b"2.5")
+        assert tr.add(TP.z0(1, 0), IDS[1].sign(TP.z0(1, 0), other)) is None  # signed: proof
         reasons = [why for _, why in tr.rejected()]
-    assert "unsigned message" in reasons[0]
-    assert "does not verify with node 1's identity" in reasons[1]
-    assert "node 1 equivocated: two different x_1^(1)" in reasons[2]
+    assert "no key-chain element" in reasons[0]
+    assert "not on the sender's key chain" in reasons[1]
+    assert "two different x_1^(1) on node 1's topic" in reasons[2]
+    assert "unsigned message" in reasons[3]
+    assert "node 1 equivocated: two different z0 1->0 (median)" in reasons[4]
 
 
 def test_a_plan_gives_every_node_an_identity(tmp_path: Path) -> None:
