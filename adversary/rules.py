@@ -130,6 +130,18 @@ class RunRules:
             return x_key_error(auth, self.chains.get(msg.node), msg.node, msg.t, msg.k, msg.sig)
         return signature_error(self.verifier, topic, node, payload, getattr(msg, "sig", None) is not None)
 
+    def resume(self, msg: Decoded) -> None:
+        """A message the transcript already holds as valid (a restarted eavesdropper): a status's
+        key-chain anchor, an x's place on its sender's chain."""
+        if isinstance(msg, StatusMsg):
+            self._anchor(msg)
+        elif isinstance(msg, X_TYPES) and msg.k is not None and msg.node in self.chains:
+            self.chains[msg.node].follow(msg.t, msg.k)
+
+    def _anchor(self, msg: StatusMsg) -> None:
+        if msg.chain is not None and msg.node not in self.chains:
+            self.chains[msg.node] = chain_check(msg.chain, self._far)
+
     def _halt(self, node: int, t: int) -> tuple[int, int]:
         if not self._halted:
             return NO_HALT
@@ -175,8 +187,7 @@ class RunRules:
             if stop != NO_STOP:
                 self._halted.setdefault((self.shape.phase_of(stop), msg.node), stop)
         elif isinstance(msg, StatusMsg):
-            if msg.chain is not None and msg.node not in self.chains:
-                self.chains[msg.node] = chain_check(msg.chain, self._far)
+            self._anchor(msg)
             for j, t in departure_claims(msg.node, msg.state, msg.iterations, msg.departed):
                 self.departures.claim(msg.node, j, t)
 

@@ -333,6 +333,7 @@ class Transcript(TranscriptReader):
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
         sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload, error FROM messages ORDER BY id"
         self._seen = {}
+        latest: dict[int, tuple[int, str, bytes]] = {}  # each node's last valid x (its key chain's place)
         for key, valid, kind, topic, node, t, phase, payload, error in self.db.execute(sql).fetchall():
             if not valid:
                 if OUTSIDE_WINDOW not in str(error):
@@ -347,6 +348,12 @@ class Transcript(TranscriptReader):
                     self.rules, _ = rules_for(msg)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.saw_x(int(node), int(t))
+                if int(t) > latest.get(int(node), (-1, "", b""))[0]:
+                    latest[int(node)] = (int(t), str(topic), bytes(payload))
+            elif kind == "status" and self.rules is not None and self.rules.verifier is not None:
+                self.rules.resume(self._decode(str(topic), bytes(payload)))
+        for _, topic, payload in latest.values() if self.rules is not None else ():
+            self.rules.resume(self._decode(topic, payload))
 
     def commit(self) -> None:
         """Write and make durable everything added so far (one transaction).

@@ -90,7 +90,8 @@ class Outbox:
         """Publish x_i^(t) without waiting (hot path); with early stopping, ``fields`` are its quiet
         counter, stop (None while unknown) and the departures it knows of."""
         k = None if self.chain is None else key_b64(self.chain.key(t))
-        payload = encode_x(self.node, t, phase, x, *(fields or ()), k=k)
+        quiet, stop, departures = (None, None, ()) if fields is None else fields
+        payload = encode_x(self.node, t, phase, x, quiet, stop, departures, k)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))

@@ -199,6 +199,10 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
         other = z0.replace(b"1.5", b"2.5")
         assert tr.add(TP.z0(1, 0), IDS[1].sign(TP.z0(1, 0), other)) is None  # signed: proof
         reasons = [why for _, why in tr.rejected()]
+    with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:  # a restarted eavesdropper follows the chains
+        assert tr.add(TP.x(4), x(4, 1, 0.5)) is not None
+        assert tr.add(TP.x(2), x(2, 1, 0.5)) is not None
+        assert tr.add(TP.x(3), x(3, 1, 0.5, key=2)) is None
     assert "no key-chain element" in reasons[0]
     assert "not on the sender's key chain" in reasons[1]
     assert "two different x_1^(1) on node 1's topic" in reasons[2]
