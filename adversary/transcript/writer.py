@@ -352,8 +352,9 @@ class Transcript(TranscriptReader):
                     latest[int(node)] = (int(t), str(topic), bytes(payload))
             elif kind == "status" and self.rules is not None and self.rules.verifier is not None:
                 self.rules.resume(self._decode(str(topic), bytes(payload)))
-        for _, topic, payload in latest.values() if self.rules is not None else ():
-            self.rules.resume(self._decode(topic, payload))
+        if self.rules is not None:
+            for _, topic, payload in latest.values():
+                self.rules.resume(self._decode(topic, payload))
 
     def commit(self) -> None:
         """Write and make durable everything added so far (one transaction).
