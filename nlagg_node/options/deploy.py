@@ -42,8 +42,8 @@ class PlanRunOptions(ModelOptions, CorruptOptions, ValueSourceOptions):
     auth: Annotated[
         bool,
         Opt(
-            "give every node an Ed25519 identity and sign every message (a broker password alone then"
-            " forges nothing; docs/protocol.md) [default: on]",
+            "give every node an Ed25519 identity and authenticate every message (a broker password"
+            " alone then forges nothing; docs/protocol.md 'Signed messages') [default: on]",
             NETWORK,
             ("--auth/--no-auth",),
         ),

@@ -269,8 +269,8 @@ class TestbedOptions(RunOptions, CorruptOptions):
     auth: Annotated[
         bool,
         Opt(
-            "give every node an Ed25519 identity and sign every message, as a deployed plan does"
-            " (off here: it costs rounds; docs/protocol.md 'Signed messages')",
+            "give every node an Ed25519 identity and authenticate every message, as a deployed plan"
+            " does (off by default in the lab; docs/protocol.md 'Signed messages')",
             NETWORK,
             ("--auth/--no-auth",),
         ),
