@@ -39,7 +39,7 @@ from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.tls import TlsSettings
-from ..runtime.wire import check_run_id, encode, topics
+from ..runtime.wire import ConfigMsg, check_run_id, encode, topics
 from ..scale import check_node_value, check_start, scale_for
 from ..schedule import plan_phases, true_aggregate
 from ..sim.departures import survivor_truth
@@ -352,10 +352,7 @@ async def run_testbed(
 
     ``on_progress`` receives a :class:`~nlagg_node.lab.progress.Snapshot` a few times a second
     (the launcher then also subscribes to node 0's x and the statuses). An eavesdropper that dies
-    during the run stops it at once (:class:`TestbedError`).
-
-    ``auth``: every node gets an Ed25519 identity and signs every message, as a deployed plan's
-    nodes do (:mod:`nlagg_node.protocol.identity`); the retained config carries the public keys.
+    during the run stops it at once (:class:`TestbedError`). ``auth``: see :func:`_publish_config`.
     """
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
@@ -386,18 +383,13 @@ async def run_testbed(
         launcher = await stack.enter_async_context(
             MqttTransport(url, client_id=f"nlagg-{run_id}-launcher", tls=_tls(ca_file))
         )
-        identities = tuple(new_identity() for _ in range(cfg.n)) if auth else ()
-        keys = [identity.public for identity in identities] if auth else None
-        public = build_config_msg(cfg, run_id, edges, keys)
-        await launcher.publish(t.config, encode(public), qos=1, retain=True)
+        ids = await _publish_config(launcher, t.config, build_config_msg(cfg, run_id, edges), auth)
         eaves = _Eavesdropper(say, workdir / "eavesdropper.log", external=broker_url is not None)
         stack.push_async_callback(eaves.stop)
         await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice, ca_file)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        nodes = _Nodes(
-            cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file, identities
-        )
+        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file, ids)
         if on_progress is not None:
             cap = sum(p.t_len for p in plan_phases(cfg))
             watch = RunProgress(prefix, run_id, cfg.n, cap, lambda: len(eaves.exposures), on_progress)
@@ -422,6 +414,19 @@ async def run_testbed(
         if out_dir is not None:
             write_outputs(out_dir, cfg, summary)
     return summary
+
+
+async def _publish_config(
+    launcher: MqttTransport, topic: str, public: ConfigMsg, auth: bool
+) -> tuple[Identity, ...]:
+    """Publish the run's retained configuration ``public``. With ``auth`` every node gets an Ed25519
+    identity first, as a deployed plan's nodes have (:mod:`nlagg_node.protocol.identity`): the
+    configuration carries their public keys, and the identities are returned."""
+    ids = tuple(new_identity() for _ in range(public.n)) if auth else ()
+    if ids:
+        public = public.model_copy(update={"identities": [identity.public for identity in ids]})
+    await launcher.publish(topic, encode(public), qos=1, retain=True)
+    return ids
 
 
 def _checked_values(cfg: RunConfig) -> tuple[FloatArray, IntArray]:
