@@ -15,6 +15,10 @@ this module keeps only the state the transcript needs to call them as the captur
   establish (:func:`~nlagg_node.protocol.departure_claims`: a node's own ``leaving``, or a
   neighbour's observation of their shared edge; never a claim about a non-neighbour).
 
+In a run with identities a message counts only with its sender's signature, an x with its sender's
+key-chain element (the nodes' checks, :meth:`RunRules.forged`): what a broker password alone forges
+is stored as rejected, with the reason.
+
 When the broker lost the capture's session (a broker crash), the messages queued for it are gone
 and the window has nothing to stand on: :meth:`RunRules.resync` suspends it until every node has
 been seen again. The rules need the run's public configuration; every size they allocate comes
@@ -31,17 +35,20 @@ from nlagg_node.protocol import (
     X_WINDOW,
     Departures,
     RunShape,
+    Verifier,
     admit,
     adv_error,
     departure_claims,
     halt_span,
     key_error,
     lowest_position,
+    signature_error,
     status_error,
     x_form_error,
     x_value_error,
     z0_error,
 )
+from nlagg_node.protocol.chain import ChainCheck, chain_check, x_key_error
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
 from nlagg_node.runtime.wire import (
     X_TYPES,
@@ -118,6 +125,9 @@ class RunRules:
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
         self.departures = Departures(shape)  # from statuses
         self.ends = PhaseEnds(shape)
+        self.verifier = _verifier(config)  # None: a run without identities
+        self.chains: dict[int, ChainCheck] = {}  # each node's x key chain, from its signed anchor
+        self._far = {t: t + 1 for t in shape.jumps}
 
     def inside(self, node: int, t: int) -> bool:
         """Whether ``(node, t)`` is a node and an iteration of the run."""
@@ -145,6 +155,27 @@ class RunRules:
             if mismatch is not None:
                 return f"a second run configuration ({mismatch}); the first one is kept"
         return None
+
+    def forged(self, topic: str, node: int | None, payload: bytes, msg: Decoded) -> str | None:
+        """Why a message's authentication refuses it, as the nodes decide: in a run with identities
+        an x carries its sender's key-chain element (:func:`~nlagg_node.protocol.chain.x_key_error`),
+        every other message of a node its signature (:func:`~nlagg_node.protocol.signature_error`)."""
+        if isinstance(msg, X_TYPES):
+            auth = self.verifier is not None
+            return x_key_error(auth, self.chains.get(msg.node), msg.node, msg.t, msg.k, msg.sig)
+        return signature_error(self.verifier, topic, node, payload, getattr(msg, "sig", None) is not None)
+
+    def resume(self, msg: Decoded) -> None:
+        """A message the transcript already holds as valid (a restarted eavesdropper): a status's
+        key-chain anchor, an x's place on its sender's chain."""
+        if isinstance(msg, StatusMsg):
+            self._anchor(msg)
+        elif isinstance(msg, X_TYPES) and msg.k is not None and msg.node in self.chains:
+            self.chains[msg.node].follow(msg.t, msg.k)
+
+    def _anchor(self, msg: StatusMsg) -> None:
+        if msg.chain is not None and msg.node not in self.chains:
+            self.chains[msg.node] = chain_check(msg.chain, self._far)
 
     def _halt(self, node: int, t: int) -> tuple[int, int]:
         if not self.ends.count:
@@ -190,6 +221,7 @@ class RunRules:
             self.saw_x(msg.node, msg.t)
             self.ends.note(msg.node, msg.t, msg.stop, msg.departures)
         elif isinstance(msg, StatusMsg):
+            self._anchor(msg)
             for j, t in departure_claims(msg.node, msg.state, msg.iterations, msg.departed):
                 self.departures.claim(msg.node, j, t)
 
@@ -202,6 +234,14 @@ class RunRules:
     def resync(self) -> None:
         """The capture may have missed messages: no window until every node has been seen again."""
         self._resync = set(range(self.n))
+
+
+def _verifier(config: ConfigMsg) -> Verifier | None:
+    if config.identities is None:
+        return None
+    if len(config.identities) != config.n:
+        raise ValueError(f"identities: {len(config.identities)} keys for {config.n} nodes")
+    return Verifier(config.identities)
 
 
 def rules_for(config: ConfigMsg) -> tuple[RunRules | None, str | None]:

@@ -1,7 +1,7 @@
 """Rounds per second of the networked testbed against a raw MQTT round baseline, in one run.
 
     python benchmarks/bench_testbed.py [--n 15] [--rounds R] [--repeat 3] [--layouts processes,in-process]
-                                       [--eavesdropper-nice 10] [--capture-baseline] [--tls]
+                                       [--eavesdropper-nice 10] [--capture-baseline] [--tls] [--auth]
 
 Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
 run's RGG), the same process layout and the same transport (MqttTransport: paho, QoS 1,
@@ -28,6 +28,10 @@ own MQTT client subscribed to every topic, acking what it receives and nothing m
 at the eavesdropper's nice. That is what any capture costs (Mosquitto's extra deliveries and one
 reader), so testbed / that ratio is what nlagg's own work (the protocol, the math, storing and
 attacking the capture) leaves of the rounds.
+
+``--auth`` also runs the testbed with signed messages (every node an Ed25519 identity, as
+``nlagg deploy plan`` gives by default; docs/protocol.md "Signed messages") after each unsigned run,
+and reports its ratio to the raw rounds (target of issue 31: >= 0.85) and to the unsigned testbed.
 
 ``--tls`` also reports the TLS overhead: the same raw rounds over ``mqtts://`` (TLS 1.2+, a
 private CA made as ``nlagg deploy plan --tls`` makes it, the server verified) against plain
@@ -191,8 +195,8 @@ async def raw_processes(url: str, cfg: RunConfig, rounds: int, ca: str | None = 
     return min(float(out.decode().strip()) for out, _ in outs)
 
 
-async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int) -> float:
-    summary = await run_testbed(cfg, broker_url=url, in_process=in_process, eavesdropper_nice=nice)
+async def testbed_rate(url: str, cfg: RunConfig, in_process: bool, nice: int, auth: bool) -> float:
+    summary = await run_testbed(cfg, broker_url=url, in_process=in_process, eavesdropper_nice=nice, auth=auth)
     if not summary["exact"] and cfg.t_max_value >= 7000:
         print("warning: testbed result not exact", file=sys.stderr)
     return float(summary["rounds_per_second"])
@@ -247,10 +251,12 @@ async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Na
     in_process = layout == "in-process"
     raw = raw_in_process if in_process else raw_processes
     rounds = cfg.t_max_value
-    base, ours, captured = [], [], []
+    base, ours, captured, signed = [], [], [], []
     for _ in range(args.repeat):
         base.append(await raw(url, cfg, rounds))
-        ours.append(await testbed_rate(url, cfg, in_process, args.eavesdropper_nice))
+        ours.append(await testbed_rate(url, cfg, in_process, args.eavesdropper_nice, auth=False))
+        if args.auth:
+            signed.append(await testbed_rate(url, cfg, in_process, args.eavesdropper_nice, auth=True))
         if args.capture_baseline:
             captured.append(await raw_with_capture(url, cfg, rounds, in_process, args.eavesdropper_nice))
     b, o = statistics.median(base), statistics.median(ours)
@@ -262,6 +268,13 @@ async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Na
         f"testbed {[round(x) for x in ours]}; pairs: median {statistics.median(pairs):4.2f}, "
         f"{min(pairs):4.2f}-{max(pairs):4.2f})"
     )
+    if signed:
+        a = statistics.median(signed)
+        print(
+            f"{layout:>11}: signed (--auth) {a:7.1f}/s   ratio to raw {a / b:5.2f} (target >= 0.85)   "
+            f"to unsigned {a / o:5.2f}  (runs {[round(x) for x in signed]}; pairs with raw: "
+            f"{[round(s / r, 2) for r, s in zip(base, signed, strict=True)]})"
+        )
     if captured:
         c = statistics.median(captured)
         print(
@@ -291,5 +304,8 @@ if __name__ == "__main__":
         "--capture-baseline", action="store_true", help="also raw rounds beside a bare capture subscriber"
     )
     parser.add_argument("--tls", action="store_true", help="also measure the TLS overhead (raw rounds)")
+    parser.add_argument(
+        "--auth", action="store_true", help="also the testbed with signed messages (deploy plan's default)"
+    )
     parser.add_argument("--tls-only", action="store_true", help="only the TLS overhead")
     asyncio.run(main(parser.parse_args()))

@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "ConfigMismatchError",
     "DepartedError",
+    "EquivocationError",
     "MqttProtocolError",
     "NeighbourTimeoutError",
     "NlaggError",
@@ -138,6 +139,15 @@ class TestbedError(NlaggError):
 
 class DepartedError(NlaggError):
     """This node came back after its neighbours had counted it as departed: refused for the run."""
+
+
+class EquivocationError(NlaggError):
+    """A node published two different messages for one slot: the run ends, naming it
+    (:func:`nlagg_node.protocol.equivocation_error`)."""
+
+    def __init__(self, node: int, why: str) -> None:
+        self.node = node
+        super().__init__(why)
 
 
 class StoppedBySignal(NlaggError):  # noqa: N818 - a reason to stop, not a fault

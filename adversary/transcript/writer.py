@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from nlagg_node.errors import ConfigError
-from nlagg_node.protocol import slot_verdict
+from nlagg_node.protocol import equivocation_error, slot_verdict
 from nlagg_node.runtime.wire import (
     ConfigMsg,
     Decoded,
@@ -132,6 +132,7 @@ class Transcript(TranscriptReader):
         self._slots: dict[tuple[str, str, object], str] = {}
         self._early: EarlySlots | None = None  # with the rules: when each node subscribed
         self._quota: Quota | None = None  # with the rules: bytes stored per node
+        self._values: dict[tuple[str, str, object], float | None] = {}  # the number each slot holds
         self.rules: RunRules | None = None
         self._candidate: RunRules | None = None  # rules of the config being stored
         if config is not None:
@@ -171,6 +172,7 @@ class Transcript(TranscriptReader):
         self._slots = {}
         self._early = None
         self._quota = None
+        self._values = {}
         return self
 
     # Writing ------------------------------------------------------------------------------
@@ -201,7 +203,7 @@ class Transcript(TranscriptReader):
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
         fields = row_fields(info, msg)
-        why = self._judge(key, topic, info, msg, fields)
+        why = self._judge(key, topic, info, msg, fields, payload)
         if why is not None and not self._fits(topic, info.node, payload):
             return None  # beyond the sender's quota: counted, neither stored nor remembered
         if why is None or OUTSIDE_WINDOW not in why:  # a copy outside the window is judged anew later
@@ -226,6 +228,15 @@ class Transcript(TranscriptReader):
         who = quota.topic_node(topic) if node is None else node
         return quota.admit(who, len(topic) + min(len(payload), MAX_INVALID_PAYLOAD), len(payload))
 
+    def _forged(self, topic: str, info: TopicInfo, msg: Decoded, payload: bytes) -> str | None:
+        """Why ``msg``'s signature refuses it (:meth:`adversary.rules.RunRules.forged`)."""
+        if self.rules is None:
+            return None
+        claims = getattr(msg, "sig", None) is not None or getattr(msg, "k", None) is not None
+        if self.rules.verifier is None and not claims:
+            return None  # a run without identities, and nothing on the message claims one
+        return self.rules.forged(topic, info.node, payload, msg)
+
     def _judge(
         self,
         key: str,
@@ -233,9 +244,11 @@ class Transcript(TranscriptReader):
         info: TopicInfo,
         msg: Decoded,
         fields: tuple[int | None, str | None, float | None],
+        payload: bytes,
     ) -> str | None:
         """Why ``msg`` must not count (None: it is valid and now holds its slot); ``fields`` are its
-        :func:`~adversary.transcript.reader.row_fields`."""
+        :func:`~adversary.transcript.reader.row_fields`. The run's rules first, then the sender's
+        signature (a run with identities), then the slot."""
         early = self._early
         if early is not None:
             early.tick += 1
@@ -244,10 +257,10 @@ class Transcript(TranscriptReader):
             if self._candidate is None:
                 return why
         elif self.rules is not None:
-            why = self.rules.reject(msg)
+            why = self.rules.reject(msg) or self._forged(topic, info, msg, payload)
             if why is not None:
                 return why
-        clash = self._claim(key, topic, info, fields[0], fields[1])
+        clash = self._claim(key, topic, info, fields)
         if clash is None and self.rules is not None:
             self.rules.accepted(msg)
             if early is not None and info.kind == "status" and info.node is not None:
@@ -284,6 +297,7 @@ class Transcript(TranscriptReader):
         self.rules = rules
         self._seen, self._slots, self._early = {}, {}, EarlySlots(rules.n, rules.shape.jumps)
         self._quota = self._quota_for(rules)
+        self._values = {}
         changed: list[tuple[object, ...]] = []
         for row_id, topic, payload, valid, error, dedup in before:
             key = str(dedup)
@@ -297,7 +311,7 @@ class Transcript(TranscriptReader):
             if key in self._seen:
                 continue
             tpv = row_fields(info, msg)
-            why = self._judge(key, str(topic), info, msg, tpv)
+            why = self._judge(key, str(topic), info, msg, tpv, bytes(payload))
             if why is None or OUTSIDE_WINDOW not in why:
                 self._seen[key] = why is None
             if (why is None) != bool(valid) or (why is not None and why != error):
@@ -314,8 +328,16 @@ class Transcript(TranscriptReader):
         if self._early is not None:
             self._early.flush(self.db)
 
-    def _claim(self, key: str, topic: str, info: TopicInfo, t: int | None, phase: str | None) -> str | None:
-        """Why a valid x/z0/adv message must not count (another payload for its topic and iteration)."""
+    def _claim(
+        self, key: str, topic: str, info: TopicInfo, fields: tuple[int | None, str | None, float | None]
+    ) -> str | None:
+        """Why a valid x/z0/adv message must not count (another payload for its topic and iteration).
+
+        Another number for the slot is the equivocation the nodes stop for
+        (:func:`~nlagg_node.protocol.equivocation_error`, named in the reason); the same number in
+        another message (a resend with other early-stop fields, a z^(0) sealed anew) is refused
+        without that charge, as the nodes take it as a duplicate."""
+        t, phase, value = fields
         if info.kind not in ("x", "z0", "adv"):
             return None
         slot = (info.kind, topic, phase if info.kind == "z0" else t)
@@ -324,6 +346,7 @@ class Transcript(TranscriptReader):
         early = self._early
         if verdict == "new":
             self._slots[slot] = key
+            self._values[slot] = value
             if early is not None and len(early.subscribed) < early.n:
                 early.take(slot, info.kind, t)
             return None
@@ -336,11 +359,21 @@ class Transcript(TranscriptReader):
             assert self._seen is not None
             early.displace(slot, held, missed, f"{info.kind} for {topic}")
             self._seen[held] = False
-            self._slots[slot] = key
+            self._slots[slot], self._values[slot] = key, value
             early.take(slot, info.kind, t)
             return None
         what = f"group {phase}" if info.kind == "z0" else f"t={t}"
-        return f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+        why = f"conflicts with the {info.kind} already stored for {topic} at {what}; the first one is kept"
+        kept = self._values.get(slot)
+        if kept is None or value is None or kept == value:  # unknown (sealed, restarted) or one number
+            return why
+        named = (
+            f"z0 {info.node}->{info.peer} ({phase})"
+            if info.kind == "z0"
+            else f"{info.kind}_{info.node}^({t})"
+        )
+        signed = self.rules is not None and self.rules.verifier is not None and info.kind != "x"
+        return f"{why}: {equivocation_error(int(info.node or 0), named, signed)}"
 
     def _quota_for(self, rules: RunRules) -> Quota:
         """The run's per-node storage quota (:mod:`adversary.transcript.quota`), with what the file
@@ -370,6 +403,7 @@ class Transcript(TranscriptReader):
         """Dedup digests, slots and the window of what the file holds (a restarted eavesdropper)."""
         sql = "SELECT dedup, valid, kind, topic, node, t, phase, payload, error FROM messages ORDER BY id"
         self._seen = {}
+        latest: dict[int, tuple[int, str, bytes]] = {}  # each node's last valid x (its key chain's place)
         rows = self.db.execute(sql).fetchall()
         for key, valid, kind, topic, node, t, phase, payload, error in rows:
             if not valid and self._quota is not None:
@@ -399,6 +433,13 @@ class Transcript(TranscriptReader):
                         self._quota = self._quota_for(self.rules)
             elif kind == "x" and self.rules is not None and self.rules.inside(int(node), int(t)):
                 self.rules.saw_x(int(node), int(t))
+                if int(t) > latest.get(int(node), (-1, "", b""))[0]:
+                    latest[int(node)] = (int(t), str(topic), bytes(payload))
+            elif kind == "status" and self.rules is not None and self.rules.verifier is not None:
+                self.rules.resume(self._decode(str(topic), bytes(payload)))
+        if self.rules is not None:
+            for _, topic, payload in latest.values():
+                self.rules.resume(self._decode(topic, payload))
 
     def commit(self) -> None:
         """Write and make durable everything added so far (one transaction).

@@ -85,10 +85,11 @@ def eavesdrop(opts: EavesdropOptions) -> None:
     public = None
     if opts.config is not None:
         from ..config import load_config
+        from ..deploy.identities import run_identities
         from ..runtime.public import build_config_msg, run_edges
 
         cfg = load_config(Path(opts.config))
-        public = build_config_msg(cfg, opts.run_id, run_edges(cfg))
+        public = build_config_msg(cfg, opts.run_id, run_edges(cfg), run_identities(Path(opts.config)))
     capture = run_eavesdropper(
         brokers,
         opts.run_id,

@@ -36,7 +36,7 @@ TESTBED_FILES = (
 )
 """What ``nlagg testbed --out`` (and ``nlagg report`` on it) writes."""
 
-_SAME_NAMED = ("run_id", "prefix", "broker_kind", "in_process", "neighbour_timeout", "ca_file")
+_SAME_NAMED = ("run_id", "prefix", "broker_kind", "in_process", "neighbour_timeout", "ca_file", "auth")
 """The options :func:`~nlagg_node.lab.testbed.run_testbed` takes as they are, under their own names."""
 
 

@@ -28,7 +28,7 @@ def bundle_members(plan_root: Path, node_id: int) -> list[str]:
     if base != plan_root.resolve():
         raise ConfigError("base_dir", node.base_dir, f"{node_file} does not point at the plan root")
     members = [node.config, "graph.json", f"nodes/{node_id}.toml", node.password_file]
-    members += [p for p in (node.ca_file, node.cert_file, node.key_file) if p is not None]
+    members += [p for p in (node.ca_file, node.cert_file, node.key_file, node.signing_key) if p is not None]
     if node.value.source == "file" and not Path(str(node.value.path)).is_absolute():
         members.append(str(node.value.path))
     return members

@@ -104,6 +104,7 @@ def node_mounts(node: NodeFile) -> list[str]:
             "base_dir", node.base_dir, f"node {node.id}: compose needs a plan's node file ('..')"
         )
     files = [node.config, "graph.json", f"nodes/{node.id}.toml", node.password_file]
+    files += [node.signing_key] if node.signing_key is not None else []
     if node.value.source == "file" and node.value.path is not None:
         files.append(node.value.path)
     files += [f for f in (node.ca_file, node.cert_file, node.key_file) if f is not None]

@@ -96,6 +96,7 @@ async def run_node_epochs(
             password=start.password,
             tls=start.tls,
             run=run,
+            identity=start.identity,
         )
 
     outcomes = run_epochs(
@@ -113,6 +114,8 @@ async def run_node_epochs(
         neighbour_timeout=o.neighbour_timeout,
         startup_timeout=o.startup_timeout,
         departure_timeout=o.departure_timeout,
+        identities=start.identities,
+        identity=start.identity,
     )
     async for out in outcomes:
         report: dict[str, Any] = {"node": o.id, "epoch": out.epoch, "output": None, "start": out.start}

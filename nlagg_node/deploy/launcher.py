@@ -12,6 +12,7 @@ from ..config import load_config
 from ..errors import ConfigError
 from ..inputs import parse_document, read_input_text
 from ..runtime.tls import TlsSettings
+from .identities import run_identities
 
 __all__ = ["publish_config", "run_network"]
 
@@ -49,7 +50,7 @@ async def publish_config(
 
     prefix, run_id = run_network(config)
     cfg = load_config(config)
-    msg = build_config_msg(cfg, run_id, run_edges(cfg))
+    msg = build_config_msg(cfg, run_id, run_edges(cfg), run_identities(config))
     topic = topics(prefix, run_id).config
     transport = MqttTransport(
         broker,

@@ -47,6 +47,7 @@ class NodeFile(BaseModel):
     ca_file: str | None = None  # mqtts://: the CA that verifies the broker
     cert_file: str | None = None  # client certificate and key, when the broker requires one
     key_file: str | None = None
+    signing_key: str | None = None  # the node's Ed25519 identity (a plan with identities)
     value: ValueSource
     every: float | None = Field(None, gt=0)  # a continuous deployment (nlagg_node.runtime.epochs)
     epochs: int | None = Field(None, ge=1)
@@ -128,7 +129,12 @@ def resolve_node(path: Path) -> tuple[NodeFile, Path]:
     files = [("config", node.config), ("password_file", node.password_file)]
     files += [
         (f, p)
-        for f, p in (("ca_file", node.ca_file), ("cert_file", node.cert_file), ("key_file", node.key_file))
+        for f, p in (
+            ("ca_file", node.ca_file),
+            ("cert_file", node.cert_file),
+            ("key_file", node.key_file),
+            ("signing_key", node.signing_key),
+        )
         if p
     ]
     for field, rel in files:

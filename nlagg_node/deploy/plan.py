@@ -8,6 +8,7 @@ Layout of a plan directory ``DIR``::
     nodes/<i>.toml      private, one per node: id, value source, broker, user, password file
     values/<i>.txt      private drawn values (mode 0600), when no value source was given
     secrets/<user>.pw   one clear-text password per broker user, mode 0600 (directory 0700)
+    secrets/node<i>.identity.pem    node i's Ed25519 signing key (0600; its public key is in run.toml)
     tls/ca.pem          with TLS: the CA certificate every client verifies the broker with (public)
     secrets/<user>.crt, .key   with --require-certificate: each user's client certificate and key
     secrets/ca.key      with --tls: the plan CA's private key (the operator's; never on a node)
@@ -37,11 +38,13 @@ from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
 from ..inputs import make_output_dir, parse_document, read_input_text
 from ..private import PRIVATE_FILE_MODE, write_private
+from ..protocol.identity import Identity, new_identity
 from ..runtime.tls import broker_endpoint
 from ..runtime.wire import RUN_ID_RE
 from ..valuesource import ValueSource
 from .commands import TRANSCRIPT_NAME, commands_text, site_conf_path
 from .continuous import continuous_acl, scheduled
+from .identities import identity_file
 from .mosquitto_auth import (
     EAVESDROPPER_USER,
     LAUNCHER_USER,
@@ -99,6 +102,7 @@ class DeployPlan:
     site_urls: list[str] = field(default_factory=list)  # what the nodes of each site dial
     site_ports: list[int] = field(default_factory=list)  # each site broker's listener port
     bridges: list[Bridge] = field(default_factory=list)
+    identities: list[Identity] = field(repr=False, default_factory=list)  # empty: --no-auth
 
     @property
     def n(self) -> int:
@@ -214,6 +218,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     for bridge in bridges:
         passwords[bridge.user] = new_password()
     nodes = []
+    identities = [new_identity() for _ in range(n)] if spec.auth else []
     ca_file = "tls/ca.pem" if spec.uses_tls else None
     for i in range(n):
         user = node_user(i)
@@ -234,6 +239,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
                 ca_file=ca_file,
                 cert_file=cert,
                 key_file=key,
+                signing_key=identity_file(user) if identities else None,
             )
         )
     return DeployPlan(
@@ -251,6 +257,7 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
         site_urls=urls,
         site_ports=ports,
         bridges=bridges,
+        identities=identities,
     )
 
 
@@ -276,7 +283,9 @@ def _sites(
 
 def _public_toml(plan: DeployPlan) -> str:
     run = plan.public.model_dump(mode="json", exclude_none=True, exclude={"seed"})
-    doc = {"run": run, "network": {"prefix": plan.spec.prefix, "run_id": plan.spec.run_id}}
+    doc: dict[str, Any] = {"run": run, "network": {"prefix": plan.spec.prefix, "run_id": plan.spec.run_id}}
+    if plan.identities:  # the nodes sign every message; everyone checks with these keys
+        doc["identities"] = {"ed25519": [identity.public for identity in plan.identities]}
     head = (
         f"# Public configuration of run {plan.spec.run_id}: safe to publish (no private value, no seed).\n"
         "# graph_file is relative to this file's directory; start nodes from here.\n"
@@ -297,6 +306,7 @@ def _plan_toml(plan: DeployPlan) -> str:
             "broker": plan.spec.broker_url,
             "listen_port": plan.spec.listen_port,
             "tls": plan.spec.uses_tls,
+            "auth": bool(plan.identities),
             "require_certificate": plan.spec.require_certificate,
             "users": plan.users,
             "transcript": TRANSCRIPT_NAME,
@@ -358,6 +368,8 @@ def write_plan(plan: DeployPlan, out: Path, *, force: bool = False) -> list[Path
     os.chmod(out / "secrets", 0o700)
     for user, password in plan.passwords.items():
         put(f"secrets/{user}.pw", password + "\n", 0o600)
+    for i, identity in enumerate(plan.identities):
+        put(identity_file(node_user(i)), identity.pem().decode("ascii"), 0o600)
     hashes = {user: hash_password(pw) for user, pw in plan.passwords.items()}
     put("commands.txt", commands_text(spec, plan.nodes, plan.site_urls, plan.site_of))
     for rel, (pem, mode) in sorted(plan.pem.items()):

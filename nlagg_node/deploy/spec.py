@@ -39,6 +39,7 @@ class PlanSpec:
     site_brokers : each site broker's URL; empty = ``broker_url``'s host with port + site number
         (site s then listens on ``listen_port + s``; otherwise on its URL's port).
     schedule : a continuous deployment's epochs (``--every``, :mod:`.continuous`); None: one run.
+    auth : give every node an Ed25519 identity; its messages are signed (:mod:`.identities`).
     """
 
     run: RunConfig
@@ -59,6 +60,7 @@ class PlanSpec:
     site_of: tuple[int, ...] | None = None
     site_brokers: tuple[str, ...] = ()
     schedule: Schedule | None = None
+    auth: bool = True
 
     @property
     def uses_tls(self) -> bool:

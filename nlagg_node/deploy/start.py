@@ -22,10 +22,12 @@ from ..errors import ConfigError
 from ..inputs import read_input_text
 from ..lifetime import run_stoppable
 from ..options import NodeOptions
+from .identities import load_identity, run_identities
 
 if TYPE_CHECKING:
     from ..config import RunConfig
     from ..lab.summary import NodeReport
+    from ..protocol.identity import Identity
     from ..runtime.node import Node
     from ..runtime.tls import TlsSettings
     from ..valuemap import ValueScale
@@ -99,6 +101,8 @@ class NodeStart:
     password: str | None
     tls: TlsSettings | None
     seed: int | None
+    identities: list[str] | None = None  # the run's public identities: its messages are signed
+    identity: Identity | None = None  # this node's signing key
 
 
 def prepare_node(opts: NodeOptions) -> NodeStart:
@@ -130,6 +134,10 @@ def prepare_node(opts: NodeOptions) -> NodeStart:
         if seed is not None:
             raise ConfigError("seed_file", opts.seed_file, "give --seed or --seed-file, not both")
         seed = _read_seed(Path(opts.seed_file))
+    identities = run_identities(config)
+    identity = None if opts.signing_key is None else load_identity(Path(opts.signing_key))
+    if identities is not None and identity is None:
+        raise ConfigError("signing_key", None, f"{config} lists the nodes' identities: give this node's key")
     return NodeStart(
         opts=opts,
         cfg=cfg,
@@ -140,6 +148,8 @@ def prepare_node(opts: NodeOptions) -> NodeStart:
         password=read_password(opts.password_file),
         tls=tls_settings(opts.broker, opts.ca_file, opts.cert_file, opts.key_file),
         seed=seed,
+        identities=identities,
+        identity=identity if identities is not None else None,
     )
 
 
@@ -152,7 +162,7 @@ def _node(start: NodeStart) -> Node:
     transport = MqttTransport(
         o.broker,
         client_id=f"nlagg-{start.run_id}-node-{o.id}",
-        will=node_will(start.prefix, start.run_id, o.id),
+        will=node_will(start.prefix, start.run_id, o.id, start.identity),
         username=o.username,
         password=start.password,
         tls=start.tls,
@@ -172,6 +182,8 @@ def _node(start: NodeStart) -> Node:
         departure_timeout=o.departure_timeout,
         leave_after=o.leave_after,
         leave_quietly=o.leave_by == "kill",
+        identities=start.identities,
+        identity=start.identity,
     )
 
 

@@ -31,6 +31,7 @@ from ..errors import BrokerUnreachableError, ConfigError, NlaggError, TestbedErr
 from ..inputs import make_output_dir
 from ..lifetime import owned_tempdir
 from ..private import write_private
+from ..protocol.identity import Identity, new_identity
 from ..runtime.brokers import start_broker
 from ..runtime.hosted import host_nodes
 from ..runtime.member import check_neighbour_timeout
@@ -38,7 +39,7 @@ from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.tls import TlsSettings
-from ..runtime.wire import check_run_id, encode, topics
+from ..runtime.wire import ConfigMsg, check_run_id, encode, topics
 from ..scale import check_node_value, check_start, scale_for
 from ..schedule import plan_phases, true_aggregate
 from ..sim.departures import survivor_truth
@@ -181,6 +182,11 @@ class _Nodes:
     timeout: float  # seconds a node waits at a barrier
     departures: dict[int, int]  # node -> T: killed (SIGKILL) once its neighbours hold its x^(T-1)
     ca_file: Path | None = None  # verifies an mqtts:// broker
+    identities: tuple[Identity, ...] = ()  # one per node when the run signs its messages (auth)
+
+    @property
+    def public_keys(self) -> list[str] | None:
+        return [identity.public for identity in self.identities] if self.identities else None
 
 
 async def probe_broker(url: str, tls: TlsSettings | None, run_id: str, within: float = 5.0) -> None:
@@ -202,7 +208,10 @@ def _tls(ca_file: Path | None) -> TlsSettings | None:
 async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     cfg = run.cfg
     cfg_path = workdir / "run-config.json"
-    cfg_path.write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
+    doc: dict[str, object] = {"config": cfg.model_dump(mode="json")}
+    if run.identities:
+        doc["identities"] = {"ed25519": run.public_keys}
+    cfg_path.write_text(json.dumps(doc))
     # The private value and the seed travel in 0600 files: neither shows in ps.
     private = workdir / "private"
     seed_file = write_private(private / "seed", f"{cfg.seed}\n")
@@ -223,6 +232,7 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
                 corrupt=i in run.corrupt,
                 leave_after=run.departures.get(i),
                 leave_by="kill" if i in run.departures else None,
+                signing_key=_key_file(run, private, i),
                 program=this_python(),
             )
             procs.append(await Child.start(argv, log=workdir / f"node-{i}.log"))
@@ -256,6 +266,13 @@ async def _run_processes(run: _Nodes, workdir: Path) -> list[NodeReport]:
     return results
 
 
+def _key_file(run: _Nodes, private: Path, i: int) -> str | None:
+    """Node ``i``'s signing key in a 0600 file of the run's private folder (None: a run without)."""
+    if not run.identities:
+        return None
+    return str(write_private(private / f"identity-{i}.pem", run.identities[i].pem()))
+
+
 async def _run_in_process(run: _Nodes) -> list[NodeReport]:
     edges = run_edges(run.cfg)
     async with MqttTransport(
@@ -273,6 +290,8 @@ async def _run_in_process(run: _Nodes) -> list[NodeReport]:
                 corrupt=i in run.corrupt,
                 neighbour_timeout=run.timeout,
                 own_transport=False,
+                identities=run.public_keys,
+                identity=run.identities[i] if run.identities else None,
             )
             for i in range(run.cfg.n)
         ]
@@ -311,6 +330,7 @@ async def run_testbed(
     departures: dict[int, int] | None = None,
     ca_file: Path | None = None,
     on_progress: Callable[[Snapshot], None] | None = None,
+    auth: bool = False,
 ) -> TestbedSummary:
     """Run one testbed and return its summary (see the issue's ``--json`` fields).
 
@@ -332,7 +352,7 @@ async def run_testbed(
 
     ``on_progress`` receives a :class:`~nlagg_node.lab.progress.Snapshot` a few times a second
     (the launcher then also subscribes to node 0's x and the statuses). An eavesdropper that dies
-    during the run stops it at once (:class:`TestbedError`).
+    during the run stops it at once (:class:`TestbedError`). ``auth``: see :func:`_publish_config`.
     """
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     run_id = check_run_id(run_id or new_run_id())
@@ -363,13 +383,13 @@ async def run_testbed(
         launcher = await stack.enter_async_context(
             MqttTransport(url, client_id=f"nlagg-{run_id}-launcher", tls=_tls(ca_file))
         )
-        await launcher.publish(t.config, encode(build_config_msg(cfg, run_id, edges)), qos=1, retain=True)
+        ids = await _publish_config(launcher, t.config, build_config_msg(cfg, run_id, edges), auth)
         eaves = _Eavesdropper(say, workdir / "eavesdropper.log", external=broker_url is not None)
         stack.push_async_callback(eaves.stop)
         await eaves.start(url, run_id, prefix, db_path, eavesdropper_nice, ca_file)
         say(f"starting {cfg.n} nodes ({'in-process' if in_process else 'one process each'})")
         t_nodes = time.perf_counter()
-        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file)
+        nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file, ids)
         if on_progress is not None:
             cap = sum(p.t_len for p in plan_phases(cfg))
             watch = RunProgress(prefix, run_id, cfg.n, cap, lambda: len(eaves.exposures), on_progress)
@@ -394,6 +414,19 @@ async def run_testbed(
         if out_dir is not None:
             write_outputs(out_dir, cfg, summary)
     return summary
+
+
+async def _publish_config(
+    launcher: MqttTransport, topic: str, public: ConfigMsg, auth: bool
+) -> tuple[Identity, ...]:
+    """Publish the run's retained configuration ``public``. With ``auth`` every node gets an Ed25519
+    identity first, as a deployed plan's nodes have (:mod:`nlagg_node.protocol.identity`): the
+    configuration carries their public keys, and the identities are returned."""
+    ids = tuple(new_identity() for _ in range(public.n)) if auth else ()
+    if ids:
+        public = public.model_copy(update={"identities": [identity.public for identity in ids]})
+    await launcher.publish(topic, encode(public), qos=1, retain=True)
+    return ids
 
 
 def _checked_values(cfg: RunConfig) -> tuple[FloatArray, IntArray]:

@@ -55,6 +55,10 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
     ca_file: Annotated[str | None, CA_OPT] = None
     cert_file: Annotated[str | None, CERT_OPT] = None
     key_file: Annotated[str | None, KEY_OPT] = None
+    signing_key: Annotated[
+        str | None,
+        Opt("this node's Ed25519 signing key (PEM, 0600) for a config with [identities]", NETWORK),
+    ] = None
     leave_after: Annotated[
         int | None, Opt("publish x^(0)..x^(T-1), then leave the run (for tests)", extra=(("min", 1),))
     ] = None

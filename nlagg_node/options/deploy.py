@@ -40,6 +40,15 @@ class PlanRunOptions(ModelOptions, CorruptOptions, ValueSourceOptions):
         tuple[float, float] | None,
         Opt("public range LO HI of the values (default: what the --value-cmd sensor declares)", VALUES),
     ] = None
+    auth: Annotated[
+        bool,
+        Opt(
+            "give every node an Ed25519 identity and authenticate every message (a broker password"
+            " alone then forges nothing; docs/protocol.md 'Signed messages') [default: on]",
+            NETWORK,
+            ("--auth/--no-auth",),
+        ),
+    ] = True
     force: Annotated[bool, FORCE_OPT] = False
 
 

@@ -294,6 +294,15 @@ class TestbedOptions(RunOptions, CorruptOptions, EpochOptions):
         ),
     ] = None
     ca_file: Annotated[Path | None, CA_OPT] = None
+    auth: Annotated[
+        bool,
+        Opt(
+            "give every node an Ed25519 identity and authenticate every message, as a deployed plan"
+            " does (off by default in the lab; docs/protocol.md 'Signed messages')",
+            NETWORK,
+            ("--auth/--no-auth",),
+        ),
+    ] = False
     broker_kind: Annotated[str, Opt("private broker: auto, mosquitto or amqtt", NETWORK)] = "auto"
     in_process: Annotated[
         bool | None,

@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     from .envelope import XEnvelope as XEnvelope
     from .envelope import output_error as output_error
     from .envelope import x_envelope as x_envelope
+    from .equivocation import EquivocationError as EquivocationError
+    from .equivocation import equivocation_error as equivocation_error
+    from .identity import Identity as Identity
+    from .identity import Verifier as Verifier
+    from .identity import new_identity as new_identity
+    from .identity import signature_error as signature_error
     from .shape import RunShape as RunShape
     from .shape import phase_starts as phase_starts
 

@@ -9,10 +9,15 @@ one clean connect that ends the old session, then connects for the epoch on a pe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .mqtt import MqttTransport
 from .node import node_will
 from .outputs import epoch_run_id
 from .tls import TlsSettings
+
+if TYPE_CHECKING:
+    from ..protocol.identity import Identity
 
 __all__ = ["epoch_mqtt"]
 
@@ -28,13 +33,15 @@ async def epoch_mqtt(
     password: str | None = None,
     tls: TlsSettings | None = None,
     run: str | None = None,
+    identity: Identity | None = None,
 ) -> MqttTransport:
     """Node ``node``'s connection for ``epoch`` (its last will on that epoch's status topic, or on
-    ``run``'s: the epoch's cold rerun ``e{k}r``), after the broker forgot the session before."""
+    ``run``'s: the epoch's cold rerun ``e{k}r``; signed with ``identity`` in a run with identities),
+    after the broker forgot the session before."""
     async with MqttTransport(
         url, client_id=client_id, clean_session=True, username=username, password=password, tls=tls
     ):
         pass
     prefix, run_id = deployment
-    will = node_will(f"{prefix}/{run_id}", epoch_run_id(epoch) if run is None else run, node)
+    will = node_will(f"{prefix}/{run_id}", epoch_run_id(epoch) if run is None else run, node, identity)
     return MqttTransport(url, client_id=client_id, will=will, username=username, password=password, tls=tls)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..errors import NeighbourTimeoutError
 from ..protocol import RunShape, key_error, z0_error
+from ..protocol.equivocation import equivocation_error
 from .barrier import Barrier
 from .checkpoint import CheckpointStore
 from .intake import Tally
@@ -38,6 +39,7 @@ class Z0Exchange:
     checkpoint : where a sealed run keeps its key (None: a fresh one).
     active : the neighbours still here (the plaintext z^(0) go to them only), read when sending.
     run : ``(prefix, run_id)``, bound into the sealed messages.
+    signed : the run's messages are signed (a conflict is then proof of equivocation).
     """
 
     def __init__(
@@ -53,8 +55,10 @@ class Z0Exchange:
         checkpoint: CheckpointStore | None,
         active: Callable[[], list[int]],
         run: tuple[str, str],
+        signed: bool = False,
     ) -> None:
         self.shape = shape
+        self.signed = signed
         self.node = node
         self.neighbours = neighbours
         self.slot = {j: k for k, j in enumerate(neighbours)}
@@ -102,7 +106,7 @@ class Z0Exchange:
         if outcome in ("dup", "stale"):  # stale: an exchange already done (a resent copy)
             self.tally.duplicates += 1
         elif outcome == "conflict":
-            self.tally.reject(f"second, different z0 {j}->{self.node} ({group}); the first one is kept")
+            raise equivocation_error(j, f"z0 {j}->{self.node} ({group})", self.signed)
 
     def on_z0(self, msg: Z0Msg) -> None:
         where = self._slot(msg)

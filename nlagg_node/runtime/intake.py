@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from ..protocol.equivocation import equivocation_error
 from ..termination import NO_STOP, Fields
 from .barrier import Barrier, Outcome
 from .peers import HISTORY
@@ -81,18 +82,17 @@ class XIntake:
         return self.quiet_in.pop(t, None) or [(0, NO_STOP, ())] * len(self.senders)
 
     def count(self, outcome: Outcome, j: int, t: int, x: float, departed: int | None) -> None:
-        """An x_j^(t) the barrier did not take as new: a duplicate is counted, the rest rejected
+        """An x_j^(t) the barrier did not take as new: a duplicate is counted, a conflict ends the
+        run (:func:`~nlagg_node.protocol.equivocation.equivocation_error`), the rest is rejected
         (``departed``: j's departure iteration, if it has departed)."""
         nxt = self.barrier.next
         reject = self.tally.reject
         if outcome == "dup":
             self.tally.duplicates += 1
         elif outcome == "conflict":
-            if t < nxt:
-                used = self.barrier.taken(t, self.senders.index(j))
-                reject(f"x_{j}^({t}) = {x!r} differs from the {used!r} already used")
-            else:
-                reject(f"second, different x_{j}^({t}); the first one is kept")
+            raise equivocation_error(
+                j, f"x_{j}^({t})", signed=False
+            )  # x's carry no signature (protocol.chain)
         elif outcome == "stale":
             reject(f"stale x from node {j} for t={t}; the node is at t={nxt}")
         elif outcome == "gone":

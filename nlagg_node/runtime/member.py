@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, Required, TypedDict, Unpack
 
 import numpy as np
@@ -31,8 +31,11 @@ from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggErr
 from ..graphs import IntArray
 from ..init import DualInitSpec
 from ..protocol import RunShape, departure_claims, status_error
+from ..protocol.chain import KeyChain
+from ..protocol.identity import Identity, Verifier
 from ..schedule import Phase, combine
 from ..termination import Fields
+from .auth import SignedTransport
 from .barrier import Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .exchange import Z0Exchange
@@ -85,6 +88,9 @@ class MemberSettings(TypedDict, total=False):
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
     first_init : draw the first dual group's z^(0) from this distribution instead of the phase's
         (an epoch's warm start, :mod:`nlagg_node.warm`).
+    identities : the run's public identities (base64 Ed25519 keys, index = node id): every message
+        is signed and checked (:mod:`nlagg_node.protocol.identity`); None: a run without.
+    identity : this node's signing key (required with ``identities``, and must be its entry).
     """
 
     prefix: str
@@ -98,12 +104,32 @@ class MemberSettings(TypedDict, total=False):
     leave_after: int | None
     leave_quietly: bool
     first_init: DualInitSpec | None
+    identities: Sequence[str] | None
+    identity: Identity | None
 
 
 class MemberOptions(MemberSettings, total=False):
     """:class:`MemberSettings` and the run's id (with ``prefix``, the topic namespace): required."""
 
     run_id: Required[str]
+
+
+_NO_KEYS = {"identities"}  # a checkpoint's fingerprint of a run without them is as before
+
+
+def _verifier(
+    identities: Sequence[str] | None, node_id: int, n: int, identity: Identity | None
+) -> Verifier | None:
+    """The run's verifier, once this node's own identity is its entry (None: a run without)."""
+    if identities is None:
+        return None
+    if len(identities) != n:
+        raise ConfigError("identities", f"{len(identities)} keys", f"the run has {n} nodes")
+    if identity is None:
+        raise ConfigError("signing_key", None, "the run's nodes sign their messages: give this node's key")
+    if identity.public != identities[node_id]:
+        raise ConfigError("signing_key", identity.public, f"is not node {node_id}'s identity in the config")
+    return Verifier(identities)
 
 
 class Member:
@@ -147,9 +173,16 @@ class Member:
         self.phases: list[Phase] = self.shape.phases
         self.t_total = self.shape.t_total
         self.phase_at: list[str] = self.shape.phase_at
-        self.public = build_config_msg(self.cfg, run_id, self.edges)
+        identities = options.get("identities")
+        self.public = build_config_msg(self.cfg, run_id, self.edges, identities)
+        self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"))
         self.peers = Neighbours(self.neighbours)
-        self.outbox = Outbox(transport, self.topics, node_id)
+        identity = options.get("identity") if self.verifier is not None else None
+        signed, chain = transport, None
+        if identity is not None:  # x's carry a key-chain element, the rest a signature
+            signed = SignedTransport(transport, identity, unsigned=self.topics.x(node_id))
+            chain = KeyChain(identity.chain_seed(f"{self.prefix}|{run_id}|{node_id}"), self.t_total)
+        self.outbox = Outbox(signed, self.topics, node_id, chain)
         self.tally = Tally(node_id)
         self.intake = XIntake(
             node_id,
@@ -172,6 +205,7 @@ class Member:
             checkpoint=self.store,
             active=lambda: self.active,
             run=(self.prefix, run_id),
+            signed=self.verifier is not None,
         )
         self.z0_in = self.z0.barrier
         departure_timeout = options.get("departure_timeout")
@@ -189,7 +223,7 @@ class Member:
         self.fingerprint = ""
         if self.store is not None:
             self.fingerprint = fingerprint(
-                run_id, node_id, self.value, self.public.model_dump(mode="json"), self.seed
+                run_id, node_id, self.value, self.public.model_dump(mode="json", exclude=_NO_KEYS), self.seed
             )
             self.resumed = self.store.load(self.fingerprint)
         if self.resumed is not None:

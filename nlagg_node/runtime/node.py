@@ -19,6 +19,8 @@ from types import TracebackType
 from typing import Generic, Self, TypeVar, Unpack, cast
 
 from ..errors import NeighbourTimeoutError, NlaggError
+from ..protocol.identity import Identity
+from .auth import signed_will
 from .checkpoint import Checkpoint, CheckpointStore
 from .loop import run_members
 from .member import Member, MemberOptions, NodeResult, Seat
@@ -41,10 +43,10 @@ __all__ = [
 log = logging.getLogger("nlagg.node")
 
 
-def node_will(prefix: str, run_id: str, node_id: int) -> Will:
-    """The last will of node ``node_id``: retained ``offline`` status."""
+def node_will(prefix: str, run_id: str, node_id: int, identity: Identity | None = None) -> Will:
+    """The last will of node ``node_id``: retained ``offline`` status (signed with ``identity``)."""
     payload = encode(StatusMsg(node=node_id, state="offline"))
-    return Will(topics(prefix, run_id).status(node_id), payload, retain=True, qos=1)
+    return signed_will(Will(topics(prefix, run_id).status(node_id), payload, retain=True, qos=1), identity)
 
 
 T = TypeVar("T")

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..errors import NlaggError
+from ..protocol.chain import KeyChain, key_b64
 from .transport import Transport
 from .wire import encode_x, topics
 
@@ -62,8 +63,11 @@ class Outbox:
     node : this node's id.
     """
 
-    def __init__(self, transport: Transport, names: topics, node: int) -> None:
+    def __init__(self, transport: Transport, names: topics, node: int, chain: KeyChain | None = None) -> None:
         self.transport = transport
+        # A run with identities: each x carries its key-chain element, each status the chain's anchor.
+        self.chain = chain
+        self._anchor = b"" if chain is None else b',"chain":"%s"}' % key_b64(chain.anchor).encode()
         self.node = node
         self.x_topic = names.x(node)
         self.adv_topic = names.adv(node)
@@ -85,7 +89,9 @@ class Outbox:
     ) -> None:
         """Publish x_i^(t) without waiting (hot path); with early stopping, ``fields`` are its quiet
         counter, stop (None while unknown) and the departures it knows of."""
-        payload = encode_x(self.node, t, phase, x, *(fields or ()))
+        k = None if self.chain is None else key_b64(self.chain.key(t))
+        quiet, stop, departures = (None, None, ()) if fields is None else fields
+        payload = encode_x(self.node, t, phase, x, quiet, stop, departures, k)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))
@@ -112,7 +118,7 @@ class Outbox:
 
     def set_status(self, payload: bytes) -> None:
         """Publish a new status without waiting (kept, like every status, for a republish)."""
-        self.status = payload
+        self.status = payload = self._anchored(payload)
         self.transport.publish_nowait(self.status_topic, payload, qos=1, retain=True)
 
     def send_key(self, payload: bytes) -> None:
@@ -121,8 +127,12 @@ class Outbox:
         self.key = payload
         self.transport.publish_nowait(self.key_topic, payload, qos=1, retain=True)
 
+    def _anchored(self, status: bytes) -> bytes:
+        """A status with the anchor of our key chain, in a run with identities."""
+        return status[:-1] + self._anchor if self._anchor else status
+
     async def send_status(self, payload: bytes) -> None:
-        self.status = payload
+        self.status = payload = self._anchored(payload)
         await self.transport.publish(self.status_topic, payload, qos=1, retain=True)
 
     def resend_to(self, j: int) -> None:

@@ -7,6 +7,8 @@ node refuses to run when the broker's retained document differs in anything its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..arrays import IntArray
@@ -57,11 +59,19 @@ def config_mismatch(mine: ConfigMsg, retained: ConfigMsg) -> ConfigMismatchError
             )
     if mine.n != retained.n or mine.edges != retained.edges:
         return ConfigMismatchError("config.edges", f"{len(mine.edges)} edges", f"{where} has another graph")
+    if mine.identities != retained.identities:
+        return ConfigMismatchError(
+            "config.identities", _keys(mine.identities), f"{where} has {_keys(retained.identities)}"
+        )
     if mine.phases != retained.phases:
         return ConfigMismatchError(
             "config.phases", [p["name"] for p in mine.phases], f"{where} has another schedule"
         )
     return None
+
+
+def _keys(identities: list[str] | None) -> str:
+    return "no identities" if identities is None else f"identities {[k[:8] for k in identities]}"
 
 
 def run_edges(cfg: RunConfig) -> IntArray:
@@ -72,8 +82,11 @@ def run_edges(cfg: RunConfig) -> IntArray:
 _PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file", "values_file"}
 
 
-def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
-    """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule.
+def build_config_msg(
+    cfg: RunConfig, run_id: str, edges: IntArray, identities: Sequence[str] | None = None
+) -> ConfigMsg:
+    """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule,
+    and the nodes' public identities when they sign (:mod:`nlagg_node.protocol.identity`).
 
     Leaves out the seed (it would reveal every node's z^(0)), the values file, the graph file's
     folder and simulator-only fields. The value range is public: the eavesdropper maps what it
@@ -97,7 +110,8 @@ def build_config_msg(cfg: RunConfig, run_id: str, edges: IntArray) -> ConfigMsg:
         for ph in plan_phases(cfg)
     ]
     pairs = [[int(a), int(b)] for a, b in np.asarray(edges).tolist()]
-    return ConfigMsg(run_id=run_id, n=cfg.n, edges=pairs, run=run, phases=phases)
+    keys = None if identities is None else list(identities)
+    return ConfigMsg(run_id=run_id, n=cfg.n, edges=pairs, run=run, phases=phases, identities=keys)
 
 
 def config_from_msg(msg: ConfigMsg) -> tuple[RunConfig, IntArray]:

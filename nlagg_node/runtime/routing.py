@@ -5,6 +5,9 @@ topics) and an in-process host (every member of the process, one shared connecti
 with wildcards). Dispatch is by sender: an x or a status of node j goes to the members that
 have j as a neighbour (so does its public key in a sealed run), a z^(0) to its addressee, the
 retained run config to every member.
+In a run with identities every message must carry its sender's signature
+(:func:`nlagg_node.protocol.identity.signature_error`, checked once per message, before anything
+else reads it); in a run without, none may carry one.
 The form check of an x (:func:`nlagg_node.protocol.x_form_error`: its iteration, phase and
 fields) is made once per message, then each listening member's barrier decides (window,
 duplicate, conflict: :func:`nlagg_node.protocol.admit`).
@@ -20,6 +23,8 @@ from collections.abc import Callable
 
 from ..errors import NlaggError
 from ..protocol import NO_HALT, halt_span, x_form_error, x_value_error
+from ..protocol.chain import ChainCheck, chain_check, x_key_error
+from ..protocol.identity import signature_error
 from ..termination import NO_STOP
 from .barrier import Outcome
 from .member import Member
@@ -65,7 +70,10 @@ class Router:
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
+        self.verifier = first.verifier  # None: a run without identities (and no message may be signed)
+        self.chains: dict[int, ChainCheck] = {}  # each sender's x key chain, from its signed anchor
         self.shape = first.shape
+        self.far = {t: t + 1 for t in self.shape.jumps}  # a phase start may follow a long skip
         self.by_id = {m.id: m for m in members}
         self.listeners: dict[int, list[Member]] = {}
         # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
@@ -87,6 +95,13 @@ class Router:
         if self.on_unrouted is not None:
             self.on_unrouted(why)
 
+    def _forged(self, raw: Message, sender: int | None, sig: str | None) -> bool:
+        """Whether a message fails the run's signature rule (then it is rejected here)."""
+        why = signature_error(self.verifier, raw.topic, sender, raw.payload, sig is not None)
+        if why is not None:
+            self.on_reject(raw.topic, WireError("sig", sender, why))
+        return why is not None
+
     def feed(self, raw: Message) -> None:
         """Decode one raw message and dispatch it (raises only for a contradicting run config)."""
         try:
@@ -105,6 +120,12 @@ class Router:
             if routes is None:
                 self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
                 return
+            j = msg.node
+            if (self.verifier is not None or msg.k is not None or msg.sig is not None) and (
+                why := x_key_error(self.verifier is not None, self.chains.get(j), j, t, msg.k, msg.sig)
+            ):
+                self.on_reject(raw.topic, WireError("k", msg.node, why))
+                return
             j, x, quiet = msg.node, msg.x, msg.quiet
             for m, put, slot in routes:
                 outcome = put(t, slot, x)
@@ -115,6 +136,8 @@ class Router:
                     m.keep_quiet(t, slot, (quiet, NO_STOP if stop is None else stop, tuple(deps or ())))
                     if stop == t and (span := halt_span(self.shape, t, stop, deps)) != NO_HALT:
                         m.x_in.halted(slot, span)  # its last x of the phase: a later one is refused
+        elif self._forged(raw, info.node, getattr(msg, "sig", None)):
+            return
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
             target = self.by_id.get(msg.to)
             if target is None:
@@ -124,6 +147,8 @@ class Router:
             else:
                 target.on_sealed_z0(msg)
         elif isinstance(msg, KeyMsg | StatusMsg):
+            if isinstance(msg, StatusMsg) and msg.chain is not None and msg.node not in self.chains:
+                self.chains[msg.node] = chain_check(msg.chain, self.far)
             listeners = self.listeners.get(msg.node)
             if listeners is None:
                 what = "key" if isinstance(msg, KeyMsg) else "status"

@@ -91,34 +91,9 @@ Finite = Annotated[float, AfterValidator(_finite)]
 NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
 NodeKey = Annotated[str, AfterValidator(_node_key)]  # a node id as a JSON object's key: str(j)
 Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
-
-
-class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
-    v: Literal[1] = 1
-
-
-class ConfigMsg(_Msg):
-    """``P/R/config``: what every participant may know. Never a private value, never a seed."""
-
-    run_id: str
-    n: Annotated[int, Field(ge=2, le=MAX_NODES)]
-    edges: list[Annotated[list[NodeId], Field(min_length=2, max_length=2)]]
-    run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
-    phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
-
-
-class Z0Msg(_Msg):
-    """``P/R/edge/{i}/{j}/z0``: ``z_{i|j}^(0)`` of dual group ``group``."""
-
-    from_: NodeId = Field(alias="from")
-    to: NodeId
-    group: str
-    z: Finite
-
-
-class _Msg2(_Msg):
-    v: Literal[2] = 2  # type: ignore[assignment]
+_B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+_SIG_PATTERN = "^[A-Za-z0-9+/]{86}==$"  # base64 of a 64-byte Ed25519 signature
+_K_PATTERN = "^[A-Za-z0-9+/]{22}==$"  # base64 of a 16-byte key-chain element
 
 
 def _b64_of(size: int) -> AfterValidator:
@@ -130,7 +105,41 @@ def _b64_of(size: int) -> AfterValidator:
     return AfterValidator(check)
 
 
-_B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+    v: Literal[1] = 1
+
+
+class _Signed(_Msg):
+    """A node's message: in a run with identities it ends with its signature (base64 of 64 bytes,
+    :mod:`nlagg_node.protocol.identity`); without, it has none."""
+
+    sig: Annotated[str, _b64_of(64)] | None = None
+
+
+class ConfigMsg(_Msg):
+    """``P/R/config``: what every participant may know. Never a private value, never a seed."""
+
+    run_id: str
+    n: Annotated[int, Field(ge=2, le=MAX_NODES)]
+    edges: list[Annotated[list[NodeId], Field(min_length=2, max_length=2)]]
+    run: dict[str, Any]  # RunConfig fields minus seed/trials/record/graph_file, operator defaults resolved
+    phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
+    # The nodes' Ed25519 public keys (base64, index = node id) in a run whose nodes sign their messages.
+    identities: list[Annotated[str, _b64_of(32)]] | None = None
+
+
+class Z0Msg(_Signed):
+    """``P/R/edge/{i}/{j}/z0``: ``z_{i|j}^(0)`` of dual group ``group``."""
+
+    from_: NodeId = Field(alias="from")
+    to: NodeId
+    group: str
+    z: Finite
+
+
+class _Msg2(_Signed):
+    v: Literal[2] = 2  # type: ignore[assignment]
 
 
 class KeyMsg(_Msg2):
@@ -167,7 +176,7 @@ def _ascending(values: list[int]) -> list[int]:
 Departures = Annotated[list[Iteration], Field(min_length=1, max_length=MAX_NODES), AfterValidator(_ascending)]
 
 
-class XMsg(_Msg):
+class XMsg(_Signed):
     """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases.
 
     With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
@@ -183,6 +192,7 @@ class XMsg(_Msg):
     quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
     departures: Departures | None = None
+    k: Annotated[str, _b64_of(16)] | None = None  # the sender's key-chain element (a run with identities)
 
 
 class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
@@ -206,12 +216,14 @@ class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
         ]
         | None
     ) = None  # HotDecoder checks the order
+    sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
+    k: Annotated[str, msgspec.Meta(min_length=24, max_length=24, pattern=_K_PATTERN)] | None = None
 
 
 _decode_x = msgspec.json.Decoder(XWire).decode
 
 
-class StatusMsg(_Msg):
+class StatusMsg(_Signed):
     """``P/R/node/{i}/status`` (retained). ``done`` carries the final x of every phase.
 
     ``leaving`` (a clean departure) carries in ``iterations`` the departure iteration T: x^(T-1)
@@ -225,9 +237,10 @@ class StatusMsg(_Msg):
     output: list[Finite] | None = None
     iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     departed: dict[NodeKey, Iteration] | None = None
+    chain: Annotated[str, _b64_of(16)] | None = None  # the anchor of its x's key chain (with identities)
 
 
-class AdvStateMsg(_Msg):
+class AdvStateMsg(_Signed):
     """``P/R/adv/{i}/state``: a corrupted node's s_i and duals z_{i|j}^(t), z_{j|i}^(t) (keys: str(j))."""
 
     node: NodeId
@@ -337,13 +350,15 @@ def encode_x(
     quiet: int | None = None,
     stop: int | None = None,
     departures: Sequence[int] = (),
+    k: str | None = None,
 ) -> bytes:
     """``encode(XMsg(node=node, t=t, phase=phase, x=x, ...))`` without building the model (hot path).
 
     The caller guarantees ``phase`` needs no JSON escaping (phase names are ``[a-z0-9-]``);
     ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical. ``quiet``
     and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None,
-    and ``departures`` (ascending) only when not empty.
+    ``departures`` (ascending) only when not empty, and ``k`` (the key-chain element of a run with
+    identities, :mod:`nlagg_node.protocol.chain`) last, when given.
     """
     if not math.isfinite(x):
         raise WireError("x", x, "must be a finite number")
@@ -354,6 +369,8 @@ def encode_x(
         text += f',"stop":{stop}'
     if departures:
         text += ',"departures":[' + ",".join(str(int(d)) for d in departures) + "]"
+    if k is not None:
+        text += f',"k":"{k}"'
     return (text + "}").encode()
 
 
@@ -363,6 +380,9 @@ def encode(msg: WireMessage) -> bytes:
         body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
         if isinstance(msg, StatusMsg) and msg.departed is None:
             del body["departed"]  # statuses of a run without departures are as before
+        for key in ("sig", "identities", "chain"):  # a run without identities is as before
+            if body.get(key, 0) is None:
+                del body[key]
         text = json.dumps(body, allow_nan=False, separators=(",", ":"))
     except ValueError as exc:
         raise WireError(type(msg).__name__, msg, f"cannot encode ({exc})") from None

@@ -43,8 +43,8 @@ __all__ = ["FaultBed", "hostile_messages"]
 def hostile_messages(prefix: str, run_id: str, node: int, peer: int) -> list[tuple[str, bytes]]:
     """Garbage on the run's topics: every kind a node and the eavesdropper must reject, none accepted.
 
-    ``node``/``peer`` are two neighbours. A stale x for t = 0 (a valid message, but for an iteration
-    long consumed) is among them; it is only harmless once the run is past its first iterations.
+    ``node``/``peer`` are two neighbours. A second, different x for an iteration already taken is
+    not among them: that is an equivocation, which ends the run (:mod:`nlagg_node.protocol.equivocation`).
     """
     t = topics(prefix, run_id)
     x = t.x(node)
@@ -55,7 +55,6 @@ def hostile_messages(prefix: str, run_id: str, node: int, peer: int) -> list[tup
         (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":1e999}' % node),
         (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":Infinity}' % node),
         (x, b'{"v":1,"node":%d,"t":0,"phase":"max","x":12345.5}' % peer),  # claims another sender
-        (x, b'{"v":1,"node":%d,"t":0,"phase":"max","x":12345.5}' % node),  # stale, conflicting
         (x, b'{"v":1,"node":%d,"t":0,"phase":"max","x":1.0,"extra":1}' % node),
         (x, b'{"v":1,"node":%d,"t":1,"phase":"max","x":"%s"}' % (node, b"9" * (1 << 20))),  # > 1 MiB
         (f"{t.base}/node/{node}/y", b'{"v":1}'),

@@ -109,7 +109,6 @@ async def test_hostile_messages_are_rejected_counted_and_change_nothing(tmp_path
     with Transcript(bed.db) as tr:
         refused = tr.rejected()
     assert len(refused) == len(junk)
-    assert any("conflicts with the x already stored" in why for _, why in refused)
 
 
 # 5: clear failures ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.errors import EquivocationError
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
@@ -47,12 +48,16 @@ class Sides:
 
     def node_decides(self, node: Node, topic: str, payload: bytes) -> str:
         rejected, duplicates = node.rejected, node.duplicates
-        node.feed(Message(topic, payload))
+        try:
+            node.feed(Message(topic, payload))
+        except EquivocationError as exc:
+            return "equivocation" if exc.node == SENDER else f"equivocation of node {exc.node}"
         return "dup" if node.duplicates > duplicates else "refused" if node.rejected > rejected else "taken"
 
     def transcript_decides(self, topic: str, payload: bytes) -> str:
         if self.transcript.add(topic, payload) is None:
-            return "refused"
+            why = self.transcript.rejected()[-1][1]
+            return "equivocation" if f"on node {SENDER}'s topic (equivocation" in why else "refused"
         before = (topic, payload) in self.kept
         self.kept.add((topic, payload))
         return "dup" if before else "taken"
@@ -110,7 +115,7 @@ def forged_in_window(s: Sides) -> list[Step]:
     return [
         (s.x(1, P + 1, 42.0), "taken"),  # in every receiver's window: the first one wins everywhere
         (s.x(1, P, honest(1, P)), "taken"),
-        (s.x(1, P + 1, honest(1, P + 1)), "refused"),  # the real one now conflicts, at every side
+        (s.x(1, P + 1, honest(1, P + 1)), "equivocation"),  # the real one now conflicts: the run stops
     ]
 
 
@@ -118,7 +123,7 @@ def duplicates_and_conflicts(s: Sides) -> list[Step]:
     return [
         (s.x(1, P, honest(1, P)), "taken"),
         (s.x(1, P, honest(1, P)), "dup"),
-        (s.x(1, P, 7.0), "refused"),
+        (s.x(1, P, 7.0), "equivocation"),
     ]
 
 
@@ -162,7 +167,7 @@ def z0_exchange(s: Sides) -> list[Step]:
         (z0(1, 0, "nope", 1.0), "refused", (0,)),
         (z0(1, 0, s.group, 1.0), "taken", (0,)),
         (z0(1, 0, s.group, 1.0), "dup", (0,)),
-        (z0(1, 0, s.group, 2.0), "refused", (0,)),
+        (z0(1, 0, s.group, 2.0), "equivocation", (0,)),
     ]
 
 

@@ -51,6 +51,7 @@ def test_each_service_mounts_only_the_files_it_needs(tmp_path: Path) -> None:
     for i in range(4):
         node = services[f"node-{i}"]
         files = ["run.toml", "graph.json", f"nodes/{i}.toml", f"secrets/node{i}.pw", f"values/{i}.txt"]
+        files.append(f"secrets/node{i}.identity.pem")
         assert _mounts(node) == {f"./plan/{f}:/plan/{f}:ro" for f in files} | {f"state-{i}:/state"}
         assert node["command"][-2:] == ["--state-dir", "/state"]
         assert node["depends_on"]["eavesdropper"] == {"condition": "service_healthy"}

@@ -78,6 +78,7 @@ def test_plan_files_public_part_has_no_private_values_or_seed(tmp_path: Path) ->
         "graph.json",
         "nodes/1.toml",
         "secrets/node1.pw",
+        "secrets/node1.identity.pem",
         "values/1.txt",
     ]
     for v in values:
