@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import FloatArray, IntArray
 from .config import PROPOSED_INIT, RunConfig
 from .verdict import ideal_ranks
 
@@ -82,6 +83,36 @@ class Evaluation:
     iterations_p99: float | None
     seconds: float
 
+    @classmethod
+    def measured(
+        cls,
+        setting: Setting,
+        trials: int,
+        *,
+        leak: float,
+        leak_by_rank: FloatArray,
+        converged: float,
+        exact: bool,
+        iterations: IntArray,
+        started: float,
+    ) -> Evaluation:
+        """The evaluation of ``setting`` over ``trials`` trials begun at ``started``
+        (:func:`time.perf_counter`): ``leak`` its worst leakage (the Wilson bound is computed here),
+        ``iterations`` the sample its median and p99 come from (None for both when it is empty)."""
+        some = iterations.size > 0
+        return cls(
+            setting=setting,
+            trials=trials,
+            leak=leak,
+            leak_upper=wilson_upper(leak, trials),
+            leak_by_rank=tuple(round(float(v), 4) for v in leak_by_rank),
+            converged=converged,
+            exact=exact,
+            iterations_median=float(np.median(iterations)) if some else None,
+            iterations_p99=float(np.percentile(iterations, 99)) if some else None,
+            seconds=time.perf_counter() - started,
+        )
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["leak_by_rank"] = list(self.leak_by_rank)
@@ -122,17 +153,15 @@ def evaluate(base: RunConfig, setting: Setting) -> Evaluation:
     ok = conv >= 0
     span = 1.0 if base.value_range is None else base.value_range[1] - base.value_range[0]
     exact = float(ok.mean()) >= EXACT_CONVERGED and float(res.mse.max()) <= (EXACT_ERROR * span) ** 2
-    return Evaluation(
-        setting=setting,
-        trials=base.trials,
+    return Evaluation.measured(
+        setting,
+        base.trials,
         leak=worst,
-        leak_upper=wilson_upper(worst, base.trials),
-        leak_by_rank=tuple(round(float(v), 4) for v in leak),
+        leak_by_rank=leak,
         converged=float(ok.mean()),
         exact=exact,
-        iterations_median=float(np.median(conv[ok])) if ok.any() else None,
-        iterations_p99=float(np.percentile(conv[ok], 99)) if ok.any() else None,
-        seconds=time.perf_counter() - started,
+        iterations=conv[ok],
+        started=started,
     )
 
 
@@ -161,17 +190,15 @@ def evaluate_epochs(base: RunConfig, setting: Setting, plan: EpochPlan) -> Evalu
     worst = float(cum.max(initial=0.0))
     its = res.iterations.ravel()
     converged = float(res.exact.mean())
-    return Evaluation(
-        setting=setting,
-        trials=base.trials,
+    return Evaluation.measured(
+        setting,
+        base.trials,
         leak=worst,
-        leak_upper=wilson_upper(worst, base.trials),
-        leak_by_rank=tuple(round(float(v), 4) for v in cum),
+        leak_by_rank=cum,
         converged=converged,
         exact=converged >= EXACT_CONVERGED,
-        iterations_median=float(np.median(its)),
-        iterations_p99=float(np.percentile(its, 99)),
-        seconds=time.perf_counter() - started,
+        iterations=its,
+        started=started,
     )
 
 

@@ -46,20 +46,25 @@ from ..spans import node_ends, node_iterations_run
 
 __all__ = [
     "MAX_INVALID_PAYLOAD",
+    "META_SCHEMA",
     "NO_FIELDS",
     "SCHEMA",
     "TranscriptReader",
     "captured_count",
     "check_tables",
     "connect_read_only",
+    "create_tables",
     "row_fields",
 ]
 
 MAX_INVALID_PAYLOAD = 4096  # bytes kept of a payload that is not protocol v1 (the digest covers it all)
 
 
+META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+"""The key/value table every capture file keeps (its run id and prefix; a transcript's ``source``
+and ``dropped``), a transcript's and an epoch store's alike: see :func:`create_tables`."""
+
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
     topic TEXT NOT NULL,
@@ -78,6 +83,13 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_kind_t ON messages (kind, t);
 """
+
+
+def create_tables(db: sqlite3.Connection, schema: str) -> None:
+    """Create a capture file's tables: the :data:`META_SCHEMA` table and ``schema``'s own (a
+    transcript's :data:`SCHEMA`, an epoch store's :data:`adversary.transcript.store.SCHEMA`)."""
+    db.executescript(META_SCHEMA + schema)
+
 
 NO_FIELDS = (None, None, None, None, None, None)  # kind, node, peer, t, phase, value of an invalid row
 

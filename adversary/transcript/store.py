@@ -36,7 +36,7 @@ from typing import Any, Literal, Self
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.wire import WireError, check_prefix, check_run_id
 
-from .reader import connect_read_only, settle
+from .reader import connect_read_only, create_tables, settle
 
 __all__ = ["STORE_FILE", "EpochRow", "EpochState", "EpochStore", "Result", "epoch_run_id", "is_epoch_store"]
 
@@ -51,7 +51,6 @@ EPOCH_RE = re.compile(r"e(0|[1-9][0-9]{0,8})")
 EpochState = Literal["open", "closed", "pruned"]
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS epochs (
     epoch INTEGER PRIMARY KEY,
     state TEXT NOT NULL,
@@ -139,7 +138,7 @@ class EpochStore:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.folder / STORE_FILE, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.executescript(SCHEMA)
+            create_tables(self.db, SCHEMA)
         try:
             self.prefix, self.run_id = self._identity(prefix, run_id)
         except BaseException:

@@ -64,6 +64,7 @@ from .reader import (
     captured_count,
     check_tables,
     connect_read_only,
+    create_tables,
     row_fields,
 )
 
@@ -103,7 +104,7 @@ class Transcript(TranscriptReader):
             check_tables(self.db, self.path, allow_empty=True)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(SCHEMA)
+            create_tables(self.db, SCHEMA)
         except sqlite3.Error as exc:
             self.db.close()
             raise ConfigError("transcript", str(self.path), f"cannot write it ({exc})") from None

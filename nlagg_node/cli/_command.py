@@ -50,7 +50,7 @@ def _escape(text: str) -> str:
 
 def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> inspect.Parameter:
     help_text = _escape(opt.help) if rich else opt.help
-    info = typer.Option(*opt.flags, help=help_text, rich_help_panel=opt.panel, **dict(opt.extra))
+    info = typer.Option(*opt.flags, help=help_text, rich_help_panel=opt.panel, min=opt.min)
     empty = default is dataclasses.MISSING
     return inspect.Parameter(
         name,

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -29,6 +29,25 @@ CaFile = Annotated[
 ]
 CertFile = Annotated[Path | None, typer.Option(help="mqtts://: client certificate, when the broker asks")]
 KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certificate's private key")]
+
+
+CaptureTarget = tuple[list[str], str, Path]
+"""What ``nlagg eavesdrop`` captures and where: its brokers, the run id (a deployment's, with
+``--continuous``) and the transcript (an epoch store's folder with ``--continuous``)."""
+
+
+class CaptureSession(TypedDict):
+    """How ``nlagg eavesdrop`` reaches its brokers and what it shows, alike for one run's capture
+    (:func:`adversary.capture.run_eavesdropper`) and a deployment's
+    (:func:`adversary.capture.run_epoch_eavesdropper`)."""
+
+    prefix: str
+    username: str | None
+    password: str | None
+    live: bool
+    stop_after: float | None
+    events: bool
+    tls: TlsSettings | None
 
 
 def tls_settings(
@@ -78,9 +97,18 @@ def eavesdrop(opts: EavesdropOptions) -> None:
     tls = tls_settings(brokers[0], opts.ca_file, opts.cert_file, opts.key_file)
     for url in brokers[1:]:  # the TLS files must suit every broker
         tls_settings(url, opts.ca_file, opts.cert_file, opts.key_file)
-    show = sys.stdout.isatty() if opts.live is None else opts.live
+    session = CaptureSession(
+        prefix=opts.prefix,
+        username=opts.username,
+        password=password,
+        live=sys.stdout.isatty() if opts.live is None else opts.live,
+        stop_after=opts.timeout,
+        events=opts.events,
+        tls=tls,
+    )
+    target = (brokers, opts.run_id, opts.transcript)
     if opts.continuous or opts.keep_epochs is not None or opts.epochs is not None:
-        capture_epochs(opts, brokers, password, tls, show)
+        capture_epochs(opts, target, session)
         return
     public = None
     if opts.config is not None:
@@ -90,26 +118,11 @@ def eavesdrop(opts: EavesdropOptions) -> None:
 
         cfg = load_config(Path(opts.config))
         public = build_config_msg(cfg, opts.run_id, run_edges(cfg), run_identities(Path(opts.config)))
-    capture = run_eavesdropper(
-        brokers,
-        opts.run_id,
-        opts.transcript,
-        prefix=opts.prefix,
-        username=opts.username,
-        password=password,
-        live=show,
-        stop_after=opts.timeout,
-        events=opts.events,
-        config=public,
-        tls=tls,
-        broker_cluster=opts.broker_cluster,
-    )
+    capture = run_eavesdropper(*target, config=public, broker_cluster=opts.broker_cluster, **session)
     serve_capture(capture, opts)
 
 
-def capture_epochs(
-    opts: EavesdropOptions, brokers: list[str], password: str | None, tls: TlsSettings | None, show: bool
-) -> None:
+def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: CaptureSession) -> None:
     """``nlagg eavesdrop --continuous``: every epoch of a deployment into one epoch store."""
     from adversary.capture import run_epoch_eavesdropper
     from adversary.epochs import epoch_summary
@@ -127,19 +140,11 @@ def capture_epochs(
             "broker_cluster", True, "not with --continuous (it reads one broker in causal order)"
         )
     capture = run_epoch_eavesdropper(
-        brokers,
-        opts.run_id,
-        opts.transcript,
+        *target,
         summarize=epoch_summary,
-        prefix=opts.prefix,
-        username=opts.username,
-        password=password,
-        live=show,
-        stop_after=opts.timeout,
-        events=opts.events,
-        tls=tls,
         keep_epochs=opts.keep_epochs,
         epochs=opts.epochs,
+        **session,
     )
     serve_capture(capture, opts)
 

@@ -17,6 +17,10 @@ RUN_FILES = ("summary.json", "arrays.npz", "manifest.json")
 """What ``nlagg sim --out`` writes."""
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from rich.table import Table
+
     from ..sim.output import SimSummary
 
 
@@ -97,7 +101,6 @@ def _sim_epochs(opts: SimOptions, cfg: Any, warnings: list[str]) -> None:
 
 def _print_epochs(summary: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     start = "warm" if summary["warm_start"] else "cold"
@@ -109,23 +112,31 @@ def _print_epochs(summary: dict[str, Any]) -> None:
     console.print(
         f"iterations per epoch (median): first {its[0]:.0f}, later {sum(its[1:]) / max(len(its) - 1, 1):.0f}"
     )
-    table = Table(
-        "rank",
-        "leakage per epoch (mean)",
-        "exposed in some epoch",
-        "of which beyond the ideal world",
-        title="values the adversary's view determines (rank 0 = largest; cumulative: first epoch's ranks)",
-    )
-    for r, (p, cum, beyond) in enumerate(
-        zip(
-            summary["leakage_probability"],
-            summary["cumulative_leakage_probability"],
-            summary["cumulative_beyond_ideal"],
-            strict=True,
-        )
-    ):
-        table.add_row(str(r), f"{p:.3f}", f"{cum:.3f}", f"{beyond:.3f}")
-    console.print(table)
+    columns = {
+        "leakage per epoch (mean)": summary["leakage_probability"],
+        "exposed in some epoch": summary["cumulative_leakage_probability"],
+        "of which beyond the ideal world": summary["cumulative_beyond_ideal"],
+    }
+    title = "values the adversary's view determines (rank 0 = largest; cumulative: first epoch's ranks)"
+    console.print(_rank_table(title, columns))
+
+
+def _rank_table(
+    title: str,
+    columns: Mapping[str, Sequence[float]],
+    *,
+    caption: str | None = None,
+    digits: Mapping[str, int] | None = None,
+) -> Table:
+    """A table of per-rank figures: a row per rank (0 = largest value), a column per series in
+    ``columns`` (its heading: its series), printed with 3 decimals unless ``digits`` names others."""
+    from rich.table import Table
+
+    places = [(digits or {}).get(name, 3) for name in columns]
+    table = Table("rank", *columns, title=title, caption=caption)
+    for r, row in enumerate(zip(*columns.values(), strict=True)):
+        table.add_row(str(r), *(f"{v:.{d}f}" for v, d in zip(row, places, strict=True)))
+    return table
 
 
 def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> Any:
@@ -150,7 +161,6 @@ def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> A
 
 def _print_table(summary: SimSummary) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(
@@ -163,24 +173,19 @@ def _print_table(summary: SimSummary) -> None:
         f"iterations to converge (median) {summary['iterations_to_converge']}"
         f"   {summary['wall_seconds']:.1f} s"
     )
-    table = Table(
-        "rank",
-        "leakage probability",
-        "of which matching events",
-        "ideal world",
-        title="values the adversary's view determines (rank 0 = largest value)",
-        caption="ideal world: 1 = every exact protocol exposes this rank too (it holds the output)",
-    )
-    for r, (p, m, ideal) in enumerate(
-        zip(
-            summary["leakage_probability"],
-            summary["matching_probability"],
-            summary["ideal_world"],
-            strict=True,
+    columns = {
+        "leakage probability": summary["leakage_probability"],
+        "of which matching events": summary["matching_probability"],
+        "ideal world": summary["ideal_world"],
+    }
+    console.print(
+        _rank_table(
+            "values the adversary's view determines (rank 0 = largest value)",
+            columns,
+            caption="ideal world: 1 = every exact protocol exposes this rank too (it holds the output)",
+            digits={"ideal world": 0},
         )
-    ):
-        table.add_row(str(r), f"{p:.3f}", f"{m:.3f}", f"{ideal:.0f}")
-    console.print(table)
+    )
     if summary.get("departed"):
         console.print(
             f"departed: {summary['departed']} (node: iteration); components: {summary['components']}"

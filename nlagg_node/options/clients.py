@@ -60,7 +60,7 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
         Opt("this node's Ed25519 signing key (PEM, 0600) for a config with [identities]", NETWORK),
     ] = None
     leave_after: Annotated[
-        int | None, Opt("publish x^(0)..x^(T-1), then leave the run (for tests)", extra=(("min", 1),))
+        int | None, Opt("publish x^(0)..x^(T-1), then leave the run (for tests)", min=1)
     ] = None
     leave_by: Annotated[
         str,
@@ -160,10 +160,10 @@ class EavesdropOptions:
             "--continuous: keep the raw transcripts of the newest N closed epochs only (the others'"
             " summaries stay) [default: all]",
             OUTPUT,
-            extra=(("min", 0),),
+            min=0,
         ),
     ] = None
     epochs: Annotated[
         int | None,
-        Opt("--continuous: stop once the store holds this many closed epochs", extra=(("min", 1),)),
+        Opt("--continuous: stop once the store holds this many closed epochs", min=1),
     ] = None

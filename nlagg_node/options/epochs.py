@@ -22,11 +22,7 @@ class EpochOptions:
     ] = None
     epochs: Annotated[
         int | None,
-        Opt(
-            "with --every: the epochs 0..K-1 after the origin [default: for ever]",
-            EPOCHS,
-            extra=(("min", 1),),
-        ),
+        Opt("with --every: the epochs 0..K-1 after the origin [default: for ever]", EPOCHS, min=1),
     ] = None
     drift: Annotated[
         float | None,
@@ -36,7 +32,7 @@ class EpochOptions:
             " expects its output within D of it, else reruns cold (docs/continuous.md) [default: 0;"
             " a testbed's values then walk by steps uniform in [-D, D] instead of drawn afresh]",
             EPOCHS,
-            extra=(("min", 0.0),),
+            min=0.0,
         ),
     ] = None
     cold_start: Annotated[

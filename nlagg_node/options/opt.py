@@ -48,14 +48,14 @@ class Opt:
 
     ``flags``: the option's declarations (``"--early-stop/--no-early-stop"``, ``"--json"``); empty =
     ``--field-name`` (``--x/--no-x`` for a bool). ``always``: :func:`to_argv` writes it even at its
-    default. ``extra``: more ``typer.Option`` keywords.
+    default. ``min``: the least number it takes (the command line refuses less, naming the option).
     """
 
     help: str
     panel: str | None = None
     flags: tuple[str, ...] = ()
     always: bool = False
-    extra: tuple[tuple[str, Any], ...] = ()
+    min: float | None = None
 
 
 CA_OPT = Opt("mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)", NETWORK)

@@ -44,7 +44,7 @@ from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggErr
 from ..rng import rng_for
 from ..warm import WarmStart
 from .loop import run_members
-from .member import Member, MemberOptions, MemberSettings
+from .member import Member, MemberOptions, MemberSettings, Seat
 from .outputs import EpochOutput, epoch_run_id, results_topic
 from .patience import check_not_finished
 from .public import run_edges
@@ -142,20 +142,12 @@ def epoch_seed(seed: int | None, epoch: int, *stream: str) -> int | None:
 
 
 class EpochMember(Member):
-    """A :class:`Member` of one epoch: a neighbour not online when the join window closes
-    (``join_by``, ``time.time()`` seconds) departs at t = 0 instead of failing the run."""
+    """A :class:`Member` of one epoch (its :data:`Seat` and options are a member's): a neighbour
+    not online when the join window closes (``join_by``, ``time.time()`` seconds) departs at
+    t = 0 instead of failing the run."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        node_id: int,
-        value: float,
-        transport: Transport,
-        *,
-        join_by: float,
-        **options: Unpack[MemberOptions],
-    ) -> None:
-        super().__init__(cfg, node_id, value, transport, **options)
+    def __init__(self, *seat: *Seat, join_by: float, **options: Unpack[MemberOptions]) -> None:
+        super().__init__(*seat, **options)
         self.join_by = join_by
         self.absent: list[int] = []
 

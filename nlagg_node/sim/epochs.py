@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,21 +86,26 @@ def read_epoch_values(path: Path, n: int, epochs: int, trials: int) -> FloatArra
 class EpochsResult:
     """What K epochs produced. Shapes: K epochs, B trials, n nodes.
 
-    ``rank[k, b, i]`` is node i's rank in epoch k (0 = largest value).
+    ``rank[k, b, i]`` is node i's rank in epoch k (0 = largest value); it and ``ideal`` follow
+    from the values and the config.
     """
 
     config: RunConfig
     drift: float
     warm: bool
     values: FloatArray  # (K, B, n) user units
-    rank: IntArray  # (K, B, n)
     exposed: BoolArray  # (K, B, n): determined in the epoch (its warm run or its cold rerun)
-    ideal: BoolArray  # (K, B, n): the ideal world exposes it in that epoch (it holds the output)
     output: FloatArray  # (K, B) node 0's output (user units)
     exact: BoolArray  # (K, B) every node within the tolerance of the epoch's aggregate
     iterations: IntArray  # (K, B) iterations the epoch ran (warm run plus any cold rerun)
     fell_back: BoolArray  # (K, B) the warm run's output check failed and the epoch reran cold
     wall_seconds: float = 0.0
+    rank: IntArray = field(init=False)  # (K, B, n)
+    ideal: BoolArray = field(init=False)  # (K, B, n): the ideal world exposes it (it holds the output)
+
+    def __post_init__(self) -> None:
+        self.rank = np.argsort(np.argsort(-self.values, axis=2, kind="stable"), axis=2)
+        self.ideal = _ideal_mask(self.config, self.rank)
 
     @property
     def epochs(self) -> int:
@@ -206,6 +211,43 @@ def _warm_epoch(
     return _WarmEpoch(cfg.model_copy(update={"c": starts[0].c}), inputs, starts, outside.reshape(B, n))
 
 
+@dataclass(frozen=True)
+class _EpochRun:
+    """One epoch's figures (:class:`EpochsResult`'s, for that epoch): B trials, n nodes."""
+
+    exposed: BoolArray  # (B, n)
+    output: FloatArray  # (B,)
+    exact: BoolArray  # (B,)
+    iterations: IntArray  # (B,)
+    fell_back: BoolArray  # (B,)
+
+
+def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | None) -> _EpochRun:
+    """Epoch k with its ``values`` (B, n): cold, or ``warm``-started with a cold rerun of the trials
+    whose warm output check fails (both runs' exposures and iterations count)."""
+    B = len(values)
+    if warm is None:
+        res = simulate(cfg, epoch=EpochInputs(k, values))
+        exposed = res.exposed
+    else:
+        res = simulate(warm.cfg, epoch=warm.inputs)
+        exposed = res.exposed & ~warm.outside  # a shell value exposed reveals no value
+    output = np.array(res.output[:, 0].reshape(B, -1)[:, 0], dtype=np.float64)  # top-K: its first value
+    exact = _exact(res)
+    iterations = np.asarray(res.phase_iterations.sum(axis=1), dtype=np.int64)
+    fell_back = np.zeros(B, dtype=bool)
+    if warm is not None:
+        proto_out = scale_for(cfg).to_protocol(output)
+        fb = np.array([ws.falls_back(float(y)) for ws, y in zip(warm.starts, proto_out, strict=True)])
+        if fb.any():
+            cold = simulate(cfg, epoch=EpochInputs(k, values, rerun=True))
+            exposed[fb] |= cold.exposed[fb]
+            output[fb], exact[fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
+            iterations[fb] += cold.phase_iterations.sum(axis=1)[fb]
+            fell_back = fb
+    return _EpochRun(exposed, output, exact, iterations, fell_back)
+
+
 def warms(cfg: RunConfig) -> bool:
     """Whether a multi-epoch run of ``cfg`` warm-starts: an operator of
     :data:`~nlagg_node.warm.WARM_OPERATORS` with its private initialization (``--init proposed``, or
@@ -265,44 +307,22 @@ def simulate_epochs(
         vals = walk_values(cfg, epochs, drift)
     check_values(cfg, vals)
     warm = warm and warms(cfg)
-    K, B, n = vals.shape
-    shape = (K, B)
-    exposed = np.zeros((K, B, n), dtype=bool)
-    output, exact = np.zeros(shape), np.zeros(shape, dtype=bool)
-    iterations, fell_back = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=bool)
+    K = len(vals)
+    runs: list[_EpochRun] = []
     for k in range(K):
-        warm_k = _warm_epoch(cfg, k, vals[k], output[k - 1], drift, starter) if warm and k > 0 else None
-        if warm_k is None:
-            res = simulate(cfg, epoch=EpochInputs(k, vals[k]))
-            exposed[k] = res.exposed
-        else:
-            res = simulate(warm_k.cfg, epoch=warm_k.inputs)
-            exposed[k] = res.exposed & ~warm_k.outside  # a shell value exposed reveals no value
-        output[k] = res.output[:, 0].reshape(B, -1)[:, 0]  # top-K: its first value
-        exact[k], iterations[k] = _exact(res), res.phase_iterations.sum(axis=1)
-        if warm_k is not None:
-            proto_out = scale_for(cfg).to_protocol(output[k])
-            fb = np.array([ws.falls_back(float(y)) for ws, y in zip(warm_k.starts, proto_out, strict=True)])
-            if fb.any():
-                cold = simulate(cfg, epoch=EpochInputs(k, vals[k], rerun=True))
-                exposed[k, fb] |= cold.exposed[fb]
-                output[k, fb], exact[k, fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
-                iterations[k, fb] += cold.phase_iterations.sum(axis=1)[fb]
-                fell_back[k] = fb
+        warm_k = _warm_epoch(cfg, k, vals[k], runs[-1].output, drift, starter) if warm and k > 0 else None
+        runs.append(_run_epoch(cfg, k, vals[k], warm_k))
         if progress is not None:
             progress(k + 1, K)
-    rank = np.argsort(np.argsort(-vals, axis=2, kind="stable"), axis=2)
     return EpochsResult(
         config=cfg,
         drift=drift,
         warm=warm,
         values=vals,
-        rank=rank,
-        exposed=exposed,
-        ideal=_ideal_mask(cfg, rank),
-        output=output,
-        exact=exact,
-        iterations=iterations,
-        fell_back=fell_back,
+        exposed=np.stack([run.exposed for run in runs]),
+        output=np.stack([run.output for run in runs]),
+        exact=np.stack([run.exact for run in runs]),
+        iterations=np.stack([run.iterations for run in runs]),
+        fell_back=np.stack([run.fell_back for run in runs]),
         wall_seconds=time.perf_counter() - started,
     )
