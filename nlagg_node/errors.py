@@ -27,6 +27,7 @@ __all__ = [
     "ConfigError",
     "ConfigMismatchError",
     "DepartedError",
+    "EpochStopped",
     "EquivocationError",
     "MqttProtocolError",
     "NeighbourTimeoutError",
@@ -139,6 +140,10 @@ class TestbedError(NlaggError):
 
 class DepartedError(NlaggError):
     """This node came back after its neighbours had counted it as departed: refused for the run."""
+
+
+class EpochStopped(NlaggError):  # noqa: N818 - a reason to stop, not a fault
+    """A continuous node was told to stop (a SIGTERM) while it waited for an epoch's start."""
 
 
 class EquivocationError(NlaggError):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Unpack
 
 from ..config import RunConfig
-from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
+from ..errors import ConfigError, DepartedError, EpochStopped, NeighbourTimeoutError, NlaggError
 from ..rng import rng_for
 from ..warm import WarmStart
 from .loop import run_members
@@ -352,7 +352,7 @@ class _Epoch:
                 "node %d: epoch %d starts in %.2f s", self.node_id, k, self.clock.start(k) - time.time()
             )
             if await _sleep_until(self.clock.start(k), self.stop):
-                raise _StoppedError
+                raise EpochStopped
         return await run_epoch(
             start.cfg,
             self.node_id,
@@ -382,17 +382,13 @@ class _Epoch:
         )
         transport = await self.transport_for(self.k, epoch_run_id(self.k))
         if await _sleep_until(self.clock.start(self.k), self.stop):
-            raise _StoppedError
+            raise EpochStopped
         prefix, run_id = self.deployment
         until = self.clock.start(self.k + 1) - self.clock.join
         runs = (epoch_run_id(self.k), rerun_run_id(self.k))
         grace = self.clock.join / 2  # a rerun's statuses come within moments of the warm run's end
         heard = await listen_for_output(transport, f"{prefix}/{run_id}", runs, neighbours, until, grace)
         return HeardOutput(self.k, None if heard is None else self.to_user(heard[0]))
-
-
-class _StoppedError(Exception):
-    """``stop`` was set while waiting for an epoch's start."""
 
 
 async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:
@@ -464,7 +460,7 @@ async def run_epochs(
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
             outcome = await _one_epoch(ep, await value_for(k), held, drift)
-        except _StoppedError:
+        except EpochStopped:
             return
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
