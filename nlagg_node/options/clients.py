@@ -163,3 +163,15 @@ class EavesdropOptions:
         int | None,
         Opt("--continuous: stop once the store holds this many closed epochs", extra=(("min", 1),)),
     ] = None
+    drift: Annotated[
+        float | None,
+        Opt(
+            "--continuous with --config: the deployment's declared drift (its plan's --drift): each"
+            " epoch's configuration is derived as the nodes derive it [default: 0]",
+            extra=(("min", 0.0),),
+        ),
+    ] = None
+    cold_start: Annotated[
+        bool,
+        Opt("--continuous with --config: the deployment runs every epoch cold", flags=("--cold-start",)),
+    ] = False

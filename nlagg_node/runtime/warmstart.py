@@ -28,7 +28,7 @@ from ..warm import WarmStart, warm_start
 from .transport import Transport
 from .wire import StatusMsg, WireError, decode, topics
 
-__all__ = ["EpochStart", "HeardOutput", "epoch_start", "listen_for_output"]
+__all__ = ["EpochStart", "HeardOutput", "epoch_config", "epoch_start", "listen_for_output"]
 
 log = logging.getLogger("nlagg.node")
 
@@ -77,6 +77,23 @@ def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: flo
         value_range=cfg.value_range,
     )
     return EpochStart(cfg.model_copy(update={"c": ws.c}), ws)
+
+
+def epoch_config(
+    cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None, *, rerun: bool = False
+) -> RunConfig:
+    """The configuration epoch ``epoch`` runs with (``rerun``: its cold rerun ``e{k}r``), from public
+    facts only: the deployment's ``cfg``, the epoch, the output of epoch k-1 held (``held``, as in
+    :func:`epoch_start`) and the declared ``drift``.
+
+    The nodes run with it (:mod:`nlagg_node.runtime.epochs`), and a continuous capture gives it to
+    each epoch's eavesdropper (:mod:`adversary.capture.epochs`): a warm epoch's ``c`` is
+    :func:`~nlagg_node.warm.warm_c` of the run's, whatever the output was; a cold epoch, a rerun,
+    and an epoch whose nodes sit out (their neighbours run it cold) run ``cfg`` itself.
+    """
+    if rerun:
+        return cfg.resolved()
+    return epoch_start(cfg, epoch, held, drift).cfg
 
 
 async def listen_for_output(
