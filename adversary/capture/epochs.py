@@ -53,7 +53,7 @@ from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
 from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, live_table
-from .epochconfig import EpochConfigs
+from .epochconfig import EpochConfigs, judge_warm
 from .merged import Acknowledging
 from .subscriber import AckingSubscriber, accepts_anonymous
 
@@ -338,6 +338,9 @@ class EpochCapture:
         summary = await asyncio.to_thread(self.summarize, self.store.transcript_path(k))
         eaves = ep.eaves
         summary.update(captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set())
+        band = None if self.configs is None else self.configs.band(k, self._published(k - 1))
+        if band is not None and "nodes" in summary:  # a warm run: shell values expose no value
+            summary = judge_warm(summary, band)
         if ep.rerun is not None:
             rerun = await asyncio.to_thread(self.summarize, self.store.transcript_path(k, rerun=True))
             eaves = ep.rerun
