@@ -23,14 +23,14 @@ no value, and the node's interval becomes the side of the band its value lies on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nlagg_node.arrays import IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.epochs import rerun_run_id
 from nlagg_node.runtime.outputs import epoch_run_id
-from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.public import build_config_msg, config_from_msg, run_edges
 from nlagg_node.runtime.warmstart import HeardOutput, epoch_config, epoch_start
 from nlagg_node.runtime.wire import ConfigMsg
 
@@ -47,10 +47,17 @@ class EpochConfigs:
 
     cfg: RunConfig
     drift: float | None
-    edges: IntArray = field(init=False)
+    edges: IntArray | None = None  # None: the graph every node draws from ``cfg``
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "edges", run_edges(self.cfg))  # the graph every node draws
+        if self.edges is None:
+            object.__setattr__(self, "edges", run_edges(self.cfg))
+
+    @classmethod
+    def from_message(cls, msg: ConfigMsg, drift: float | None) -> EpochConfigs:
+        """From the deployment's retained ``P/R/config`` (its graph is the message's edges)."""
+        cfg, edges = config_from_msg(msg)
+        return cls(cfg, drift, edges)
 
     def message(self, epoch: int, previous: float | None, *, rerun: bool = False) -> ConfigMsg:
         """The public configuration of epoch ``epoch`` (``rerun``: of its cold rerun), given epoch
@@ -58,6 +65,7 @@ class EpochConfigs:
         held = HeardOutput(epoch - 1, previous) if epoch > 0 else None
         run_cfg = epoch_config(self.cfg, epoch, held, self.drift, rerun=rerun)
         run = rerun_run_id(epoch) if rerun else epoch_run_id(epoch)
+        assert self.edges is not None  # set at construction
         return build_config_msg(run_cfg, run, self.edges)
 
     def band(self, epoch: int, previous: float | None) -> Band | None:

@@ -47,7 +47,7 @@ from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.wire import encode, topics
+from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, topics
 
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
@@ -103,7 +103,9 @@ class EpochCapture:
     stop_epochs : stop once the store holds this many closed epochs (None: until cancelled).
     complete_grace : seconds an epoch waits for what is missing, once it is done or a later one began.
     configs : the deployment's public config and drift: each run's configuration is derived from
-        them (None: each run's retained config opens it).
+        them (None: from the deployment's retained ``P/R/config`` with ``drift`` once it comes, and
+        until then, or without it, each run's own retained config opens it).
+    drift : the declared drift (None: every epoch cold) with which a retained ``P/R/config`` is used.
     on_event : ``on_event(kind, **fields)`` for ``epoch`` (opened), ``exposure``, ``epoch_closed`` and
         ``pruned``.
     """
@@ -120,6 +122,7 @@ class EpochCapture:
         commit_every: float = 0.25,
         on_event: Events | None = None,
         configs: EpochConfigs | None = None,
+        drift: float | None = 0.0,
     ) -> None:
         for name, value, least in (("keep_epochs", keep_epochs, 0), ("epochs", stop_epochs, 1)):
             if value is not None and value < least:
@@ -134,6 +137,7 @@ class EpochCapture:
         self.commit_every = commit_every
         self.on_event = on_event or (lambda kind, **fields: None)
         self.configs = configs
+        self.drift = drift
         self.live: dict[int, _Epoch] = {}
         self.closing: set[int] = set()
         self.captured = self.late = self.stray = self.results = self.cleared = self.reruns = 0
@@ -166,6 +170,9 @@ class EpochCapture:
             return
         if level == "results":
             self._result(tail, payload)
+            return
+        if level == "config" and not tail:
+            self._deployment(topic, payload)
             return
         k, rerun = epoch_of(level), False
         if k is None and level.endswith("r") and (k := epoch_of(level[:-1])) is not None:
@@ -216,11 +223,37 @@ class EpochCapture:
             self.transport, transcript, on_exposure=exposed, config=config, complete_grace=self.complete_grace
         )
         if config is None and self.configs is not None:
-            # The run's config as its nodes derive it, stored as its own (a retained config that
-            # is published too must be the same: the first one wins, as at the nodes).
-            derived = self.configs.message(k, self._published(k - 1), rerun=rerun)
-            eaves.handle(topics(self.base, run_id).config, encode(derived), True)
+            self._derive(k, eaves, rerun)
         return eaves
+
+    def _deployment(self, topic: str, payload: bytes) -> None:
+        """The deployment's retained ``P/R/config`` (its launcher's): each run's configuration is
+        derived from it from now on (an epoch already open without one gets its own now)."""
+        if self.configs is not None:
+            return
+        try:
+            _, msg = decode(topic, payload, self.store.prefix, self.store.run_id)
+            if not isinstance(msg, ConfigMsg):
+                raise WireError("config", topic, "not a run configuration")
+            self.configs = EpochConfigs.from_message(msg, self.drift)
+        except (WireError, ConfigError, ValidationError) as exc:
+            self.stray += 1
+            log.warning("the deployment's config on %s is not one: %s", topic, str(exc)[:200])
+            return
+        log.info("deployment config received: every epoch's configuration is derived from it")
+        for k, ep in self.live.items():
+            for rerun, eaves in ((False, ep.eaves), (True, ep.rerun)):
+                if eaves is not None and eaves.config is None:
+                    self._derive(k, eaves, rerun)
+
+    def _derive(self, k: int, eaves: Eavesdropper, rerun: bool) -> None:
+        """Give run ``e{k}`` (``rerun``: ``e{k}r``) the configuration its nodes derive, stored in its
+        transcript as its own (a retained config published too must be the same: the first one
+        wins, as at the nodes)."""
+        assert self.configs is not None
+        derived = self.configs.message(k, self._published(k - 1), rerun=rerun)
+        run_id = epoch_run_id(k) + ("r" if rerun else "")
+        eaves.handle(topics(self.base, run_id).config, encode(derived), True)
 
     def _published(self, k: int) -> float | None:
         """Epoch ``k``'s output as its nodes published it (their median; None: none published)."""
@@ -435,13 +468,15 @@ async def run_epoch_eavesdropper(
     keep_epochs: int | None = None,
     epochs: int | None = None,
     configs: EpochConfigs | None = None,
+    drift: float | None = 0.0,
 ) -> EpochCapture:
     """``nlagg eavesdrop --continuous``: capture every epoch of deployment ``prefix/run_id`` into the
     epoch store ``folder`` until ``epochs`` are closed, ``stop_after`` s, or a signal.
 
     With ``events``: JSON lines ``subscribed``, ``epoch``, ``exposure`` (with its epoch),
     ``epoch_closed``, ``pruned``, ``finished``. ``configs``: the deployment's public config, from
-    which each run's configuration is derived (:class:`EpochConfigs`). One broker (a deployment's
+    which each run's configuration is derived (:class:`EpochConfigs`; None: from its retained
+    ``P/R/config`` and ``drift``). One broker (a deployment's
     broker, or one of its cluster's members that keeps each publisher's order).
     """
     from rich.console import Console
@@ -476,6 +511,7 @@ async def run_epoch_eavesdropper(
                 stop_epochs=epochs,
                 on_event=_say(console, events, live),
                 configs=configs,
+                drift=drift,
             )
             task = asyncio.create_task(capture.run())
             on_stop_signal(task.cancel)

@@ -79,7 +79,13 @@ def eavesdrop(opts: EavesdropOptions) -> None:
     for url in brokers[1:]:  # the TLS files must suit every broker
         tls_settings(url, opts.ca_file, opts.cert_file, opts.key_file)
     show = sys.stdout.isatty() if opts.live is None else opts.live
-    if opts.continuous or opts.keep_epochs is not None or opts.epochs is not None or opts.drift is not None:
+    if (
+        opts.continuous
+        or opts.keep_epochs is not None
+        or opts.epochs is not None
+        or opts.drift is not None
+        or opts.cold_start
+    ):
         capture_epochs(opts, brokers, password, tls, show)
         return
     public = None
@@ -116,19 +122,16 @@ def capture_epochs(
     from ..errors import ConfigError
 
     if not opts.continuous:
-        given = [opts.keep_epochs, opts.epochs, opts.drift]
-        raise ConfigError("keep_epochs/epochs/drift", given, "need --continuous")
+        given = [opts.keep_epochs, opts.epochs, opts.drift, opts.cold_start]
+        raise ConfigError("keep_epochs/epochs/drift/cold_start", given, "need --continuous")
     configs = None
+    drift = None if opts.cold_start else (opts.drift or 0.0)  # as the nodes of the plan warm-start
     if opts.config is not None:  # each epoch's config derived as the nodes derive it
         from adversary.capture.epochconfig import EpochConfigs
 
         from ..config import load_config
 
-        configs = EpochConfigs(
-            load_config(Path(opts.config)), None if opts.cold_start else (opts.drift or 0.0)
-        )
-    elif opts.drift is not None or opts.cold_start:
-        raise ConfigError("drift/cold_start", [opts.drift, opts.cold_start], "need --config")
+        configs = EpochConfigs(load_config(Path(opts.config)), drift)
     if opts.broker_cluster:
         raise ConfigError(
             "broker_cluster", True, "not with --continuous (it reads one broker in causal order)"
@@ -148,6 +151,7 @@ def capture_epochs(
         keep_epochs=opts.keep_epochs,
         epochs=opts.epochs,
         configs=configs,
+        drift=drift,
     )
     serve_capture(capture, opts)
 

@@ -166,12 +166,16 @@ class EavesdropOptions:
     drift: Annotated[
         float | None,
         Opt(
-            "--continuous with --config: the deployment's declared drift (its plan's --drift): each"
-            " epoch's configuration is derived as the nodes derive it [default: 0]",
+            "--continuous: the deployment's declared drift (its plan's --drift): each epoch's"
+            " configuration is derived as the nodes derive it, from --config or the deployment's"
+            " retained P/R/config [default: 0]",
             extra=(("min", 0.0),),
         ),
     ] = None
     cold_start: Annotated[
         bool,
-        Opt("--continuous with --config: the deployment runs every epoch cold", flags=("--cold-start",)),
+        Opt(
+            "--continuous: the deployment runs every epoch cold (its plan's --cold-start)",
+            flags=("--cold-start",),
+        ),
     ] = False

@@ -1,16 +1,24 @@
-"""How a continuous capture summarises a warm run and an epoch's cold rerun
-(:func:`adversary.capture.epochconfig.judge_warm`, :func:`adversary.capture.epochs.with_rerun`)."""
+"""How a continuous capture configures each epoch from the deployment's public config
+(:class:`adversary.capture.epochconfig.EpochConfigs`) and summarises a warm run and an epoch's cold
+rerun (:func:`adversary.capture.epochconfig.judge_warm`, :func:`adversary.capture.epochs.with_rerun`)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from adversary.capture.epochconfig import EpochConfigs, judge_warm
-from adversary.capture.epochs import with_rerun
+from adversary.capture.epochs import EpochCapture, with_rerun
+from adversary.epochs import epoch_summary
+from adversary.transcript import EpochStore
 from nlagg_node.config import RunConfig
+from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
+from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.wire import encode
 
 
 def finding(node: int, lower: float | None, upper: float | None) -> dict[str, Any]:
@@ -59,3 +67,27 @@ def test_the_band_of_a_warm_epoch_is_in_the_values_units(op: str, lo: float, hi:
     assert configs.band(1, 50.0) == pytest.approx((lo, hi))
     assert configs.band(0, None) is None
     assert configs.band(1, None) is None  # no output of epoch 0 published: epoch 1 runs cold
+
+
+def test_the_deployments_retained_config_gives_every_epoch_its_derived_config(tmp_path: Path) -> None:
+    cfg = RunConfig(op="median", n=4, graph="ring", value_range=(0.0, 100.0)).resolved()
+    edges = run_edges(cfg)
+    with EpochStore(tmp_path / "s", "P", "R") as store:
+        capture = EpochCapture(
+            MemoryTransport(MemoryBroker(), "eve"), store, summarize=epoch_summary, drift=0.01
+        )
+        status = b'{"v": 1, "node": 0, "state": "online"}'
+        capture.handle("P/R/e0/node/0/status", status)  # epoch 0 opened before the deployment's config
+        assert capture.current is not None
+        assert capture.current.config is None
+        capture.handle("P/R/config", encode(build_config_msg(cfg, "R", edges)), True)
+        assert capture.current.config is not None  # derived now: epoch 0 runs cold, with cfg itself
+        assert capture.current.config.run["c"] == cfg.c_value
+        doc = {"v": 1, "node": 0, "epoch": 0, "output": 50.0, "iterations": 90, "time": 1.0e9}
+        capture.handle("P/R/results/0", json.dumps(doc).encode())
+        capture.handle("P/R/e1/node/0/status", status)
+        warm = capture.current.config
+        assert warm is not None  # epoch 1 warm from epoch 0's published output: a prior at it
+        assert warm.run["prior_median"] == 50.0
+        assert warm.run["c"] == EpochConfigs(cfg, 0.01).message(1, 50.0).run["c"] != cfg.c_value
+        assert capture.stray == 0
