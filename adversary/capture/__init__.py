@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .eavesdropper import Eavesdropper as Eavesdropper
     from .eavesdropper import NodeView as NodeView
     from .eavesdropper import run_eavesdropper as run_eavesdropper
+    from .epochconfig import EpochConfigs as EpochConfigs
     from .epochs import EpochCapture as EpochCapture
     from .epochs import run_epoch_eavesdropper as run_epoch_eavesdropper
     from .merged import MergedSubscriber as MergedSubscriber

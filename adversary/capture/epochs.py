@@ -4,18 +4,25 @@
 and routes each message by its first level: ``e{k}`` to epoch k's own
 :class:`~adversary.capture.eavesdropper.Eavesdropper` (its transcript, live replay and stop rule,
 unchanged: epoch k is run ``e{k}`` under prefix ``P/R``, and its retained config opens it),
-``results`` to the nodes' published outputs. Everything goes to an
+``results`` to the nodes' published outputs, ``e{k}r`` (epoch k's cold rerun: its warm run fell
+back, docs/continuous.md) to a second eavesdropper of epoch k, its transcript beside the epoch's.
+Given the deployment's public config (:class:`~adversary.capture.epochconfig.EpochConfigs`), each
+run's eavesdropper gets the configuration the nodes derive for it (no deployment publishes a
+per-epoch config); without it, a run's retained config opens it. Everything goes to an
 :class:`~adversary.transcript.store.EpochStore` (:mod:`adversary.transcript.store`).
 
-An epoch closes when its eavesdropper is finished (every node done, the transcript complete), or,
-once a later epoch has begun, after ``complete_grace`` seconds without a message of it (a node
-absent for that epoch never says ``done``). Closing stores its summary (the attack on its
-transcript, :func:`adversary.epochs.epoch_summary`) and, with ``keep_epochs`` N, deletes the raw
-transcripts of all but the newest N closed epochs. A message of an epoch already closed (a
+An epoch closes when its eavesdropper is finished (every node done, the transcript complete) and
+its rerun too, or no rerun began (a node published its output of the epoch, or :data:`RERUN_WAIT`
+s went by); or, once a later epoch has begun, after ``complete_grace`` seconds without a message of
+it (a node absent for that epoch never says ``done``). Closing stores its summary (the attack on its
+transcript, :func:`adversary.epochs.epoch_summary`; an epoch that was rerun has the rerun's
+summary, every exposure of both runs, and the warm run's summary under ``warm``: :func:`with_rerun`)
+and, with ``keep_epochs`` N, deletes the raw transcripts of all but the newest N closed epochs. A
+message of an epoch already closed (a
 retained config or status sent again at every resubscription) is counted as ``late`` and not stored.
 An empty payload (a node clearing its retained status or key of the epoch before, as every node
-does once its output is out) is counted as ``cleared``, and a message of an epoch's cold rerun
-``e{k}r`` (a warm start that fell back: docs/continuous.md) as ``reruns``; neither is stored.
+does once its output is out) is counted as ``cleared`` and not stored; a message of a cold rerun is
+counted as ``reruns`` too.
 
 As in the single-run capture, a message is acknowledged to the broker only after the transcript
 holding it is committed, and the store keeps which epochs are open: a restarted eavesdropper
@@ -40,15 +47,17 @@ from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
+from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, topics
 
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
 from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, live_table
+from .epochconfig import EpochConfigs, judge_warm
 from .merged import Acknowledging
 from .subscriber import AckingSubscriber, accepts_anonymous
 
-__all__ = ["MAX_OPEN_EPOCHS", "EpochCapture", "run_epoch_eavesdropper"]
+__all__ = ["MAX_OPEN_EPOCHS", "RERUN_WAIT", "EpochCapture", "run_epoch_eavesdropper", "with_rerun"]
 
 log = logging.getLogger("nlagg.eavesdropper")
 
@@ -59,12 +68,23 @@ open a transcript (a file, an eavesdropper) for each; a message that would open 
 counted ``stray`` and not stored. A deployment has one epoch open, two while one ends."""
 
 
+RERUN_WAIT = 2.0
+"""Seconds a finished epoch waits for its cold rerun when no node published its output (the nodes
+rerun at once, and publish their output only after the rerun); at most ``complete_grace``."""
+
+
 @dataclass
 class _Epoch:
-    """An epoch being captured: its eavesdropper (and transcript), and when it last got a message."""
+    """An epoch being captured: its eavesdropper (and transcript), its cold rerun's once one began,
+    when it last got a message, and since when its warm (first) run is finished."""
 
     eaves: Eavesdropper
     seen: float
+    rerun: Eavesdropper | None = None
+    done_at: float | None = None
+
+    def runs(self) -> list[Eavesdropper]:
+        return [self.eaves] if self.rerun is None else [self.eaves, self.rerun]
 
 
 Events = Callable[..., None]
@@ -82,6 +102,10 @@ class EpochCapture:
     keep_epochs : keep the raw transcripts of the newest N closed epochs (None: all).
     stop_epochs : stop once the store holds this many closed epochs (None: until cancelled).
     complete_grace : seconds an epoch waits for what is missing, once it is done or a later one began.
+    configs : the deployment's public config and drift: each run's configuration is derived from
+        them (None: from the deployment's retained ``P/R/config`` with ``drift`` once it comes, and
+        until then, or without it, each run's own retained config opens it).
+    drift : the declared drift (None: every epoch cold) with which a retained ``P/R/config`` is used.
     on_event : ``on_event(kind, **fields)`` for ``epoch`` (opened), ``exposure``, ``epoch_closed`` and
         ``pruned``.
     """
@@ -97,6 +121,8 @@ class EpochCapture:
         complete_grace: float = 10.0,
         commit_every: float = 0.25,
         on_event: Events | None = None,
+        configs: EpochConfigs | None = None,
+        drift: float | None = 0.0,
     ) -> None:
         for name, value, least in (("keep_epochs", keep_epochs, 0), ("epochs", stop_epochs, 1)):
             if value is not None and value < least:
@@ -110,10 +136,11 @@ class EpochCapture:
         self.complete_grace = complete_grace
         self.commit_every = commit_every
         self.on_event = on_event or (lambda kind, **fields: None)
+        self.configs = configs
+        self.drift = drift
         self.live: dict[int, _Epoch] = {}
         self.closing: set[int] = set()
         self.captured = self.late = self.stray = self.results = self.cleared = self.reruns = 0
-        self._reruns_seen: set[str] = set()
         self.subscribed = asyncio.Event()
         self.finished = asyncio.Event()
         self._acking = transport if isinstance(transport, Acknowledging) else None
@@ -144,10 +171,13 @@ class EpochCapture:
         if level == "results":
             self._result(tail, payload)
             return
-        k = epoch_of(level)
-        if k is None and level.endswith("r") and epoch_of(level[:-1]) is not None:
-            self._rerun(level)
+        if level == "config" and not tail:
+            self._deployment(topic, payload)
             return
+        k, rerun = epoch_of(level), False
+        if k is None and level.endswith("r") and (k := epoch_of(level[:-1])) is not None:
+            rerun = True
+            self.reruns += 1
         if k is None:
             self.stray += 1
             log.warning("captured a message outside every epoch of %s on %s: not stored", self.base, topic)
@@ -164,33 +194,71 @@ class EpochCapture:
                 return
             ep = self._open(k)
         ep.seen = time.monotonic()
-        ep.eaves.handle(topic, payload, retained)
-
-    def _rerun(self, level: str) -> None:
-        """A message of an epoch's cold rerun ``e{k}r`` (its warm run fell back,
-        :func:`nlagg_node.runtime.epochs.rerun_run_id`): counted, not stored (the store holds one
-        transcript per epoch, its warm run's)."""
-        self.reruns += 1
-        if level not in self._reruns_seen:
-            self._reruns_seen.add(level)
-            log.info("epoch %s fell back: its cold rerun %s is counted, not stored", level[1:-1], level)
+        if rerun and ep.rerun is None:
+            ep.rerun = self._eavesdropper(k, rerun=True)
+            log.info("epoch %d fell back: capturing its cold rerun into %s", k, ep.rerun.transcript.path)
+        (ep.rerun if rerun and ep.rerun is not None else ep.eaves).handle(topic, payload, retained)
 
     def _open(self, k: int) -> _Epoch:
         self.store.open_epoch(k)
-        transcript = Transcript(self.store.transcript_path(k), run_id=epoch_run_id(k), prefix=self.base)
+        ep = self.live[k] = _Epoch(self._eavesdropper(k), time.monotonic())
+        if self.store.transcript_path(k, rerun=True).is_file():  # a resumed epoch that was rerun
+            ep.rerun = self._eavesdropper(k, rerun=True)
+        self.newest = max(self.newest, k)
+        log.info("epoch %d: capturing into %s", k, ep.eaves.transcript.path)
+        self.on_event("epoch", epoch=k)
+        return ep
+
+    def _eavesdropper(self, k: int, *, rerun: bool = False) -> Eavesdropper:
+        """The eavesdropper of epoch ``k``'s run (``rerun``: its cold rerun ``e{k}r``)."""
+        run_id = epoch_run_id(k) + ("r" if rerun else "")
+        path = self.store.transcript_path(k, rerun=rerun)
+        transcript = Transcript(path, run_id=run_id, prefix=self.base)
         config = transcript.config()  # a resumed epoch: its replay catches up at once
 
         def exposed(e: Exposure) -> None:
-            self.on_event("exposure", epoch=k, node=e.node, t=e.t, value=e.value, how=e.how)
+            self.on_event("exposure", epoch=k, node=e.node, t=e.t, value=e.value, how=e.how, rerun=rerun)
 
         eaves = Eavesdropper(
             self.transport, transcript, on_exposure=exposed, config=config, complete_grace=self.complete_grace
         )
-        ep = self.live[k] = _Epoch(eaves, time.monotonic())
-        self.newest = max(self.newest, k)
-        log.info("epoch %d: capturing into %s", k, transcript.path)
-        self.on_event("epoch", epoch=k)
-        return ep
+        if config is None and self.configs is not None:
+            self._derive(k, eaves, rerun)
+        return eaves
+
+    def _deployment(self, topic: str, payload: bytes) -> None:
+        """The deployment's retained ``P/R/config`` (its launcher's): each run's configuration is
+        derived from it from now on (an epoch already open without one gets its own now)."""
+        if self.configs is not None:
+            return
+        try:
+            _, msg = decode(topic, payload, self.store.prefix, self.store.run_id)
+            if not isinstance(msg, ConfigMsg):
+                raise WireError("config", topic, "not a run configuration")
+            self.configs = EpochConfigs.from_message(msg, self.drift)
+        except (WireError, ConfigError, ValidationError) as exc:
+            self.stray += 1
+            log.warning("the deployment's config on %s is not one: %s", topic, str(exc)[:200])
+            return
+        log.info("deployment config received: every epoch's configuration is derived from it")
+        for k, ep in self.live.items():
+            for rerun, eaves in ((False, ep.eaves), (True, ep.rerun)):
+                if eaves is not None and eaves.config is None:
+                    self._derive(k, eaves, rerun)
+
+    def _derive(self, k: int, eaves: Eavesdropper, rerun: bool) -> None:
+        """Give run ``e{k}`` (``rerun``: ``e{k}r``) the configuration its nodes derive, stored in its
+        transcript as its own (a retained config published too must be the same: the first one
+        wins, as at the nodes)."""
+        assert self.configs is not None
+        derived = self.configs.message(k, self._published(k - 1), rerun=rerun)
+        run_id = epoch_run_id(k) + ("r" if rerun else "")
+        eaves.handle(topics(self.base, run_id).config, encode(derived), True)
+
+    def _published(self, k: int) -> float | None:
+        """Epoch ``k``'s output as its nodes published it (their median; None: none published)."""
+        outs = sorted(r.output for r in self.store.results() if r.epoch == k) if k >= 0 else []
+        return outs[len(outs) // 2] if outs else None
 
     def _result(self, tail: str, payload: bytes) -> None:
         """A node's :class:`~nlagg_node.runtime.outputs.EpochOutput`; a top-K output is stored by its
@@ -226,7 +294,8 @@ class EpochCapture:
         finally:
             self._commit()
             for ep in self.live.values():
-                ep.eaves.transcript.close()
+                for eaves in ep.runs():
+                    eaves.transcript.close()
 
     async def _read(self) -> None:
         acking = self._acking
@@ -244,7 +313,8 @@ class EpochCapture:
     def _commit(self) -> None:
         """Commit every open transcript, then acknowledge what they now hold."""
         for ep in self.live.values():
-            ep.eaves.transcript.commit()
+            for eaves in ep.runs():
+                eaves.transcript.commit()
         if self._unacked and self._acking is not None:
             self._acking.ack(self._unacked)
         self._unacked = []
@@ -270,24 +340,46 @@ class EpochCapture:
         now = time.monotonic()
         due = []
         for k, ep in sorted(self.live.items()):
-            ep.eaves.tick()
-            if ep.eaves.finished.is_set() or (k < self.newest and now - ep.seen >= self.complete_grace):
+            for eaves in ep.runs():
+                eaves.tick()
+            if self._ended(k, ep, now) or (k < self.newest and now - ep.seen >= self.complete_grace):
                 due.append(k)
         return due
+
+    def _ended(self, k: int, ep: _Epoch, now: float) -> bool:
+        """Whether epoch ``k``'s runs are finished: its rerun's, or its first one's with no rerun to
+        come (a node published the epoch's output, or :data:`RERUN_WAIT` s went by)."""
+        if ep.rerun is not None:
+            return ep.rerun.finished.is_set()
+        if not ep.eaves.finished.is_set():
+            return False
+        if ep.done_at is None:
+            ep.done_at = now
+        wait = min(RERUN_WAIT, self.complete_grace)
+        return now - ep.done_at >= wait or self.store.result_count(k) > 0
 
     def _begin_close(self, k: int, tg: asyncio.TaskGroup) -> None:
         self._commit()  # everything of epoch k is committed and acknowledged before it closes
         ep = self.live.pop(k)
         self.closing.add(k)
-        ep.eaves.transcript.close()
-        tg.create_task(self._close(k, ep.eaves))
+        for eaves in ep.runs():
+            eaves.transcript.close()
+        tg.create_task(self._close(k, ep))
 
-    async def _close(self, k: int, eaves: Eavesdropper) -> None:
-        """Store the summary of epoch ``k`` (the attack on its transcript), then prune."""
+    async def _close(self, k: int, ep: _Epoch) -> None:
+        """Store the summary of epoch ``k`` (the attack on its transcripts), then prune."""
         summary = await asyncio.to_thread(self.summarize, self.store.transcript_path(k))
-        summary.update(
-            epoch=k, captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set()
-        )
+        eaves = ep.eaves
+        summary.update(captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set())
+        band = None if self.configs is None else self.configs.band(k, self._published(k - 1))
+        if band is not None and "nodes" in summary:  # a warm run: shell values expose no value
+            summary = judge_warm(summary, band)
+        if ep.rerun is not None:
+            rerun = await asyncio.to_thread(self.summarize, self.store.transcript_path(k, rerun=True))
+            eaves = ep.rerun
+            rerun.update(captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set())
+            summary = with_rerun(summary, rerun)
+        summary["epoch"] = k
         self.store.close_epoch(k, summary)
         self.closing.discard(k)
         log.info("epoch %d closed: exposed %s, output %s", k, summary.get("exposed"), summary.get("output"))
@@ -316,6 +408,23 @@ class EpochCapture:
         n = int((last.summary or {}).get("n", 0))
         if time.monotonic() >= self._stop_at or self.store.result_count(last.epoch) >= n:
             self.finished.set()
+
+
+def with_rerun(warm: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
+    """The summary of an epoch whose warm run fell back: its cold rerun's (the output the nodes
+    published, and the intervals: the rerun runs every node's own value, where the warm run may
+    run a shell value instead), with ``exposed`` every node exposed in either run (the adversary
+    saw both), ``iterations`` both runs' (as the nodes count them) and the warm run's own summary
+    under ``warm``."""
+    out = dict(rerun)
+    out["exposed"] = sorted(set(warm.get("exposed", [])) | set(rerun.get("exposed", [])))
+    its = (warm.get("iterations"), rerun.get("iterations"))
+    if all(isinstance(i, int) for i in its):
+        out["iterations"] = sum(i for i in its if isinstance(i, int))
+    for key in ("captured", "rejected"):
+        out[key] = int(warm.get(key, 0)) + int(rerun.get(key, 0))
+    out["warm"] = warm
+    return out
 
 
 def _event(kind: str, **fields: object) -> None:
@@ -358,13 +467,17 @@ async def run_epoch_eavesdropper(
     tls: TlsSettings | None = None,
     keep_epochs: int | None = None,
     epochs: int | None = None,
+    configs: EpochConfigs | None = None,
+    drift: float | None = 0.0,
 ) -> EpochCapture:
     """``nlagg eavesdrop --continuous``: capture every epoch of deployment ``prefix/run_id`` into the
     epoch store ``folder`` until ``epochs`` are closed, ``stop_after`` s, or a signal.
 
     With ``events``: JSON lines ``subscribed``, ``epoch``, ``exposure`` (with its epoch),
-    ``epoch_closed``, ``pruned``, ``finished``. One broker (a deployment's broker, or one of its
-    cluster's members that keeps each publisher's order).
+    ``epoch_closed``, ``pruned``, ``finished``. ``configs``: the deployment's public config, from
+    which each run's configuration is derived (:class:`EpochConfigs`; None: from its retained
+    ``P/R/config`` and ``drift``). One broker (a deployment's
+    broker, or one of its cluster's members that keeps each publisher's order).
     """
     from rich.console import Console
     from rich.live import Live
@@ -397,6 +510,8 @@ async def run_epoch_eavesdropper(
                 keep_epochs=keep_epochs,
                 stop_epochs=epochs,
                 on_event=_say(console, events, live),
+                configs=configs,
+                drift=drift,
             )
             task = asyncio.create_task(capture.run())
             on_stop_signal(task.cancel)

@@ -168,9 +168,10 @@ class EpochStore:
         """The prefix of every epoch's topics: ``P/R`` (epoch k is run ``e{k}`` under it)."""
         return f"{self.prefix}/{self.run_id}"
 
-    def transcript_path(self, epoch: int) -> Path:
-        """Epoch ``epoch``'s transcript file (it may be pruned, or not created yet)."""
-        return self.folder / f"{epoch_run_id(epoch)}.sqlite"
+    def transcript_path(self, epoch: int, *, rerun: bool = False) -> Path:
+        """Epoch ``epoch``'s transcript file (it may be pruned, or not created yet); ``rerun``: the
+        one of its cold rerun ``e{k}r`` (its warm run fell back), beside it."""
+        return self.folder / f"{epoch_run_id(epoch)}{'r' if rerun else ''}.sqlite"
 
     # Reading ---------------------------------------------------------------------------------
     def epochs(self) -> list[EpochRow]:
@@ -235,8 +236,8 @@ class EpochStore:
         return pruned
 
     def _files(self, epoch: int) -> list[Path]:
-        base = self.transcript_path(epoch)
-        return [base, Path(f"{base}-wal"), Path(f"{base}-shm")]
+        bases = (self.transcript_path(epoch), self.transcript_path(epoch, rerun=True))
+        return [Path(f"{base}{end}") for base in bases for end in ("", "-wal", "-shm")]
 
     def add_result(self, result: Result, received: float | None = None) -> bool:
         """Store a node's published result; False when that node's result of that epoch is already

@@ -39,6 +39,7 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             out_dir=opts.out,
             drift=opts.drift,
             cold_start=opts.cold_start,
+            capture=True,
         )
     )
     if opts.out is not None:
@@ -49,6 +50,7 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
         return
     k = len(summary["epochs"])
     print(f"run {summary['run_id']}: {cfg.op} of n={cfg.n}, {k} epochs every {opts.every:g} s")
+    exposed = {e["epoch"]: e for e in summary["capture"]["epochs"]} if "capture" in summary else {}
     for row in summary["epochs"]:
         if row["skipped"]:
             print(f"epoch {row['epoch']}: skipped (the previous epoch overran its period)")
@@ -60,3 +62,6 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             f"epoch {row['epoch']}: output {row['output']} (truth {truth}), {verdict},"
             f" {row['iterations']} iterations ({row['start']}), nodes present {len(row['present'])}/{cfg.n}"
         )
+        if (seen := exposed.get(row["epoch"])) is not None:
+            nodes = ", ".join(map(str, seen["exposed"])) or "none"
+            print(f"  eavesdropper: exposed {nodes}" + (f" ({seen['error']})" if seen["error"] else ""))

@@ -107,7 +107,13 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         tls=tls,
     )
     target = (brokers, opts.run_id, opts.transcript)
-    if opts.continuous or opts.keep_epochs is not None or opts.epochs is not None:
+    if (
+        opts.continuous
+        or opts.keep_epochs is not None
+        or opts.epochs is not None
+        or opts.drift is not None
+        or opts.cold_start
+    ):
         capture_epochs(opts, target, session)
         return
     public = None
@@ -130,10 +136,19 @@ def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: Captu
     from ..errors import ConfigError
 
     if not opts.continuous:
-        raise ConfigError("keep_epochs/epochs", [opts.keep_epochs, opts.epochs], "need --continuous")
-    if opts.config is not None:
-        raise ConfigError(
-            "config", opts.config, "not with --continuous (each epoch publishes its retained config)"
+        given = [opts.keep_epochs, opts.epochs, opts.drift, opts.cold_start]
+        raise ConfigError("keep_epochs/epochs/drift/cold_start", given, "need --continuous")
+    configs = None
+    drift = None if opts.cold_start else (opts.drift or 0.0)  # as the nodes of the plan warm-start
+    if opts.config is not None:  # each epoch's config derived as the nodes derive it
+        from adversary.capture.epochconfig import EpochConfigs
+
+        from ..config import load_config
+        from ..deploy.identities import run_identities
+
+        keys = run_identities(Path(opts.config))
+        configs = EpochConfigs(
+            load_config(Path(opts.config)), drift, identities=None if keys is None else tuple(keys)
         )
     if opts.broker_cluster:
         raise ConfigError(
@@ -144,6 +159,8 @@ def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: Captu
         summarize=epoch_summary,
         keep_epochs=opts.keep_epochs,
         epochs=opts.epochs,
+        configs=configs,
+        drift=drift,
         **session,
     )
     serve_capture(capture, opts)

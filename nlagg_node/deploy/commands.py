@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..argv import eavesdrop_argv as build_eavesdrop_argv
 from ..argv import tls_args
@@ -55,12 +55,20 @@ def eavesdrop_argv(
     prefix: str = DEFAULT_PREFIX,
     spec: PlanSpec | None = None,
     continuous: bool = False,
+    *,
+    drift: float | None = None,
+    cold_start: bool = False,
 ) -> list[str]:
     """The plan's ``nlagg eavesdrop`` argument vector (credentials from secrets/eavesdropper.pw).
 
     ``broker``: one URL, or every site broker's (one ``--broker`` each). ``continuous``: every
-    epoch of a continuous deployment into the epoch store ``db`` (a folder).
+    epoch of a continuous deployment into the epoch store ``db`` (a folder), each epoch's
+    configuration derived from the plan's ``run.toml`` and its declared ``drift`` / ``cold_start``
+    as the nodes derive it (no deployment publishes a per-epoch config).
     """
+    derived: dict[str, Any] = {}
+    if continuous:
+        derived = {"config": "run.toml", "drift": drift, "cold_start": cold_start or None}
     return build_eavesdrop_argv(
         broker,
         plan_run_id,
@@ -70,6 +78,7 @@ def eavesdrop_argv(
         username=EAVESDROPPER_USER,
         password_file=f"secrets/{EAVESDROPPER_USER}.pw",
         **_user_tls(spec, EAVESDROPPER_USER),
+        **derived,
     )
 
 
@@ -115,7 +124,18 @@ def commands_text(
     if spec.schedule is None:
         lines.append(shell_line(eavesdrop_argv(spec.run_id, urls, TRANSCRIPT_NAME, spec.prefix, spec)))
     else:  # every epoch into one epoch store
-        lines.append(shell_line(eavesdrop_argv(spec.run_id, urls, EPOCH_STORE_NAME, spec.prefix, spec, True)))
+        sched = spec.schedule
+        argv = eavesdrop_argv(
+            spec.run_id,
+            urls,
+            EPOCH_STORE_NAME,
+            spec.prefix,
+            spec,
+            True,
+            drift=sched.drift,
+            cold_start=sched.cold_start,
+        )
+        lines.append(shell_line(argv))
     lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
     for url in urls:
         lines.append(shell_line(launcher_argv(url, spec)))

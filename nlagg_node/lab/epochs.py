@@ -17,7 +17,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from ..scale import check_node_value, check_start, scale_for
 from ..schedule import true_aggregate
 from ..sim.values import run_values
 from .children import Child, log_tail
+from .epochcapture import EpochCaptureSummary, capture_report, start_epoch_capture, until_captured
 
 __all__ = ["EpochRow", "EpochSummary", "epoch_values", "run_epoch_testbed"]
 
@@ -81,6 +82,7 @@ class EpochSummary(TypedDict):
     broker: str
     in_process: bool
     wall_seconds: float
+    capture: NotRequired[EpochCaptureSummary]  # with capture: the eavesdropper's attack per epoch
 
 
 def epoch_values(cfg: RunConfig, epoch: int, drift: float | None = None) -> FloatArray:
@@ -248,11 +250,15 @@ async def run_epoch_testbed(
     out_dir: Path | None = None,
     drift: float | None = None,
     cold_start: bool = False,
+    capture: bool = False,
 ) -> EpochSummary:
     """Run ``epochs`` epochs ``every`` seconds apart on one machine and return the summary.
 
     ``drift``: the declared drift of warm starts (default 0) and the values' walk (default: values
-    drawn afresh each epoch); ``cold_start``: every epoch cold."""
+    drawn afresh each epoch); ``cold_start``: every epoch cold; ``capture``: an eavesdropper
+    captures every epoch into an epoch store in the run folder (``out_dir``, else a temporary one)
+    and the summary's ``capture`` holds the attack's exposures per epoch
+    (:mod:`nlagg_node.lab.epochcapture`)."""
     warm = Warm(None if cold_start else (drift or 0.0), drift)
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     if epochs < 1:
@@ -267,14 +273,24 @@ async def run_epoch_testbed(
         else:
             url, kind = broker_url, "external"
         layout = kind == "amqtt" if in_process is None else in_process
+        workdir = out_dir if out_dir is not None else stack.enter_context(owned_tempdir("testbed"))
+        eaves = None
+        if capture:
+            workdir.mkdir(parents=True, exist_ok=True)
+            eaves = await start_epoch_capture(url, run_id, prefix, cfg, warm.drift, workdir, epochs)
+            stack.push_async_callback(eaves.stop)
         clock = EpochClock(time.time() + start_lead(layout, cfg.n), every, epochs, join_window(every))
         if layout:
             reports = await _in_process(cfg, url, run_id, prefix, clock, neighbour_timeout, warm)
         else:
-            workdir = out_dir if out_dir is not None else stack.enter_context(owned_tempdir("testbed"))
             reports = await _processes(cfg, url, run_id, prefix, clock, neighbour_timeout, workdir, warm)
+        captured = None
+        if eaves is not None:
+            await until_captured(eaves, 2.0 * every + 30.0)
+            truth = {k: epoch_values(cfg, k, drift) for k in range(epochs)}
+            captured = capture_report(workdir, drift or None, truth)
     rows = _rows(cfg, reports, epochs, drift)
-    return {
+    summary: EpochSummary = {
         "run_id": run_id,
         "op": cfg.op,
         "n": cfg.n,
@@ -286,3 +302,6 @@ async def run_epoch_testbed(
         "in_process": layout,
         "wall_seconds": time.time() - started,
     }
+    if captured is not None:
+        summary["capture"] = captured
+    return summary

@@ -167,3 +167,19 @@ class EavesdropOptions:
         int | None,
         Opt("--continuous: stop once the store holds this many closed epochs", min=1),
     ] = None
+    drift: Annotated[
+        float | None,
+        Opt(
+            "--continuous: the deployment's declared drift (its plan's --drift): each epoch's"
+            " configuration is derived as the nodes derive it, from --config or the deployment's"
+            " retained P/R/config [default: 0]",
+            min=0.0,
+        ),
+    ] = None
+    cold_start: Annotated[
+        bool,
+        Opt(
+            "--continuous: the deployment runs every epoch cold (its plan's --cold-start)",
+            flags=("--cold-start",),
+        ),
+    ] = False

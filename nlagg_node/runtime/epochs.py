@@ -51,7 +51,7 @@ from .public import run_edges
 from .result import NodeResult
 from .routing import Router
 from .transport import Transport
-from .warmstart import EpochStart, HeardOutput, epoch_start, listen_for_output
+from .warmstart import EpochStart, HeardOutput, epoch_config, epoch_start, listen_for_output
 from .wire import StatusMsg, WireError, check_run_id, encode, topics
 
 __all__ = [
@@ -410,7 +410,7 @@ async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: 
             k,
             result.output[0],
         )
-        cold = EpochStart(ep.cfg.resolved())
+        cold = EpochStart(epoch_config(ep.cfg, k, held, drift, rerun=True))
         result, output, absent = await ep.run(
             cold, value, time.time() + ep.clock.join, rerun=True, after=result.iterations
         )

@@ -28,7 +28,7 @@ from ..warm import WarmStart, warm_start
 from .transport import Transport
 from .wire import StatusMsg, WireError, decode, topics
 
-__all__ = ["EpochStart", "HeardOutput", "epoch_start", "listen_for_output"]
+__all__ = ["EpochStart", "HeardOutput", "epoch_config", "epoch_start", "listen_for_output"]
 
 log = logging.getLogger("nlagg.node")
 
@@ -76,7 +76,44 @@ def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: flo
         sigma_z=cfg.sigma_z_value,
         value_range=cfg.value_range,
     )
-    return EpochStart(cfg.model_copy(update={"c": ws.c}), ws)
+    return EpochStart(_describing(cfg, ws, held.output), ws)
+
+
+def epoch_config(
+    cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None, *, rerun: bool = False
+) -> RunConfig:
+    """The configuration epoch ``epoch`` runs with (``rerun``: its cold rerun ``e{k}r``), from public
+    facts only: the deployment's ``cfg``, the epoch, the output of epoch k-1 held (``held``, as in
+    :func:`epoch_start`) and the declared ``drift``.
+
+    The nodes run with it (:mod:`nlagg_node.runtime.epochs`), and a continuous capture gives it to
+    each epoch's eavesdropper (:mod:`adversary.capture.epochs`): a warm epoch's ``c`` is
+    :func:`~nlagg_node.warm.warm_c` of the run's; a cold epoch, a rerun, and an epoch whose nodes
+    sit out (their neighbours run it cold) run ``cfg`` itself.
+
+    """
+    if rerun:
+        return cfg.resolved()
+    return epoch_start(cfg, epoch, held, drift).cfg
+
+
+def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
+    """A warm epoch's configuration (``cfg`` with the warm ``c``), made to describe its real z^(0).
+
+    The bounded-influence envelope (:mod:`nlagg_node.protocol.envelope`) is derived from the
+    configuration's init, at the nodes and in the transcript: a median's or quantile's
+    ``prior_median`` is the last output (the init is then the warm start's exactly); a max's or
+    min's ``mu_z`` is raised, where needed, to ``|E[a z^(0)] + c/2|`` of the warm init (the
+    envelope of a one-sided init centred at 1/2 bounds ``|E[a z^(0)] + c s|`` over s in [0, 1] by
+    ``mu_z + c/2``, and the warm init's is ``|E[a z^(0)] + c/2| + c/2``). With the defaults it never is.
+    """
+    cfg = cfg.model_copy(update={"c": ws.c})
+    if ws.kind == "prior":
+        return cfg.model_copy(update={"prior_median": last_output})
+    if cfg.value_range is None:  # no envelope without a declared range
+        return cfg
+    need = abs(ws.init.mean_per_sign() + ws.c / 2.0)
+    return cfg.model_copy(update={"mu_z": max(cfg.mu_z_value, need)})
 
 
 async def listen_for_output(

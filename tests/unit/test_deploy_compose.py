@@ -63,6 +63,22 @@ def test_each_service_mounts_only_the_files_it_needs(tmp_path: Path) -> None:
     assert all("secrets/node" not in m for m in _mounts(services["launcher"]))
 
 
+def test_a_scheduled_plans_eavesdropper_captures_every_epoch_with_derived_configs(tmp_path: Path) -> None:
+    from nlagg_node.deploy.continuous import Schedule
+
+    run = load_config(None, op="median", n=4, graph="ring", value_range=(0.0, 10.0))
+    schedule = Schedule(60.0, 1.9e9, 3, drift=0.01)
+    write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, schedule=schedule)), tmp_path / "plan")
+    eaves = _services(compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path))["eavesdropper"]
+    argv = eaves["command"]
+    assert "--continuous" in argv
+    assert argv[argv.index("--transcript") + 1] == "/transcript/epochs"
+    assert argv[argv.index("--config") + 1] == "run.toml"
+    assert float(argv[argv.index("--drift") + 1]) == 0.01
+    assert "./plan/run.toml:/plan/run.toml:ro" in _mounts(eaves)
+    assert eaves["restart"] == "unless-stopped"
+
+
 def test_deploy_compose_writes_a_fresh_gitignored_project(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -154,9 +154,10 @@ def test_cleared_statuses_reruns_and_top_k_results_are_handled_quietly(
             for i in range(3):  # each node clears its retained status and key of epoch 0
                 capture.handle(f"{PREFIX}/{RUN}/e0/node/{i}/status", b"")
                 capture.handle(f"{PREFIX}/{RUN}/e0/node/{i}/key", b"")
-            capture.handle(f"{PREFIX}/{RUN}/e1r/node/0/status", b'{"v": 1}')  # a cold rerun
             doc = {"v": 1, "node": 2, "epoch": 1, "output": [3.5, 2.0], "iterations": 90, "time": 1.0e9}
             capture.handle(f"{PREFIX}/{RUN}/results/2", json.dumps(doc).encode())
         assert caplog.records == []
+        capture.handle(f"{PREFIX}/{RUN}/e1r/node/0/status", b'{"v": 1}')  # a cold rerun: captured beside e1
+        assert store.transcript_path(1, rerun=True).is_file()
         assert (capture.cleared, capture.reruns, capture.stray, capture.late) == (6, 1, 0, 0)
         assert [(r.epoch, r.node, r.output) for r in store.results()] == [(1, 2, 3.5)]
