@@ -140,6 +140,26 @@ def _volumes(src: str, files: list[str], *named: str) -> list[str]:
     return lines
 
 
+def _eavesdropper(
+    plan: LoadedPlan, url: str, scheduled: NodeFile | None
+) -> tuple[list[str], list[str], str, str]:
+    """The eavesdropper service's command, the plan files it mounts, its readiness check and where it
+    writes: one transcript, or (a plan with a schedule) every epoch into one epoch store, each
+    epoch's config derived from run.toml as the nodes derive it."""
+    eaves_tls = client_tls(plan, EAVESDROPPER_USER)
+    files = [f"secrets/{EAVESDROPPER_USER}.pw", *eaves_tls.values()]
+    if scheduled is None:
+        db = f"{_TRANSCRIPT_MOUNT}/{TRANSCRIPT_NAME}"
+        argv = eavesdrop_argv(plan.run_id, url, db, plan.prefix) + tls_args(**eaves_tls)
+        return argv, files, transcript_ready_check(db), db
+    db = f"{_TRANSCRIPT_MOUNT}/{EPOCH_STORE_NAME}"
+    argv = eavesdrop_argv(
+        plan.run_id, url, db, plan.prefix, None, True, drift=scheduled.drift, cold_start=scheduled.cold_start
+    )
+    argv += tls_args(**eaves_tls)
+    return argv, [*files, "run.toml", "graph.json"], store_ready_check(db), db
+
+
 def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
     """The docker-compose YAML of a plan; ``compose_dir`` is where the file will live (default: cwd)."""
     if not (plan.root / "broker" / "mosquitto-docker.conf").is_file():
@@ -159,27 +179,9 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
         f"exec mosquitto -c {conf}/mosquitto.conf"
     )
     scheduled = next((node for node in plan.nodes if node.every is not None), None)
-    db = f"{_TRANSCRIPT_MOUNT}/{TRANSCRIPT_NAME if scheduled is None else EPOCH_STORE_NAME}"
-    eaves_tls, launcher_tls = client_tls(plan, EAVESDROPPER_USER), client_tls(plan, LAUNCHER_USER)
-    url = COMPOSE_TLS_BROKER_URL if eaves_tls else COMPOSE_BROKER_URL
-    eaves_files = [f"secrets/{EAVESDROPPER_USER}.pw", *eaves_tls.values()]
-    if scheduled is None:
-        eaves = eavesdrop_argv(plan.run_id, url, db, plan.prefix) + tls_args(**eaves_tls)
-        ready = transcript_ready_check(db)
-    else:  # every epoch into one epoch store, each epoch's config derived from run.toml
-        eaves = eavesdrop_argv(
-            plan.run_id,
-            url,
-            db,
-            plan.prefix,
-            None,
-            True,
-            drift=scheduled.drift,
-            cold_start=scheduled.cold_start,
-        )
-        eaves += tls_args(**eaves_tls)
-        eaves_files += ["run.toml", "graph.json"]
-        ready = store_ready_check(db)
+    launcher_tls = client_tls(plan, LAUNCHER_USER)
+    url = COMPOSE_TLS_BROKER_URL if client_tls(plan, EAVESDROPPER_USER) else COMPOSE_BROKER_URL
+    eaves, eaves_files, ready, db = _eavesdropper(plan, url, scheduled)
     launcher_files = [f"secrets/{LAUNCHER_USER}.pw", *launcher_tls.values()]
     launcher = launcher_argv(url) + tls_args(**launcher_tls)
     corrupted = ", ".join(str(i) for i in plan.corrupted) or "none"
