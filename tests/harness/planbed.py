@@ -43,8 +43,8 @@ class PlanBed:
     ``client_port``, when given, the port every client dials instead (a relay in front of it).
     ``sites`` > 1: that many site brokers on free loopback ports, bridged as the plan says (the
     nodes start once every bridge is connected); the eavesdropper captures from all of them.
-    ``capture=False`` starts the brokers only (no eavesdropper, no launcher). ``tls``: the plan's
-    own CA and TLS listeners (bridges too), ``require_certificate``: and a client certificate per user.
+    ``auth=False``: a plan without identities (``--no-auth``). ``capture=False`` starts the brokers
+    only (no eavesdropper, no launcher). ``tls``: the plan's own CA and TLS listeners (bridges too), ``require_certificate``: and a client certificate per user.
 
     ``net``: each site s's broker and nodes run in ``net``'s host ``site<s>``, the eavesdropper and
     the launcher in its host ``eaves``; the brokers listen on ``port`` (default 1883) of every
@@ -67,6 +67,7 @@ class PlanBed:
         sites: int = 1,
         capture: bool = True,
         net: Net | None = None,
+        auth: bool = True,
     ) -> None:
         self.cfg = cfg.resolved().model_copy(update={"trials": 1})
         self.workdir = workdir
@@ -101,6 +102,7 @@ class PlanBed:
             require_certificate=require_certificate,
             sites=sites,
             site_brokers=tuple(self.site_urls),
+            auth=auth,
         )
         self.early = early
         self.capture = capture
