@@ -44,7 +44,8 @@ class PlanBed:
     ``sites`` > 1: that many site brokers on free loopback ports, bridged as the plan says (the
     nodes start once every bridge is connected); the eavesdropper captures from all of them.
     ``auth=False``: a plan without identities (``--no-auth``). ``capture=False`` starts the brokers
-    only (no eavesdropper, no launcher). ``tls``: the plan's own CA and TLS listeners (bridges too), ``require_certificate``: and a client certificate per user.
+    only (no eavesdropper, no launcher). ``tls``: the plan's own CA and TLS listeners (bridges too),
+    ``require_certificate``: and a client certificate per user.
 
     ``net``: each site s's broker and nodes run in ``net``'s host ``site<s>``, the eavesdropper and
     the launcher in its host ``eaves``; the brokers listen on ``port`` (default 1883) of every
