@@ -41,12 +41,19 @@ def walk(epochs: int, n: int, jump_at: int | None = None) -> np.ndarray:
 
 
 async def deployment(
-    cfg: RunConfig, values: np.ndarray, drift: float | None, missing: dict[int, int] | None = None
+    cfg: RunConfig,
+    values: np.ndarray,
+    drift: float | None,
+    missing: dict[int, int] | None = None,
+    period: float = 4.0,
 ) -> list[list[EpochOutcome]]:
-    """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k."""
+    """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k.
+
+    A node sitting an epoch out listens until the next epoch's join window: ``period`` leaves the
+    run time to finish before then (all nodes share one Python thread here)."""
     edges = run_edges(cfg)
     broker = MemoryBroker()
-    clock = EpochClock(origin=time.time() + 0.2, period=4.0, epochs=len(values), join=1.2)
+    clock = EpochClock(origin=time.time() + 0.2, period=period, epochs=len(values), join=1.2)
 
     async def node(i: int) -> list[EpochOutcome]:
         async def value_for(k: int) -> float:
@@ -113,7 +120,7 @@ def test_a_jump_beyond_the_drift_reruns_the_epoch_cold_and_stays_exact() -> None
 def test_a_node_that_missed_an_epoch_listens_to_the_next_then_runs_warm(jump_at: int | None) -> None:
     values = walk(4, CFG.n, jump_at)
     late = int(np.argmin(values[1]))
-    runs = asyncio.run(deployment(CFG, values, DRIFT, {late: 1}))
+    runs = asyncio.run(deployment(CFG, values, DRIFT, {late: 1}, period=8.0))
     listened = runs[late][2]  # what it heard is the epoch's output (its cold rerun's, after a jump)
     assert (listened.start, listened.output) == ("listened", None)
     assert runs[(late + 1) % CFG.n][2].start == ("warm" if jump_at is None else "fell back")
