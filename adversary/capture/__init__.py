@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .epochs import EpochCapture as EpochCapture
     from .epochs import run_epoch_eavesdropper as run_epoch_eavesdropper
     from .merged import MergedSubscriber as MergedSubscriber
+    from .session import CaptureSession as CaptureSession
     from .subscriber import AckingSubscriber as AckingSubscriber
     from .subscriber import Delivery as Delivery
     from .subscriber import accepts_anonymous as accepts_anonymous

@@ -44,7 +44,8 @@ from ..live import BRANCH_NAMES, Exposure, LiveReplay
 from ..transcript.arrays import public_z0
 from ..transcript.writer import Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
-from .subscriber import AckingSubscriber, accepts_anonymous
+from .session import DEFAULT_SESSION, CaptureSession
+from .subscriber import accepts_anonymous
 
 __all__ = ["ANONYMOUS_WARNING", "Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
 
@@ -547,22 +548,16 @@ async def run_eavesdropper(
     broker: str | Sequence[str],
     run_id: str,
     db: Path,
+    session: CaptureSession = DEFAULT_SESSION,
     *,
-    prefix: str = "nlagg",
-    username: str | None = None,
-    password: str | None = None,
-    live: bool = True,
-    stop_after: float | None = None,
-    events: bool = False,
     config: ConfigMsg | None = None,
-    tls: TlsSettings | None = None,
     broker_cluster: bool = False,
 ) -> Eavesdropper:
     """``nlagg eavesdrop``: capture until every node is done (or ``stop_after`` s), then print a summary.
 
     With ``events`` the output is JSON lines for a supervising process (the testbed):
     ``subscribed``, one ``exposure`` per exposed node the moment it is found, ``finished``.
-    ``tls`` verifies an ``mqtts://`` broker (and gives a client certificate when it asks for one).
+    ``session``: the broker login, the topic prefix and what it shows (:class:`CaptureSession`).
     ``broker`` may list several brokers (the bridged site brokers of one run): the capture then
     subscribes at every one of them, into one transcript that holds each message once.
     ``broker_cluster``: the broker is a cluster whose members may forward the messages of different
@@ -575,7 +570,7 @@ async def run_eavesdropper(
     from rich.live import Live
 
     console = Console()
-    live = live and not events
+    live, events, stop_after = session.shows_live, session.events, session.stop_after
     brokers = [broker] if isinstance(broker, str) else list(broker)
 
     def report(e: Exposure) -> None:
@@ -584,22 +579,10 @@ async def run_eavesdropper(
         elif not live:
             console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
 
-    transcript = Transcript(db, run_id=run_id, prefix=prefix)
+    transcript = Transcript(db, run_id=run_id, prefix=session.prefix)
     try:
-        await _warn_if_anonymous(brokers, tls, events)
-        # --timeout bounds the whole capture, the first connection included.
-        connect_within = 30.0 if stop_after is None else max(0.1, min(30.0, stop_after))
-        subscribers = [
-            AckingSubscriber(
-                url,
-                client_id=f"nlagg-{run_id}-eavesdropper",
-                username=username,
-                password=password,
-                tls=tls,
-                connect_timeout=connect_within,
-            )
-            for url in brokers
-        ]
+        await _warn_if_anonymous(brokers, session.tls, events)
+        subscribers = [session.subscriber(url, f"nlagg-{run_id}-eavesdropper") for url in brokers]
         async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
             eaves = Eavesdropper(
                 source, transcript, on_exposure=report, config=config, reorder=broker_cluster

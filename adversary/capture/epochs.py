@@ -45,7 +45,6 @@ from pydantic import ValidationError
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import EpochOutput
-from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, topics
 
@@ -55,7 +54,8 @@ from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, live_table
 from .epochconfig import EpochConfigs, judge_warm
 from .merged import Acknowledging
-from .subscriber import AckingSubscriber, accepts_anonymous
+from .session import DEFAULT_SESSION, CaptureSession
+from .subscriber import accepts_anonymous
 
 __all__ = ["MAX_OPEN_EPOCHS", "RERUN_WAIT", "EpochCapture", "run_epoch_eavesdropper", "with_rerun"]
 
@@ -456,15 +456,9 @@ async def run_epoch_eavesdropper(
     broker: str | Sequence[str],
     run_id: str,
     folder: Path,
+    session: CaptureSession = DEFAULT_SESSION,
     *,
     summarize: Summarize,
-    prefix: str = "nlagg",
-    username: str | None = None,
-    password: str | None = None,
-    live: bool = True,
-    stop_after: float | None = None,
-    events: bool = False,
-    tls: TlsSettings | None = None,
     keep_epochs: int | None = None,
     epochs: int | None = None,
     configs: EpochConfigs | None = None,
@@ -486,22 +480,14 @@ async def run_epoch_eavesdropper(
     if len(brokers) != 1:
         raise ConfigError("broker", brokers, "a continuous capture reads one broker")
     console = Console()
-    live = live and not events
-    store = EpochStore(folder, prefix, run_id)
+    live, events, stop_after = session.shows_live, session.events, session.stop_after
+    store = EpochStore(folder, session.prefix, run_id)
     try:
-        if await accepts_anonymous(brokers[0], tls=tls):
+        if await accepts_anonymous(brokers[0], tls=session.tls):
             from .eavesdropper import ANONYMOUS_WARNING
 
             log.warning(ANONYMOUS_WARNING, brokers[0])
-        connect_within = 30.0 if stop_after is None else max(0.1, min(30.0, stop_after))
-        source = AckingSubscriber(
-            brokers[0],
-            client_id=f"nlagg-{run_id}-epochs-eavesdropper",
-            username=username,
-            password=password,
-            tls=tls,
-            connect_timeout=connect_within,
-        )
+        source = session.subscriber(brokers[0], f"nlagg-{run_id}-epochs-eavesdropper")
         async with source:
             capture = EpochCapture(
                 source,

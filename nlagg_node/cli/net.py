@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,8 @@ from ._command import options_command
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
+
+    from adversary.capture import CaptureSession
 
     from ..runtime.tls import TlsSettings
 
@@ -34,20 +36,6 @@ KeyFile = Annotated[Path | None, typer.Option(help="mqtts://: the client certifi
 CaptureTarget = tuple[list[str], str, Path]
 """What ``nlagg eavesdrop`` captures and where: its brokers, the run id (a deployment's, with
 ``--continuous``) and the transcript (an epoch store's folder with ``--continuous``)."""
-
-
-class CaptureSession(TypedDict):
-    """How ``nlagg eavesdrop`` reaches its brokers and what it shows, alike for one run's capture
-    (:func:`adversary.capture.run_eavesdropper`) and a deployment's
-    (:func:`adversary.capture.run_epoch_eavesdropper`)."""
-
-    prefix: str
-    username: str | None
-    password: str | None
-    live: bool
-    stop_after: float | None
-    events: bool
-    tls: TlsSettings | None
 
 
 def tls_settings(
@@ -87,7 +75,7 @@ def run_node_command(opts: NodeOptions) -> None:
 @options_command(app, EavesdropOptions)
 def eavesdrop(opts: EavesdropOptions) -> None:
     """Capture every message of a run into SQLite and show per node what the transcript reveals."""
-    from adversary.capture import run_eavesdropper
+    from adversary.capture import CaptureSession, run_eavesdropper
 
     from ..deploy.start import read_password
 
@@ -124,7 +112,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
 
         cfg = load_config(Path(opts.config))
         public = build_config_msg(cfg, opts.run_id, run_edges(cfg), run_identities(Path(opts.config)))
-    capture = run_eavesdropper(*target, config=public, broker_cluster=opts.broker_cluster, **session)
+    capture = run_eavesdropper(*target, session, config=public, broker_cluster=opts.broker_cluster)
     serve_capture(capture, opts)
 
 
@@ -156,12 +144,12 @@ def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: Captu
         )
     capture = run_epoch_eavesdropper(
         *target,
+        session,
         summarize=epoch_summary,
         keep_epochs=opts.keep_epochs,
         epochs=opts.epochs,
         configs=configs,
         drift=drift,
-        **session,
     )
     serve_capture(capture, opts)
 

@@ -20,6 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from adversary.capture import AckingSubscriber, accepts_anonymous
 from adversary.capture.eavesdropper import ANONYMOUS_WARNING, run_eavesdropper
+from adversary.capture.session import CaptureSession
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
@@ -158,10 +159,10 @@ async def test_eavesdropper_warns_at_start_when_the_broker_admits_anonymous_clie
             url, user, password = broker.url, "eavesdropper", broker.password("eavesdropper")
             tls = TlsSettings(ca_file=broker.ca)
         with caplog.at_level(logging.WARNING, logger="nlagg.eavesdropper"):
-            await run_eavesdropper(
-                url, RUN, tmp_path / "t.sqlite", username=user, password=password, tls=tls,
-                live=False, events=True, stop_after=0.5,
-            )  # fmt: skip
+            session = CaptureSession(
+                username=user, password=password, tls=tls, live=False, events=True, stop_after=0.5
+            )
+            await run_eavesdropper(url, RUN, tmp_path / "t.sqlite", session)
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     logged = [r.getMessage() for r in caplog.records if r.name == "nlagg.eavesdropper"]
     if anonymous:

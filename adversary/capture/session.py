@@ -1,0 +1,55 @@
+"""How a capture reaches its broker and what it shows: one value for one run's capture
+(:func:`~adversary.capture.run_eavesdropper`) and a deployment's
+(:func:`~adversary.capture.run_epoch_eavesdropper`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nlagg_node.runtime.tls import TlsSettings
+
+from .subscriber import AckingSubscriber
+
+__all__ = ["DEFAULT_SESSION", "CaptureSession"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureSession:
+    """A capture's session.
+
+    prefix : the topic prefix of the run (or of the deployment, ``P`` of ``P/R/e{k}``).
+    username, password, tls : the broker login; ``tls`` verifies an ``mqtts://`` broker (and gives
+        a client certificate when it asks for one).
+    live : a live table on the terminal (never with ``events``).
+    stop_after : seconds the whole capture may take, its first connection included (None: until done).
+    events : JSON lines for a supervising process instead of text.
+    """
+
+    prefix: str = "nlagg"
+    username: str | None = None
+    password: str | None = None
+    live: bool = True
+    stop_after: float | None = None
+    events: bool = False
+    tls: TlsSettings | None = None
+
+    @property
+    def shows_live(self) -> bool:
+        """Whether the live table is drawn (not for a supervising process)."""
+        return self.live and not self.events
+
+    def subscriber(self, url: str, client_id: str) -> AckingSubscriber:
+        """A subscriber at ``url`` with this session's login, connecting within ``stop_after``."""
+        within = 30.0 if self.stop_after is None else max(0.1, min(30.0, self.stop_after))
+        return AckingSubscriber(
+            url,
+            client_id=client_id,
+            username=self.username,
+            password=self.password,
+            tls=self.tls,
+            connect_timeout=within,
+        )
+
+
+DEFAULT_SESSION = CaptureSession()
+"""An anonymous, plain ``nlagg`` session with a live table."""
