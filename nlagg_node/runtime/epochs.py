@@ -309,6 +309,11 @@ async def run_epochs(
         seed = cfg.seed
     if options.get("edges") is None:  # once, before any epoch: drawing a graph may compile first
         options["edges"] = run_edges(cfg)
+    if options.get("departure_timeout") is None:
+        # A node killed mid-epoch never returns to it (restarted, it joins the next start): a will
+        # that stays a whole period departs it, or every node would wait out 3/4 of the neighbour
+        # timeout (45 s for a plan's node) and skip that many seconds of epochs.
+        options["departure_timeout"] = min(clock.period, 0.75 * options.get("neighbour_timeout", 30.0))
     previous: EpochOutput | None = None
     last = -1
     while (k := clock.next_epoch(time.time(), last)) is not None:
