@@ -31,7 +31,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Unpack
 
@@ -222,6 +222,7 @@ async def run_epoch(
     join_by: float,
     record: Callable[[NodeResult], EpochOutput],
     stop: asyncio.Event | None = None,
+    stale: Sequence[int] | None = None,
     **options: Unpack[MemberSettings],
 ) -> tuple[NodeResult, EpochOutput | None, list[int]]:
     """One epoch of node ``node_id`` on its own connection: its result, the output ``record`` made
@@ -252,9 +253,11 @@ async def run_epoch(
             return result, None, member.absent
         out = record(result)
         await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
-        if epoch > 0:  # the broker keeps no retained message of ours from older epochs
-            older = topics(member.prefix, epoch_run_id(epoch - 1))
-            for topic in (older.status(node_id), older.key(node_id)):
+        # The broker keeps no retained message of ours from older epochs: those we joined since
+        # the last clear (``stale``; by default the epoch before, as after a restart).
+        for e in [epoch - 1] if stale is None else stale:
+            older = topics(member.prefix, epoch_run_id(e))
+            for topic in (older.status(node_id), older.key(node_id)) if e >= 0 else ():
                 await transport.publish(topic, b"", qos=1, retain=True)
     return result, out, member.absent
 
@@ -316,6 +319,7 @@ async def run_epochs(
         options["departure_timeout"] = min(clock.period, 0.75 * options.get("neighbour_timeout", 30.0))
     previous: EpochOutput | None = None
     last = -1
+    stale: list[int] = []  # epochs joined whose retained status and key are not cleared yet
     while (k := clock.next_epoch(time.time(), last)) is not None:
         skipped = 0 if last < 0 else k - last - 1
         if skipped:
@@ -341,6 +345,7 @@ async def run_epochs(
             progress.info("node %d: epoch %d starts in %.2f s", node_id, k, clock.start(k) - time.time())
             if await _sleep_until(clock.start(k), stop):
                 return
+            stale.append(k)  # cleared at the end of the next epoch run to its end
             result, output, absent = await run_epoch(
                 initialization_for_epoch(cfg, k, previous),
                 node_id,
@@ -351,8 +356,10 @@ async def run_epochs(
                 join_by=clock.start(k) + clock.join,
                 record=record,
                 stop=stop,
+                stale=stale[:-1] if len(stale) > 1 else None,
                 **opts,
             )
+            del stale[:-1]
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
             yield EpochOutcome(k, None, None, skipped, missed=str(exc))

@@ -143,8 +143,11 @@ def test_every_epoch_is_exact_with_changing_values() -> None:
 def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins(channel: str) -> None:
     cfg = CFG.model_copy(update={"init_channel": channel})
     top = int(np.argmax(values_of(1, CFG.n)))  # the maximum's holder sits epoch 1 out
-    runs = asyncio.run(deployment(cfg, MemoryBroker(), {top: 1}))
+    broker = MemoryBroker()
+    runs = asyncio.run(deployment(cfg, broker, {top: 1}))
     assert [[o.epoch for o in r] for r in runs] == [[0, 1, 2]] * CFG.n  # none overran its period
+    kept = {topic.split("/")[2] for topic in broker.retained}
+    assert kept == {"e2", "results"}  # it cleared its status of epoch 0, not only of epoch 1 (the soak)
     assert runs[top][1].result is None
     assert runs[top][1].missed is not None
     present = [i for i in range(CFG.n) if i != top]
