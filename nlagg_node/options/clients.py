@@ -82,7 +82,8 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
         float | None,
         Opt(
             "seconds a neighbour's last will must stay before it counts as departed for good "
-            "(docs/protocol.md 'Nodes that leave') [default: 3/4 of --neighbour-timeout]"
+            "(docs/protocol.md 'Nodes that leave') [default: 3/4 of --neighbour-timeout; with --every "
+            "at most the period]"
         ),
     ] = None
     results_file: Annotated[

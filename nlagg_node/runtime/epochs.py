@@ -311,6 +311,7 @@ class _Epoch:
     stop: asyncio.Event | None
     seed: int | None
     options: MemberSettings
+    stale: tuple[int, ...] = ()  # epochs before it this node joined and has not cleared yet
 
     def record(
         self, extra: int = 0, check: WarmStart | None = None
@@ -369,9 +370,12 @@ class _Epoch:
         )
 
     def clear(self) -> tuple[str, ...]:
-        """Run ids of the epoch before whose retained status and key this node clears: ``e{k-1}``
-        and, as any node might have run it, ``e{k-1}r`` (an empty retained message is harmless)."""
-        return () if self.k == 0 else (epoch_run_id(self.k - 1), rerun_run_id(self.k - 1))
+        """Run ids whose retained status and key this node clears once its output is out: every
+        epoch it joined since its last clear (``stale``; after a skipped or missed epoch there are
+        several), by default the epoch before (as after a restart); each epoch ``e{k}`` and, as any
+        node might have run it, its rerun ``e{k}r`` (an empty retained message is harmless)."""
+        epochs = self.stale or ((self.k - 1,) if self.k > 0 else ())
+        return tuple(run for e in epochs for run in (epoch_run_id(e), rerun_run_id(e)))
 
     async def listen(self) -> HeardOutput:
         """Sit the epoch out (the node cannot agree on its start) and hear its output."""
@@ -447,8 +451,14 @@ async def run_epochs(
         seed = cfg.seed
     if options.get("edges") is None:  # once, before any epoch: drawing a graph may compile first
         options["edges"] = run_edges(cfg)
+    if options.get("departure_timeout") is None:
+        # A node killed mid-epoch never returns to it (restarted, it joins the next start): a will
+        # that stays a whole period departs it, or every node would wait out 3/4 of the neighbour
+        # timeout (45 s for a plan's node) and skip that many seconds of epochs.
+        options["departure_timeout"] = min(clock.period, 0.75 * options.get("neighbour_timeout", 30.0))
     held: HeardOutput | None = None
     last = -1
+    stale: list[int] = []  # epochs joined whose retained status and key are not cleared yet
     while (k := clock.next_epoch(time.time(), last)) is not None:
         skipped = 0 if last < 0 else k - last - 1
         if skipped:
@@ -456,7 +466,10 @@ async def run_epochs(
         if await _sleep_until(clock.start(k) - clock.join / 2, stop):
             return
         last = k
-        ep = _Epoch(cfg, node_id, k, clock, deployment, transport_for, to_user, stop, seed, options)
+        ep = _Epoch(
+            cfg, node_id, k, clock, deployment, transport_for, to_user, stop, seed, options, tuple(stale)
+        )
+        stale.append(k)
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
             outcome = await _one_epoch(ep, await value_for(k), held, drift)
@@ -474,4 +487,5 @@ async def run_epochs(
             return
         elif outcome.output is not None:
             held = HeardOutput(k, outcome.output.output if isinstance(outcome.output.output, float) else None)
+            del stale[:-1]  # cleared as its output went out
         yield outcome

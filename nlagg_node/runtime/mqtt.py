@@ -337,12 +337,13 @@ class MqttTransport(Transport):
         """Publish and wait until the broker has it (PUBACK at QoS 1; paho resends across reconnects)."""
         self._check()
         info = self._paho.publish(topic, payload, qos, retain)
-        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+        queued = qos > 0 and info.rc == paho.MQTT_ERR_NO_CONN  # sent on reconnection, then acknowledged
+        if info.rc != paho.MQTT_ERR_SUCCESS and not queued:
             raise NlaggError(f"publish on {topic} to {self.url} failed: {paho.error_string(info.rc)}")
-        if info.is_published():
+        if not queued and info.is_published():  # paho's is_published raises while not connected
             return
         fut = self._ack_future(info.mid)
-        if info.is_published():  # acknowledged in between (only possible from another thread)
+        if not queued and info.is_published():  # acknowledged in between (only possible from another thread)
             self._acks.pop(info.mid, None)
             return
         await fut

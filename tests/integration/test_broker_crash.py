@@ -146,3 +146,23 @@ async def test_node_processes_survive_a_broker_sigkill(tmp_path: Path) -> None:
         result = json.loads(stdout.decode().strip().splitlines()[-1])
         assert result["output"] == sim.output[0][result["node"]].ravel().tolist()
         assert "lost the session" in log
+
+
+async def test_a_publish_while_the_broker_is_down_waits_for_it(tmp_path: Path) -> None:
+    """A QoS 1 publish made while the connection is lost is queued and acknowledged once the broker
+    is back (the epochs soak: a node's status publish during a broker restart used to raise
+    paho's RuntimeError and end the node's process)."""
+    async with mosquitto(tmp_path) as broker, MqttTransport(broker.url, client_id="watcher") as watcher:
+        await watcher.subscribe("soak/#")
+        async with MqttTransport(broker.url, client_id="publisher") as tr:
+            await broker.kill()
+            await asyncio.sleep(0.2)  # the loss is seen: paho is not connected
+            sent = asyncio.create_task(tr.publish("soak/status", b"running", qos=1, retain=True))
+            await asyncio.sleep(0.5)
+            assert not sent.done()
+            await broker.start()
+            async with asyncio.timeout(30):
+                await sent
+                async for msg in watcher.messages():
+                    assert (msg.topic, msg.payload) == ("soak/status", b"running")
+                    break

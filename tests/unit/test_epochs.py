@@ -29,10 +29,15 @@ def values_of(epoch: int, n: int) -> np.ndarray:
 
 
 async def deployment(
-    cfg: RunConfig, broker: MemoryBroker, absent: dict[int, int], stopped: tuple[int, int] | None = None
+    cfg: RunConfig,
+    broker: MemoryBroker,
+    absent: dict[int, int],
+    stopped: tuple[int, int] | None = None,
+    crashed: tuple[int, int] | None = None,
 ) -> list[list[EpochOutcome]]:
     """Every node runs the epochs; node j of ``absent`` {j: k} cannot read its value in epoch k;
-    node j of ``stopped`` (j, k) is told to stop (a SIGTERM) once it published x^(3) of epoch k."""
+    node j of ``stopped`` (j, k) is told to stop (a SIGTERM) once it published x^(3) of epoch k;
+    node j of ``crashed`` (j, k) loses its connection there (its will stays) and is back at k + 1."""
     edges = run_edges(cfg)  # before the clock starts (the first call compiles)
     clock = clock_now()
     stop = asyncio.Event()
@@ -45,6 +50,8 @@ async def deployment(
 
         async def transport_for(k: int, run: str) -> MemoryTransport:
             will = node_will(f"{PREFIX}/{RUN}", run, i)
+            if crashed == (i, k):
+                return CrashesMidEpoch(broker, f"n{i}", will=will, x_topic=f"{PREFIX}/{RUN}/e{k}/node/{i}/x")
             if stopped == (i, k):
                 return StopsMidEpoch(
                     broker, f"n{i}", will=will, x_topic=f"{PREFIX}/{RUN}/e{k}/node/{i}/x", stop=stop
@@ -85,6 +92,23 @@ class StopsMidEpoch(MemoryTransport):
                 self.stop.set()
 
 
+class CrashesMidEpoch(MemoryTransport):
+    """A node's transport lost without a clean close after the node published its fourth x: the
+    broker publishes its will and the node's epoch ends there (a SIGKILL, the service restarting)."""
+
+    def __init__(self, broker: MemoryBroker, client_id: str, *, will: Will, x_topic: str) -> None:
+        super().__init__(broker, client_id, will=will)
+        self.x_topic, self.sent = x_topic, 0
+
+    def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
+        super().publish_nowait(topic, payload, qos=qos, retain=retain)
+        if topic == self.x_topic:
+            self.sent += 1
+            if self.sent == 4:
+                self.abort()
+                raise ConnectionResetError("killed")
+
+
 def clock_now() -> EpochClock:
     return EpochClock(origin=time.time() + 0.2, period=2.5, epochs=EPOCHS, join=0.6)
 
@@ -119,8 +143,11 @@ def test_every_epoch_is_exact_with_changing_values() -> None:
 def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins(channel: str) -> None:
     cfg = CFG.model_copy(update={"init_channel": channel})
     top = int(np.argmax(values_of(1, CFG.n)))  # the maximum's holder sits epoch 1 out
-    runs = asyncio.run(deployment(cfg, MemoryBroker(), {top: 1}))
+    broker = MemoryBroker()
+    runs = asyncio.run(deployment(cfg, broker, {top: 1}))
     assert [[o.epoch for o in r] for r in runs] == [[0, 1, 2]] * CFG.n  # none overran its period
+    kept = {topic.split("/")[2] for topic in broker.retained}
+    assert kept == {"e2", "results"}  # it cleared its status of epoch 0, not only of epoch 1 (the soak)
     assert runs[top][1].result is None
     assert runs[top][1].missed is not None
     present = [i for i in range(CFG.n) if i != top]
@@ -145,6 +172,24 @@ def test_a_stopped_node_leaves_its_epoch_cleanly_and_the_others_go_on() -> None:
         for i in range(CFG.n):
             if i != top:
                 assert output_of(runs[i][k]) == pytest.approx(float(others.max()), abs=CFG.tolerance * 10)
+
+
+def test_a_node_killed_mid_epoch_departs_after_a_period_and_costs_one_epoch() -> None:
+    """Its will departs it after a period (not 3/4 of the neighbour timeout, 22.5 s here, which
+    outlasts the deployment): the others finish epoch 0 without it, about in time for epoch 1
+    (or skip it), and run epoch 2 with it again (the epochs soak found the stall)."""
+    top = int(np.argmax(values_of(2, CFG.n)))
+    runs = asyncio.run(deployment(CFG, MemoryBroker(), {}, crashed=(top, 0)))
+    assert runs[top][0].result is None
+    assert [o.epoch for o in runs[top]] == [0, 1, 2]  # restarted: it joins the next start
+    for i in range(CFG.n):
+        if i != top:
+            assert [runs[i][0].epoch, runs[i][-1].epoch] == [0, 2]
+            r = runs[i][0].result
+            assert r is not None
+            assert top in r.departed
+    truth = float(values_of(2, CFG.n).max())
+    assert [output_of(r[-1]) for r in runs] == pytest.approx([truth] * CFG.n, abs=CFG.tolerance * 10)
 
 
 @pytest.mark.parametrize(
