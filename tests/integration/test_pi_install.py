@@ -78,11 +78,12 @@ def test_unit_template_runs_the_instance_node_file() -> None:
 def test_bundle_holds_only_that_nodes_files(plan: Path, tmp_path: Path) -> None:
     out = tmp_path / "node2.tar.gz"
     members = write_bundle(plan, 2, out)
-    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # it holds a password
-    assert members == ["run.toml", "graph.json", "nodes/2.toml", "secrets/node2.pw"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # it holds a password and a signing key
+    private = ["nodes/2.toml", "secrets/node2.pw", "secrets/node2.identity.pem"]
+    assert members == ["run.toml", "graph.json", *private]
     with tarfile.open(out) as tar:
         modes = {m.name: stat.S_IMODE(m.mode) for m in tar.getmembers()}
-    assert modes == {"run.toml": 0o644, "graph.json": 0o644, "nodes/2.toml": 0o600, "secrets/node2.pw": 0o600}
+    assert modes == {"run.toml": 0o644, "graph.json": 0o644} | dict.fromkeys(private, 0o600)
     with pytest.raises(ConfigError, match="node=9"):
         write_bundle(plan, 9, out)
     with pytest.raises(ConfigError, match=r"out='.*': cannot write it \(Is a directory\)"):
