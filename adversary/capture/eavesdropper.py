@@ -44,7 +44,7 @@ from ..live import BRANCH_NAMES, Exposure, LiveReplay
 from ..transcript.arrays import public_z0
 from ..transcript.writer import Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
-from .session import DEFAULT_SESSION, CaptureSession
+from .session import DEFAULT_SESSION, CaptureSession, capture_until
 from .subscriber import accepts_anonymous
 
 __all__ = ["ANONYMOUS_WARNING", "Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
@@ -180,15 +180,7 @@ class Eavesdropper:
         await self.transport.subscribe(self.topics.all, qos=1)
         self.subscribed.set()
         try:
-            async with asyncio.TaskGroup() as tg:
-                committer = tg.create_task(self._commit_loop())
-                reader = tg.create_task(self._read())
-                finished = tg.create_task(self.finished.wait())
-                try:
-                    await asyncio.wait({reader, finished}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for task in (committer, reader, finished):
-                        task.cancel()
+            await capture_until(self.finished, self._read, lambda _: self._commit_loop())
         finally:
             self._commit()
             self.stored = self.transcript.count()

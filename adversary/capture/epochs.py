@@ -54,7 +54,7 @@ from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, live_table
 from .epochconfig import EpochConfigs, judge_warm
 from .merged import Acknowledging
-from .session import DEFAULT_SESSION, CaptureSession
+from .session import DEFAULT_SESSION, CaptureSession, capture_until
 from .subscriber import accepts_anonymous
 
 __all__ = ["MAX_OPEN_EPOCHS", "RERUN_WAIT", "EpochCapture", "run_epoch_eavesdropper", "with_rerun"]
@@ -282,15 +282,7 @@ class EpochCapture:
         await self.transport.subscribe(f"{self.base}/#", qos=1)
         self.subscribed.set()
         try:
-            async with asyncio.TaskGroup() as tg:
-                committer = tg.create_task(self._commit_loop(tg))
-                reader = tg.create_task(self._read())
-                finished = tg.create_task(self.finished.wait())
-                try:
-                    await asyncio.wait({reader, finished}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for task in (committer, reader, finished):
-                        task.cancel()
+            await capture_until(self.finished, self._read, self._commit_loop)
         finally:
             self._commit()
             for ep in self.live.values():

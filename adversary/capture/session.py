@@ -1,16 +1,19 @@
-"""How a capture reaches its broker and what it shows: one value for one run's capture
-(:func:`~adversary.capture.run_eavesdropper`) and a deployment's
+"""A capture's session: how it reaches its broker, what it shows, and its read-and-commit loop,
+alike for one run's capture (:func:`~adversary.capture.run_eavesdropper`) and a deployment's
 (:func:`~adversary.capture.run_epoch_eavesdropper`)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from nlagg_node.runtime.tls import TlsSettings
 
 from .subscriber import AckingSubscriber
 
-__all__ = ["DEFAULT_SESSION", "CaptureSession"]
+__all__ = ["DEFAULT_SESSION", "CaptureSession", "capture_until"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,3 +56,21 @@ class CaptureSession:
 
 DEFAULT_SESSION = CaptureSession()
 """An anonymous, plain ``nlagg`` session with a live table."""
+
+
+async def capture_until(
+    finished: asyncio.Event,
+    read: Callable[[], Coroutine[Any, Any, None]],
+    commit_loop: Callable[[asyncio.TaskGroup], Coroutine[Any, Any, None]],
+) -> None:
+    """Read and commit (in one task group, which the commit loop may add to) until reading ends or
+    ``finished`` is set; then stop both. A failure of either is raised."""
+    async with asyncio.TaskGroup() as tg:
+        committer = tg.create_task(commit_loop(tg))
+        reader = tg.create_task(read())
+        done = tg.create_task(finished.wait())
+        try:
+            await asyncio.wait({reader, done}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (committer, reader, done):
+                task.cancel()
