@@ -391,8 +391,8 @@ class _Epoch:
         until = self.clock.start(self.k + 1) - self.clock.join
         runs = (epoch_run_id(self.k), rerun_run_id(self.k))
         grace = self.clock.join / 2  # a rerun's statuses come within moments of the warm run's end
-        heard = await listen_for_output(transport, f"{prefix}/{run_id}", runs, neighbours, until, grace)
-        return HeardOutput(self.k, None if heard is None else self.to_user(heard[0]))
+        heard, ran = await listen_for_output(transport, f"{prefix}/{run_id}", runs, neighbours, until, grace)
+        return HeardOutput(self.k, None if heard is None else self.to_user(heard[0]), ran)
 
 
 async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:

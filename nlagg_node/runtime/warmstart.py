@@ -36,10 +36,12 @@ log = logging.getLogger("nlagg.node")
 @dataclass(frozen=True)
 class HeardOutput:
     """An epoch's output a node holds: its own, or one a neighbour's ``done`` status published
-    (``output`` in user units; None: the node listened to the whole epoch and no neighbour finished)."""
+    (``output`` in user units; None: the node listened to the whole epoch and no neighbour finished).
+    ``ran``: with no output, whether neighbours were seen running the epoch (their output was late)."""
 
     epoch: int
     output: float | None
+    ran: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,11 @@ def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: flo
         return EpochStart(cfg)
     if held is None or held.epoch != epoch - 1:
         return EpochStart(cfg, sit_out=f"holds no output of epoch {epoch - 1} to warm-start from")
-    if held.output is None:  # listened to epoch k-1: no neighbour finished it, none holds its output
+    if held.output is None and held.ran:
+        # Its neighbours ran epoch k-1 and hold its output, which did not reach this node in time:
+        # running cold beside their warm start would split the epoch (they rerun, it would not).
+        return EpochStart(cfg, sit_out=f"heard epoch {epoch - 1} run but not its output in time")
+    if held.output is None:  # listened to epoch k-1: no neighbour ran it, none holds its output
         return EpochStart(cfg)
     ws = warm_start(
         cfg.op,
@@ -123,9 +129,10 @@ async def listen_for_output(
     neighbours: list[int],
     until: float,
     grace: float,
-) -> list[float] | None:
+) -> tuple[list[float] | None, bool]:
     """Sit an epoch out on ``transport`` and return its output (protocol units), heard from a
-    neighbour's ``done`` status; None if none came before ``time.time()`` reaches ``until``.
+    neighbour's ``done`` status (None if none came before ``time.time()`` reaches ``until``), and
+    whether any neighbour was seen running the epoch (a status of it).
 
     ``runs``: the epoch's run and its cold rerun (``e{k}``, ``e{k}r``) under ``prefix``. The warm
     run's ``done`` is the epoch's output unless the run fell back: so after it the node waits
@@ -136,7 +143,7 @@ async def listen_for_output(
 
     first, rerun = runs
     warm_out: list[float] | None = None
-    rerunning = False
+    rerunning = ran = False
     loop = asyncio.get_running_loop()
     end = loop.time() + max(0.0, until - time.time())
     async with transport:
@@ -148,10 +155,11 @@ async def listen_for_output(
                     status = _status(msg.topic, msg.payload, prefix, run)
                     if status is None:
                         continue
+                    ran = True
                     done = status.output if status.state == "done" and status.output else None
                     if run == rerun:
                         if done is not None:
-                            return list(done)
+                            return list(done), True
                         if not rerunning:  # the warm run fell back: wait for the rerun's output
                             rerunning = True
                             deadline.reschedule(end)
@@ -161,7 +169,7 @@ async def listen_for_output(
                             deadline.reschedule(min(end, loop.time() + grace))
         except TimeoutError:
             pass
-    return None if rerunning else warm_out
+    return (None if rerunning else warm_out), ran
 
 
 def _status(topic: str, payload: bytes, prefix: str, run: str) -> StatusMsg | None:

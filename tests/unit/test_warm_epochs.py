@@ -18,6 +18,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.result import NodeResult
+from nlagg_node.runtime.warmstart import HeardOutput, epoch_start
 from nlagg_node.scale import scale_for
 from nlagg_node.sim.engine import EpochInputs, simulate
 from nlagg_node.warm import warm_start
@@ -165,3 +166,22 @@ def test_a_warm_run_is_the_simulators_warm_epoch_bit_for_bit(op: str) -> None:
     results = asyncio.run(everyone())
     assert [scale_for(cfg).user_float(r.output[0]) for r in results] == sim.output.ravel().tolist()
     assert {r.iterations for r in results} == {int(sim.phase_iterations.sum())}
+
+
+@pytest.mark.parametrize(
+    ("held", "start"),
+    [
+        (HeardOutput(1, 24.0), "warm"),
+        (HeardOutput(1, None, ran=False), "cold"),
+        (HeardOutput(1, None, ran=True), "sit out"),
+        (HeardOutput(0, 24.0), "sit out"),
+        (None, "sit out"),
+    ],
+    ids=["own-output", "nobody-ran", "ran-but-late", "stale", "nothing"],
+)
+def test_how_epoch_two_starts_from_what_the_node_holds(held: HeardOutput | None, start: str) -> None:
+    """Only the epoch before's output starts warm; a node that heard its neighbours run it but not
+    its output sits out again (cold beside warm neighbours would split the epoch)."""
+    got = epoch_start(CFG, 2, held, DRIFT)
+    kind = "sit out" if got.sit_out is not None else "cold" if got.warm is None else "warm"
+    assert kind == start
