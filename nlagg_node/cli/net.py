@@ -127,7 +127,7 @@ def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: Captu
         given = [opts.keep_epochs, opts.epochs, opts.drift, opts.cold_start]
         raise ConfigError("keep_epochs/epochs/drift/cold_start", given, "need --continuous")
     configs = None
-    drift = None if opts.cold_start else (opts.drift or 0.0)  # as the nodes of the plan warm-start
+    drift = None if opts.cold_start else opts.drift  # as the nodes of the plan warm-start (None: cold)
     if opts.config is not None:  # each epoch's config derived as the nodes derive it
         from adversary.capture.epochconfig import EpochConfigs
 

@@ -254,12 +254,12 @@ async def run_epoch_testbed(
 ) -> EpochSummary:
     """Run ``epochs`` epochs ``every`` seconds apart on one machine and return the summary.
 
-    ``drift``: the declared drift of warm starts (default 0) and the values' walk (default: values
-    drawn afresh each epoch); ``cold_start``: every epoch cold; ``capture``: an eavesdropper
+    ``drift``: the declared drift of warm starts (None: every epoch cold) and the values' walk
+    (None: values drawn afresh each epoch); ``cold_start``: every epoch cold; ``capture``: an eavesdropper
     captures every epoch into an epoch store in the run folder (``out_dir``, else a temporary one)
     and the summary's ``capture`` holds the attack's exposures per epoch
     (:mod:`nlagg_node.lab.epochcapture`)."""
-    warm = Warm(None if cold_start else (drift or 0.0), drift)
+    warm = Warm(None if cold_start else drift, drift)
     cfg = cfg.resolved().model_copy(update={"trials": 1})
     if epochs < 1:
         raise ConfigError("epochs", epochs, "must be 1 or more")

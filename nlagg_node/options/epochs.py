@@ -27,10 +27,10 @@ class EpochOptions:
     drift: Annotated[
         float | None,
         Opt(
-            "with --every: the declared drift D, the most a value moves between epochs, a fraction of"
-            " --value-range (value units without one): epoch k+1 warm-starts at epoch k's output and"
-            " expects its output within D of it, else reruns cold (docs/continuous.md) [default: 0;"
-            " a testbed's values then walk by steps uniform in [-D, D] instead of drawn afresh]",
+            "with --every: warm-start each epoch at the last output, declaring the drift D, the most a"
+            " value moves between epochs (a fraction of --value-range, value units without one): an"
+            " epoch whose output leaves D of the last reruns cold (docs/continuous.md) [default: none,"
+            " every epoch cold; a testbed's values then walk by steps uniform in [-D, D]]",
             EPOCHS,
             min=0.0,
         ),
@@ -38,8 +38,8 @@ class EpochOptions:
     cold_start: Annotated[
         bool,
         Opt(
-            "with --every: start every epoch cold (default: max, min, median and quantile with"
-            " --init proposed warm-start at the last output)",
+            "with --every: start every epoch cold even with --drift (which warm-starts max, min,"
+            " median and quantile with --init proposed at the last output)",
             EPOCHS,
             ("--cold-start",),
         ),
@@ -47,8 +47,9 @@ class EpochOptions:
 
     @property
     def warm_drift(self) -> float | None:
-        """The drift the epochs warm-start with (None: every epoch cold, ``--cold-start``)."""
-        return None if self.cold_start else (self.drift or 0.0)
+        """The drift the epochs warm-start with (None: every epoch cold: no ``--drift`` declared, or
+        ``--cold-start``)."""
+        return None if self.cold_start else self.drift
 
 
 @dataclass(frozen=True, kw_only=True)

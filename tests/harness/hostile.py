@@ -23,6 +23,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
 from adversary.capture.mqtt_codec import (
     CONNACK,
@@ -33,6 +34,9 @@ from adversary.capture.mqtt_codec import (
 from nlagg_node.runtime.tls import broker_endpoint
 from nlagg_node.runtime.wire import topics
 from tests.harness.mqtt_frames import publish_frame
+
+if TYPE_CHECKING:
+    from tests.harness.planbed import PlanBed
 
 __all__ = ["Intruder"]
 
@@ -59,6 +63,22 @@ class Intruder:
     t_total: int
     phase_at: Callable[[int], str]
     transcript: Path
+
+    @classmethod
+    def with_password_of(cls, bed: PlanBed, node: int, victim: int | None = None) -> Self:
+        """Node ``node``'s broker password, taken from ``bed``'s plan (not its signing key)."""
+        return cls(
+            url=bed.url,
+            prefix="nlagg",
+            run_id=bed.run_id,
+            node=node,
+            victim=node if victim is None else victim,
+            username=f"node{node}",
+            password=bed.password(f"node{node}"),
+            t_total=bed.t_total,
+            phase_at=bed.phase_at,
+            transcript=bed.db,
+        )
 
     async def _session(self, client_id: str, frames: list[bytes], stay: float = 0.0) -> None:
         """Connect, write ``frames`` at once, stay ``stay`` s, disconnect; acknowledge nothing."""

@@ -48,6 +48,7 @@ async def test_three_epochs_with_a_fallback_captured_with_derived_configs(
         in_process=True,
         out_dir=tmp_path,
         capture=True,
+        drift=0.0,
     )
     rows = summary["epochs"]
     assert all(r["exact"] for r in rows), rows

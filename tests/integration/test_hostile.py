@@ -27,29 +27,17 @@ CFG = RunConfig(
 )
 
 
-def intruder(bed: PlanBed, node: int = 0, victim: int = 1) -> Intruder:
-    return Intruder(
-        url=bed.url,
-        prefix="nlagg",
-        run_id=bed.run_id,
-        node=node,
-        victim=victim,
-        username=f"node{node}",
-        password=bed.password(f"node{node}"),
-        t_total=bed.t_total,
-        phase_at=bed.phase_at,
-        transcript=bed.db,
-    )
-
-
 @pytest.mark.slow
 async def test_a_hostile_credential_holder_changes_nothing(tmp_path: Path) -> None:
     async with PlanBed(
-        CFG, tmp_path, corrupt="0,1,2", early=lambda bed: intruder(bed).before_config()
+        CFG,
+        tmp_path,
+        corrupt="0,1,2",
+        early=lambda bed: Intruder.with_password_of(bed, 0, victim=1).before_config(),
     ) as bed:
         await bed.start_nodes()
         await bed.wait_t(0.3)
-        t_forged = await intruder(bed).strike()
+        t_forged = await Intruder.with_password_of(bed, 0, victim=1).strike()
         verdict = await bed.finish()
     assert verdict.completed, (verdict.detail, bed.report())
     assert verdict.identical, verdict.detail

@@ -35,21 +35,6 @@ CFG = RunConfig(
 )
 
 
-def intruder(bed: PlanBed, node: int = 1) -> Intruder:
-    return Intruder(
-        url=bed.url,
-        prefix="nlagg",
-        run_id=bed.run_id,
-        node=node,
-        victim=node,
-        username=f"node{node}",
-        password=bed.password(f"node{node}"),
-        t_total=bed.t_total,
-        phase_at=bed.phase_at,
-        transcript=bed.db,
-    )
-
-
 def stored(db: Path, needle: bytes) -> list[tuple[int, str | None]]:
     """``(valid, error)`` of every stored message whose payload holds ``needle``."""
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
@@ -62,7 +47,7 @@ async def test_forged_x_in_the_window_are_refused_by_every_node_and_the_transcri
         assert bed.plan.identities, "a plan signs by default"
         await bed.start_nodes()
         await bed.wait_t(0.3)
-        spy = intruder(bed)
+        spy = Intruder.with_password_of(bed, 1)
         t_now = spy.current_t()
         x1 = topics("nlagg", bed.run_id).x(1)
         own_key = new_identity()  # signed, but not with node 1's identity
@@ -89,7 +74,9 @@ async def test_a_planted_key_is_refused_and_the_run_completes(tmp_path: Path) ->
 
     async def plant(bed: PlanBed) -> None:
         topic = topics("nlagg", bed.run_id).key(1)
-        await intruder(bed)._session("intruder-1", [publish_frame(topic, encode(planted), retain=True)])
+        await Intruder.with_password_of(bed, 1)._session(
+            "intruder-1", [publish_frame(topic, encode(planted), retain=True)]
+        )
 
     cfg = CFG.model_copy(update={"t_max": 300, "init_channel": "sealed"})
     async with PlanBed(cfg, tmp_path, run_id="insider-key", early=plant) as bed:

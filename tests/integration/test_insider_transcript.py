@@ -30,21 +30,6 @@ CFG = RunConfig(
 )
 
 
-def insider(bed: PlanBed, node: int = 1) -> Insider:
-    return Insider(
-        url=bed.url,
-        prefix="nlagg",
-        run_id=bed.run_id,
-        node=node,
-        victim=node,
-        username=f"node{node}",
-        password=bed.password(f"node{node}"),
-        t_total=bed.t_total,
-        phase_at=bed.phase_at,
-        transcript=bed.db,
-    )
-
-
 @pytest.mark.parametrize(
     ("auth", "refusals"),
     [(False, ("subscribed (they never received it)",)), (True, ("unsigned", "key chain"))],
@@ -56,7 +41,7 @@ async def test_an_injection_before_the_nodes_subscribed_is_no_truth(
     """Without identities the real messages displace the early ones; with them (the default) the
     insider, who holds node 1's password but not its key, cannot sign: all three are refused."""
     async with PlanBed(CFG, tmp_path, auth=auth) as bed:  # the config is out, no node has connected
-        await insider(bed).inject_start([0, 2], x=42.0, z=99.0)
+        await Insider.with_password_of(bed, 1).inject_start([0, 2], x=42.0, z=99.0)
         await bed.start_nodes()
         verdict = await bed.finish()
     assert verdict.completed, (verdict.detail, bed.report())
@@ -72,7 +57,7 @@ async def test_padded_payloads_leave_the_transcript_small(tmp_path: Path) -> Non
     async with PlanBed(CFG, tmp_path) as bed:
         # Before the nodes start: mid-run, the insider's connection would take node 1's session
         # (sessions are bound to users) and node 1 would take it back, cutting the flood short.
-        await insider(bed).flood_padded(300, 1_000_000)
+        await Insider.with_password_of(bed, 1).flood_padded(300, 1_000_000)
         await bed.start_nodes()
         verdict = await bed.finish()
     assert verdict.completed, (verdict.detail, bed.report())
