@@ -170,7 +170,7 @@ class Soak:
         argv = [*this_python(), "deploy", "plan", "--out", str(self.root), "--run-id", RUN_ID]
         argv += ["--op", "max", "--n", str(self.s.n), "--value-range", "0", str(SPAN), "--c", "10"]
         argv += ["--mu-z", "30", "--seed", str(self.s.seed), "--every", repr(self.s.every)]
-        argv += ["--epochs", str(self.s.epochs), "--origin", repr(self.origin), "--drift", repr(self.s.drift)]
+        argv += ["--epochs", str(self.s.epochs), "--origin", repr(self.origin)]
         argv += ["--listen", f"127.0.0.1:{self.port}", "--broker", self.url]
         subprocess.run(argv, check=True, capture_output=True)
         conf = self.root / "broker" / "mosquitto.conf"
