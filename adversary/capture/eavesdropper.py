@@ -44,7 +44,7 @@ from ..live import BRANCH_NAMES, Exposure, LiveReplay
 from ..transcript.arrays import public_z0
 from ..transcript.writer import Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
-from .session import DEFAULT_SESSION, CaptureSession, capture_until
+from .session import DEFAULT_SESSION, CaptureSession, capture_until, commit_due
 from .subscriber import accepts_anonymous
 
 __all__ = ["ANONYMOUS_WARNING", "Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
@@ -196,11 +196,8 @@ class Eavesdropper:
                     self._unacked.append(raw)
             else:
                 self._take([raw])
-            if acking is not None:
-                pending = len(self._unacked)
-                idle = acking.backlog() == 0
-                if pending >= 256 or (idle and (pending >= 16 or time.monotonic() - self._committed >= 0.02)):
-                    self._commit()
+            if acking is not None and commit_due(len(self._unacked), acking.backlog(), self._committed):
+                self._commit()
             if self.finished.is_set():
                 return
 

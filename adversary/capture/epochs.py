@@ -54,7 +54,7 @@ from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, live_table
 from .epochconfig import EpochConfigs, judge_warm
 from .merged import Acknowledging
-from .session import DEFAULT_SESSION, CaptureSession, capture_until
+from .session import DEFAULT_SESSION, CaptureSession, capture_until, commit_due
 from .subscriber import accepts_anonymous
 
 __all__ = ["MAX_OPEN_EPOCHS", "RERUN_WAIT", "EpochCapture", "run_epoch_eavesdropper", "with_rerun"]
@@ -295,9 +295,7 @@ class EpochCapture:
             self.handle(raw.topic, raw.payload, raw.retain)
             if acking is not None:
                 self._unacked.append(raw)
-                pending = len(self._unacked)
-                idle = acking.backlog() == 0
-                if pending >= 256 or (idle and (pending >= 16 or time.monotonic() - self._committed >= 0.02)):
+                if commit_due(len(self._unacked), acking.backlog(), self._committed):
                     self._commit()
             if self.finished.is_set():
                 return

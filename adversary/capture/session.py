@@ -5,6 +5,7 @@ alike for one run's capture (:func:`~adversary.capture.run_eavesdropper`) and a 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from nlagg_node.runtime.tls import TlsSettings
 
 from .subscriber import AckingSubscriber
 
-__all__ = ["DEFAULT_SESSION", "CaptureSession", "capture_until"]
+__all__ = ["DEFAULT_SESSION", "CaptureSession", "capture_until", "commit_due"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,3 +75,12 @@ async def capture_until(
         finally:
             for task in (committer, reader, done):
                 task.cancel()
+
+
+def commit_due(pending: int, backlog: int, committed_at: float) -> bool:
+    """Whether a capture commits (and acknowledges) now: ``pending`` messages unacknowledged, the
+    subscriber's ``backlog`` still to read, the last commit at ``committed_at`` (monotonic). A full
+    batch always; while the broker has nothing more to send, a small batch or a short wait."""
+    if pending >= 256:
+        return True
+    return backlog == 0 and (pending >= 16 or time.monotonic() - committed_at >= 0.02)
