@@ -16,6 +16,7 @@ each process's RSS at epoch 20 (20 epochs after a restart) and at the end; the s
 Targets: every epoch exact, nothing lost, soundness 1.0, RSS growth <= 10%.
 
     python benchmarks/soak_epochs.py [--epochs 200] [--every 8] [--n 10] [--drift 0.005] [--keep-epochs 5]
+        [--warm]
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ async def soak(settings: SoakSettings, workdir: Path) -> bool:
     started = time.time()
     print(
         f"soak: {settings.epochs} epochs every {settings.every:g} s, n={settings.n}, max, drift "
-        f"{settings.drift:g} of the range, seed {settings.seed}, load {os.getloadavg()[0]:.1f}",
+        f"{settings.drift:g} of the range{' (warm starts)' * settings.warm}, seed {settings.seed}, "
+        f"load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     async with Soak(settings, workdir) as bed:
@@ -112,12 +114,15 @@ def main() -> int:
     parser.add_argument("--drift", type=float, default=0.005, help="a fraction of the value range")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep-epochs", type=int, default=5)
+    parser.add_argument("--warm", action="store_true", help="the plan declares --drift: warm starts")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the plan, store and logs here")
     args = parser.parse_args()
     if mosquitto_binary() is None:
         print("soak: the mosquitto binary is needed (apt-get install mosquitto)", file=sys.stderr)
         return 2
-    settings = SoakSettings(args.epochs, args.every, args.n, args.drift, args.seed, args.keep_epochs)
+    settings = SoakSettings(
+        args.epochs, args.every, args.n, args.drift, args.seed, args.keep_epochs, warm=args.warm
+    )
     if args.workdir is not None:
         return 0 if asyncio.run(soak(settings, args.workdir)) else 1
     with tempfile.TemporaryDirectory(prefix="nlagg-soak-epochs-") as tmp:

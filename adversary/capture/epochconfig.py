@@ -7,12 +7,13 @@ the epoch, epoch k-1's public output and the declared drift
 (:mod:`adversary.capture.epochs`) derives the same from the same facts and gives it to each
 epoch's eavesdropper, so that the transcript judges and replays the epoch as the nodes ran it.
 
-Which epochs run warm mirrors the nodes' rule: a node runs epoch k warm when it holds k-1's
-output, and one that does not sits k out. The capture holds k-1's output when a node published
-it on ``P/R/results/{i}``; the warm ``c`` does not depend on its value, so outputs that differ
-within the run's tolerance give one configuration (a median's prior, at the output, moves by as
-little). With no published output of k-1 (no node finished it: every node sat it out or none was
-there), the nodes run k cold, and so does the derived configuration.
+Which epochs run warm is the nodes' rule (:mod:`nlagg_node.runtime.warmstart`): epoch k runs
+warm when some node published epoch k-1's output on ``P/R/results/{i}``, from the median of those
+outputs (:func:`~nlagg_node.runtime.warmstart.published_output`); the capture reads the same
+topics. The warm ``c`` does not depend on the output's value, so outputs that differ within the
+run's tolerance give one configuration (a median's prior, at the output, moves by as little). With
+no published output of k-1 (no node finished it), the nodes run k cold, and so does the derived
+configuration.
 
 A warm run is judged with its band too (:func:`judge_warm`): a node whose value lies beyond the
 band runs a shell value instead (:meth:`nlagg_node.warm.WarmStart.used_value`), so what the warm

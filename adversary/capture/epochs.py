@@ -46,6 +46,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.transport import Message, Subscriber
+from nlagg_node.runtime.warmstart import published_output
 from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, topics
 
 from ..live import Exposure
@@ -256,9 +257,9 @@ class EpochCapture:
         eaves.handle(topics(self.base, run_id).config, encode(derived), True)
 
     def _published(self, k: int) -> float | None:
-        """Epoch ``k``'s output as its nodes published it (their median; None: none published)."""
-        outs = sorted(r.output for r in self.store.results() if r.epoch == k) if k >= 0 else []
-        return outs[len(outs) // 2] if outs else None
+        """Epoch ``k``'s output as its nodes published it (as the nodes read it:
+        :func:`~nlagg_node.runtime.warmstart.published_output`; None: none published)."""
+        return published_output([r.output for r in self.store.results() if r.epoch == k] if k >= 0 else [])
 
     def _result(self, tail: str, payload: bytes) -> None:
         """A node's :class:`~nlagg_node.runtime.outputs.EpochOutput`; a top-K output is stored by its

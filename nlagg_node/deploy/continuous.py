@@ -4,8 +4,8 @@ One plan, one bundle per device, no restart between epochs: the node files carry
 (``every``, ``epochs``, ``origin``), and the broker's ACL covers every epoch. Epoch k's topics are
 those of the single run ``P/R/e{k}`` (:mod:`nlagg_node.runtime.epochs`), so the ACL of one run is
 rewritten with a ``+`` wildcard at the epoch level (``topic write P/R/+/node/3/x``), and each
-node may write its results topic ``P/R/results/{i}``, which the operator (the launcher user) and
-the eavesdropper read.
+node may write its results topic ``P/R/results/{i}``, which the operator (the launcher user), the
+eavesdropper and the other nodes read.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def continuous_acl(acl: str, prefix: str, run_id: str, n: int, operator: str) ->
     Every grant under ``P/R/`` moves under ``P/R/+/`` (any epoch), but a read of all of ``P/R/#``
     (the eavesdropper's) stays, and so does a grant of ``P/R/config`` (the launcher still publishes
     the deployment's config there: the compose testbed's eavesdropper waits for it); node i also
-    writes ``P/R/results/{i}`` and ``operator`` reads every node's results.
+    writes ``P/R/results/{i}`` and reads every node's (a node that missed an epoch warm-starts the
+    next from the outputs published, :mod:`~nlagg_node.runtime.warmstart`), as ``operator`` does.
     """
     root = f"{prefix}/{run_id}/"
     nodes = {node_user(i): i for i in range(n)}
@@ -86,6 +87,7 @@ def continuous_acl(acl: str, prefix: str, run_id: str, n: int, operator: str) ->
         lines.append(line)
         if kind == "user" and rest == operator:
             lines.append(f"topic read {results_filter(prefix, run_id)}")
-        elif kind == "user" and rest in nodes:
+        elif kind == "user" and rest in nodes:  # it reads the others' to warm-start after a miss
             lines.append(f"topic write {results_topic(prefix, run_id, nodes[rest])}")
+            lines.append(f"topic read {results_filter(prefix, run_id)}")
     return "\n".join(lines) + "\n"

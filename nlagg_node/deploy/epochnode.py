@@ -129,6 +129,8 @@ async def run_node_epochs(
             report["skipped"] = out.skipped
         if out.missed is not None:
             report["missed"] = out.missed
+        if out.read is not None:
+            report["read"] = out.read.output
         yield report
 
 

@@ -23,10 +23,10 @@ missed: the node begins at the next start still ahead (within ``late``), and the
 counted (:attr:`EpochOutcome.skipped`); epochs are never queued, as a queue would only grow.
 
 Warm starts (:mod:`~nlagg_node.runtime.warmstart`, the math of :mod:`nlagg_node.warm`): with a
-declared drift, epoch k runs warm from epoch k-1's output (:func:`initialization_for_epoch`); a node
-whose value lies outside the warm start's band runs a shell value, and when the warm run's output
-falls back, the epoch reruns cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under
-``P/R``, with fresh z^(0).
+declared drift, epoch k runs warm from epoch k-1's output (:func:`initialization_for_epoch`), the
+node's own or, if it holds none, the one the nodes published; a node whose value lies outside the
+warm start's band runs a shell value, and when the warm run's output falls back, the epoch reruns
+cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under ``P/R``, with fresh z^(0).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from .public import run_edges
 from .result import NodeResult
 from .routing import Router
 from .transport import Transport
-from .warmstart import EpochStart, HeardOutput, epoch_config, epoch_start, listen_for_output
+from .warmstart import EpochStart, HeardOutput, epoch_config, epoch_start, read_published_output, warms_at
 from .wire import StatusMsg, WireError, check_run_id, encode, topics
 
 __all__ = [
@@ -199,7 +199,7 @@ class EpochMember(Member):
 
 @dataclass(frozen=True)
 class EpochOutcome:
-    """What one epoch gave a node: its result (None when it sat the epoch out, ``missed`` says why)."""
+    """What one epoch gave a node: its result (None when it missed the epoch, ``missed`` says why)."""
 
     epoch: int
     result: NodeResult | None
@@ -207,8 +207,8 @@ class EpochOutcome:
     skipped: int = 0  # epochs skipped before this one (the previous overran its period)
     missed: str | None = None
     absent: tuple[int, ...] = ()  # neighbours absent at its start
-    start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold", "listened", "missed"
-    heard: HeardOutput | None = None  # sat out listening: the output it heard of the epoch
+    start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold", "missed"
+    read: HeardOutput | None = None  # epoch k-1's output it read as published (it held none)
 
 
 TransportFor = Callable[[int, str], Awaitable[Transport]]
@@ -377,33 +377,24 @@ class _Epoch:
         epochs = self.stale or ((self.k - 1,) if self.k > 0 else ())
         return tuple(run for e in epochs for run in (epoch_run_id(e), rerun_run_id(e)))
 
-    async def listen(self) -> HeardOutput:
-        """Sit the epoch out (the node cannot agree on its start) and hear its output."""
-        edges = self.options.get("edges")
-        assert edges is not None
-        neighbours = sorted(
-            {int(b) for a, b in edges if a == self.node_id} | {int(a) for a, b in edges if b == self.node_id}
-        )
+    async def published(self) -> HeardOutput | None:
+        """Epoch k-1's output as the nodes published it, read from half a join window before the
+        start until this node joins (:func:`~nlagg_node.runtime.warmstart.read_published_output`)."""
         transport = await self.transport_for(self.k, epoch_run_id(self.k))
-        if await _sleep_until(self.clock.start(self.k), self.stop):
-            raise EpochStopped
-        prefix, run_id = self.deployment
-        until = self.clock.start(self.k + 1) - self.clock.join
-        runs = (epoch_run_id(self.k), rerun_run_id(self.k))
-        grace = self.clock.join / 2  # a rerun's statuses come within moments of the warm run's end
-        heard, ran = await listen_for_output(transport, f"{prefix}/{run_id}", runs, neighbours, until, grace)
-        return HeardOutput(self.k, None if heard is None else self.to_user(heard[0]), ran)
+        start = self.clock.start(self.k)
+        return await read_published_output(
+            transport, self.deployment, self.k - 1, start, start + self.clock.late
+        )
 
 
 async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:
-    """Epoch ``ep.k`` of a node holding the output ``held``: warm, cold, or sat out listening; a
-    warm run whose output falls back is rerun cold at once (``e{k}r``)."""
+    """Epoch ``ep.k`` of a node holding the output ``held`` (if not epoch k-1's, it reads the one
+    published): warm or cold; a warm run whose output falls back is rerun cold at once (``e{k}r``)."""
     k = ep.k
+    read = None
+    if warms_at(ep.cfg, k, drift) and (held is None or held.epoch != k - 1):
+        held = read = await ep.published()
     start = initialization_for_epoch(ep.cfg, k, held, drift)
-    if start.sit_out is not None:
-        heard = await ep.listen()
-        missed = f"{start.sit_out}; sat it out, heard {'no' if heard.output is None else 'its'} output"
-        return EpochOutcome(k, None, None, missed=missed, start="listened", heard=heard)
     join_by = ep.clock.start(k) + ep.clock.join
     result, output, absent = await ep.run(start, value, join_by)
     kind = "cold" if start.warm is None else "warm"
@@ -419,7 +410,7 @@ async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: 
             cold, value, time.time() + ep.clock.join, rerun=True, after=result.iterations
         )
         kind = "fell back"
-    return EpochOutcome(k, result, output, absent=tuple(absent), start=kind)
+    return EpochOutcome(k, result, output, absent=tuple(absent), start=kind, read=read)
 
 
 async def run_epochs(
@@ -480,9 +471,7 @@ async def run_epochs(
             yield EpochOutcome(k, None, None, skipped, missed=str(exc), start="missed")
             continue
         outcome = replace(outcome, skipped=skipped)
-        if outcome.heard is not None:
-            held = outcome.heard
-        elif outcome.result is not None and outcome.output is None:  # it left (stop)
+        if outcome.result is not None and outcome.output is None:  # it left (stop)
             yield replace(outcome, result=None, missed=f"left at t={outcome.result.left_at}")
             return
         elif outcome.output is not None:

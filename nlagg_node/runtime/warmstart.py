@@ -1,79 +1,83 @@
-"""Warm starts in the node runtime: which start an epoch gets, and how a node that missed one learns.
+"""Warm starts in the node runtime: which start an epoch gets, agreed from the published outputs.
 
 The math is :mod:`nlagg_node.warm` (the simulator calls the same functions): this module only
-decides, per epoch, whether a node runs it warm, cold or sits it out (docs/continuous.md, "Warm
-starts"). The nodes of a run must agree on the start (a warm median runs with another ``c``, a
-warm max from another z^(0); a node with another warm start would run another band), and the
-decision rests on the public output alone:
+decides, per epoch, whether a node runs it warm or cold (docs/continuous.md, "Warm starts"). The
+nodes of a run must agree on the start (a warm median runs with another ``c``, a warm max from
+another z^(0); a node with another warm start would run another band), so the decision rests on one
+public fact every node can read, the outputs of epoch k-1 published retained on the results topics
+``P/R/results/{i}`` (:mod:`~nlagg_node.runtime.outputs`):
 
-* epoch 0, ``--cold-start``, and an operator without a warm start run cold;
-* a node that holds epoch k-1's output (its own, or one it heard from a neighbour's public ``done``
-  status of epoch k-1 while it sat that epoch out) runs epoch k warm from it;
-* a node that does not hold it cannot agree with neighbours that do: it sits epoch k out (its
-  neighbours depart it at t = 0, as any absent node) and listens to its neighbours' ``done``
-  statuses of epoch k, so that it holds epoch k's output and runs epoch k+1 warm;
-* a node that sat an epoch out listening and heard no neighbour finish it knows that none of its
-  neighbours holds that output either: it runs the next epoch cold (after a restart of every
-  node, or an epoch every node skipped, the deployment runs one epoch cold, then warm again).
+* epoch 0, ``--cold-start``, an operator without a warm start: cold;
+* a node that finished epoch k-1 holds its output (and published it): warm from it;
+* any other node (restarted, absent, or its run failed) reads the results topics from half a join
+  window before epoch k's start: if some node published epoch k-1's output by the time it joins,
+  it runs warm from their median (:func:`published_output`); if none did by the latest time a node
+  may join (the start plus :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node finished
+  epoch k-1 in time to run epoch k, and it runs cold like every other node.
+
+The eavesdropper's capture derives each epoch's configuration from the same published outputs
+(:mod:`adversary.capture.epochconfig`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pydantic import ValidationError
 
 from ..config import RunConfig
 from ..warm import WarmStart, warm_start
+from .outputs import EpochOutput, results_filter
 from .transport import Transport
-from .wire import StatusMsg, WireError, decode, topics
 
-__all__ = ["EpochStart", "HeardOutput", "epoch_config", "epoch_start", "listen_for_output"]
+__all__ = [
+    "EpochStart",
+    "HeardOutput",
+    "epoch_config",
+    "epoch_start",
+    "published_output",
+    "read_published_output",
+]
 
 log = logging.getLogger("nlagg.node")
+
+SETTLE = 0.2
+"""Seconds a node reading the results after the start waits, once one of epoch k-1 came, for the
+others (published together at that epoch's end) before it takes their median."""
 
 
 @dataclass(frozen=True)
 class HeardOutput:
-    """An epoch's output a node holds: its own, or one a neighbour's ``done`` status published
-    (``output`` in user units; None: the node listened to the whole epoch and no neighbour finished).
-    ``ran``: with no output, whether neighbours were seen running the epoch (their output was late)."""
+    """The output of epoch ``epoch`` a node holds (user units): its own, or the one the nodes published
+    (None: a top-K output, which no epoch warm-starts from)."""
 
     epoch: int
     output: float | None
-    ran: bool = False
 
 
 @dataclass(frozen=True)
 class EpochStart:
-    """How a node runs an epoch: ``cfg`` (a warm start's ``c``), ``warm`` (None: cold) and
-    ``sit_out`` (why it sits the epoch out to listen, else None)."""
+    """How a node runs an epoch: ``cfg`` (a warm start's ``c``) and ``warm`` (None: cold)."""
 
     cfg: RunConfig
     warm: WarmStart | None = None
-    sit_out: str | None = None
 
 
 def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None) -> EpochStart:
-    """The start of epoch ``epoch`` of a node holding ``held`` (the last output it knows of).
+    """The start of epoch ``epoch`` given ``held``, the output of epoch k-1 the node holds or read
+    (None, or another epoch's: cold).
 
-    ``drift`` is the declared drift (None: every epoch cold, ``--cold-start``). The rule is the
-    module's; the warm start itself is :func:`nlagg_node.warm.warm_start` of the run's ``c`` and
-    ``sigma_z``.
+    ``drift`` is the declared drift (None: every epoch cold, ``--cold-start``); the warm start
+    itself is :func:`nlagg_node.warm.warm_start` of the run's ``c`` and ``sigma_z``.
     """
-    from ..sim.epochs import warms
-
     cfg = cfg.resolved()
-    if drift is None or epoch == 0 or not warms(cfg):
+    if not warms_at(cfg, epoch, drift) or held is None or held.epoch != epoch - 1 or held.output is None:
         return EpochStart(cfg)
-    if held is None or held.epoch != epoch - 1:
-        return EpochStart(cfg, sit_out=f"holds no output of epoch {epoch - 1} to warm-start from")
-    if held.output is None and held.ran:
-        # Its neighbours ran epoch k-1 and hold its output, which did not reach this node in time:
-        # running cold beside their warm start would split the epoch (they rerun, it would not).
-        return EpochStart(cfg, sit_out=f"heard epoch {epoch - 1} run but not its output in time")
-    if held.output is None:  # listened to epoch k-1: no neighbour ran it, none holds its output
-        return EpochStart(cfg)
+    assert drift is not None  # warms_at
     ws = warm_start(
         cfg.op,
         held.output,
@@ -85,22 +89,36 @@ def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: flo
     return EpochStart(_describing(cfg, ws, held.output), ws)
 
 
+def warms_at(cfg: RunConfig, epoch: int, drift: float | None) -> bool:
+    """Whether epoch ``epoch`` of a deployment of ``cfg`` with declared ``drift`` may start warm
+    (it does when epoch k-1's output is held)."""
+    from ..sim.epochs import warms
+
+    return drift is not None and epoch > 0 and warms(cfg)
+
+
 def epoch_config(
     cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None, *, rerun: bool = False
 ) -> RunConfig:
     """The configuration epoch ``epoch`` runs with (``rerun``: its cold rerun ``e{k}r``), from public
-    facts only: the deployment's ``cfg``, the epoch, the output of epoch k-1 held (``held``, as in
+    facts only: the deployment's ``cfg``, the epoch, the output of epoch k-1 (``held``, as in
     :func:`epoch_start`) and the declared ``drift``.
 
     The nodes run with it (:mod:`nlagg_node.runtime.epochs`), and a continuous capture gives it to
     each epoch's eavesdropper (:mod:`adversary.capture.epochs`): a warm epoch's ``c`` is
-    :func:`~nlagg_node.warm.warm_c` of the run's; a cold epoch, a rerun, and an epoch whose nodes
-    sit out (their neighbours run it cold) run ``cfg`` itself.
-
+    :func:`~nlagg_node.warm.warm_c` of the run's; a cold epoch and a rerun run ``cfg`` itself.
     """
     if rerun:
         return cfg.resolved()
     return epoch_start(cfg, epoch, held, drift).cfg
+
+
+def published_output(outputs: Sequence[float]) -> float | None:
+    """An epoch's output as its nodes published it: the median (the lower middle) of their records
+    (None: none was published). Every node's is the same up to the run's tolerance; the median
+    keeps one node's false record from moving it."""
+    ordered = sorted(outputs)
+    return ordered[len(ordered) // 2] if ordered else None
 
 
 def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
@@ -122,63 +140,45 @@ def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
     return cfg.model_copy(update={"mu_z": max(cfg.mu_z_value, need)})
 
 
-async def listen_for_output(
-    transport: Transport,
-    prefix: str,
-    runs: tuple[str, str],
-    neighbours: list[int],
-    until: float,
-    grace: float,
-) -> tuple[list[float] | None, bool]:
-    """Sit an epoch out on ``transport`` and return its output (protocol units), heard from a
-    neighbour's ``done`` status (None if none came before ``time.time()`` reaches ``until``), and
-    whether any neighbour was seen running the epoch (a status of it).
-
-    ``runs``: the epoch's run and its cold rerun (``e{k}``, ``e{k}r``) under ``prefix``. The warm
-    run's ``done`` is the epoch's output unless the run fell back: so after it the node waits
-    ``grace`` seconds for a status of the rerun, and if one comes, for the rerun's ``done``.
-    Nothing is published: the neighbours count the node absent.
-    """
-    import time
-
-    first, rerun = runs
-    warm_out: list[float] | None = None
-    rerunning = ran = False
+async def read_published_output(
+    transport: Transport, deployment: tuple[str, str], epoch: int, join_at: float, last: float
+) -> HeardOutput | None:
+    """Read epoch ``epoch``'s published output from the results topics of ``deployment`` (``(P, R)``)
+    on ``transport``: the median of the records of it come by ``join_at`` (unix seconds, the epoch
+    after's start); if none came by then, of those that come (within :data:`SETTLE` of the first)
+    before ``last`` (the latest time a node may join); None if none came."""
+    outputs: dict[int, float] = {}
     loop = asyncio.get_running_loop()
-    end = loop.time() + max(0.0, until - time.time())
+
+    def at(when: float) -> float:
+        return loop.time() + max(0.0, when - time.time())
+
     async with transport:
-        await transport.subscribe(*(topics(prefix, r).status(j) for r in runs for j in neighbours))
+        await transport.subscribe(results_filter(*deployment))
         try:
-            async with asyncio.timeout_at(end) as deadline:
+            async with asyncio.timeout_at(at(last)) as deadline:
                 async for msg in transport.messages():
-                    run = rerun if f"/{rerun}/" in msg.topic else first
-                    status = _status(msg.topic, msg.payload, prefix, run)
-                    if status is None:
+                    record = _record(msg.topic, msg.payload)
+                    if record is None or record.epoch != epoch or not isinstance(record.output, float):
                         continue
-                    ran = True
-                    done = status.output if status.state == "done" and status.output else None
-                    if run == rerun:
-                        if done is not None:
-                            return list(done), True
-                        if not rerunning:  # the warm run fell back: wait for the rerun's output
-                            rerunning = True
-                            deadline.reschedule(end)
-                    elif done is not None and warm_out is None:
-                        warm_out = list(done)
-                        if not rerunning:
-                            deadline.reschedule(min(end, loop.time() + grace))
+                    outputs[record.node] = record.output
+                    deadline.reschedule(at(max(join_at, min(last, time.time() + SETTLE))))
         except TimeoutError:
             pass
-    return (None if rerunning else warm_out), ran
+    output = published_output(list(outputs.values()))
+    return None if output is None else HeardOutput(epoch, output)
 
 
-def _status(topic: str, payload: bytes, prefix: str, run: str) -> StatusMsg | None:
-    """A status heard while sitting out (None: a cleared retained one, or not a status: logged)."""
+def _record(topic: str, payload: bytes) -> EpochOutput | None:
+    """A node's published output (None: a cleared retained one, or not a record: logged)."""
     if not payload:
         return None
     try:
-        _, msg = decode(topic, payload, prefix, run)
-    except WireError as exc:
-        log.warning("sitting %s out: %s: %s", run, topic, exc)
+        record = EpochOutput.model_validate_json(payload)
+    except ValidationError as exc:
+        log.warning("%s holds no output record: %s", topic, str(exc)[:200])
         return None
-    return msg if isinstance(msg, StatusMsg) else None
+    if not topic.endswith(f"/results/{record.node}"):
+        log.warning("%s holds the output record of node %d", topic, record.node)
+        return None
+    return record

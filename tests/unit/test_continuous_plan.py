@@ -49,6 +49,7 @@ def test_the_acl_covers_every_epoch_and_the_results(plan_dir: Path) -> None:
     assert "topic write nlagg/gh/+/node/1/x" in node1
     assert "topic read nlagg/gh/+/edge/0/1/z0" in node1  # ring: 0 and 2 are its neighbours
     assert "topic write nlagg/gh/results/1" in node1
+    assert "topic read nlagg/gh/results/+" in node1  # the outputs a node warm-starts from after a miss
     assert not [line for line in node1 if "/gh/node/" in line or "/gh/edge/" in line]  # no single-run grant
     assert "user launcher\ntopic read nlagg/gh/results/+\ntopic readwrite nlagg/gh/config\n" in acl
     assert "user eavesdropper\ntopic read nlagg/gh/#\n" in acl
