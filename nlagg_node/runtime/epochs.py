@@ -144,7 +144,8 @@ def epoch_seed(seed: int | None, epoch: int, *stream: str) -> int | None:
 class EpochMember(Member):
     """A :class:`Member` of one epoch (its :data:`Seat` and options are a member's): a neighbour
     not online when the join window closes (``join_by``, ``time.time()`` seconds) departs at
-    t = 0 instead of failing the run."""
+    t = 0 instead of failing the run; with every neighbour absent the node misses the epoch
+    (:class:`NeighbourTimeoutError`) rather than publish its own value as the output."""
 
     def __init__(self, *seat: *Seat, join_by: float, **options: Unpack[MemberOptions]) -> None:
         super().__init__(*seat, **options)
@@ -160,6 +161,11 @@ class EpochMember(Member):
                 await self.peers.all_live.wait()
         except TimeoutError:
             self.absent = self.peers.not_live()
+            if len(self.absent) == len(self.neighbours):
+                raise NeighbourTimeoutError(
+                    f"node {self.id}: every neighbour absent at the start of {self.run_id}: run alone,"
+                    " the epoch's output would be this node's own value"
+                ) from None
             log.warning(
                 "node %d: neighbour(s) %s absent at the start of %s", self.id, self.absent, self.run_id
             )

@@ -162,6 +162,14 @@ def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins(channel: str) ->
     )
 
 
+def test_a_node_whose_every_neighbour_is_absent_misses_the_epoch_rather_than_run_alone() -> None:
+    lone, broker = 2, MemoryBroker()
+    runs = asyncio.run(deployment(CFG, broker, {i: 1 for i in range(CFG.n) if i != lone}))
+    assert runs[lone][1].result is None
+    assert "every neighbour absent" in str(runs[lone][1].missed)
+    assert [output_of(r[2]) for r in runs] == pytest.approx([float(values_of(2, CFG.n).max())] * CFG.n)
+
+
 def test_a_stopped_node_leaves_its_epoch_cleanly_and_the_others_go_on() -> None:
     top = int(np.argmax(values_of(1, CFG.n)))
     runs = asyncio.run(deployment(CFG, MemoryBroker(), {}, stopped=(top, 1)))
