@@ -57,6 +57,10 @@ def show(report: SoakReport, settings: SoakSettings) -> bool:
     )
     print(f"epochs exact for the nodes present: {exact}/{len(ran)}")
     print(
+        "starts of the epochs the nodes finished: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(report.starts.items()))
+    )
+    print(
         f"iterations per epoch: median {iters[len(iters) // 2] if iters else 0}, max {max(iters, default=0)}"
     )
     print(f"value files written late: {report.late_values or 'none'}")

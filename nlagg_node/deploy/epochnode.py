@@ -138,9 +138,10 @@ def epoch_line(report: dict[str, Any]) -> str:
     """What ``nlagg node --every`` prints for an epoch (without ``--json``)."""
     head = f"node {report['node']}: epoch {report['epoch']}"
     if report["output"] is None:
-        return f"{head}: sat out ({report.get('missed')})"
+        return f"{head}: missed ({report.get('missed')})"
     absent = f", neighbour(s) {report['absent']} absent" if "absent" in report else ""
-    return f"{head}: output {report['output']} after {report['iterations']} iterations{absent}"
+    start = report["start"] + (f" from the published {report['read']}" if "read" in report else "")
+    return f"{head}: output {report['output']} after {report['iterations']} iterations, {start}{absent}"
 
 
 async def print_epochs(start: NodeStart, as_json: bool) -> None:

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -403,6 +404,7 @@ class Soak:
             late_values=self.late_values,
             faults=self.fault_log,
             wall=time.time() - started,
+            starts=sum((_starts(child.lines) for _, child in self.children), Counter()),
         )
 
     def _sample(self, k: int) -> None:
@@ -443,15 +445,30 @@ class SoakReport:
     late_values: list[int]
     faults: list[str]
     wall: float
+    starts: Counter[str]  # how the nodes started the epochs they finished (:func:`_starts`)
 
 
 def _reasons(lines: list[str]) -> dict[int, str]:
-    """Epoch -> why the node sat it out, from its printed lines."""
+    """Epoch -> why the node missed it, from its printed lines."""
     out = {}
     for line in lines:
-        found = re.match(r"node \d+: epoch (\d+): sat out \((.*)\)$", line)
+        found = re.match(r"node \d+: epoch (\d+): missed \((.*)\)$", line)
         if found:
             out[int(found.group(1))] = found.group(2)
+    return out
+
+
+def _starts(lines: list[str]) -> Counter[str]:
+    """How the node started the epochs it finished (``warm``, ``fell back``, ``cold``; ``read``: warm
+    from the output the others published), from its printed lines."""
+    out: Counter[str] = Counter()
+    for line in lines:
+        found = re.match(
+            r"node \d+: epoch \d+: output .* iterations, (warm|fell back|cold)( from the published)?", line
+        )
+        if found:
+            out[found.group(1)] += 1
+            out["read"] += found.group(2) is not None
     return out
 
 
