@@ -16,7 +16,7 @@ each process's RSS at epoch 20 (20 epochs after a restart) and at the end; the s
 Targets: every epoch exact, nothing lost, soundness 1.0, RSS growth <= 10%.
 
     python benchmarks/soak_epochs.py [--epochs 200] [--every 8] [--n 10] [--drift 0.005] [--keep-epochs 5]
-        [--warm]
+        [--cold-start]
 """
 
 from __future__ import annotations
@@ -118,14 +118,14 @@ def main() -> int:
     parser.add_argument("--drift", type=float, default=0.005, help="a fraction of the value range")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep-epochs", type=int, default=5)
-    parser.add_argument("--warm", action="store_true", help="the plan declares --drift: warm starts")
+    parser.add_argument("--cold-start", action="store_true", help="every epoch cold (default: warm starts)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the plan, store and logs here")
     args = parser.parse_args()
     if mosquitto_binary() is None:
         print("soak: the mosquitto binary is needed (apt-get install mosquitto)", file=sys.stderr)
         return 2
     settings = SoakSettings(
-        args.epochs, args.every, args.n, args.drift, args.seed, args.keep_epochs, warm=args.warm
+        args.epochs, args.every, args.n, args.drift, args.seed, args.keep_epochs, warm=not args.cold_start
     )
     if args.workdir is not None:
         return 0 if asyncio.run(soak(settings, args.workdir)) else 1

@@ -12,6 +12,7 @@ import typer
 
 from ..defaults import DEFAULT_BROKER
 from ..options import ComposeOptions, PlanOptions
+from ..options.epochs import deployment_drift
 from ._app import app
 from ._command import options_command
 from .net import CaFile, CertFile, KeyFile, tls_settings
@@ -57,6 +58,9 @@ def _network(opts: PlanOptions) -> PlanSpec:
         if opts.sites != 1:
             raise ConfigError("sites", opts.sites, "give --sites or --sites-file, not both")
         site_of = tuple(read_sites_file(opts.sites_file, spec.run.n))
+    drift = opts.drift
+    if opts.every is not None:  # a continuous deployment: warm starts unless --cold-start
+        drift = deployment_drift(drift, opts.cold_start, spec.run.value_range)
     return dataclasses.replace(
         spec,
         listen_host=host or None,
@@ -67,7 +71,7 @@ def _network(opts: PlanOptions) -> PlanSpec:
         sites=opts.sites,
         site_of=site_of,
         site_brokers=tuple(opts.site_broker or ()),
-        schedule=schedule_of(opts.every, opts.epochs, opts.origin, opts.drift, opts.cold_start),
+        schedule=schedule_of(opts.every, opts.epochs, opts.origin, drift, opts.cold_start),
     )
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..options import TestbedOptions
+from ..options.epochs import deployment_drift
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -37,7 +38,7 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             in_process=opts.in_process,
             neighbour_timeout=opts.neighbour_timeout,
             out_dir=opts.out,
-            drift=opts.drift,
+            drift=deployment_drift(opts.drift, opts.cold_start, cfg.value_range),
             cold_start=opts.cold_start,
             capture=True,
         )

@@ -9,7 +9,23 @@ from typing import Annotated
 
 from .opt import CA_OPT, EPOCHS, NETWORK, OUTPUT, Opt
 
-__all__ = ["DeploymentEpochOptions", "EpochOptions", "ResultsOptions"]
+__all__ = ["DEFAULT_DRIFT", "DeploymentEpochOptions", "EpochOptions", "ResultsOptions", "deployment_drift"]
+
+
+DEFAULT_DRIFT = 0.01
+"""The drift a new deployment declares, a fraction of its declared value range, when ``--drift`` is
+not given: ``nlagg deploy plan --every`` and ``nlagg testbed --epochs`` warm-start by default."""
+
+
+def deployment_drift(
+    drift: float | None, cold_start: bool, value_range: tuple[float, float] | None
+) -> float | None:
+    """The drift a new deployment declares (its plan writes it into every node file and the
+    eavesdropper's command): ``drift`` as given, else :data:`DEFAULT_DRIFT` of a declared
+    ``value_range``; None (every epoch cold) without a range, or with ``--cold-start``."""
+    if drift is not None or cold_start or value_range is None:
+        return drift
+    return DEFAULT_DRIFT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,8 +45,9 @@ class EpochOptions:
         Opt(
             "with --every: warm-start each epoch at the last output, declaring the drift D, the most a"
             " value moves between epochs (a fraction of --value-range, value units without one): an"
-            " epoch whose output leaves D of the last reruns cold (docs/continuous.md) [default: none,"
-            " every epoch cold; a testbed's values then walk by steps uniform in [-D, D]]",
+            " epoch whose output leaves D of the last reruns cold (docs/continuous.md); a testbed's"
+            " values walk by steps uniform in [-D, D] [default: deploy plan and testbed with"
+            " --value-range: 0.01; else none, every epoch cold]",
             EPOCHS,
             min=0.0,
         ),

@@ -125,7 +125,7 @@ class SoakSettings:
     keep_epochs: int = 5
     lead: float = 15.0  # seconds from the launch to epoch 0's start (the processes start Python)
     faults: tuple[Fault, ...] | None = None  # None: default_faults
-    warm: bool = False  # the plan declares the drift: epochs warm-start (docs/continuous.md)
+    warm: bool = True  # the plan declares the drift (warm starts, docs/continuous.md); else --cold-start
 
 
 @dataclass
@@ -174,7 +174,7 @@ class Soak:
         argv += ["--mu-z", "30", "--seed", str(self.s.seed), "--every", repr(self.s.every)]
         argv += ["--epochs", str(self.s.epochs), "--origin", repr(self.origin)]
         argv += ["--listen", f"127.0.0.1:{self.port}", "--broker", self.url]
-        argv += ["--drift", repr(self.s.drift)] if self.s.warm else []
+        argv += ["--drift", repr(self.s.drift)] if self.s.warm else ["--cold-start"]
         subprocess.run(argv, check=True, capture_output=True)
         conf = self.root / "broker" / "mosquitto.conf"
         (self.root / "broker" / "soak.conf").write_text(conf.read_text() + "user root\n")

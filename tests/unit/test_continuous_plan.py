@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, compose_yaml, load_plan, write_plan
 from nlagg_node.deploy.continuous import Schedule, schedule_of
@@ -78,3 +79,35 @@ def test_default_origin_is_a_whole_minute_ahead() -> None:
     schedule = schedule_of(60.0, None, None)
     assert schedule is not None
     assert schedule.origin % 60 == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "drift", "cold"),
+    [
+        (["--value-range", "0", "40"], 0.01, False),
+        (["--value-range", "0", "40", "--drift", "0.05"], 0.05, False),
+        (["--value-range", "0", "40", "--cold-start"], None, True),
+        ([], None, False),
+    ],
+    ids=["range-default", "declared", "cold-start", "no-range"],
+)
+def test_a_continuous_plan_warm_starts_by_default_where_the_range_gives_the_drift_a_scale(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    drift: float | None,
+    cold: bool,
+) -> None:
+    out = tmp_path / "plan"
+    argv = ["nlagg", "deploy", "plan", "--out", str(out), "--run-id", "gh", "--n", "4", "--every", "300"]
+    monkeypatch.setattr("sys.argv", [*argv, *extra])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code in (0, None), capsys.readouterr()
+    node = load_node_file(out / "nodes" / "0.toml")
+    assert (node.drift, node.cold_start) == (drift, cold)
+    (eaves,) = [
+        ln for ln in (out / "commands.txt").read_text().splitlines() if ln.startswith("nlagg eavesdrop")
+    ]
+    assert ("--drift" in eaves.split()) == (drift is not None)  # the capture derives the same epochs
