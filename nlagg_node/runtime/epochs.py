@@ -23,8 +23,8 @@ missed: the node begins at the next start still ahead (within ``late``), and the
 counted (:attr:`EpochOutcome.skipped`); epochs are never queued, as a queue would only grow.
 
 Warm starts (:mod:`~nlagg_node.runtime.warmstart`, the math of :mod:`nlagg_node.warm`): with a
-declared drift, epoch k runs warm from epoch k-1's output (:func:`initialization_for_epoch`), the
-node's own or, if it holds none, the one the nodes published; a node whose value lies outside the
+declared drift, epoch k runs warm from epoch k-1's output as the nodes published it
+(:func:`initialization_for_epoch`); a node whose value lies outside the
 warm start's band runs a shell value, and when the warm run's output falls back, the epoch reruns
 cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under ``P/R``, with fresh z^(0).
 """
@@ -214,7 +214,7 @@ class EpochOutcome:
     missed: str | None = None
     absent: tuple[int, ...] = ()  # neighbours absent at its start
     start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold", "missed"
-    read: HeardOutput | None = None  # epoch k-1's output it read as published (it held none)
+    read: HeardOutput | None = None  # epoch k-1's output it warm-started from, holding none of its own
 
 
 TransportFor = Callable[[int, str], Awaitable[Transport]]
@@ -394,12 +394,16 @@ class _Epoch:
 
 
 async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:
-    """Epoch ``ep.k`` of a node holding the output ``held`` (if not epoch k-1's, it reads the one
-    published): warm or cold; a warm run whose output falls back is rerun cold at once (``e{k}r``)."""
+    """Epoch ``ep.k`` of a node holding the output ``held``: warm from epoch k-1's output as the nodes
+    published it, or cold; a warm run whose output falls back is rerun cold at once (``e{k}r``)."""
     k = ep.k
     read = None
-    if warms_at(ep.cfg, k, drift) and (held is None or held.epoch != k - 1):
-        held = read = await ep.published()
+    if warms_at(ep.cfg, k, drift):
+        # From the outputs published, its own among them: nodes whose own outputs differ (a graph
+        # split by an absent node into parts that each reached their own) still start alike.
+        published = await ep.published()
+        read = published if held is None or held.epoch != k - 1 else None
+        held = published
     start = initialization_for_epoch(ep.cfg, k, held, drift)
     join_by = ep.clock.start(k) + ep.clock.join
     result, output, absent = await ep.run(start, value, join_by)

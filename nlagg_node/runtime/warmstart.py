@@ -8,12 +8,13 @@ public fact every node can read, the outputs of epoch k-1 published retained on 
 ``P/R/results/{i}`` (:mod:`~nlagg_node.runtime.outputs`):
 
 * epoch 0, ``--cold-start``, an operator without a warm start: cold;
-* a node that finished epoch k-1 holds its output (and published it): warm from it;
-* any other node (restarted, absent, or its run failed) reads the results topics from half a join
-  window before epoch k's start: if some node published epoch k-1's output by the time it joins,
-  it runs warm from their median (:func:`published_output`); if none did by the latest time a node
-  may join (the start plus :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node finished
-  epoch k-1 in time to run epoch k, and it runs cold like every other node.
+* otherwise every node reads the results topics from half a join window before epoch k's start
+  (:func:`read_published_output`): if some node published epoch k-1's output by the start, it runs
+  warm from their median (:func:`published_output`), its own output among them or not (restarted,
+  absent, its run failed: it runs warm beside the others; a graph split by an absent node into
+  parts that each reached their own output starts alike again). If none did by the latest time a
+  node may join (the start plus :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node
+  finished epoch k-1 in time to run epoch k, and it runs cold like every other node.
 
 The eavesdropper's capture derives each epoch's configuration from the same published outputs
 (:mod:`adversary.capture.epochconfig`).
