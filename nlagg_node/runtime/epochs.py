@@ -32,12 +32,13 @@ cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under ``P/R``, with fre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Literal, Unpack
+from typing import Literal, TypeVar, Unpack
 
 from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, EpochStopped, NeighbourTimeoutError, NlaggError
@@ -69,6 +70,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("nlagg.node")
+_T = TypeVar("_T")
 progress = logging.getLogger("nlagg.progress")
 
 
@@ -299,6 +301,24 @@ async def _sleep_until(when: float, stop: asyncio.Event | None) -> bool:
     return True
 
 
+async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event | None) -> _T:
+    """Await ``work``, or cancel it and raise :class:`EpochStopped` once ``stop`` is set (a SIGTERM)."""
+    task = asyncio.ensure_future(work)
+    if stop is None:
+        return await task
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise EpochStopped
+    return task.result()
+
+
 ValueFor = Callable[[int], Awaitable[float]]
 """The node's value of epoch k, in protocol units (read at the epoch's start)."""
 
@@ -388,9 +408,10 @@ class _Epoch:
         start until this node joins (:func:`~nlagg_node.runtime.warmstart.read_published_output`)."""
         transport = await self.transport_for(self.k, epoch_run_id(self.k))
         start = self.clock.start(self.k)
-        return await read_published_output(
+        reading = read_published_output(
             transport, self.deployment, self.k - 1, start, start + self.clock.late
         )
+        return await _unless_stopped(reading, self.stop)
 
 
 async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:
