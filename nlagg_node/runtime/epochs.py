@@ -337,7 +337,7 @@ class _Epoch:
     stop: asyncio.Event | None
     seed: int | None
     options: MemberSettings
-    stale: tuple[int, ...] = ()  # epochs before it this node joined and has not cleared yet
+    stale: tuple[str, ...] = ()  # runs before it this node joined and has not cleared yet
 
     def record(
         self, extra: int = 0, check: WarmStart | None = None
@@ -396,12 +396,17 @@ class _Epoch:
         )
 
     def clear(self) -> tuple[str, ...]:
-        """Run ids whose retained status and key this node clears once its output is out: every
-        epoch it joined since its last clear (``stale``; after a skipped or missed epoch there are
-        several), by default the epoch before (as after a restart); each epoch ``e{k}`` and, as any
-        node might have run it, its rerun ``e{k}r`` (an empty retained message is harmless)."""
-        epochs = self.stale or ((self.k - 1,) if self.k > 0 else ())
-        return tuple(run for e in epochs for run in (epoch_run_id(e), rerun_run_id(e)))
+        """Run ids whose retained status and key this node clears once its output is out: every run
+        it joined since its last clear (``stale``: an epoch ``e{k}``, and its rerun ``e{k}r`` where it
+        fell back; after a skipped or missed epoch there are several), by default the epoch before
+        and its rerun (after a restart it cannot know whether it joined them).
+
+        Only those: Mosquitto (2.0) keeps the topic-tree nodes of every retained topic, cleared or
+        not, until it restarts, so a clear of a run the node never joined would grow the broker
+        for nothing (benchmarks/RESULTS.md, "The broker's memory over epochs")."""
+        if self.stale or self.k == 0:
+            return self.stale
+        return (epoch_run_id(self.k - 1), rerun_run_id(self.k - 1))
 
     async def published(self) -> HeardOutput | None:
         """Epoch k-1's output as the nodes published it, read from half a join window before the
@@ -480,7 +485,7 @@ async def run_epochs(
         options["departure_timeout"] = min(clock.period, 0.75 * options.get("neighbour_timeout", 30.0))
     held: HeardOutput | None = None
     last = -1
-    stale: list[int] = []  # epochs joined whose retained status and key are not cleared yet
+    stale: list[str] = []  # runs joined whose retained status and key are not cleared yet
     while (k := clock.next_epoch(time.time(), last)) is not None:
         skipped = 0 if last < 0 else k - last - 1
         if skipped:
@@ -491,7 +496,7 @@ async def run_epochs(
         ep = _Epoch(
             cfg, node_id, k, clock, deployment, transport_for, to_user, stop, seed, options, tuple(stale)
         )
-        stale.append(k)
+        stale.append(epoch_run_id(k))
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
             outcome = await _one_epoch(ep, await value_for(k), held, drift)
@@ -499,13 +504,17 @@ async def run_epochs(
             return
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
+            if warms_at(cfg, k, drift):  # it may have failed in the rerun
+                stale.append(rerun_run_id(k))
             yield EpochOutcome(k, None, None, skipped, missed=str(exc), start="missed")
             continue
         outcome = replace(outcome, skipped=skipped)
+        if outcome.start == "fell back":
+            stale.append(rerun_run_id(k))
         if outcome.result is not None and outcome.output is None:  # it left (stop)
             yield replace(outcome, result=None, missed=f"left at t={outcome.result.left_at}")
             return
         elif outcome.output is not None:
             held = HeardOutput(k, outcome.output.output if isinstance(outcome.output.output, float) else None)
-            del stale[:-1]  # cleared as its output went out
+            stale[:] = [run for run in stale if run in (epoch_run_id(k), rerun_run_id(k))]  # the rest cleared
         yield outcome

@@ -47,13 +47,14 @@ async def deployment(
     drift: float | None,
     missing: dict[int, int] | None = None,
     period: float = 4.0,
+    broker: MemoryBroker | None = None,
 ) -> list[list[EpochOutcome]]:
     """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k.
 
     A node sitting an epoch out listens until the next epoch's join window: ``period`` leaves the
     run time to finish before then (all nodes share one Python thread here)."""
     edges = run_edges(cfg)
-    broker = MemoryBroker()
+    broker = MemoryBroker() if broker is None else broker
     clock = EpochClock(origin=time.time() + 0.2, period=period, epochs=len(values), join=1.2)
 
     async def node(i: int) -> list[EpochOutcome]:
@@ -99,9 +100,28 @@ def iterations(runs: list[list[EpochOutcome]], k: int) -> int:
 TOL = CFG.tolerance * (RANGE[1] - RANGE[0]) * 10
 
 
+class RetainLog(MemoryBroker):
+    """A broker that remembers every topic a retained message (a clear too) was published on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retained_topics: set[str] = set()
+
+    def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        if retain:
+            self.retained_topics.add(topic)
+        super().route(topic, payload, retain)
+
+
+def reruns_touched(broker: RetainLog) -> set[str]:
+    return {t.split("/")[2] for t in broker.retained_topics if t.split("/")[2].endswith("r")}
+
+
 def test_drifting_values_run_warm_exact_and_in_fewer_iterations() -> None:
     values = walk(4, CFG.n)
-    warm = asyncio.run(deployment(CFG, values, DRIFT))
+    broker = RetainLog()
+    warm = asyncio.run(deployment(CFG, values, DRIFT, broker=broker))
+    assert reruns_touched(broker) == set()  # no rerun ran, none is cleared (the broker's topic tree)
     cold = asyncio.run(deployment(CFG, values, None))
     for k in range(4):
         assert outputs(warm, k) == pytest.approx([values[k].max()] * CFG.n, abs=TOL)
@@ -112,8 +132,10 @@ def test_drifting_values_run_warm_exact_and_in_fewer_iterations() -> None:
 
 def test_a_jump_beyond_the_drift_reruns_the_epoch_cold_and_stays_exact() -> None:
     values = walk(3, CFG.n, jump_at=2)
-    runs = asyncio.run(deployment(CFG, values, DRIFT))
+    broker = RetainLog()
+    runs = asyncio.run(deployment(CFG, values, DRIFT, broker=broker))
     assert [o.start for r in runs for o in r if o.epoch == 2] == ["fell back"] * CFG.n
+    assert reruns_touched(broker) == {"e2r"}
     assert outputs(runs, 2) == pytest.approx([values[2].max()] * CFG.n, abs=TOL)
 
 
