@@ -11,9 +11,11 @@ nodes and the eavesdropper use them, without running the protocol: every epoch k
 
 Scenarios (one thing varied at a time):
 
-* ``nodes``: what nodes do today: after epoch k each clears (empty retained message) its status and
-  key of ``e{k-1}`` and of ``e{k-1}r``, the cold rerun, whether it ran or not;
-* ``own``: the same, clearing ``e{k-1}`` only (topics that did hold a retained message);
+* ``nodes``: what nodes did before 2026-11-27 (commit 650144a): after epoch k each clears (empty
+  retained message) its status and key of ``e{k-1}`` and of ``e{k-1}r``, the cold rerun, whether
+  it ran or not;
+* ``own``: the same, clearing ``e{k-1}`` only (topics that did hold a retained message): what nodes
+  do since, in an epoch without a rerun;
 * ``kept``: nothing cleared;
 * ``reused``: every epoch on the same topics (``e0``; a control: a tree of fixed shape);
 * ``unretained``: statuses and keys not retained, nothing cleared (a control: no retained tree).
