@@ -403,7 +403,7 @@ class _Epoch:
 
         Only those: Mosquitto (2.0) keeps the topic-tree nodes of every retained topic, cleared or
         not, until it restarts, so a clear of a run the node never joined would grow the broker
-        for nothing (benchmarks/RESULTS.md, "The broker's memory over epochs")."""
+        for nothing (benchmarks/RESULTS.md, "Mosquitto's memory over epochs")."""
         if self.stale or self.k == 0:
             return self.stale
         return (epoch_run_id(self.k - 1), rerun_run_id(self.k - 1))
