@@ -137,7 +137,7 @@ async def forge_run(cfg: RunConfig, at: float, rng: np.random.Generator, workdir
         forgery = forger.build(
             range(t_now - 2, t_now - 2 + FORGED_SPAN), int(rng.choice(nbrs)), stranger, lambda: rng.bytes(16)
         )
-        await forger.forge(forgery)
+        sessions, undelivered = await forger.forge(forgery)
         v = await bed.finish(within=900.0)
         ahead = ahead_of_use(bed.db, topics("nlagg", bed.run_id).x(node))
         departed = bed.eavesdropper_finished.get("departed")
@@ -147,12 +147,16 @@ async def forge_run(cfg: RunConfig, at: float, rng: np.random.Generator, workdir
         detail.append(f"attack precision {v.precision}")
     if departed:
         detail.append(f"the eavesdropper recorded departures {departed}")
+    if undelivered:
+        detail.append(f"{undelivered} of {sent} forgeries never captured in {sessions} sessions")
     if v.rejected_by_nodes < len(nbrs) * sent or v.rejected_by_eavesdropper < sent:
         detail.append(f"{sent} forgeries sent to {len(nbrs)} neighbours, refused only {v.rejected_by_nodes}")
     if not ahead:
         detail.append(f"no forged x_{node}^(t) came before the real one (t {t_now - 2}..{t_now + 13})")
     ok = v.identical and not detail[len(v.detail) :]
-    note = f"forged x_{node}^(t) before the real one for {len(ahead)} of {FORGED_SPAN} t"
+    note = (
+        f"forged x_{node}^(t) before the real one for {len(ahead)} of {FORGED_SPAN} t ({sessions} sessions)"
+    )
     return dataclasses.replace(v, identical=ok, detail=[*detail, note] if ok else detail)
 
 

@@ -24,6 +24,7 @@ only the key chain refuses it; every departure claim is refused for its signatur
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -138,12 +139,40 @@ class Forger(Intruder):
         statuses = forged_statuses(self.node, neighbour, stranger, at, identity, anchor, tp.status(self.node))
         return Forgery(self.node, identity, chain, xs, statuses)
 
-    async def forge(self, forgery: Forgery) -> None:
-        """Send ``forgery`` in one connection: its x's first, then its statuses (retained)."""
+    async def forge(self, forgery: Forgery, tries: int = 5, within: float = 10.0) -> tuple[int, int]:
+        """Send ``forgery``, its x's first, then its statuses (retained); return the sessions it took
+        and how many forgeries the eavesdropper never captured (0: all reached the broker).
+
+        Its connection takes node j's session over, and node j, back within 50 ms, closes it: what
+        the broker had not read yet is lost. So the frames go with the CONNECT (``eager``), and what
+        the eavesdropper has not captured ``within`` s later goes again, ``tries`` sessions at most.
+        """
         tp = topics(self.prefix, self.run_id)
-        frames = [publish_frame(tp.x(self.node), payload) for _, payload in forgery.xs]
-        frames += [publish_frame(tp.status(self.node), body, retain=True) for body in forgery.statuses]
-        await self._session(f"forger-{self.node}", frames)
+        pending = [(tp.x(self.node), payload, False) for _, payload in forgery.xs]
+        pending += [(tp.status(self.node), body, True) for body in forgery.statuses]
+        for session in range(1, tries + 1):
+            frames = [publish_frame(topic, payload, retain=retain) for topic, payload, retain in pending]
+            await self._session(f"forger-{self.node}", frames, eager=True)
+            pending = await self._uncaptured(pending, within)
+            if not pending:
+                return session, 0
+        return tries, len(pending)
+
+    async def _uncaptured(
+        self, sent: list[tuple[str, bytes, bool]], within: float
+    ) -> list[tuple[str, bytes, bool]]:
+        """What of ``sent`` the transcript has not captured after ``within`` s (or sooner: none)."""
+        topics_ = sorted({topic for topic, _, _ in sent})
+        sql = f"SELECT payload FROM messages WHERE topic IN ({','.join('?' * len(topics_))})"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            with closing(sqlite3.connect(f"file:{self.transcript}?mode=ro", uri=True)) as db:
+                seen = {bytes(row[0]) for row in db.execute(sql, topics_)}
+            missing = [m for m in sent if m[1] not in seen]
+            if not missing or loop.time() > deadline:
+                return missing
+            await asyncio.sleep(0.2)
 
 
 def ahead_of_use(db: Path, topic: str) -> list[int]:

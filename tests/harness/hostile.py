@@ -80,19 +80,25 @@ class Intruder:
             transcript=bed.db,
         )
 
-    async def _session(self, client_id: str, frames: list[bytes], stay: float = 0.0) -> None:
-        """Connect, write ``frames`` at once, stay ``stay`` s, disconnect; acknowledge nothing."""
+    async def _session(
+        self, client_id: str, frames: list[bytes], stay: float = 0.0, eager: bool = False
+    ) -> None:
+        """Connect, write ``frames`` at once, stay ``stay`` s, disconnect; acknowledge nothing.
+
+        ``eager``: write them with the CONNECT, before its CONNACK (MQTT allows it), so that the
+        broker has them before the node whose session this takes over can come back and close it.
+        """
         endpoint = broker_endpoint(self.url)
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
         try:
-            writer.write(
-                encode_connect(client_id, keepalive=0, username=self.username, password=self.password)
-            )
+            connect = encode_connect(client_id, keepalive=0, username=self.username, password=self.password)
+            writer.write(connect + b"".join(frames) if eager else connect)
             head = await reader.readexactly(2)
             body = await reader.readexactly(head[1])
             assert head[0] >> 4 == CONNACK, head
             assert decode_connack(body)[1] == 0, "the broker refused the intruder's credentials"
-            writer.write(b"".join(frames))
+            if not eager:
+                writer.write(b"".join(frames))
             await writer.drain()
             await asyncio.sleep(stay)
             writer.write(DISCONNECT_FRAME)
