@@ -139,24 +139,32 @@ class Forger(Intruder):
         statuses = forged_statuses(self.node, neighbour, stranger, at, identity, anchor, tp.status(self.node))
         return Forgery(self.node, identity, chain, xs, statuses)
 
-    async def forge(self, forgery: Forgery, tries: int = 5, within: float = 10.0) -> tuple[int, int]:
+    async def forge(
+        self, forgery: Forgery, chunk: int = 12, tries: int = 5, within: float = 10.0
+    ) -> tuple[int, int]:
         """Send ``forgery``, its x's first, then its statuses (retained); return the sessions it took
         and how many forgeries the eavesdropper never captured (0: all reached the broker).
 
-        Its connection takes node j's session over, and node j, back within 50 ms, closes it: what
-        the broker had not read yet is lost. So the frames go with the CONNECT (``eager``), and what
-        the eavesdropper has not captured ``within`` s later goes again, ``tries`` sessions at most.
+        Each connection takes node j's session over, and node j, back within 50 ms, closes it: what
+        the broker had not read by then (Mosquitto reads one packet per wake-up) is lost. So the
+        frames go ``chunk`` per connection, with the CONNECT (``eager``), one connection after the
+        other, and what the eavesdropper has not captured ``within`` s later goes again, ``tries``
+        rounds at most.
         """
         tp = topics(self.prefix, self.run_id)
         pending = [(tp.x(self.node), payload, False) for _, payload in forgery.xs]
         pending += [(tp.status(self.node), body, True) for body in forgery.statuses]
-        for session in range(1, tries + 1):
-            frames = [publish_frame(topic, payload, retain=retain) for topic, payload, retain in pending]
-            await self._session(f"forger-{self.node}", frames, eager=True)
+        sessions = 0
+        for _ in range(tries):
+            for start in range(0, len(pending), chunk):
+                part = pending[start : start + chunk]
+                frames = [publish_frame(topic, payload, retain=retain) for topic, payload, retain in part]
+                await self._session(f"forger-{self.node}", frames, eager=True)
+                sessions += 1
             pending = await self._uncaptured(pending, within)
             if not pending:
-                return session, 0
-        return tries, len(pending)
+                break
+        return sessions, len(pending)
 
     async def _uncaptured(
         self, sent: list[tuple[str, bytes, bool]], within: float

@@ -86,7 +86,9 @@ class Intruder:
         """Connect, write ``frames`` at once, stay ``stay`` s, disconnect; acknowledge nothing.
 
         ``eager``: write them with the CONNECT, before its CONNACK (MQTT allows it), so that the
-        broker has them before the node whose session this takes over can come back and close it.
+        broker has them before the node whose session this takes over can come back and close it,
+        and return once the broker has closed the connection (it read the DISCONNECT, after every
+        frame, or another connection took the session): the next one cannot take over this one.
         """
         endpoint = broker_endpoint(self.url)
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
@@ -103,6 +105,11 @@ class Intruder:
             await asyncio.sleep(stay)
             writer.write(DISCONNECT_FRAME)
             await writer.drain()
+            if eager:  # what the session delivers meanwhile is read, never acknowledged
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10.0):
+                        while await reader.read(1 << 16):
+                            pass
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the node came back and closed this connection: the broker took what it read
         finally:
