@@ -140,7 +140,7 @@ class Forger(Intruder):
         return Forgery(self.node, identity, chain, xs, statuses)
 
     async def forge(
-        self, forgery: Forgery, chunk: int = 12, tries: int = 5, within: float = 10.0
+        self, forgery: Forgery, chunk: int = 12, tries: int = 5, within: float = 2.0
     ) -> tuple[int, int]:
         """Send ``forgery``, its x's first, then its statuses (retained); return the sessions it took
         and how many forgeries the eavesdropper never captured (0: all reached the broker).
