@@ -34,7 +34,7 @@ from pathlib import Path
 
 from nlagg_node.protocol import Identity, new_identity
 from nlagg_node.protocol.chain import KeyChain, key_b64
-from nlagg_node.runtime.wire import StatusMsg, encode, encode_x, topics
+from nlagg_node.runtime.wire import NodeState, StatusMsg, encode, encode_x, topics
 from tests.harness.hostile import Intruder
 from tests.harness.mqtt_frames import publish_frame
 
@@ -91,7 +91,7 @@ def forged_statuses(
     unsigned and signed by ``identity`` (carrying its chain ``anchor``); then one status per
     :data:`MALFORMED_KEYS`. The claim about ``neighbour``, signed, comes last (it stays retained)."""
 
-    def status(state: str, departed: dict[str, int] | None, iterations: int | None = None) -> bytes:
+    def status(state: NodeState, departed: dict[str, int] | None, iterations: int | None = None) -> bytes:
         return encode(StatusMsg(node=node, state=state, departed=departed, iterations=iterations))
 
     def signed(body: bytes) -> bytes:

@@ -96,7 +96,7 @@ async def test_the_forged_burst_is_in_the_window_and_every_node_refuses_it() -> 
         if t < AT + X_WINDOW:  # what a receiver at position AT takes, but for the key chain
             assert admit(t, AT, SHAPE.t_total, NO_HALT, X_WINDOW, SHAPE.jumps) is None
     results = await run_forged(xs, statuses)
-    assert np.array_equal(np.array([r.x for r in results]).T, sim.recorded_x[:, 0, :])  # type: ignore[attr-defined]
+    assert np.array_equal(np.array([r.x for r in results]).T, sim.recorded_x[:, 0, :])
     assert all(r.departed == {} for r in results)
     forged = len(xs) + len(statuses)
     assert all(results[i].rejected >= forged for i in NBRS[1]), [r.rejected for r in results]
