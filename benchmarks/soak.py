@@ -14,6 +14,13 @@ the run (a fraction of the x's already captured):
   sessions bound to users, payload cap) and one node's own credentials in hostile hands
   (``tests/harness/hostile.py``): t = 2^64 and 10^12 before the configuration, forged windows and phases,
   10 and 100 MiB payloads, three session takeovers; the attack's precision must stay 1.0.
+* ``forge``: the plan's deployment (its identities: signed messages, key-chained x's) and one
+  node's broker password, not its signing key, in hostile hands (``tests/harness/forgery.py``):
+  one burst of that node's x's for the iterations the nodes are about to take (inside their
+  window), without, with a random, a copied and a foreign key-chain element, and signed with a
+  foreign identity; and its retained statuses claiming a neighbour's, a non-neighbour's and its own
+  departure (unsigned and wrongly signed) and departure maps with malformed keys. The nodes and the
+  eavesdropper must record no departure, and the attack's precision must stay 1.0.
 * ``depart``: SIGKILL one node for good (never restarted): its neighbours count it as departed and
   the survivors finish; the run is judged against the simulator with the departure they report.
 
@@ -48,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.harness.faults import FaultBed, hostile_messages
 from tests.harness.verdict import Verdict
 
-FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile", "depart")
+FAULTS = ("node", "broker", "broker-kill", "eavesdropper", "garbage", "hostile", "depart", "forge")
+FORGED_SPAN = 16  # iterations a forged burst covers, from two before the transcript's latest
 
 
 def exact_seeds(base: RunConfig, first: int, count: int) -> list[int]:
@@ -105,9 +113,58 @@ async def hostile_run(cfg: RunConfig, at: float, rng: np.random.Generator, workd
     return dataclasses.replace(v, identical=v.identical and v.precision == 1.0, detail=detail)
 
 
+async def forge_run(cfg: RunConfig, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
+    """The plan's deployment with one node's broker password (not its signing key) in hostile hands.
+
+    The nodes and the eavesdropper must refuse every forgery (each neighbour of the node, each
+    one), record no departure, and the attack keep precision 1.0; the burst must have come before
+    the real x of some iteration it forged (the nodes were about to take it).
+    """
+    from nlagg_node.graphs import neighbours
+    from nlagg_node.runtime.wire import topics
+    from tests.harness.forgery import Forger, ahead_of_use
+    from tests.harness.planbed import PlanBed
+
+    corrupt, node = (int(v) for v in rng.choice(cfg.n, size=2, replace=False))
+    async with PlanBed(cfg, workdir, run_id=f"soak-{cfg.seed}", corrupt=str(corrupt)) as bed:
+        nbrs = neighbours(cfg.n, np.array(bed.plan.edges, dtype=np.int64))[node]
+        strangers = sorted(set(range(cfg.n)) - {node, *nbrs})
+        await bed.start_nodes()
+        await bed.wait_t(at, within=900.0)
+        forger = Forger.with_password_of(bed, node)
+        t_now = forger.current_t()
+        stranger = int(rng.choice(strangers)) if strangers else None
+        forgery = forger.build(
+            range(t_now - 2, t_now - 2 + FORGED_SPAN), int(rng.choice(nbrs)), stranger, lambda: rng.bytes(16)
+        )
+        sessions, undelivered = await forger.forge(forgery)
+        v = await bed.finish(within=900.0)
+        ahead = ahead_of_use(bed.db, topics("nlagg", bed.run_id).x(node))
+        departed = bed.eavesdropper_finished.get("departed")
+    sent = len(forgery.xs) + len(forgery.statuses)
+    detail = list(v.detail)
+    if v.precision != 1.0:
+        detail.append(f"attack precision {v.precision}")
+    if departed:
+        detail.append(f"the eavesdropper recorded departures {departed}")
+    if undelivered:
+        detail.append(f"{undelivered} of {sent} forgeries never captured in {sessions} sessions")
+    if v.rejected_by_nodes < len(nbrs) * sent or v.rejected_by_eavesdropper < sent:
+        detail.append(f"{sent} forgeries sent to {len(nbrs)} neighbours, refused only {v.rejected_by_nodes}")
+    if not ahead:
+        detail.append(f"no forged x_{node}^(t) came before the real one (t {t_now - 2}..{t_now + 13})")
+    ok = v.identical and not detail[len(v.detail) :]
+    note = (
+        f"forged x_{node}^(t) before the real one for {len(ahead)} of {FORGED_SPAN} t ({sessions} sessions)"
+    )
+    return dataclasses.replace(v, identical=ok, detail=[*detail, note] if ok else detail)
+
+
 async def one_run(cfg: RunConfig, fault: str, at: float, rng: np.random.Generator, workdir: Path) -> Verdict:
     if fault == "hostile":
         return await hostile_run(cfg, at, rng, workdir)
+    if fault == "forge":
+        return await forge_run(cfg, at, rng, workdir)
     corrupt = {int(rng.integers(cfg.n))}
     async with FaultBed(cfg, workdir, run_id=f"soak-{cfg.seed}", corrupt=corrupt) as bed:
         await bed.start_nodes()

@@ -256,12 +256,20 @@ class MqttTransport(Transport):
                 last = outcome
             else:
                 code, session_present = outcome
-                if code == 0:
+                # paho may have read the close right after the CONNACK (the session taken over) in
+                # the same read: up only if still connected, or the loss it signalled goes unseen.
+                if code == 0 and self._paho.is_connected():
                     self._up.set()
                     return session_present
                 if code in FATAL_CONNACK:
                     raise BrokerRefusedError(self.url, self.client_id, code, FATAL_CONNACK[code])
-                last = f"CONNACK code {code}" if code >= 0 else "connection closed before the CONNACK"
+                last = (
+                    "connection closed right after the CONNACK"
+                    if code == 0
+                    else f"CONNACK code {code}"
+                    if code > 0
+                    else "connection closed before the CONNACK"
+                )
             self._paho.disconnect()  # drop the half-open attempt before the next one
             log.info("connect to %s failed (%s); retrying", self.url, last)
         raise BrokerUnreachableError(self.url, self.reconnect_tries, last)

@@ -80,23 +80,36 @@ class Intruder:
             transcript=bed.db,
         )
 
-    async def _session(self, client_id: str, frames: list[bytes], stay: float = 0.0) -> None:
-        """Connect, write ``frames`` at once, stay ``stay`` s, disconnect; acknowledge nothing."""
+    async def _session(
+        self, client_id: str, frames: list[bytes], stay: float = 0.0, eager: bool = False
+    ) -> None:
+        """Connect, write ``frames`` at once, stay ``stay`` s, disconnect; acknowledge nothing.
+
+        ``eager``: write them with the CONNECT, before its CONNACK (MQTT allows it), so that the
+        broker has them before the node whose session this takes over can come back and close it,
+        and return once the broker has closed the connection (it read the DISCONNECT, after every
+        frame, or another connection took the session): the next one cannot take over this one.
+        """
         endpoint = broker_endpoint(self.url)
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
         try:
-            writer.write(
-                encode_connect(client_id, keepalive=0, username=self.username, password=self.password)
-            )
+            connect = encode_connect(client_id, keepalive=0, username=self.username, password=self.password)
+            writer.write(connect + b"".join(frames) if eager else connect)
             head = await reader.readexactly(2)
             body = await reader.readexactly(head[1])
             assert head[0] >> 4 == CONNACK, head
             assert decode_connack(body)[1] == 0, "the broker refused the intruder's credentials"
-            writer.write(b"".join(frames))
+            if not eager:
+                writer.write(b"".join(frames))
             await writer.drain()
             await asyncio.sleep(stay)
             writer.write(DISCONNECT_FRAME)
             await writer.drain()
+            if eager:  # what the session delivers meanwhile is read, never acknowledged
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10.0):
+                        while await reader.read(1 << 16):
+                            pass
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the node came back and closed this connection: the broker took what it read
         finally:
