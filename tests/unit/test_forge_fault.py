@@ -9,7 +9,6 @@ simulator's, bit for bit, with no departure, every forgery refused by every neig
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import numpy as np
@@ -19,12 +18,13 @@ from nlagg_node.graphs import neighbours
 from nlagg_node.protocol import NO_HALT, X_WINDOW, RunShape, admit, new_identity, x_form_error
 from nlagg_node.protocol.chain import KeyChain, key_b64
 from nlagg_node.rng import rng_for
-from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
-from nlagg_node.runtime.node import Node, run_edges
+from nlagg_node.runtime.memory import MemoryBroker
+from nlagg_node.runtime.node import run_edges
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.wire import topics
 from nlagg_node.sim import simulate
 from tests.harness.forgery import X_WAYS, forged_statuses, forged_xs
+from tests.harness.signednet import memory_network, run_network
 
 RUN = "forge"
 TP = topics("nlagg", RUN)
@@ -64,25 +64,7 @@ async def run_forged(xs: list[tuple[int, bytes]], statuses: list[bytes]) -> list
         route(topic, payload, retain)
 
     broker.route = forge  # type: ignore[method-assign]
-    values = simulate(CFG).values[0]
-    keys = [identity.public for identity in IDS]
-    nodes = [
-        Node(
-            CFG,
-            i,
-            values[i],
-            MemoryTransport(broker, f"n{i}"),
-            run_id=RUN,
-            edges=EDGES,
-            identities=keys,
-            identity=IDS[i],
-        )
-        for i in range(CFG.n)
-    ]
-    async with asyncio.TaskGroup() as tg:
-        for nd in nodes:
-            await nd.__aenter__()
-        tasks = [tg.create_task(nd.run()) for nd in nodes]
+    tasks = await run_network(memory_network(CFG, broker, RUN, IDS))
     return [task.result() for task in tasks]
 
 

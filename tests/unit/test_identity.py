@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import stat
 import tomllib
@@ -31,6 +30,7 @@ from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
 from nlagg_node.runtime.wire import StatusMsg, Z0Msg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
+from tests.harness.signednet import memory_network, run_network
 
 RUN = "auth"
 TP = topics("nlagg", RUN)
@@ -85,33 +85,6 @@ def test_without_identities_payloads_are_as_before_and_a_signature_is_refused() 
     assert signature_error(None, TP.status(1), 1, encode(status), signed=False) is None
 
 
-def _network(
-    broker: MemoryBroker, identities: list[str] | None, ids: list[Identity] | None = None
-) -> list[Node]:
-    edges = run_edges(CFG)
-    values = simulate(CFG).values[0]
-    return [
-        Node(
-            CFG,
-            i,
-            values[i],
-            MemoryTransport(broker, f"n{i}"),
-            run_id=RUN,
-            edges=edges,
-            identities=identities,
-            identity=None if ids is None else ids[i],
-        )
-        for i in range(CFG.n)
-    ]
-
-
-async def _run(nodes: list[Node]) -> list[asyncio.Task[object]]:
-    async with asyncio.TaskGroup() as tg:
-        for nd in nodes:
-            await nd.__aenter__()
-        return [tg.create_task(nd.run()) for nd in nodes]
-
-
 async def test_a_signed_network_is_the_simulator_and_refuses_forgeries() -> None:
     sim = simulate(CFG)
     broker = MemoryBroker()
@@ -126,11 +99,11 @@ async def test_a_signed_network_is_the_simulator_and_refuses_forgeries() -> None
         route(topic, payload, retain)
 
     broker.route = forge  # type: ignore[method-assign]
-    tasks = await _run(_network(broker, KEYS, IDS))
+    tasks = await run_network(memory_network(CFG, broker, RUN, IDS))
     results = [task.result() for task in tasks]
-    assert np.array_equal(np.array([r.x for r in results]).T, sim.recorded_x[:, 0, :])  # type: ignore[attr-defined]
+    assert np.array_equal(np.array([r.x for r in results]).T, sim.recorded_x[:, 0, :])
     nbrs_of_1 = [i for i, r in enumerate(results) if 1 in _neighbours(i)]
-    assert all(results[i].rejected >= 1 for i in nbrs_of_1)  # type: ignore[attr-defined]
+    assert all(results[i].rejected >= 1 for i in nbrs_of_1)
 
 
 def _neighbours(i: int) -> set[int]:
@@ -164,9 +137,9 @@ async def test_an_equivocating_node_ends_the_run_naming_it(kind: str, signed: bo
             route(topic, _other(topic, payload, signed), retain)
 
     broker.route = equivocate  # type: ignore[method-assign]
-    nodes = _network(broker, KEYS if signed else None, IDS if signed else None)
+    nodes = memory_network(CFG, broker, RUN, IDS if signed else None)
     with pytest.raises(ExceptionGroup) as caught:
-        await _run(nodes)
+        await run_network(nodes)
     errors = [e for e in caught.value.exceptions if isinstance(e, EquivocationError)]
     assert errors, caught.value.exceptions
     assert {e.node for e in errors} == {3}
@@ -235,7 +208,7 @@ def test_a_node_refuses_a_key_that_is_not_its_identity() -> None:
 
 
 def test_a_status_replayed_on_another_node_topic_is_refused() -> None:
-    node = _network(MemoryBroker(), KEYS, IDS)[0]
+    node = memory_network(CFG, MemoryBroker(), RUN, IDS)[0]
     nbr = sorted(_neighbours(0))[0]
     other = sorted(_neighbours(0))[1]
     payload = IDS[nbr].sign(TP.status(nbr), encode(StatusMsg(node=nbr, state="online")))
