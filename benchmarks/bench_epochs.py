@@ -3,6 +3,7 @@
     python benchmarks/bench_epochs.py [--trials 200] [--epochs 20] [--drift 0.005] [--seed 0]
     python benchmarks/bench_epochs.py --table [--drifts 0.001,0.005,0.01,0.05,0.1]
     python benchmarks/bench_epochs.py --jump 0.2 [--epochs 6]
+    python benchmarks/bench_epochs.py --tail
 
 Workload of issue 35: n = 15, RGG, values uniform in the declared range [0, 1], a bounded random
 walk with steps uniform in [-D, D] (``nlagg sim --epochs K --drift D``), the defaults of each
@@ -21,6 +22,20 @@ beyond the ideal world (largest over ranks), and the share of exact epochs.
 
 ``--table``: a markdown table over drifts (warm and cold, max and median), for docs/epochs.md.
 
+``--tail``: why max's warm epochs cannot reach 1/4 of the first's iterations. Once the descent from
+the start has met the maximum (from a warm start at once), the maximizer's x is pinned at
+``s_max`` (eq. (xi_up)'s max operator selects it) and every other x follows the linear branch: one
+PDMM iteration is an affine map of the signed duals whose linear part depends neither on ``c`` (it
+scales out of the linear branch) nor on the start. Its spectral radius ``rho`` over the modes
+visible in x sets the tail: ``-1 / log10(rho)`` iterations per decade of precision. The map is
+linearized here from the protocol's own functions (:func:`nlagg_node.pdmm.x_update`,
+:func:`~nlagg_node.pdmm.z_update`), on every trial's graph with its first epoch's maximizer pinned,
+for the run's theta and for the best theta of a grid, and with per-edge step parameters
+(:data:`EDGE_WEIGHTS`) at their best theta. One JSON line: the median iterations per decade, the
+decades from the warm start's margin to the tolerance, the tail's predicted iterations plus the
+stop rule's overhead (:mod:`nlagg_node.termination`: ``2 W + 2 diam``) and that over the cold first
+epoch's iterations, beside the measured ones, and the iterations per decade a ratio of 1/4 needs.
+
 ``--jump J``: values beyond the declared drift. From epoch 3 on every value moves up by J of the
 range (reflected at the top); one JSON line per (operator, start) with the jump epoch's leakage of
 the watched ranks, the share of trials exposing a node beyond the ideal world in it, the share that
@@ -34,14 +49,18 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from nlagg_node.config import RunConfig, load_config
+from nlagg_node.graphs import EdgeLayout, sample_graphs
 from nlagg_node.init import DualInitSpec
+from nlagg_node.pdmm import Objective, dual_sum, x_update, z_update
 from nlagg_node.sim.epochs import EpochsResult, simulate_epochs, walk_values
-from nlagg_node.warm import WarmStart
+from nlagg_node.termination import diameter
+from nlagg_node.warm import WarmStart, warm_margin
 
 NAIVE_MAX_MARGIN = 0.02
 """The naive max start: this fraction of the range beyond the last output."""
@@ -161,6 +180,97 @@ def table(args: argparse.Namespace) -> None:
                 )
 
 
+THETAS = tuple(round(0.1 * k, 1) for k in range(1, 10))
+
+
+EdgeWeight = Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any]], np.ndarray[Any, Any]]
+EDGE_WEIGHTS: dict[str, EdgeWeight] = {
+    "uniform": lambda di, dj: np.ones_like(di),
+    "1/sqrt(di dj)": lambda di, dj: 1.0 / np.sqrt(di * dj),
+    "sqrt(di dj)": lambda di, dj: np.sqrt(di * dj),
+    "1/di + 1/dj": lambda di, dj: 1.0 / di + 1.0 / dj,
+}
+"""Per-edge step parameters ``c_ij = c w(d_i, d_j)`` (PDMM allows any symmetric ones; the paper and
+the protocol use ``uniform``), tried to see whether any conditions the tail better."""
+
+
+def tail_radius(
+    n: int,
+    edges: np.ndarray[Any, Any],
+    pinned: int,
+    theta: float,
+    weight: EdgeWeight = EDGE_WEIGHTS["uniform"],
+) -> float:
+    """Spectral radius of a max run's tail map on one graph, over the modes x sees.
+
+    One iteration with node ``pinned`` at its value and every other x on the linear branch is
+    ``u -> M u + b``; ``M``'s columns are the iteration of each unit dual less the iteration of
+    zero, computed with the protocol's own x- and z-update (c = 1: c scales out of ``M``; with
+    ``weight`` each edge's c is ``weight(d_i, d_j)`` and ``c d_i`` their sum at node i).
+    """
+    lay = EdgeLayout.from_graphs(n, [edges])
+    rev = (np.arange(len(lay.src)) + lay.n_pairs) % len(lay.src)
+    s = np.full(n, -np.inf)
+    s[pinned] = 0.0  # x = max(linear branch, s): pinned for duals near 0, the rest never
+    c_edge = weight(lay.degree[lay.src], lay.degree[lay.dst])
+    cd = dual_sum(c_edge, lay.src, n)
+
+    def step(u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        x = x_update(Objective.maximum(), dual_sum(u, lay.src, n), s, cd)
+        return np.asarray(z_update(u, u[rev], x[lay.dst], c_edge, theta))
+
+    eye = np.eye(len(lay.src)) * 1e-6  # small enough that the pinned node stays pinned
+    base = step(np.zeros(len(lay.src)))
+    m = np.stack([step(col) - base for col in eye], axis=1) / 1e-6
+    w, vecs = np.linalg.eig(m)
+    seen = np.zeros(len(w), dtype=bool)
+    for k in range(len(w)):  # a mode x sees moves some unpinned node's dual sum
+        v = dual_sum(np.real(vecs[:, k]), lay.src, n), dual_sum(np.imag(vecs[:, k]), lay.src, n)
+        v[0][pinned] = v[1][pinned] = 0.0
+        seen[k] = max(np.abs(v[0]).max(), np.abs(v[1]).max()) > 1e-9
+    return float(np.abs(w[seen]).max())
+
+
+def tail(args: argparse.Namespace) -> None:
+    cfg = _config("max", args.trials, args.seed).resolved()
+    vals = walk_values(cfg, 1, args.drift)[0]
+    graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
+    per_decade, best, overhead = [], [], []
+    weights = list(EDGE_WEIGHTS)
+    by_weight: dict[str, list[float]] = {w: [] for w in weights}
+    for b, edges in enumerate(graphs):
+        pinned = int(np.argmax(vals[b]))
+        rhos = {
+            (th, w): tail_radius(cfg.n, edges, pinned, th, EDGE_WEIGHTS[w]) for th in THETAS for w in weights
+        }
+        per_decade.append(-1.0 / math.log10(rhos[cfg.theta, "uniform"]))
+        best.append(-1.0 / math.log10(min(rho for (_, w), rho in rhos.items() if w == "uniform")))
+        for w in weights:
+            by_weight[w].append(-1.0 / math.log10(min(rho for (_, v), rho in rhos.items() if v == w)))
+        overhead.append(2 * cfg.stop_window_value + 2 * diameter(cfg.n, edges))
+    margin = warm_margin(args.drift, cfg.c_value, cfg.sigma_z_value)
+    decades = math.log10(margin / cfg.tolerance)
+    predicted = decades * np.asarray(per_decade) + np.asarray(overhead)
+    warm = simulate_epochs(cfg, args.epochs, args.drift)
+    its = warm.iterations
+    first = float(np.median(its[0]))
+    line = {
+        "theta": cfg.theta,
+        "iterations_per_decade": round(float(np.median(per_decade)), 1),
+        "best_theta_iterations_per_decade": round(float(np.median(best)), 1),
+        "best_theta_by_edge_weights": {w: round(float(np.median(v)), 1) for w, v in by_weight.items()},
+        "decades": round(decades, 2),
+        "stop_overhead": float(np.median(overhead)),
+        "predicted_warm": round(float(np.median(predicted)), 0),
+        "measured_warm": float(np.median(its[1:])),
+        "first": first,
+        "ratio_predicted": round(float(np.median(predicted)) / first, 3),
+        "ratio": round(float(np.median(its[1:])) / first, 3),
+        "per_decade_for_quarter": round((first / 4 - float(np.median(overhead))) / decades, 1),
+    }
+    print(json.dumps(line), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=200)
@@ -170,12 +280,15 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="the drift table of docs/epochs.md")
     ap.add_argument("--drifts", default="0.001,0.005,0.01,0.05,0.1")
     ap.add_argument("--jump", type=float, default=None, help="values jump up by this share of the range")
+    ap.add_argument("--tail", action="store_true", help="max's warm iterations against its tail's rate")
     args = ap.parse_args()
     started = time.perf_counter()
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}", flush=True
     )
-    if args.jump is not None:
+    if args.tail:
+        tail(args)
+    elif args.jump is not None:
         jump(args)
     elif args.table:
         table(args)

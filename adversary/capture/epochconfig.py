@@ -2,18 +2,19 @@
 
 A continuous deployment publishes no per-epoch ``P/R/e{k}/config``: every node derives the
 configuration of epoch k from public facts, the deployment's config (the plan's ``run.toml``),
-the epoch, epoch k-1's public output and the declared drift
+the epoch, the latest public output before it and the declared drift
 (:func:`nlagg_node.runtime.warmstart.epoch_config`). The continuous capture
 (:mod:`adversary.capture.epochs`) derives the same from the same facts and gives it to each
 epoch's eavesdropper, so that the transcript judges and replays the epoch as the nodes ran it.
 
 Which epochs run warm is the nodes' rule (:mod:`nlagg_node.runtime.warmstart`): epoch k runs
 warm when some node published epoch k-1's output on ``P/R/results/{i}``, from the median of those
-outputs (:func:`~nlagg_node.runtime.warmstart.published_output`); the capture reads the same
-topics. The warm ``c`` does not depend on the output's value, so outputs that differ within the
-run's tolerance give one configuration (a median's prior, at the output, moves by as little). With
-no published output of k-1 (no node finished it), the nodes run k cold, and so does the derived
-configuration.
+outputs (:func:`~nlagg_node.runtime.warmstart.published_output`), and with none of k-1 (no node
+finished it) from the latest earlier epoch's (:func:`~nlagg_node.runtime.warmstart.latest_published`,
+at most :data:`~nlagg_node.runtime.warmstart.WARM_GAP` back); the capture reads the same topics. The
+warm ``c`` does not depend on the output's value, so outputs that differ within the run's tolerance
+give one configuration (a median's prior, at the output, moves by as little). With no published
+output at all, the nodes run k cold, and so does the derived configuration.
 
 A warm run is judged with its band too (:func:`judge_warm`): a node whose value lies beyond the
 band runs a shell value instead (:meth:`nlagg_node.warm.WarmStart.used_value`), so what the warm
@@ -64,20 +65,18 @@ class EpochConfigs:
         keys = None if msg.identities is None else tuple(msg.identities)
         return cls(cfg, drift, edges, keys)
 
-    def message(self, epoch: int, previous: float | None, *, rerun: bool = False) -> ConfigMsg:
-        """The public configuration of epoch ``epoch`` (``rerun``: of its cold rerun), given epoch
-        k-1's published output ``previous`` (None: none was published)."""
-        held = HeardOutput(epoch - 1, previous) if epoch > 0 else None
-        run_cfg = epoch_config(self.cfg, epoch, held, self.drift, rerun=rerun)
+    def message(self, epoch: int, previous: HeardOutput | None, *, rerun: bool = False) -> ConfigMsg:
+        """The public configuration of epoch ``epoch`` (``rerun``: of its cold rerun), given the
+        latest output before it as its nodes published it (None: none was published)."""
+        run_cfg = epoch_config(self.cfg, epoch, previous, self.drift, rerun=rerun)
         run = rerun_run_id(epoch) if rerun else epoch_run_id(epoch)
         assert self.edges is not None  # set at construction
         return build_config_msg(run_cfg, run, self.edges, self.identities)
 
-    def band(self, epoch: int, previous: float | None) -> Band | None:
-        """The band of epoch ``epoch``'s warm run, given epoch k-1's published output ``previous``
-        (None: the epoch runs cold)."""
-        held = HeardOutput(epoch - 1, previous) if epoch > 0 else None
-        ws = epoch_start(self.cfg, epoch, held, self.drift).warm
+    def band(self, epoch: int, previous: HeardOutput | None) -> Band | None:
+        """The band of epoch ``epoch``'s warm run, given the latest output before it as its nodes
+        published it (None: none was; the epoch runs cold)."""
+        ws = epoch_start(self.cfg, epoch, previous, self.drift).warm
         if ws is None:
             return None
         if self.cfg.value_range is None:

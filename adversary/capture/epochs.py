@@ -46,7 +46,7 @@ from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.warmstart import published_output
+from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, latest_published
 from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, topics
 
 from ..live import Exposure
@@ -252,14 +252,15 @@ class EpochCapture:
         transcript as its own (a retained config published too must be the same: the first one
         wins, as at the nodes)."""
         assert self.configs is not None
-        derived = self.configs.message(k, self._published(k - 1), rerun=rerun)
+        derived = self.configs.message(k, self._published_before(k), rerun=rerun)
         run_id = epoch_run_id(k) + ("r" if rerun else "")
         eaves.handle(topics(self.base, run_id).config, encode(derived), True)
 
-    def _published(self, k: int) -> float | None:
-        """Epoch ``k``'s output as its nodes published it (as the nodes read it:
-        :func:`~nlagg_node.runtime.warmstart.published_output`; None: none published)."""
-        return published_output([r.output for r in self.store.results() if r.epoch == k] if k >= 0 else [])
+    def _published_before(self, k: int) -> HeardOutput | None:
+        """The latest output before epoch ``k`` as its nodes published it, as the nodes read it
+        (:func:`~nlagg_node.runtime.warmstart.latest_published`; None: none published)."""
+        recent = [(r.epoch, r.output) for r in self.store.results() if k - WARM_GAP <= r.epoch < k]
+        return latest_published(recent)
 
     def _result(self, tail: str, payload: bytes) -> None:
         """A node's :class:`~nlagg_node.runtime.outputs.EpochOutput`; a top-K output is stored by its
@@ -362,7 +363,7 @@ class EpochCapture:
         summary = await asyncio.to_thread(self.summarize, self.store.transcript_path(k))
         eaves = ep.eaves
         summary.update(captured=eaves.captured, rejected=eaves.rejected, finished=eaves.finished.is_set())
-        band = None if self.configs is None else self.configs.band(k, self._published(k - 1))
+        band = None if self.configs is None else self.configs.band(k, self._published_before(k))
         if band is not None and "nodes" in summary:  # a warm run: shell values expose no value
             summary = judge_warm(summary, band)
         if ep.rerun is not None:

@@ -130,7 +130,7 @@ async def run_node_epochs(
         if out.missed is not None:
             report["missed"] = out.missed
         if out.read is not None:
-            report["read"] = out.read.output
+            report.update(read=out.read.output, read_epoch=out.read.epoch)
         yield report
 
 
@@ -140,7 +140,11 @@ def epoch_line(report: dict[str, Any]) -> str:
     if report["output"] is None:
         return f"{head}: missed ({report.get('missed')})"
     absent = f", neighbour(s) {report['absent']} absent" if "absent" in report else ""
-    start = report["start"] + (f" from the published {report['read']}" if "read" in report else "")
+    start = report["start"]
+    if "read" in report:
+        before = report.get("read_epoch", report["epoch"] - 1)
+        start += " from the published " + ("" if before == report["epoch"] - 1 else f"epoch {before}: ")
+        start += str(report["read"])
     return f"{head}: output {report['output']} after {report['iterations']} iterations, {start}{absent}"
 
 

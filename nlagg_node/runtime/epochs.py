@@ -216,7 +216,7 @@ class EpochOutcome:
     missed: str | None = None
     absent: tuple[int, ...] = ()  # neighbours absent at its start
     start: str = "cold"  # "warm", "fell back" (warm, then the cold rerun), "cold", "missed"
-    read: HeardOutput | None = None  # epoch k-1's output it warm-started from, holding none of its own
+    read: HeardOutput | None = None  # the published output it warm-started from, holding none of its own
 
 
 TransportFor = Callable[[int, str], Awaitable[Transport]]
@@ -409,26 +409,27 @@ class _Epoch:
         return (epoch_run_id(self.k - 1), rerun_run_id(self.k - 1))
 
     async def published(self) -> HeardOutput | None:
-        """Epoch k-1's output as the nodes published it, read from half a join window before the
-        start until this node joins (:func:`~nlagg_node.runtime.warmstart.read_published_output`)."""
+        """The latest output before epoch k as the nodes published it (k-1's, or an earlier one when
+        no node finished k-1), read from half a join window before the start until this node joins
+        (:func:`~nlagg_node.runtime.warmstart.read_published_output`)."""
         transport = await self.transport_for(self.k, epoch_run_id(self.k))
         start = self.clock.start(self.k)
-        reading = read_published_output(
-            transport, self.deployment, self.k - 1, start, start + self.clock.late
-        )
+        reading = read_published_output(transport, self.deployment, self.k, start, start + self.clock.late)
         return await _unless_stopped(reading, self.stop)
 
 
 async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: float | None) -> EpochOutcome:
-    """Epoch ``ep.k`` of a node holding the output ``held``: warm from epoch k-1's output as the nodes
-    published it, or cold; a warm run whose output falls back is rerun cold at once (``e{k}r``)."""
+    """Epoch ``ep.k`` of a node holding the output ``held``: warm from the latest output before it as
+    the nodes published it, or cold; a warm run whose output falls back is rerun cold at once
+    (``e{k}r``)."""
     k = ep.k
     read = None
     if warms_at(ep.cfg, k, drift):
         # From the outputs published, its own among them: nodes whose own outputs differ (a graph
         # split by an absent node into parts that each reached their own) still start alike.
         published = await ep.published()
-        read = published if held is None or held.epoch != k - 1 else None
+        own = held is not None and published is not None and held.epoch == published.epoch
+        read = None if own else published
         held = published
     start = initialization_for_epoch(ep.cfg, k, held, drift)
     join_by = ep.clock.start(k) + ep.clock.join

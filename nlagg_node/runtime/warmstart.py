@@ -14,7 +14,9 @@ public fact every node can read, the outputs of epoch k-1 published retained on 
   absent, its run failed: it runs warm beside the others; a graph split by an absent node into
   parts that each reached their own output starts alike again). If none did by the latest time a
   node may join (the start plus :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node
-  finished epoch k-1 in time to run epoch k, and it runs cold like every other node.
+  finished epoch k-1 in time to run epoch k: it runs warm from the latest epoch j < k whose output
+  is published, at most :data:`WARM_GAP` epochs back, with the drift bound ``(k - j) D`` (every
+  value moved at most D per epoch in between), like every other node; cold if there is none.
 
 The eavesdropper's capture derives each epoch's configuration from the same published outputs
 (:mod:`adversary.capture.epochconfig`).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -36,15 +38,21 @@ from .outputs import EpochOutput, results_filter
 from .transport import Transport
 
 __all__ = [
+    "WARM_GAP",
     "EpochStart",
     "HeardOutput",
     "epoch_config",
     "epoch_start",
+    "latest_published",
     "published_output",
     "read_published_output",
 ]
 
 log = logging.getLogger("nlagg.node")
+
+WARM_GAP = 10
+"""The oldest published output an epoch warm-starts from, in epochs back (``k - j``); the drift bound
+grows with the gap, so an older output is hardly a better start than a cold one."""
 
 SETTLE = 0.2
 """Seconds a node reading the results after the start waits, once one of epoch k-1 came, for the
@@ -69,20 +77,22 @@ class EpochStart:
 
 
 def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None) -> EpochStart:
-    """The start of epoch ``epoch`` given ``held``, the output of epoch k-1 the node holds or read
-    (None, or another epoch's: cold).
+    """The start of epoch ``epoch`` given ``held``, the latest output before it the node holds or
+    read (None, one of epoch ``epoch`` or later, or more than :data:`WARM_GAP` epochs back: cold).
 
-    ``drift`` is the declared drift (None: every epoch cold, ``--cold-start``); the warm start
-    itself is :func:`nlagg_node.warm.warm_start` of the run's ``c`` and ``sigma_z``.
+    ``drift`` is the declared drift per epoch (None: every epoch cold, ``--cold-start``); from the
+    output of epoch ``j`` the warm start declares ``(epoch - j) * drift``. The warm start itself is
+    :func:`nlagg_node.warm.warm_start` of the run's ``c`` and ``sigma_z``.
     """
     cfg = cfg.resolved()
-    if not warms_at(cfg, epoch, drift) or held is None or held.epoch != epoch - 1 or held.output is None:
+    gap = epoch - held.epoch if held is not None else 0
+    if not warms_at(cfg, epoch, drift) or held is None or held.output is None or not 1 <= gap <= WARM_GAP:
         return EpochStart(cfg)
     assert drift is not None  # warms_at
     ws = warm_start(
         cfg.op,
         held.output,
-        drift=drift,
+        drift=gap * drift,
         c=cfg.c_value,
         sigma_z=cfg.sigma_z_value,
         value_range=cfg.value_range,
@@ -144,11 +154,12 @@ def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
 async def read_published_output(
     transport: Transport, deployment: tuple[str, str], epoch: int, join_at: float, last: float
 ) -> HeardOutput | None:
-    """Read epoch ``epoch``'s published output from the results topics of ``deployment`` (``(P, R)``)
-    on ``transport``: the median of the records of it come by ``join_at`` (unix seconds, the epoch
-    after's start); if none came by then, of those that come (within :data:`SETTLE` of the first)
-    before ``last`` (the latest time a node may join); None if none came."""
-    outputs: dict[int, float] = {}
+    """Read the output published before epoch ``epoch`` from the results topics of ``deployment``
+    (``(P, R)``) on ``transport``: the median of the records of epoch k-1 come by ``join_at`` (unix
+    seconds, epoch k's start); if none came by then, of those that come (within :data:`SETTLE` of
+    the first) before ``last`` (the latest time a node may join); if none came at all, of the latest
+    earlier epoch's records held (at most :data:`WARM_GAP` back); None if there are none."""
+    outputs: dict[int, tuple[int, float]] = {}
     loop = asyncio.get_running_loop()
 
     def at(when: float) -> float:
@@ -160,14 +171,27 @@ async def read_published_output(
             async with asyncio.timeout_at(at(last)) as deadline:
                 async for msg in transport.messages():
                     record = _record(msg.topic, msg.payload)
-                    if record is None or record.epoch != epoch or not isinstance(record.output, float):
+                    if record is None or not epoch - WARM_GAP <= record.epoch < epoch:
                         continue
-                    outputs[record.node] = record.output
-                    deadline.reschedule(at(max(join_at, min(last, time.time() + SETTLE))))
+                    if isinstance(record.output, float):
+                        outputs[record.node] = (record.epoch, record.output)
+                    if record.epoch == epoch - 1:
+                        deadline.reschedule(at(max(join_at, min(last, time.time() + SETTLE))))
         except TimeoutError:
             pass
-    output = published_output(list(outputs.values()))
-    return None if output is None else HeardOutput(epoch, output)
+    return latest_published(outputs.values())
+
+
+def latest_published(records: Iterable[tuple[int, float]]) -> HeardOutput | None:
+    """The latest epoch's output among ``records`` (``(epoch, output)`` per node that published one)
+    as its nodes published it (:func:`published_output`); None: no record."""
+    records = list(records)
+    if not records:
+        return None
+    latest = max(k for k, _ in records)
+    output = published_output([o for k, o in records if k == latest])
+    assert output is not None  # one record at least is of the latest epoch
+    return HeardOutput(latest, output)
 
 
 def _record(topic: str, payload: bytes) -> EpochOutput | None:

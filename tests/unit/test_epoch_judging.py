@@ -18,6 +18,7 @@ from adversary.transcript import EpochStore
 from nlagg_node.config import RunConfig
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput
 from nlagg_node.runtime.wire import encode
 
 
@@ -64,9 +65,18 @@ def test_a_rerun_epoch_keeps_the_reruns_output_and_both_runs_exposures() -> None
 @pytest.mark.parametrize(("op", "lo", "hi"), [("max", -math.inf, 51.0), ("median", 49.0, 51.0)])
 def test_the_band_of_a_warm_epoch_is_in_the_values_units(op: str, lo: float, hi: float) -> None:
     configs = EpochConfigs(RunConfig(op=op, n=4, graph="ring", value_range=(0.0, 100.0)), 0.01)
-    assert configs.band(1, 50.0) == pytest.approx((lo, hi))
+    assert configs.band(1, HeardOutput(0, 50.0)) == pytest.approx((lo, hi))
     assert configs.band(0, None) is None
     assert configs.band(1, None) is None  # no output of epoch 0 published: epoch 1 runs cold
+
+
+@pytest.mark.parametrize(("gap", "widened"), [(1, 1.0), (3, 3.0), (WARM_GAP, 10.0), (WARM_GAP + 1, None)])
+def test_a_warm_start_from_an_older_output_widens_the_band_by_the_epochs_between(
+    gap: int, widened: float | None
+) -> None:
+    configs = EpochConfigs(RunConfig(op="median", n=4, graph="ring", value_range=(0.0, 100.0)), 0.01)
+    band = configs.band(20, HeardOutput(20 - gap, 50.0))
+    assert band == (None if widened is None else pytest.approx((50.0 - widened, 50.0 + widened)))
 
 
 def test_the_deployments_retained_config_gives_every_epoch_its_derived_config(tmp_path: Path) -> None:
@@ -89,5 +99,11 @@ def test_the_deployments_retained_config_gives_every_epoch_its_derived_config(tm
         warm = capture.current.config
         assert warm is not None  # epoch 1 warm from epoch 0's published output: a prior at it
         assert warm.run["prior_median"] == 50.0
-        assert warm.run["c"] == EpochConfigs(cfg, 0.01).message(1, 50.0).run["c"] != cfg.c_value
+        configs = EpochConfigs(cfg, 0.01)
+        assert warm.run["c"] == configs.message(1, HeardOutput(0, 50.0)).run["c"] != cfg.c_value
+        capture.handle("P/R/e2/node/0/status", status)  # no node finished epoch 1: warm from epoch 0's
+        later = capture.current.config
+        assert later is not None
+        assert later.run["prior_median"] == 50.0
+        assert later.run["c"] == configs.message(2, HeardOutput(0, 50.0)).run["c"] != warm.run["c"]
         assert capture.stray == 0

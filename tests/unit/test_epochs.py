@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.deploy.epochnode import epoch_line
 from nlagg_node.errors import ConfigError, DepartedError
 from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -259,3 +260,17 @@ def test_a_node_come_too_late_sits_the_epoch_out() -> None:
     assert isinstance(error, DepartedError)
     truth = float(np.delete(values_of(0, CFG.n), late).max())
     assert [r.output[0] for r in results] == pytest.approx([truth] * (CFG.n - 1), abs=CFG.tolerance * 10)
+
+
+@pytest.mark.parametrize(
+    ("read", "said"),
+    [
+        ({}, "warm"),
+        ({"read": 24.5, "read_epoch": 6}, "warm from the published 24.5"),
+        ({"read": 24.5, "read_epoch": 4}, "warm from the published epoch 4: 24.5"),
+    ],
+    ids=["own", "epoch-before", "older"],
+)
+def test_an_epoch_line_says_which_published_output_it_started_from(read: dict[str, float], said: str) -> None:
+    report = {"node": 2, "epoch": 7, "output": 25.0, "iterations": 900, "start": "warm", **read}
+    assert epoch_line(report) == f"node 2: epoch 7: output 25.0 after 900 iterations, {said}"

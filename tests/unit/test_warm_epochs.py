@@ -18,7 +18,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.result import NodeResult
-from nlagg_node.runtime.warmstart import HeardOutput, epoch_start, published_output
+from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, epoch_start, published_output
 from nlagg_node.scale import scale_for
 from nlagg_node.sim.engine import EpochInputs, simulate
 from nlagg_node.warm import warm_start
@@ -193,18 +193,31 @@ def test_a_warm_run_is_the_simulators_warm_epoch_bit_for_bit(op: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("held", "start"),
+    ("held", "drift"),
     [
-        (HeardOutput(1, 24.0), "warm"),
-        (HeardOutput(0, 24.0), "cold"),
-        (HeardOutput(1, None), "cold"),
-        (None, "cold"),
+        (HeardOutput(11, 24.0), DRIFT),
+        (HeardOutput(9, 24.0), 3 * DRIFT),
+        (HeardOutput(12 - WARM_GAP, 24.0), WARM_GAP * DRIFT),
+        (HeardOutput(11 - WARM_GAP, 24.0), None),
+        (HeardOutput(12, 24.0), None),
+        (HeardOutput(11, None), None),
+        (None, None),
     ],
-    ids=["epoch-before", "older", "top-k", "nothing"],
+    ids=["epoch-before", "older", "oldest", "too-old", "same-epoch", "top-k", "nothing"],
 )
-def test_only_the_epoch_befores_output_starts_warm(held: HeardOutput | None, start: str) -> None:
-    got = epoch_start(CFG, 2, held, DRIFT)
-    assert ("cold" if got.warm is None else "warm") == start
+def test_a_published_output_up_to_the_gap_back_starts_warm_with_the_drift_of_the_epochs_between(
+    held: HeardOutput | None, drift: float | None
+) -> None:
+    got = epoch_start(CFG, 12, held, DRIFT)
+    assert (None if got.warm is None else got.warm.drift) == (None if drift is None else pytest.approx(drift))
+
+
+def test_an_epoch_no_node_finished_is_bridged_warm_from_the_one_before() -> None:
+    values = walk(3, CFG.n)
+    runs = asyncio.run(deployment(CFG, values, DRIFT, dict.fromkeys(range(CFG.n), 1)))
+    assert {r[1].start for r in runs} == {"missed"}
+    assert {r[2].start for r in runs} == {"warm"}  # from epoch 0's output, with twice the drift
+    assert outputs(runs, 2) == pytest.approx([values[2].max()] * CFG.n, abs=TOL)
 
 
 @pytest.mark.parametrize(
