@@ -50,7 +50,9 @@ def _escape(text: str) -> str:
 
 def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> inspect.Parameter:
     help_text = _escape(opt.help) if rich else opt.help
-    info = typer.Option(*opt.flags, help=help_text, rich_help_panel=opt.panel, min=opt.min)
+    info = typer.Option(
+        *opt.flags, help=help_text, rich_help_panel=opt.panel, min=opt.min, metavar=opt.metavar
+    )
     empty = default is dataclasses.MISSING
     return inspect.Parameter(
         name,

@@ -64,5 +64,18 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
             f" {row['iterations']} iterations ({row['start']}), nodes present {len(row['present'])}/{cfg.n}"
         )
         if (seen := exposed.get(row["epoch"])) is not None:
-            nodes = ", ".join(map(str, seen["exposed"])) or "none"
-            print(f"  eavesdropper: exposed {nodes}" + (f" ({seen['error']})" if seen["error"] else ""))
+            print(
+                f"  eavesdropper: {exposure_text(seen['exposed'], row['ideal'])}"
+                + (f" ({seen['error']})" if seen["error"] else "")
+            )
+
+
+def exposure_text(exposed: list[int], ideal: list[int]) -> str:
+    """An epoch's exposures beside the ideal world's: which are unavoidable, which go beyond it."""
+    if not exposed:
+        return "exposed none"
+    beyond = [i for i in exposed if i not in ideal]
+    text = "exposed " + ", ".join(map(str, exposed))
+    if not beyond:
+        return text + " (holding the output: unavoidable)"
+    return text + f" (beyond the ideal world: {', '.join(map(str, beyond))})"

@@ -36,6 +36,7 @@ from ..runtime.public import run_edges
 from ..scale import check_node_value, check_start, scale_for
 from ..schedule import true_aggregate
 from ..sim.values import run_values
+from ..verdict import ideal_nodes
 from .children import Child, log_tail
 from .epochcapture import EpochCaptureSummary, capture_report, start_epoch_capture, until_captured
 
@@ -67,6 +68,7 @@ class EpochRow(TypedDict):
     true_value: float | list[float] | None  # the interval's low end (an even median's: see below)
     true_interval: list[list[float]]  # [lo, hi] of each output (a median of an even count: between)
     present: list[int]
+    ideal: list[int]  # the present nodes whose values every exact protocol exposes (the output's holders)
     skipped: bool  # no node ran it (the previous epoch overran its period)
     start: str | None  # the first present node's: "cold", "warm" or "fell back" (warm, then rerun cold)
 
@@ -229,11 +231,20 @@ def _rows(
                 if present
                 else [],
                 "present": present,
+                "ideal": _ideal(cfg, values, present),
                 "skipped": not present,
                 "start": got[present[0]].get("start") if present else None,
             }
         )
     return rows
+
+
+def _ideal(cfg: RunConfig, values: FloatArray, present: list[int]) -> list[int]:
+    """The present nodes the ideal world exposes in an epoch: the output's holders among them."""
+    if len(present) < 2:
+        return list(present)
+    among = cfg.model_copy(update={"n": len(present)})
+    return sorted(present[r] for r in ideal_nodes(among, values[present]))
 
 
 async def run_epoch_testbed(

@@ -75,7 +75,7 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
     ] = False
     value_range: Annotated[
         tuple[float, float] | None,
-        Opt("public range LO HI of the values (overrides the config's value_range)", VALUES),
+        Opt("public range LO HI of the values (overrides the config's value_range)", VALUES, metavar="LO HI"),
     ] = None
     startup_timeout: Annotated[float, Opt("seconds to wait for the neighbours to come online")] = 120.0
     departure_timeout: Annotated[

@@ -38,7 +38,11 @@ class PlanRunOptions(ModelOptions, CorruptOptions, ValueSourceOptions):
     ] = None
     value_range: Annotated[
         tuple[float, float] | None,
-        Opt("public range LO HI of the values (default: what the --value-cmd sensor declares)", VALUES),
+        Opt(
+            "public range LO HI of the values (default: what the --value-cmd sensor declares)",
+            VALUES,
+            metavar="LO HI",
+        ),
     ] = None
     auth: Annotated[
         bool,

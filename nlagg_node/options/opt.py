@@ -49,6 +49,7 @@ class Opt:
     ``flags``: the option's declarations (``"--early-stop/--no-early-stop"``, ``"--json"``); empty =
     ``--field-name`` (``--x/--no-x`` for a bool). ``always``: :func:`to_argv` writes it even at its
     default. ``min``: the least number it takes (the command line refuses less, naming the option).
+    ``metavar``: how the help shows its value (default: from the type).
     """
 
     help: str
@@ -56,6 +57,7 @@ class Opt:
     flags: tuple[str, ...] = ()
     always: bool = False
     min: float | None = None
+    metavar: str | None = None
 
 
 CA_OPT = Opt("mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)", NETWORK)

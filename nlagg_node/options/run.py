@@ -92,7 +92,11 @@ class ModelOptions:
     ] = None
     value_range: Annotated[
         tuple[float, float] | None,
-        Opt("public range LO HI of the values; the protocol runs on (s - LO) / (HI - LO)", VALUES),
+        Opt(
+            "public range LO HI of the values; the protocol runs on (s - LO) / (HI - LO)",
+            VALUES,
+            metavar="LO HI",
+        ),
     ] = None
     early_stop: Annotated[
         bool | None,

@@ -19,7 +19,9 @@ class TuneOptions:
     n: Annotated[int, Opt("number of nodes")] = 15
     graph: Annotated[str | None, Opt("rgg, ring, complete, grid, erdos-renyi, star or file")] = None
     graph_file: Annotated[Path | None, Opt("edge list; implies --graph file")] = None
-    value_range: Annotated[tuple[float, float] | None, Opt("public range LO HI of the values")] = None
+    value_range: Annotated[
+        tuple[float, float] | None, Opt("public range LO HI of the values", metavar="LO HI")
+    ] = None
     max_leak: Annotated[
         float, Opt("target: largest per-rank leakage over the ranks the ideal world does not expose")
     ] = 0.02

@@ -15,7 +15,7 @@ from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.lab.children import Child, log_tail
-from nlagg_node.lab.epochs import run_epoch_testbed
+from nlagg_node.lab.epochs import epoch_values, run_epoch_testbed
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.outputs import EpochOutput, read_outputs, results_filter, results_topic
@@ -36,6 +36,8 @@ async def test_three_epochs_exact_with_changing_values(mosquitto_url: str, in_pr
     assert [r["present"] for r in rows] == [list(range(5))] * 3
     assert all(r["exact"] for r in rows), rows
     assert len({r["true_value"] for r in rows if isinstance(r["true_value"], float)}) == 3  # values changed
+    for r in rows:  # the ideal world exposes the median's holder, and only it
+        assert [float(epoch_values(cfg, r["epoch"], None)[i]) for i in r["ideal"]] == [r["true_value"]]
 
 
 async def test_three_drifting_epochs_run_warm_and_exact(mosquitto_url: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nlagg_node.cli import _register, app
+from nlagg_node.cli.epochtestbed import exposure_text
 from nlagg_node.config import DEFAULT_BROKER
 from tests.harness.cli import run_cli
 
@@ -264,3 +265,27 @@ def test_testbed_table_gives_an_even_median_its_interval() -> None:
         true_interval=[[-0.25, 0.5]],
     )
     assert "true aggregate any of [-0.25, 0.5]: exact" in text
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("sim",), ("testbed",), ("node",), ("tune",), ("deploy", "plan")],
+    ids=["sim", "testbed", "node", "tune", "plan"],
+)
+def test_value_range_shows_its_two_numbers(command: tuple[str, ...]) -> None:
+    assert "--value-range LO HI" in help_text(*command)
+
+
+@pytest.mark.parametrize(
+    ("exposed", "ideal", "said"),
+    [
+        ([], [3], "exposed none"),
+        ([3], [3], "exposed 3 (holding the output: unavoidable)"),
+        ([3, 5], [3], "exposed 3, 5 (beyond the ideal world: 5)"),
+    ],
+    ids=["none", "unavoidable", "beyond"],
+)
+def test_an_epochs_exposures_are_judged_against_the_ideal_world(
+    exposed: list[int], ideal: list[int], said: str
+) -> None:
+    assert exposure_text(exposed, ideal) == said
