@@ -168,7 +168,7 @@ class EpochCapture:
         self.captured += 1
         rest = topic[len(self.base) + 1 :] if topic.startswith(self.base + "/") else ""
         level, _, tail = rest.partition("/")
-        if not payload and rest:  # a node clearing its retained status or key of an older epoch
+        if not payload and rest:  # a retained status or key cleared (by nodes before the shared topics)
             self.cleared += 1
             return
         if level == "results":

@@ -224,7 +224,8 @@ class EpochOutcome:
 
 TransportFor = Callable[[int, str], Awaitable[Transport]]
 """The connection of epoch k's run ``run_id`` (``e{k}``, or its cold rerun ``e{k}r``), its last
-will on that run's status topic (MQTT: :func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
+will on the status topic every epoch shares, naming that run (``node_will(..., shared=True)``; MQTT:
+:func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
 
 
 async def run_epoch(
