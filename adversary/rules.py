@@ -61,6 +61,7 @@ from nlagg_node.runtime.wire import (
     XMsg,
     XWire,
     Z0Msg,
+    stale_run,
 )
 from nlagg_node.termination import NO_STOP
 
@@ -144,6 +145,8 @@ class RunRules:
             return self._x(msg)
         if isinstance(msg, Z0Msg | SealedZ0Msg):
             return z0_error(shape, msg.from_, msg.to, msg.group, isinstance(msg, SealedZ0Msg))
+        if isinstance(msg, KeyMsg | StatusMsg) and (other := stale_run(msg, self.config.run_id)) is not None:
+            return f"of run {other}, not of this run {self.config.run_id} (stale at the nodes)"
         if isinstance(msg, KeyMsg):
             return key_error(shape, msg.node)
         if isinstance(msg, StatusMsg):

@@ -1,7 +1,8 @@
 """One eavesdropper for every epoch of a continuous deployment, into one epoch store.
 
 ``nlagg eavesdrop --continuous --run-id R --prefix P --transcript DIR`` subscribes to ``P/R/#`` once
-and routes each message by its first level: ``e{k}`` to epoch k's own
+and routes each message by its first level (for a status or key on the topics every epoch shares,
+``P/R/node/{i}/status`` and ``P/R/node/{i}/key``, by the run its payload names): ``e{k}`` to epoch k's own
 :class:`~adversary.capture.eavesdropper.Eavesdropper` (its transcript, live replay and stop rule,
 unchanged: epoch k is run ``e{k}`` under prefix ``P/R``, and its retained config opens it),
 ``results`` to the nodes' published outputs, ``e{k}r`` (epoch k's cold rerun: its warm run fell
@@ -20,9 +21,10 @@ summary, every exposure of both runs, and the warm run's summary under ``warm``:
 and, with ``keep_epochs`` N, deletes the raw transcripts of all but the newest N closed epochs. A
 message of an epoch already closed (a
 retained config or status sent again at every resubscription) is counted as ``late`` and not stored.
-An empty payload (a node clearing its retained status or key of the epoch before, as every node
-does once its output is out) is counted as ``cleared`` and not stored; a message of a cold rerun is
-counted as ``reruns`` too.
+An empty payload (a retained message cleared; nodes of this version clear none) is counted as
+``cleared`` and not stored; a message of a cold rerun is counted as ``reruns`` too. A restarted
+capture gets each node's latest status and key again, retained: they go to the run they name (an
+epoch already closed counts them ``late``).
 
 As in the single-run capture, a message is acknowledged to the broker only after the transcript
 holding it is committed, and the store keeps which epochs are open: a restarted eavesdropper
@@ -47,7 +49,7 @@ from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import EpochOutput
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, latest_published
-from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, topics
+from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, shared_run, topics
 
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
@@ -166,7 +168,7 @@ class EpochCapture:
         self.captured += 1
         rest = topic[len(self.base) + 1 :] if topic.startswith(self.base + "/") else ""
         level, _, tail = rest.partition("/")
-        if not payload and rest:  # a node clearing its retained status or key of an older epoch
+        if not payload and rest:  # a retained status or key cleared (by nodes before the shared topics)
             self.cleared += 1
             return
         if level == "results":
@@ -175,6 +177,11 @@ class EpochCapture:
         if level == "config" and not tail:
             self._deployment(topic, payload)
             return
+        if level == "node":
+            named = self._shared(topic, payload)
+            if named is None:
+                return
+            level = named
         k, rerun = epoch_of(level), False
         if k is None and level.endswith("r") and (k := epoch_of(level[:-1])) is not None:
             rerun = True
@@ -199,6 +206,19 @@ class EpochCapture:
             ep.rerun = self._eavesdropper(k, rerun=True)
             log.info("epoch %d fell back: capturing its cold rerun into %s", k, ep.rerun.transcript.path)
         (ep.rerun if rerun and ep.rerun is not None else ep.eaves).handle(topic, payload, retained)
+
+    def _shared(self, topic: str, payload: bytes) -> str | None:
+        """The run a status or key on a topic every epoch shares names (None: not one, counted ``stray``)."""
+        try:
+            named = shared_run(topic, payload, self.base)
+        except WireError as exc:
+            named, why = None, str(exc)[:200]
+        else:
+            why = "not a status or key topic"
+        if named is None:
+            self.stray += 1
+            log.warning("captured a message on %s that names no run: %s; not stored", topic, why)
+        return named
 
     def _open(self, k: int) -> _Epoch:
         self.store.open_epoch(k)

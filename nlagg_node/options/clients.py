@@ -149,7 +149,8 @@ class EavesdropOptions:
     continuous: Annotated[
         bool,
         Opt(
-            "capture every epoch of a continuous deployment (topics P/R/e{k}/..., results P/R/results/{i})"
+            "capture every epoch of a continuous deployment (topics P/R/e{k}/..., statuses and keys"
+            " P/R/node/{i}/..., results P/R/results/{i})"
             " into an epoch store: --transcript names its folder",
             NETWORK,
             ("--continuous/--no-continuous",),

@@ -35,13 +35,14 @@ async def epoch_mqtt(
     run: str | None = None,
     identity: Identity | None = None,
 ) -> MqttTransport:
-    """Node ``node``'s connection for ``epoch`` (its last will on that epoch's status topic, or on
-    ``run``'s: the epoch's cold rerun ``e{k}r``; signed with ``identity`` in a run with identities),
-    after the broker forgot the session before."""
+    """Node ``node``'s connection for ``epoch`` (its last will on the status topic every epoch shares,
+    naming that epoch's run, or ``run``: the epoch's cold rerun ``e{k}r``; signed with ``identity`` in
+    a run with identities), after the broker forgot the session before."""
     async with MqttTransport(
         url, client_id=client_id, clean_session=True, username=username, password=password, tls=tls
     ):
         pass
     prefix, run_id = deployment
-    will = node_will(f"{prefix}/{run_id}", epoch_run_id(epoch) if run is None else run, node, identity)
+    run = epoch_run_id(epoch) if run is None else run
+    will = node_will(f"{prefix}/{run_id}", run, node, identity, shared=True)
     return MqttTransport(url, client_id=client_id, will=will, username=username, password=password, tls=tls)

@@ -1,8 +1,12 @@
 """A continuous deployment: a node runs epoch after epoch, each an ordinary run of its own.
 
 Epoch k of the deployment with prefix ``P`` and run id ``R`` is the single run with prefix
-``P/R`` and run id ``e{k}`` (:func:`~nlagg_node.runtime.outputs.epoch_run_id`): its own topics,
-retained statuses and last wills, so nothing of one epoch reaches the next. Each epoch a node
+``P/R`` and run id ``e{k}`` (:func:`~nlagg_node.runtime.outputs.epoch_run_id`): its own x and z^(0)
+topics, but its retained status (and last will) and key on the topics every epoch shares,
+``P/R/node/{i}/status`` and ``P/R/node/{i}/key``, their payloads naming the run ``e{k}``
+(``topics(..., shared=True)``, :mod:`~nlagg_node.runtime.wire`): a status or key of another epoch is
+stale and reaches nothing of this one, and the broker holds the same retained topics however many
+epochs run (Mosquitto never frees a topic level it made). Each epoch a node
 
 1. reads its value source again (a sensor), at the epoch's start;
 2. connects, with fresh z^(0) and fresh sealed-channel keys from the OS's entropy (a new
@@ -10,9 +14,8 @@ retained statuses and last wills, so nothing of one epoch reaches the next. Each
 3. waits for its neighbours until the join window closes: a neighbour not online by then is
    *absent* and departs at t = 0 of this epoch (:mod:`nlagg_node.departure`: its edges are dropped
    at the first z-update, the others aggregate among themselves); it rejoins the next epoch;
-4. runs the protocol (early stop as configured) and publishes its output on the results topic;
-5. clears its retained status and key of the epoch before (the broker's retained store stays
-   bounded over months of epochs).
+4. runs the protocol (early stop as configured) and publishes its output on the results topic
+   (its status and key stay retained until the next epoch's overwrite them: nothing to clear).
 
 The clock (:class:`EpochClock`): epoch k starts at ``origin + k * period`` (unix seconds, wall
 clock). A node reads its value and prepares its connection half a join window before the start,
@@ -53,7 +56,7 @@ from .result import NodeResult
 from .routing import Router
 from .transport import Transport
 from .warmstart import EpochStart, HeardOutput, epoch_config, epoch_start, read_published_output, warms_at
-from .wire import StatusMsg, WireError, check_run_id, encode, topics
+from .wire import StatusMsg, WireError, check_run_id, encode
 
 __all__ = [
     "EpochClock",
@@ -221,7 +224,8 @@ class EpochOutcome:
 
 TransportFor = Callable[[int, str], Awaitable[Transport]]
 """The connection of epoch k's run ``run_id`` (``e{k}``, or its cold rerun ``e{k}r``), its last
-will on that run's status topic (MQTT: :func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
+will on the status topic every epoch shares, naming that run (``node_will(..., shared=True)``; MQTT:
+:func:`~nlagg_node.runtime.epochmqtt.epoch_mqtt`)."""
 
 
 async def run_epoch(
@@ -236,7 +240,6 @@ async def run_epoch(
     record: Callable[[NodeResult], EpochOutput | None],
     stop: asyncio.Event | None = None,
     run: str | None = None,
-    clear: tuple[str, ...] | None = None,
     **options: Unpack[MemberSettings],
 ) -> tuple[NodeResult, EpochOutput | None, list[int]]:
     """One epoch of node ``node_id`` on its own connection: its result, the output ``record`` made
@@ -244,11 +247,11 @@ async def run_epoch(
     node left, or ``record`` returned None: a warm run that falls back publishes nothing) and the
     neighbours absent at its start. ``deployment``: its prefix and run id ``(P, R)``. ``stop`` set
     (a SIGTERM): the node leaves the epoch cleanly before its next x. ``run``: the run id under
-    ``P/R`` (default ``e{k}``; the cold rerun's ``e{k}r``); ``clear``: the run ids whose retained
-    status and key of this node are cleared once the output is out (default: epoch k-1's)."""
+    ``P/R`` (default ``e{k}``; the cold rerun's ``e{k}r``); its status and key are on the topics
+    every epoch shares."""
     prefix, run_id = deployment
     run = epoch_run_id(epoch) if run is None else run
-    opts: MemberOptions = {**options, "prefix": f"{prefix}/{run_id}", "run_id": run}
+    opts: MemberOptions = {**options, "prefix": f"{prefix}/{run_id}", "run_id": run, "shared": True}
     member = EpochMember(cfg, node_id, value, transport, join_by=join_by, **opts)
 
     def undecodable(topic: str, exc: WireError) -> None:
@@ -262,7 +265,7 @@ async def run_epoch(
             (result,) = await run_members([member], router, transport)
         except DepartedError:
             # Counted as departed by a neighbour (it came too late): the others must not wait for us.
-            gone = StatusMsg(node=node_id, state="offline")
+            gone = StatusMsg(node=node_id, state="offline", run=member.topics.named)
             await transport.publish(member.topics.status(node_id), encode(gone), qos=1, retain=True)
             raise
         finally:
@@ -273,12 +276,6 @@ async def run_epoch(
         if out is None:
             return result, None, member.absent
         await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
-        if clear is None:
-            clear = (epoch_run_id(epoch - 1),) if epoch > 0 else ()
-        for old in clear:  # the broker keeps no retained message of ours from older epochs
-            older = topics(member.prefix, old)
-            for topic in (older.status(node_id), older.key(node_id)):
-                await transport.publish(topic, b"", qos=1, retain=True)
     return result, out, member.absent
 
 
@@ -337,7 +334,6 @@ class _Epoch:
     stop: asyncio.Event | None
     seed: int | None
     options: MemberSettings
-    stale: tuple[str, ...] = ()  # runs before it this node joined and has not cleared yet
 
     def record(
         self, extra: int = 0, check: WarmStart | None = None
@@ -391,22 +387,8 @@ class _Epoch:
             record=self.record(after, ws),
             stop=self.stop,
             run=run,
-            clear=self.clear(),
             **opts,
         )
-
-    def clear(self) -> tuple[str, ...]:
-        """Run ids whose retained status and key this node clears once its output is out: every run
-        it joined since its last clear (``stale``: an epoch ``e{k}``, and its rerun ``e{k}r`` where it
-        fell back; after a skipped or missed epoch there are several), by default the epoch before
-        and its rerun (after a restart it cannot know whether it joined them).
-
-        Only those: Mosquitto (2.0) keeps the topic-tree nodes of every retained topic, cleared or
-        not, until it restarts, so a clear of a run the node never joined would grow the broker
-        for nothing (benchmarks/RESULTS.md, "Mosquitto's memory over epochs")."""
-        if self.stale or self.k == 0:
-            return self.stale
-        return (epoch_run_id(self.k - 1), rerun_run_id(self.k - 1))
 
     async def published(self) -> HeardOutput | None:
         """The latest output before epoch k as the nodes published it (k-1's, or an earlier one when
@@ -486,7 +468,6 @@ async def run_epochs(
         options["departure_timeout"] = min(clock.period, 0.75 * options.get("neighbour_timeout", 30.0))
     held: HeardOutput | None = None
     last = -1
-    stale: list[str] = []  # runs joined whose retained status and key are not cleared yet
     while (k := clock.next_epoch(time.time(), last)) is not None:
         skipped = 0 if last < 0 else k - last - 1
         if skipped:
@@ -494,10 +475,7 @@ async def run_epochs(
         if await _sleep_until(clock.start(k) - clock.join / 2, stop):
             return
         last = k
-        ep = _Epoch(
-            cfg, node_id, k, clock, deployment, transport_for, to_user, stop, seed, options, tuple(stale)
-        )
-        stale.append(epoch_run_id(k))
+        ep = _Epoch(cfg, node_id, k, clock, deployment, transport_for, to_user, stop, seed, options)
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
             outcome = await _one_epoch(ep, await value_for(k), held, drift)
@@ -505,17 +483,12 @@ async def run_epochs(
             return
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)
-            if warms_at(cfg, k, drift):  # it may have failed in the rerun
-                stale.append(rerun_run_id(k))
             yield EpochOutcome(k, None, None, skipped, missed=str(exc), start="missed")
             continue
         outcome = replace(outcome, skipped=skipped)
-        if outcome.start == "fell back":
-            stale.append(rerun_run_id(k))
         if outcome.result is not None and outcome.output is None:  # it left (stop)
             yield replace(outcome, result=None, missed=f"left at t={outcome.result.left_at}")
             return
         elif outcome.output is not None:
             held = HeardOutput(k, outcome.output.output if isinstance(outcome.output.output, float) else None)
-            stale[:] = [run for run in stale if run in (epoch_run_id(k), rerun_run_id(k))]  # the rest cleared
         yield outcome

@@ -174,7 +174,7 @@ class Z0Exchange:
     def announce_key(self) -> None:
         """Publish our public key of the run (sealed runs only)."""
         if self.keys is not None:
-            self.outbox.send_key(encode(KeyMsg(node=self.node, key=self.keys.public)))
+            self.outbox.send_key(encode(KeyMsg(node=self.node, key=self.keys.public, run=self.topics.named)))
 
     async def exchange(self, group: str, z_out: list[float]) -> list[float]:
         """Publish z_{i|j}^(0) (awaiting the broker) and wait for every z_{j|i}^(0) of ``group``.

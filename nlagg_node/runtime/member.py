@@ -109,9 +109,12 @@ class MemberSettings(TypedDict, total=False):
 
 
 class MemberOptions(MemberSettings, total=False):
-    """:class:`MemberSettings` and the run's id (with ``prefix``, the topic namespace): required."""
+    """:class:`MemberSettings` and the run's id (with ``prefix``, the topic namespace): required.
+    ``shared``: the run is an epoch of a continuous deployment, its status and key on the topics
+    every epoch shares (:class:`~nlagg_node.runtime.wire.topics`)."""
 
     run_id: Required[str]
+    shared: bool
 
 
 _NO_KEYS = {"identities"}  # a checkpoint's fingerprint of a run without them is as before
@@ -151,7 +154,7 @@ class Member:
         self.transport = transport
         self.run_id = run_id = options["run_id"]
         self.prefix = options.get("prefix", "nlagg")
-        self.topics = topics(self.prefix, run_id)
+        self.topics = topics(self.prefix, run_id, shared=options.get("shared", False))
         edges = options.get("edges")
         self.edges = run_edges(self.cfg) if edges is None else edges
         self.shape = RunShape(self.cfg, self.edges)
@@ -360,7 +363,7 @@ class Member:
 
     # What the loop calls ---------------------------------------------------------------------
     async def status(self, state: Literal["online", "running", "done", "leaving"], **extra: object) -> None:
-        msg = StatusMsg.model_validate({"node": self.id, "state": state, **extra})
+        msg = StatusMsg.model_validate({"node": self.id, "state": state, "run": self.topics.named, **extra})
         await self.outbox.send_status(encode(msg))
 
     def z0_payloads(self, group: str, z_out: list[float]) -> dict[int, bytes]:

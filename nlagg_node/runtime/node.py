@@ -43,10 +43,14 @@ __all__ = [
 log = logging.getLogger("nlagg.node")
 
 
-def node_will(prefix: str, run_id: str, node_id: int, identity: Identity | None = None) -> Will:
-    """The last will of node ``node_id``: retained ``offline`` status (signed with ``identity``)."""
-    payload = encode(StatusMsg(node=node_id, state="offline"))
-    return signed_will(Will(topics(prefix, run_id).status(node_id), payload, retain=True, qos=1), identity)
+def node_will(
+    prefix: str, run_id: str, node_id: int, identity: Identity | None = None, *, shared: bool = False
+) -> Will:
+    """The last will of node ``node_id``: retained ``offline`` status (signed with ``identity``);
+    ``shared``: an epoch's, on the status topic every epoch shares (:class:`~.wire.topics`)."""
+    t = topics(prefix, run_id, shared=shared)
+    payload = encode(StatusMsg(node=node_id, state="offline", run=t.named))
+    return signed_will(Will(t.status(node_id), payload, retain=True, qos=1), identity)
 
 
 T = TypeVar("T")

@@ -69,6 +69,7 @@ class Outbox:
         self.chain = chain
         self._anchor = b"" if chain is None else b',"chain":"%s"}' % key_b64(chain.anchor).encode()
         self.node = node
+        self.run = names.named  # the run its status and key name (an epoch's, on shared topics)
         self.x_topic = names.x(node)
         self.adv_topic = names.adv(node)
         self.status_topic = names.status(node)

@@ -15,10 +15,14 @@ duplicate, conflict: :func:`nlagg_node.protocol.admit`).
 What does not decode, or does not fit the run's schedule, goes to ``on_reject``; what no
 member listens to goes to ``on_unrouted`` (a lone node counts both as rejected; a host with
 wildcard subscriptions sees other nodes' statuses as a matter of course and drops them).
+A status or key of another run, on the topics the epochs of a continuous deployment share (a
+neighbour's retained status of the epoch before), is stale: counted in :attr:`Router.stale` and
+logged at debug, never taken as this run's (its ``done`` ends nothing, its ``offline`` departs nobody).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from ..errors import NlaggError
@@ -38,10 +42,12 @@ from .wire import (
     StatusMsg,
     WireError,
     Z0Msg,
-    topics,
+    stale_run,
 )
 
 __all__ = ["Router"]
+
+log = logging.getLogger("nlagg.node")
 
 
 class Router:
@@ -75,6 +81,7 @@ class Router:
         self.shape = first.shape
         self.far = {t: t + 1 for t in self.shape.jumps}  # a phase start may follow a long skip
         self.by_id = {m.id: m for m in members}
+        self.stale = 0  # statuses and keys of other runs (other epochs, on shared topics)
         self.listeners: dict[int, list[Member]] = {}
         # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
         self.x_routes: dict[int, list[tuple[Member, Callable[[int, int, float], Outcome], int]]] = {}
@@ -87,7 +94,7 @@ class Router:
         """A lone member's own topics; several members share wildcard filters."""
         if len(self.members) == 1:
             return self.members[0].subscriptions()
-        t = topics(self.prefix, self.run_id)
+        t = self.members[0].topics
         keys = [t.key("+")] if self.members[0].keys is not None else []
         return [t.x("+"), t.status("+"), t.z0("+", "+"), *keys]
 
@@ -147,6 +154,12 @@ class Router:
             else:
                 target.on_sealed_z0(msg)
         elif isinstance(msg, KeyMsg | StatusMsg):
+            if (other := stale_run(msg, self.run_id)) is not None:
+                self.stale += 1
+                log.debug(
+                    "%s of run %s on %s: stale, not this run's (%s)", info.kind, other, raw.topic, self.run_id
+                )
+                return
             if isinstance(msg, StatusMsg) and msg.chain is not None and msg.node not in self.chains:
                 self.chains[msg.node] = chain_check(msg.chain, self.far)
             listeners = self.listeners.get(msg.node)

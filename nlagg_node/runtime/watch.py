@@ -100,7 +100,7 @@ class DepartureWatch:
         self.z0_in.depart(slot)
         self.departed[j] = t
         log.warning("node %d: neighbour %d departed at t=%d", self.node, j, t)
-        msg = StatusMsg(node=self.node, state="running", departed=self.wire())
+        msg = StatusMsg(node=self.node, state="running", departed=self.wire(), run=self.outbox.run)
         self.outbox.set_status(encode(msg))
 
     def wire(self) -> dict[str, int] | None:

@@ -9,6 +9,14 @@ Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
     P/R/node/{i}/key            retained, v2: node i's ephemeral X25519 public key of the run
     P/R/adv/{i}/state           only from a corrupted node: s_i and its duals, every iteration
 
+A continuous deployment (:mod:`nlagg_node.runtime.epochs`) runs epoch k as the run ``e{k}`` under
+prefix ``P/R``, but its retained status and key are on topics every epoch shares,
+``P/R/node/{i}/status`` and ``P/R/node/{i}/key`` (``topics(P/R, e{k}, shared=True)``): their
+payload names its run (``"run": "e{k}"``), and a status or key of another run is stale, never
+this run's (:func:`stale_run`). The broker then holds a bounded set of retained topics however many
+epochs run (Mosquitto never frees a topic level once made). A single run's topics and payloads
+carry no ``run``.
+
 Payloads are UTF-8 JSON objects with ``"v": 1``, except the two messages of the sealed
 initialization (``"v": 2``, :mod:`nlagg_node.runtime.seal`): the key and the sealed z^(0)
 ``{"v":2, "from", "to", "group", "nonce", "ct"}``. Floats are written by :func:`json.dumps`,
@@ -61,6 +69,8 @@ __all__ = [
     "encode",
     "encode_x",
     "parse_topic",
+    "shared_run",
+    "stale_run",
     "topics",
 ]
 
@@ -94,6 +104,15 @@ Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bound
 _B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _SIG_PATTERN = "^[A-Za-z0-9+/]{86}==$"  # base64 of a 64-byte Ed25519 signature
 _K_PATTERN = "^[A-Za-z0-9+/]{22}==$"  # base64 of a 16-byte key-chain element
+
+
+def _run_id(text: str) -> str:
+    if not RUN_ID_RE.match(text):
+        raise ValueError("must be a run id: 1-64 characters of [A-Za-z0-9_-]")
+    return text
+
+
+RunId = Annotated[str, AfterValidator(_run_id)]
 
 
 def _b64_of(size: int) -> AfterValidator:
@@ -143,10 +162,13 @@ class _Msg2(_Signed):
 
 
 class KeyMsg(_Msg2):
-    """``P/R/node/{i}/key`` (retained, v2): node i's X25519 public key of this run, base64."""
+    """``P/R/node/{i}/key`` (retained, v2): node i's X25519 public key of this run, base64.
+
+    ``run``: the run it is of, on a deployment's shared key topic (only there)."""
 
     node: NodeId
     key: Annotated[str, _b64_of(32)]
+    run: RunId | None = None
 
 
 class SealedZ0Msg(_Msg2):
@@ -228,7 +250,8 @@ class StatusMsg(_Signed):
 
     ``leaving`` (a clean departure) carries in ``iterations`` the departure iteration T: x^(T-1)
     was the node's last x. ``running`` and ``done`` carry in ``departed`` the neighbours that have
-    departed, ``{str(j): T}`` (:mod:`nlagg_node.departure`).
+    departed, ``{str(j): T}`` (:mod:`nlagg_node.departure`). ``run``: the run it is of, on a
+    deployment's shared status topic (only there: :class:`topics`).
     """
 
     node: NodeId
@@ -238,6 +261,7 @@ class StatusMsg(_Signed):
     iterations: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     departed: dict[NodeKey, Iteration] | None = None
     chain: Annotated[str, _b64_of(16)] | None = None  # the anchor of its x's key chain (with identities)
+    run: RunId | None = None
 
 
 class AdvStateMsg(_Signed):
@@ -266,11 +290,13 @@ _V2 = re.compile(rb'"v"\s*:\s*2\s*[,}]')  # a z0 has no nested object: this is i
 
 @dataclass(frozen=True)
 class TopicInfo:
-    """What a topic says: message kind, the publishing node (None for config), the peer (z0 only)."""
+    """What a topic says: message kind, the publishing node (None for config), the peer (z0 only),
+    whether it is a deployment's shared status or key topic (its payload names the run)."""
 
     kind: Kind
     node: int | None = None
     peer: int | None = None
+    shared: bool = False
 
 
 def check_run_id(run_id: str) -> str:
@@ -288,10 +314,17 @@ def check_prefix(prefix: str) -> str:
 
 
 class topics:  # noqa: N801 - a namespace of topic builders, read as topics.x(...)
-    """Topic builders for one run: ``topics("nlagg", "r1").x(3) == "nlagg/r1/node/3/x"``."""
+    """Topic builders for one run: ``topics("nlagg", "r1").x(3) == "nlagg/r1/node/3/x"``.
 
-    def __init__(self, prefix: str, run_id: str) -> None:
+    ``shared``: the run is an epoch of a continuous deployment (prefix ``P/R``): its status and key
+    go on the topics every epoch shares, ``P/R/node/{i}/status`` and ``P/R/node/{i}/key``, and their
+    payloads name the run (:attr:`named`). The one place that choice is made.
+    """
+
+    def __init__(self, prefix: str, run_id: str, *, shared: bool = False) -> None:
         self.base = f"{check_prefix(prefix)}/{check_run_id(run_id)}"
+        self.retained_base = prefix if shared else self.base  # where status and key go
+        self.named = run_id if shared else None  # the ``run`` a status or key payload carries
 
     @property
     def all(self) -> str:
@@ -308,13 +341,13 @@ class topics:  # noqa: N801 - a namespace of topic builders, read as topics.x(..
         return f"{self.base}/node/{i}/x"
 
     def status(self, i: int | str) -> str:
-        return f"{self.base}/node/{i}/status"
+        return f"{self.retained_base}/node/{i}/status"
 
     def adv(self, i: int | str) -> str:
         return f"{self.base}/adv/{i}/state"
 
     def key(self, i: int | str) -> str:
-        return f"{self.base}/node/{i}/key"
+        return f"{self.retained_base}/node/{i}/key"
 
 
 def _node_id(part: str, field: str, topic: str) -> int:
@@ -323,11 +356,24 @@ def _node_id(part: str, field: str, topic: str) -> int:
     return int(part)
 
 
+def _shared_topic(topic: str, prefix: str) -> TopicInfo | None:
+    """``P/node/{i}/status`` or ``P/node/{i}/key`` under ``prefix`` = ``P`` (a deployment's ``P/R``)."""
+    parts = topic[len(prefix) + 1 :].split("/") if topic.startswith(f"{prefix}/") else []
+    if len(parts) == 3 and parts[0] == "node" and parts[2] in ("status", "key"):
+        kind: Kind = "status" if parts[2] == "status" else "key"
+        return TopicInfo(kind, _node_id(parts[1], "topic", topic), shared=True)
+    return None
+
+
 @lru_cache(maxsize=4096)  # a run's topics repeat every iteration; errors are not cached
 def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
-    """Classify a topic of run ``run_id``; raise :class:`WireError` for anything else."""
+    """Classify a topic of run ``run_id`` (or a status or key topic that the epochs under ``prefix``
+    share, :class:`topics`); raise :class:`WireError` for anything else."""
     base = f"{prefix}/{run_id}/"
     if not topic.startswith(base):
+        shared = _shared_topic(topic, prefix)
+        if shared is not None:
+            return shared
         raise WireError("topic", topic, f"not under {base}")
     parts = topic[len(base) :].split("/")
     if parts == ["config"]:
@@ -380,7 +426,7 @@ def encode(msg: WireMessage) -> bytes:
         body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
         if isinstance(msg, StatusMsg) and msg.departed is None:
             del body["departed"]  # statuses of a run without departures are as before
-        for key in ("sig", "identities", "chain"):  # a run without identities is as before
+        for key in ("sig", "identities", "chain", "run"):  # a single run without identities is as before
             if body.get(key, 0) is None:
                 del body[key]
         text = json.dumps(body, allow_nan=False, separators=(",", ":"))
@@ -399,6 +445,28 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
         wrong field (named with its value), or a body that contradicts the topic.
     """
     info = parse_topic(topic, prefix, run_id)
+    return info, _decode_on(info, topic, payload)
+
+
+def shared_run(topic: str, payload: bytes, prefix: str) -> str | None:
+    """The run a status or key on a shared topic of the epochs under ``prefix`` (``P/R``) names;
+    None for any other topic. Raises :class:`WireError` as :func:`decode` does."""
+    info = _shared_topic(topic, prefix)
+    if info is None:
+        return None
+    msg = _decode_on(info, topic, payload)
+    assert isinstance(msg, StatusMsg | KeyMsg)  # _check_agrees refused a shared one without its run
+    return msg.run
+
+
+def stale_run(msg: Decoded, run_id: str) -> str | None:
+    """The other run a status or key names (of another epoch, on a shared topic; a node's earlier
+    retained status or key there), or None: it is of run ``run_id``, or names none."""
+    run = msg.run if isinstance(msg, StatusMsg | KeyMsg) else None
+    return run if run is not None and run != run_id else None
+
+
+def _decode_on(info: TopicInfo, topic: str, payload: bytes) -> WireMessage:
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise WireError("payload", f"<{len(payload)} bytes>", f"larger than {MAX_PAYLOAD_BYTES} bytes")
     model = _MODELS[info.kind]
@@ -416,7 +484,7 @@ def decode(topic: str, payload: bytes, prefix: str, run_id: str) -> tuple[TopicI
             ) from None
         raise WireError(loc, err.get("input"), err["msg"].removeprefix("Value error, ")) from None
     _check_agrees(info, msg, topic)
-    return info, msg
+    return msg
 
 
 class HotDecoder:
@@ -459,5 +527,8 @@ def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:
     elif isinstance(msg, XMsg | StatusMsg | AdvStateMsg | KeyMsg):
         if msg.node != info.node:
             raise WireError("node", msg.node, f"disagrees with topic {topic}")
+        if isinstance(msg, StatusMsg | KeyMsg) and (msg.run is None) == info.shared:
+            why = "must name its run on a shared topic" if info.shared else "only on a shared topic"
+            raise WireError("run", msg.run, f"{why} ({topic})")
     elif isinstance(msg, ConfigMsg) and msg.run_id != topic.split("/")[-2]:
         raise WireError("run_id", msg.run_id, f"disagrees with topic {topic}")

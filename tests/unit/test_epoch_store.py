@@ -20,13 +20,26 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 PREFIX, RUN = "P", "R"
 
 
-def epoch_messages(tmp: Path, k: int, n: int = 6) -> tuple[list[tuple[str, bytes, bool]], Path]:
-    """Every message epoch k publishes (a simulated run ``e{k}`` under ``P/R``), and its transcript."""
+def epoch_messages(
+    tmp: Path, k: int, n: int = 6, *, shared: bool = False
+) -> tuple[list[tuple[str, bytes, bool]], Path]:
+    """Every message epoch k publishes (a simulated run ``e{k}`` under ``P/R``), and its transcript;
+    ``shared``: its statuses on the topics every epoch shares, naming the run, as nodes publish them."""
     cfg = RunConfig(op="median", n=n, t_max=120, seed=10 + k, early_stop=False)
     src = simulate_transcript(cfg, tmp / f"src-e{k}.sqlite", run_id=f"e{k}", prefix=f"{PREFIX}/{RUN}")
     with Transcript.open_read_only(src) as tr:
         rows = tr.db.execute("SELECT topic, payload, retained FROM messages ORDER BY id").fetchall()
-    return [(str(t), bytes(p), bool(r)) for t, p, r in rows], src
+    messages = [(str(t), bytes(p), bool(r)) for t, p, r in rows]
+    return [on_shared_topic(m, k) for m in messages] if shared else messages, src
+
+
+def on_shared_topic(message: tuple[str, bytes, bool], k: int) -> tuple[str, bytes, bool]:
+    """A status of run ``e{k}`` moved to the topic every epoch shares, its payload naming the run."""
+    topic, payload, retain = message
+    head, _, rest = topic.partition(f"/e{k}/")
+    if not (rest.startswith("node/") and rest.endswith("/status")):
+        return message
+    return f"{head}/{rest}", payload[:-1] + f',"run":"e{k}"}}'.encode(), retain
 
 
 def exposed_in(src: Path) -> list[int]:
@@ -65,13 +78,19 @@ async def start(
     return capture, task
 
 
-async def test_epochs_route_to_their_transcripts_and_old_ones_are_pruned_to_summaries(tmp_path: Path) -> None:
+LAYOUTS = pytest.mark.parametrize("shared", [False, True], ids=["per-epoch-status", "shared-status"])
+
+
+@LAYOUTS
+async def test_epochs_route_to_their_transcripts_and_old_ones_are_pruned_to_summaries(
+    tmp_path: Path, shared: bool
+) -> None:
     broker = MemoryBroker()
     store = EpochStore(tmp_path / "store", PREFIX, RUN)
     capture, task = await start(broker, store, keep_epochs=1, stop_epochs=3)
     sources = []
     for k in range(3):
-        msgs, src = epoch_messages(tmp_path, k)
+        msgs, src = epoch_messages(tmp_path, k, shared=shared)
         sources.append(src)
         await publish(broker, msgs + [(*result(k, i, 50.0 + k), True) for i in range(6)])
     async with asyncio.timeout(60):
@@ -88,6 +107,10 @@ async def test_epochs_route_to_their_transcripts_and_old_ones_are_pruned_to_summ
         Transcript.open_read_only(sources[2]) as original,
     ):
         assert np.array_equal(tr.x(6), original.x(6), equal_nan=True)
+        expected = original.statuses()  # the epoch's own (those of epochs 0 and 1 went to theirs)
+        if shared:
+            expected = {i: s.model_copy(update={"run": "e2"}) for i, s in expected.items()}
+        assert tr.statuses() == expected
     assert [(r.epoch, r.node, r.output) for r in store.results()] == [
         (k, i, 50.0 + k) for k in range(3) for i in range(6)
     ]
@@ -95,11 +118,16 @@ async def test_epochs_route_to_their_transcripts_and_old_ones_are_pruned_to_summ
     store.close()
 
 
-async def test_a_restarted_capture_resumes_its_open_epoch_and_skips_closed_ones(tmp_path: Path) -> None:
+@LAYOUTS
+async def test_a_restarted_capture_resumes_its_open_epoch_and_skips_closed_ones(
+    tmp_path: Path, shared: bool
+) -> None:
+    """With shared status topics, the statuses retained when it comes back are each node's latest,
+    of epoch 0 (closed: late) or of epoch 1 (already held: stored once)."""
     broker = MemoryBroker()
     folder = tmp_path / "store"
-    first, _ = epoch_messages(tmp_path, 0)
-    second, src1 = epoch_messages(tmp_path, 1)
+    first, _ = epoch_messages(tmp_path, 0, shared=shared)
+    second, src1 = epoch_messages(tmp_path, 1, shared=shared)
     half = len(second) // 2
     with EpochStore(folder, PREFIX, RUN) as store:
         capture, task = await start(broker, store)

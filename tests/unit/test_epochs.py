@@ -4,6 +4,7 @@ for an epoch departs at t = 0 of it and rejoins the next, an overrun skips the s
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import EpochOutput, append_output, epoch_run_id, read_outputs, results_topic
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.transport import Will
+from nlagg_node.runtime.wire import KeyMsg, StatusMsg, encode
 
 PREFIX, RUN = "farm", "greenhouse"
 EPOCHS = 3
@@ -50,7 +52,7 @@ async def deployment(
             return float(values_of(k, cfg.n)[i])
 
         async def transport_for(k: int, run: str) -> MemoryTransport:
-            will = node_will(f"{PREFIX}/{RUN}", run, i)
+            will = node_will(f"{PREFIX}/{RUN}", run, i, shared=True)
             if crashed == (i, k):
                 return CrashesMidEpoch(broker, f"n{i}", will=will, x_topic=f"{PREFIX}/{RUN}/e{k}/node/{i}/x")
             if stopped == (i, k):
@@ -110,6 +112,13 @@ class CrashesMidEpoch(MemoryTransport):
                 raise ConnectionResetError("killed")
 
 
+def retained_of(n: int, *, sealed: bool = False) -> set[str]:
+    """The retained topics of a deployment: each node's status (its key, sealed) and results."""
+    kinds = ("status", "key") if sealed else ("status",)
+    shared = {f"{PREFIX}/{RUN}/node/{i}/{kind}" for i in range(n) for kind in kinds}
+    return shared | {results_topic(PREFIX, RUN, i) for i in range(n)}
+
+
 def clock_now() -> EpochClock:
     return EpochClock(origin=time.time() + 0.2, period=2.5, epochs=EPOCHS, join=0.6)
 
@@ -136,8 +145,11 @@ def test_every_epoch_is_exact_with_changing_values() -> None:
         assert outputs == pytest.approx([truth] * CFG.n, abs=CFG.tolerance * 10)
     latest = EpochOutput.model_validate_json(broker.retained[results_topic(PREFIX, RUN, 3)])
     assert (latest.node, latest.epoch) == (3, EPOCHS - 1)
-    kept = {topic.split("/")[2] for topic in broker.retained}
-    assert kept == {f"e{EPOCHS - 1}", "results"}  # older epochs' retained statuses and keys cleared
+    assert set(broker.retained) == retained_of(CFG.n)  # the same topics, whatever the epochs
+    assert {
+        StatusMsg.model_validate_json(broker.retained[f"{PREFIX}/{RUN}/node/{i}/status"]).run
+        for i in range(CFG.n)
+    } == {f"e{EPOCHS - 1}"}
 
 
 @pytest.mark.parametrize("channel", ["plain", "sealed"], ids=["plain", "sealed"])
@@ -147,8 +159,7 @@ def test_a_node_absent_for_an_epoch_departs_at_zero_and_rejoins(channel: str) ->
     broker = MemoryBroker()
     runs = asyncio.run(deployment(cfg, broker, {top: 1}))
     assert [[o.epoch for o in r] for r in runs] == [[0, 1, 2]] * CFG.n  # none overran its period
-    kept = {topic.split("/")[2] for topic in broker.retained}
-    assert kept == {"e2", "results"}  # it cleared its status of epoch 0, not only of epoch 1 (the soak)
+    assert set(broker.retained) == retained_of(CFG.n, sealed=channel == "sealed")
     assert runs[top][1].result is None
     assert runs[top][1].missed is not None
     present = [i for i in range(CFG.n) if i != top]
@@ -233,7 +244,9 @@ async def one_late_node(cfg: RunConfig, late: int) -> tuple[list[NodeResult], Ba
     async def node(i: int) -> NodeResult:
         if i == late:
             await asyncio.sleep(0.6)
-        transport = MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), i))
+        transport = MemoryTransport(
+            broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), i, shared=True)
+        )
         result, _, _ = await run_epoch(
             cfg,
             i,
@@ -260,6 +273,75 @@ def test_a_node_come_too_late_sits_the_epoch_out() -> None:
     assert isinstance(error, DepartedError)
     truth = float(np.delete(values_of(0, CFG.n), late).max())
     assert [r.output[0] for r in results] == pytest.approx([truth] * (CFG.n - 1), abs=CFG.tolerance * 10)
+
+
+STALE: dict[str, dict[str, object]] = {
+    "leaving": {"state": "leaving", "iterations": 1},
+    "offline": {"state": "offline"},
+}
+
+
+class Lingering(MemoryBroker):
+    """A broker that routes ``stale`` (topic, payload) again, retained, once the run is at x^(3)
+    (a connection of the epoch before lost late: its last will)."""
+
+    def __init__(self, stale: tuple[str, bytes]) -> None:
+        super().__init__()
+        self.stale: tuple[str, bytes] | None = stale
+
+    def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        super().route(topic, payload, retain)
+        if self.stale is not None and topic.endswith("/x") and b'"t":3,' in payload:
+            stale, self.stale = self.stale, None
+            super().route(*stale, True)
+
+
+async def after_stale(
+    cfg: RunConfig, old: int, fields: dict[str, object]
+) -> list[tuple[NodeResult, list[int]]]:
+    """Epoch 1 of every node with node ``old``'s status (and key) of epoch 0 retained on the shared
+    topics, and its status published there again mid-run."""
+    edges, values = run_edges(cfg), values_of(1, cfg.n)
+    shared = f"{PREFIX}/{RUN}/node/{old}"
+    status = encode(StatusMsg.model_validate({"node": old, "run": epoch_run_id(0), **fields}))
+    key = encode(KeyMsg(node=old, key=base64.b64encode(bytes(range(32))).decode(), run=epoch_run_id(0)))
+    broker = Lingering((f"{shared}/status", status))
+    broker.route(f"{shared}/status", status, True)
+    broker.route(f"{shared}/key", key, True)
+    join_by = time.time() + 0.5
+
+    async def node(i: int) -> tuple[NodeResult, list[int]]:
+        transport = MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", "e1", i, shared=True))
+        result, _, absent = await run_epoch(
+            cfg,
+            i,
+            float(values[i]),
+            transport,
+            deployment=(PREFIX, RUN),
+            epoch=1,
+            join_by=join_by,
+            record=record,
+            edges=edges,
+            seed=None,
+            departure_timeout=0.05,
+        )
+        return result, absent
+
+    return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
+
+
+@pytest.mark.parametrize("channel", ["plain", "sealed"], ids=["plain", "sealed"])
+@pytest.mark.parametrize("state", sorted(STALE), ids=sorted(STALE))
+def test_a_status_or_key_of_the_epoch_before_is_stale_in_this_one(state: str, channel: str) -> None:
+    """Retained (and sent again mid-run) on the topic every epoch shares, a neighbour's ``leaving``
+    or ``offline`` of epoch 0 departs it not in epoch 1, and its key of epoch 0 (sealed) is not its
+    key of epoch 1 (each case fails when the router takes them as epoch 1's)."""
+    cfg = CFG.model_copy(update={"init_channel": channel})
+    top = int(np.argmax(values_of(1, CFG.n)))
+    runs = asyncio.run(after_stale(cfg, top, STALE[state]))
+    truth = float(values_of(1, CFG.n).max())
+    assert [r.output[0] for r, _ in runs] == pytest.approx([truth] * CFG.n, abs=CFG.tolerance * 10)
+    assert [(r.departed, absent) for r, absent in runs] == [({}, [])] * CFG.n
 
 
 @pytest.mark.parametrize(

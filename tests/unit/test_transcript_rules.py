@@ -110,6 +110,22 @@ def test_only_the_first_config_counts_and_a_status_is_bounded_by_the_run(tmp_pat
         assert "iterations=21" in errors[1]
 
 
+def test_an_epochs_transcript_takes_its_status_on_the_shared_topic_and_refuses_another_epochs(
+    tmp_path: Path,
+) -> None:
+    epoch = topics("farm/R", "e1", shared=True)  # epoch 1 of deployment farm/R
+    cfg = RunConfig(op="max", n=4, graph="ring", t_max=20, trials=1, early_stop=False)
+    with Transcript(tmp_path / "t.sqlite", run_id="e1", prefix="farm/R") as tr:
+        tr.add(epoch.config, encode(build_config_msg(cfg, "e1", run_edges(cfg))), retained=True)
+        own = StatusMsg(node=1, state="online", run="e1")
+        stale = StatusMsg(node=2, state="done", final=[1.0], output=[1.0], iterations=20, run="e0")
+        assert tr.add(epoch.status(1), encode(own)) is not None
+        assert tr.add(epoch.status(2), encode(stale), retained=True) is None
+        [(topic, error)] = tr.rejected()
+        assert (topic, "of run e0" in error) == ("farm/R/node/2/status", True)
+        assert tr.statuses() == {1: own}
+
+
 def test_an_undecodable_payload_is_stored_as_a_bounded_prefix(tmp_path: Path) -> None:
     import sqlite3
 

@@ -15,6 +15,7 @@ from nlagg_node.runtime.wire import (
     MAX_PAYLOAD_BYTES,
     AdvStateMsg,
     HotDecoder,
+    KeyMsg,
     StatusMsg,
     TopicInfo,
     WireError,
@@ -26,6 +27,8 @@ from nlagg_node.runtime.wire import (
     encode,
     encode_x,
     parse_topic,
+    shared_run,
+    stale_run,
     topics,
 )
 
@@ -250,3 +253,66 @@ def test_topic_matches(pattern: str, topic: str, match: bool) -> None:
 @pytest.mark.parametrize(("pattern", "ok"), [("a/#", True), ("a/#/b", False), ("a+/b", False), ("", False)])
 def test_valid_filter(pattern: str, ok: bool) -> None:
     assert valid_filter(pattern) is ok
+
+
+KEY = "A" * 43 + "="
+EPOCH = topics("farm/site", "e3", shared=True)  # epoch 3 of deployment site under prefix farm
+
+
+@pytest.mark.parametrize(
+    ("msg", "wire"),
+    [
+        (
+            StatusMsg(node=1, state="online"),
+            b'{"v":1,"node":1,"state":"online","final":null,"output":null,"iterations":null}',
+        ),
+        (
+            StatusMsg(node=1, state="done", final=[1.5], output=[1.5], iterations=10, departed={"2": 3}),
+            b'{"v":1,"node":1,"state":"done","final":[1.5],"output":[1.5],"iterations":10,"departed":{"2":3}}',
+        ),
+        (KeyMsg(node=1, key=KEY), b'{"v":2,"node":1,"key":"' + KEY.encode() + b'"}'),
+    ],
+    ids=["status", "done", "key"],
+)
+def test_a_single_runs_status_and_key_are_as_before(msg: StatusMsg | KeyMsg, wire: bytes) -> None:
+    assert (encode(msg), T.status(1), T.key(1)) == (wire, "nlagg/r1/node/1/status", "nlagg/r1/node/1/key")
+
+
+def test_an_epochs_status_and_key_are_on_the_shared_topics_naming_the_run() -> None:
+    assert (EPOCH.status(2), EPOCH.key(2), EPOCH.x(2)) == (
+        "farm/site/node/2/status",
+        "farm/site/node/2/key",
+        "farm/site/e3/node/2/x",
+    )
+    assert (EPOCH.named, T.named) == ("e3", None)
+    payload = encode(StatusMsg(node=2, state="offline", run="e3"))
+    assert (
+        payload
+        == b'{"v":1,"node":2,"state":"offline","final":null,"output":null,"iterations":null,"run":"e3"}'
+    )
+    for run_id in ("e3", "e4"):  # the shared topic is every epoch's: the payload says whose it is
+        info, msg = decode(EPOCH.status(2), payload, "farm/site", run_id)
+        assert (info, stale_run(msg, run_id)) == (
+            TopicInfo("status", 2, shared=True),
+            None if run_id == "e3" else "e3",
+        )
+    key = encode(KeyMsg(node=2, key=KEY, run="e3r"))
+    assert shared_run(EPOCH.key(2), key, "farm/site") == "e3r"
+    assert shared_run(EPOCH.x(2), b"{}", "farm/site") is None
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "field"),
+    [
+        (EPOCH.status(2), b'{"v":1,"node":2,"state":"online"}', "run"),
+        (EPOCH.key(2), b'{"v":2,"node":2,"key":"' + KEY.encode() + b'"}', "run"),
+        ("farm/site/e3/node/2/status", b'{"v":1,"node":2,"state":"online","run":"e3"}', "run"),
+        (EPOCH.status(2), b'{"v":1,"node":2,"state":"online","run":"e 3"}', "run"),
+        (EPOCH.status(2), b'{"v":1,"node":3,"state":"online","run":"e3"}', "node"),
+    ],
+    ids=["shared-status-without-run", "shared-key-without-run", "run-on-a-runs-own-topic", "bad-run", "node"],
+)
+def test_the_run_field_only_and_always_on_a_shared_topic(topic: str, payload: bytes, field: str) -> None:
+    with pytest.raises(WireError) as info:
+        decode(topic, payload, "farm/site", "e3")
+    assert info.value.field == field
