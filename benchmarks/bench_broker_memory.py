@@ -15,15 +15,21 @@ Scenarios (one thing varied at a time):
   retained message) its status and key of ``e{k-1}`` and of ``e{k-1}r``, the cold rerun, whether
   it ran or not;
 * ``own``: the same, clearing ``e{k-1}`` only (topics that did hold a retained message): what nodes
-  do since, in an epoch without a rerun;
+  did from then until the shared topics;
+* ``shared``: what nodes do since 2026-11-27 (branch ``retained``): the retained key and statuses
+  on the topics every epoch shares, ``P/R/node/{i}/key`` and ``P/R/node/{i}/status`` (the payload
+  names the run ``e{k}``), x's and z^(0)'s on the epoch's own ``P/R/e{k}/...`` (not retained);
+  nothing cleared;
 * ``kept``: nothing cleared;
 * ``reused``: every epoch on the same topics (``e0``; a control: a tree of fixed shape);
 * ``unretained``: statuses and keys not retained, nothing cleared (a control: no retained tree).
 
 Prints one JSON line per scenario: Mosquitto's own heap count (``$SYS/broker/heap/current``, the
-bytes it holds allocated: no allocator caching in it; null where the build does not track it) and
-its RSS (``VmRSS``) at checkpoint epochs, the heap's growth per epoch from epoch 20 on, and the
-RSS's growth after epoch 20 (the soak's criterion, issue 35).
+bytes it holds allocated: no allocator caching in it; null where the build does not track it), its
+most ever (``heap/maximum``: a burst of QoS 1 messages queued for a subscriber that fell behind,
+which the RSS keeps as allocator cache) and its RSS (``VmRSS``) at checkpoint epochs, the heap's
+growth per epoch from epoch 20 on, and the RSS's growth after epoch 20 (the soak's criterion,
+issue 35).
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from nlagg_node.runtime.brokers import LOOPBACK, free_port, mosquitto_binary
 
-SCENARIOS = ("nodes", "own", "kept", "reused", "unretained")
+SCENARIOS = ("nodes", "own", "shared", "kept", "reused", "unretained")
 HEAP = "$SYS/broker/heap/current"
+HEAP_MAX = "$SYS/broker/heap/maximum"
 ROOT = "P/R"
 
 
@@ -78,11 +85,15 @@ class _Heap:
 
     def __init__(self) -> None:
         self.value: int | None = None
+        self.maximum: int | None = None  # the most it ever held (a burst of queued messages)
         self.seen = 0
         self.cond = threading.Condition()
 
     def on_message(self, _c: mqtt.Client, _u: object, msg: mqtt.MQTTMessage) -> None:
         with self.cond:
+            if msg.topic == HEAP_MAX:
+                self.maximum = int(msg.payload)
+                return
             self.value = int(msg.payload)
             self.seen += 1
             self.cond.notify_all()
@@ -123,10 +134,14 @@ def _broker() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 def _epoch(pub: mqtt.Client, scenario: str, k: int, n: int, iters: int) -> mqtt.MQTTMessageInfo:
     """Publish epoch ``k`` as the ``n`` nodes of a ring with 4 neighbours each would."""
     base = f"{ROOT}/e{0 if scenario == 'reused' else k}"
+    held = ROOT if scenario == "shared" else base  # where the retained key and statuses go
+    named = f',"run":"e{k}"'.encode() if scenario == "shared" else b""
     retain = scenario != "unretained"
     for i in range(n):
-        pub.publish(f"{base}/node/{i}/key", b"k" * 44, qos=1, retain=retain)
-        info = pub.publish(f"{base}/node/{i}/status", b'{"state":"online"}', qos=1, retain=retain)
+        pub.publish(f"{held}/node/{i}/key", b"k" * 44 + named, qos=1, retain=retain)
+        info = pub.publish(
+            f"{held}/node/{i}/status", b'{"state":"online"' + named + b"}", qos=1, retain=retain
+        )
         for d in (-2, -1, 1, 2):
             pub.publish(f"{base}/edge/{i}/{(i + d) % n}/z0", b"z" * 80, qos=1)
     for _ in range(iters):
@@ -134,7 +149,7 @@ def _epoch(pub: mqtt.Client, scenario: str, k: int, n: int, iters: int) -> mqtt.
             info = pub.publish(f"{base}/node/{i}/x", b"x" * 60, qos=1)
     cleared = {"nodes": (f"e{k - 1}", f"e{k - 1}r"), "own": (f"e{k - 1}",)}.get(scenario, ())
     for i in range(n):
-        pub.publish(f"{base}/node/{i}/status", b'{"state":"done"}', qos=1, retain=retain)
+        pub.publish(f"{held}/node/{i}/status", b'{"state":"done"' + named + b"}", qos=1, retain=retain)
         info = pub.publish(f"{ROOT}/results/{i}", f'{{"epoch":{k}}}'.encode(), qos=1, retain=True)
         for run in cleared if k > 0 else ():
             pub.publish(f"{ROOT}/{run}/node/{i}/status", b"", qos=1, retain=True)
@@ -149,7 +164,7 @@ def run_scenario(scenario: str, epochs: int, n: int, iters: int, checkpoints: li
     with _broker() as (proc, port):
         mon = _client(port, "bench-monitor")
         mon.on_message = heap.on_message
-        mon.subscribe(HEAP)
+        mon.subscribe([(HEAP, 0), (HEAP_MAX, 0)])
         eaves = _client(port, "bench-eavesdropper", clean=False)
         eaves.subscribe(f"{ROOT}/#", qos=1)
         pub = _client(port, "bench-nodes")
@@ -157,7 +172,10 @@ def run_scenario(scenario: str, epochs: int, n: int, iters: int, checkpoints: li
             for k in range(epochs + 1):
                 _epoch(pub, scenario, k, n, iters).wait_for_publish(30)
                 if k in checkpoints:
-                    rows.append({"epoch": k, "heap": heap.fresh(), "rss_kb": _rss_kb(proc.pid)})
+                    now = heap.fresh()
+                    rows.append(
+                        {"epoch": k, "heap": now, "heap_max": heap.maximum, "rss_kb": _rss_kb(proc.pid)}
+                    )
         finally:
             for c in (pub, eaves, mon):
                 c.disconnect()
@@ -166,6 +184,7 @@ def run_scenario(scenario: str, epochs: int, n: int, iters: int, checkpoints: li
 
 
 def _summary(scenario: str, n: int, rows: list[dict[str, int | None]]) -> dict[str, object]:
+    """The growth per epoch of the heap and the RSS's after epoch 20 (from the checkpoint ``rows``)."""
     at20 = next(r for r in rows if r["epoch"] == 20)
     last = rows[-1]
     out: dict[str, object] = {"scenario": scenario, "n": n, "checkpoints": rows}

@@ -51,7 +51,16 @@ def test_the_acl_covers_every_epoch_and_the_results(plan_dir: Path) -> None:
     assert "topic read nlagg/gh/+/edge/0/1/z0" in node1  # ring: 0 and 2 are its neighbours
     assert "topic write nlagg/gh/results/1" in node1
     assert "topic read nlagg/gh/results/+" in node1  # the outputs a node warm-starts from after a miss
-    assert not [line for line in node1 if "/gh/node/" in line or "/gh/edge/" in line]  # no single-run grant
+    assert not [line for line in node1 if "/gh/edge/" in line]  # no single-run grant
+    shared = [line for line in node1 if "/gh/node/" in line]  # status and key: the topics every epoch shares
+    assert shared == [
+        "topic write nlagg/gh/node/1/status",
+        "topic write nlagg/gh/node/1/key",
+        *(f"topic read nlagg/gh/node/{j}/{leaf}" for j in (0, 2) for leaf in ("status", "key")),
+    ]
+    assert not [
+        line for line in acl.splitlines() if "/+/node/" in line and line.endswith(("/status", "/key"))
+    ]
     assert "user launcher\ntopic read nlagg/gh/results/+\ntopic readwrite nlagg/gh/config\n" in acl
     assert "user eavesdropper\ntopic read nlagg/gh/#\n" in acl
     assert "topic write nlagg/gh/+/adv/0/state" in acl  # the corrupted node, in every epoch
