@@ -12,6 +12,7 @@ import asyncio
 import json
 import queue
 import re
+import time
 import tomllib
 import uuid
 from collections import Counter
@@ -30,9 +31,11 @@ from adversary.capture import AckingSubscriber
 from adversary.capture.eavesdropper import Eavesdropper
 from adversary.capture.merged import MergedSubscriber
 from adversary.transcript import Transcript
+from adversary.transcript.store import EpochStore
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
+from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.deploy.sites import (
     cut_edges,
     delivery_model,
@@ -43,6 +46,7 @@ from nlagg_node.deploy.sites import (
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
+from nlagg_node.runtime.outputs import EpochOutput, results_filter
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
@@ -397,6 +401,50 @@ async def test_two_sites_bridged_over_tls_with_client_certificates_are_exact(tmp
     assert (verdict.lost, verdict.extra, verdict.rejected_by_eavesdropper) == (0, 0, 0)
     sim = simulate(bed.cfg)
     assert np.all(np.abs(sim.output[0] - np.max(sim.values[0])) <= 1e-9)  # exact
+
+
+@pytest.mark.mosquitto
+async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_path: Path) -> None:
+    # --sites 2 --every 10 --epochs 2: the plan's own site brokers, bridges and ACLs; the nodes'
+    # epoch topics cross through the bridge's + level, every node's results reach both sites, and
+    # the continuous eavesdropper (one session per site) closes both epochs.
+    cfg = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0), seed=5)
+    schedule = Schedule(10.0, time.time() + 20.0, 2)  # the brokers, bridges and captures start meanwhile
+    async with PlanBed(cfg, tmp_path, sites=2, schedule=schedule, eavesdrop_args=["--epochs", "2"]) as bed:
+        ((bridge_in, bridge_out),) = [(b.in_topics, b.out_topics) for b in bed.plan.bridges]
+        assert any("/+/node/" in topic for topic in bridge_in + bridge_out)
+        await bed.start_nodes()
+        detail: list[str] = []
+        async with asyncio.timeout(120):
+            reports = [(await proc.communicate())[0].decode() for proc in bed.nodes.values()]
+            codes = [proc.returncode for proc in bed.nodes.values()]
+            await bed.wait_eavesdropper(detail)
+        heard: dict[int, set[int]] = {}  # site -> the nodes whose retained output it holds
+        for s, url in enumerate(bed.site_urls):
+            async with MqttTransport(
+                url, client_id=f"op{s}", username="launcher", password=bed.password("launcher")
+            ) as t:
+                await t.subscribe(results_filter("nlagg", RUN))
+                got: set[int] = heard.setdefault(s, set())
+                async with asyncio.timeout(10):
+                    async for msg in t.messages():
+                        got.add(EpochOutput.model_validate_json(msg.payload).node)
+                        if len(got) == 5:
+                            break
+    assert codes == [0] * 5, (reports, bed.report())
+    assert not detail, (detail, bed.report())
+    assert heard == {0: set(range(5)), 1: set(range(5))}
+    median = sorted(float((bed.root / "values" / f"{i}.txt").read_text()) for i in range(5))[2]
+    for text in reports:
+        rows = [json.loads(line) for line in text.splitlines()]
+        assert [r["epoch"] for r in rows] == [0, 1]
+        assert all(r["output"] == pytest.approx(median, abs=bed.cfg.tolerance * 100) for r in rows), rows
+    assert bed.eavesdropper_finished["epochs"] == [0, 1], bed.report()
+    with EpochStore(bed.root / "epochs", read_only=True) as store:
+        summaries = [row.summary or {} for row in store.epochs()]
+        results = store.results()
+    assert [(s["epoch"], s["complete"], s["rejected"]) for s in summaries] == [(0, True, 0), (1, True, 0)]
+    assert sorted((r.epoch, r.node) for r in results) == [(k, i) for k in (0, 1) for i in range(5)]
 
 
 @pytest.mark.mosquitto
