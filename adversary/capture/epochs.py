@@ -29,6 +29,11 @@ epoch already closed counts them ``late``).
 As in the single-run capture, a message is acknowledged to the broker only after the transcript
 holding it is committed, and the store keeps which epochs are open: a restarted eavesdropper
 reopens them (their transcripts resume) and loses nothing.
+
+A deployment with bridged sites is captured from every site broker at once (a
+:class:`~adversary.capture.merged.MergedSubscriber`): each delivery is acknowledged to its own site,
+a bridged copy is stored once (the transcript's dedup), and each run's eavesdropper holds back an x
+that overtook those it was computed from (its causal order; an epoch that closes judges what waits).
 """
 
 from __future__ import annotations

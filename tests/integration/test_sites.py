@@ -9,6 +9,7 @@ eavesdropper's sessions crossing the namespaces' network (tests/harness/netns.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import re
@@ -46,8 +47,9 @@ from nlagg_node.deploy.sites import (
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.outputs import EpochOutput, results_filter
+from nlagg_node.runtime.outputs import EpochOutput, results_filter, results_topic
 from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.transport import topic_matches
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
@@ -100,6 +102,55 @@ def test_bridges_carry_exactly_the_cut_edges_topics_one_way_each() -> None:
         for s in {plan.site_of[j] for j in plan.neighbours[i]} - {plan.site_of[i]}
     }
     assert plan.bridges == plan_bridges("nlagg", RUN, plan.neighbours, plan.site_of)
+
+
+def _sender(topic: str) -> int:
+    """The node publishing ``topic`` (``.../node/{i}/x``, ``.../edge/{i}/{j}/z0``, ``.../results/{i}``)."""
+    levels = topic.split("/")
+    for kind in ("node", "edge", "results"):
+        if kind in levels:
+            return int(levels[levels.index(kind) + 1])
+    raise AssertionError(topic)
+
+
+def test_a_continuous_plans_bridges_carry_every_epoch_and_every_result_once() -> None:
+    plan = build_plan(dataclasses.replace(_plan(), schedule=Schedule(10.0, 0.0, 2)))
+    site_of, deployment = plan.site_of, f"nlagg/{RUN}"
+    shared = topics(deployment, "e0", shared=True)  # every epoch's status and key topics
+
+    def epoch(topic: str) -> str:
+        return topic.replace(f"{deployment}/", f"{deployment}/+/", 1)
+
+    want: set[tuple[int, str]] = set()  # (destination site, topic or pattern)
+    for a, b in cut_edges(plan.edges, site_of):
+        for i, j in ((a, b), (b, a)):
+            t = topics("nlagg", RUN)
+            want |= {(site_of[j], epoch(t.x(i))), (site_of[j], epoch(t.z0(i, j)))}
+            want |= {(site_of[j], shared.key(i)), (site_of[j], shared.status(i))}
+    want |= {(s, results_topic("nlagg", RUN, i)) for i in range(24) for s in range(3) if s != site_of[i]}
+    got: list[tuple[int, str]] = []
+    for b in plan.bridges:
+        got += [(b.remote, topic) for topic in b.out_topics] + [(b.local, topic) for topic in b.in_topics]
+        # loop-free: a bridge carries only its own two sites' nodes' topics, each one way
+        from_sites = [(b.local, t) for t in b.out_topics] + [(b.remote, t) for t in b.in_topics]
+        assert all(site_of[_sender(topic)] == s for s, topic in from_sites)
+    assert len(got) == len(set(got))  # no topic reaches a site twice
+    assert set(got) == want
+    x, z0 = epoch(topics("nlagg", RUN).x(3)), epoch(topics("nlagg", RUN).z0(3, 4))
+    for run in ("e0", "e7", "e7r"):  # every epoch and cold rerun
+        assert topic_matches(x, topics(deployment, run).x(3))
+        assert topic_matches(z0, topics(deployment, run).z0(3, 4))
+
+
+def test_a_continuous_plan_bridges_sites_without_a_cut_edge_for_the_results() -> None:
+    path = [[1], [0, 2], [1]]  # sites 0 and 2 share no edge
+    bridges = plan_bridges("nlagg", RUN, path, [0, 1, 2], epochs=True)
+    assert [(b.local, b.remote) for b in bridges] == [(0, 1), (0, 2), (1, 2)]
+    assert (bridges[1].out_topics, bridges[1].in_topics) == (
+        (results_topic("nlagg", RUN, 0),),
+        (results_topic("nlagg", RUN, 2),),
+    )
+    assert [(b.local, b.remote) for b in plan_bridges("nlagg", RUN, path, [0, 1, 2])] == [(0, 1), (1, 2)]
 
 
 def test_delivery_model_of_one_site_is_two_per_edge_plus_the_eavesdropper() -> None:
