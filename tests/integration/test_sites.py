@@ -122,9 +122,9 @@ def test_a_continuous_plans_bridges_carry_every_epoch_and_every_result_once() ->
         return topic.replace(f"{deployment}/", f"{deployment}/+/", 1)
 
     want: set[tuple[int, str]] = set()  # (destination site, topic or pattern)
-    for a, b in cut_edges(plan.edges, site_of):
-        for i, j in ((a, b), (b, a)):
-            t = topics("nlagg", RUN)
+    t = topics("nlagg", RUN)
+    for u, v in cut_edges(plan.edges, site_of):
+        for i, j in ((u, v), (v, u)):
             want |= {(site_of[j], epoch(t.x(i))), (site_of[j], epoch(t.z0(i, j)))}
             want |= {(site_of[j], shared.key(i)), (site_of[j], shared.status(i))}
     want |= {(s, results_topic("nlagg", RUN, i)) for i in range(24) for s in range(3) if s != site_of[i]}
@@ -132,11 +132,13 @@ def test_a_continuous_plans_bridges_carry_every_epoch_and_every_result_once() ->
     for b in plan.bridges:
         got += [(b.remote, topic) for topic in b.out_topics] + [(b.local, topic) for topic in b.in_topics]
         # loop-free: a bridge carries only its own two sites' nodes' topics, each one way
-        from_sites = [(b.local, t) for t in b.out_topics] + [(b.remote, t) for t in b.in_topics]
+        from_sites = [(b.local, topic) for topic in b.out_topics] + [
+            (b.remote, topic) for topic in b.in_topics
+        ]
         assert all(site_of[_sender(topic)] == s for s, topic in from_sites)
     assert len(got) == len(set(got))  # no topic reaches a site twice
     assert set(got) == want
-    x, z0 = epoch(topics("nlagg", RUN).x(3)), epoch(topics("nlagg", RUN).z0(3, 4))
+    x, z0 = epoch(t.x(3)), epoch(t.z0(3, 4))
     for run in ("e0", "e7", "e7r"):  # every epoch and cold rerun
         assert topic_matches(x, topics(deployment, run).x(3))
         assert topic_matches(z0, topics(deployment, run).z0(3, 4))

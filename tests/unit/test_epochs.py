@@ -274,7 +274,7 @@ def test_a_node_come_too_late_sits_the_epoch_out() -> None:
     assert [r.output[0] for r in results] == pytest.approx([truth] * (CFG.n - 1), abs=CFG.tolerance * 10)
 
 
-STALE = {
+STALE: dict[str, dict[str, object]] = {
     "leaving": {"state": "leaving", "iterations": 1},
     "offline": {"state": "offline"},
 }
