@@ -195,28 +195,30 @@ class Eavesdropper:
                 if acking is not None:
                     self._unacked.append(raw)
             else:
-                self._take([raw])
+                self._unacked += self.take([raw])
             if acking is not None and commit_due(len(self._unacked), acking.backlog(), self._committed):
                 self._commit()
             if self.finished.is_set():
                 return
 
-    def _take(self, raws: list[Message], *, expired: bool = False) -> None:
-        """Handle captured messages (queued for their ack); over several brokers, in causal order.
+    def take(self, raws: list[Message], *, expired: bool = False) -> list[Message]:
+        """Handle captured messages, over several brokers in causal order; those handled (to be
+        acknowledged once committed: an x still waiting for its predecessors is not among them).
 
         ``expired``: x's that waited their grace for their predecessors, judged now as they are.
         """
         order = self.order
         queue = [(raw, expired) for raw in raws]
+        handled: list[Message] = []
         while queue:
             raw, now = queue.pop()
             if order is not None and not now and order.offer(raw):
                 continue
             stored = self.handle(raw.topic, raw.payload, raw.retain)
-            if self._acking is not None:
-                self._unacked.append(raw)
+            handled.append(raw)
             if order is not None:
                 queue += [(r, False) for r in order.released(stored)]
+        return handled
 
     def _commit(self) -> None:
         """Commit the transcript, then acknowledge what it now holds (never the other way round)."""
@@ -239,19 +241,25 @@ class Eavesdropper:
             if self._acking is not None and self._acking.lost_sessions() != self._sessions_lost:
                 self._session_lost()  # seen here too when no message has come since the reconnection
             if self.order is not None:
-                self._take(self.order.expired(), expired=True)
+                self._unacked += self.take(self.order.expired(), expired=True)
             if self._unacked or now - self._committed >= self.commit_every:
                 self._commit()
             if now - last_check >= self.commit_every:
                 last_check = now
                 self._check_finished()
 
-    def tick(self) -> None:
-        """What the commit loop does besides committing, for a driver that feeds :meth:`handle`
-        itself (:mod:`adversary.capture.epochs`): notice a lost session, check whether the run is over."""
+    def tick(self, *, flush: bool = False) -> list[Message]:
+        """What the commit loop does besides committing, for a driver that feeds :meth:`take`
+        itself (:mod:`adversary.capture.epochs`): notice a lost session, judge the x's that waited
+        their grace for their predecessors (``flush``: every one still waiting, as the run closes),
+        check whether the run is over. The messages now handled, to be acknowledged once committed."""
         if self._acking is not None and self._acking.lost_sessions() != self._sessions_lost:
             self._session_lost()
+        handled = []
+        if self.order is not None:
+            handled = self.take(self.order.expired(0.0 if flush else None), expired=True)
         self._check_finished()
+        return handled
 
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> Decoded | None:
         """Store one message, then update the views and the live replay; the message if valid.

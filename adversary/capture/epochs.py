@@ -29,6 +29,11 @@ epoch already closed counts them ``late``).
 As in the single-run capture, a message is acknowledged to the broker only after the transcript
 holding it is committed, and the store keeps which epochs are open: a restarted eavesdropper
 reopens them (their transcripts resume) and loses nothing.
+
+A deployment with bridged sites is captured from every site broker at once (a
+:class:`~adversary.capture.merged.MergedSubscriber`): each delivery is acknowledged to its own site,
+a bridged copy is stored once (the transcript's dedup), and each run's eavesdropper holds back an x
+that overtook those it was computed from (its causal order; an epoch that closes judges what waits).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_ru
 from ..transcript.writer import Transcript
 from .eavesdropper import Eavesdropper, live_table
 from .epochconfig import EpochConfigs, judge_warm
-from .merged import Acknowledging
+from .merged import Acknowledging, MergedSubscriber
 from .session import DEFAULT_SESSION, CaptureSession, capture_until, commit_due
 from .subscriber import accepts_anonymous
 
@@ -165,22 +170,29 @@ class EpochCapture:
     # Routing ---------------------------------------------------------------------------------
     def handle(self, topic: str, payload: bytes, retained: bool = False) -> None:
         """Route one message to its epoch's eavesdropper, or store a node's result."""
+        self.route(Message(topic, payload, retained))
+
+    def route(self, raw: Message) -> list[Message]:
+        """Route one delivery as :meth:`handle` does; the deliveries now handled, to acknowledge
+        once committed (over several site brokers an x may wait in its run's causal order for the
+        x's it was computed from: then not it, and later also those it released)."""
+        topic, payload = raw.topic, raw.payload
         self.captured += 1
         rest = topic[len(self.base) + 1 :] if topic.startswith(self.base + "/") else ""
         level, _, tail = rest.partition("/")
         if not payload and rest:  # a retained status or key cleared (by nodes before the shared topics)
             self.cleared += 1
-            return
+            return [raw]
         if level == "results":
             self._result(tail, payload)
-            return
+            return [raw]
         if level == "config" and not tail:
             self._deployment(topic, payload)
-            return
+            return [raw]
         if level == "node":
             named = self._shared(topic, payload)
             if named is None:
-                return
+                return [raw]
             level = named
         k, rerun = epoch_of(level), False
         if k is None and level.endswith("r") and (k := epoch_of(level[:-1])) is not None:
@@ -189,23 +201,23 @@ class EpochCapture:
         if k is None:
             self.stray += 1
             log.warning("captured a message outside every epoch of %s on %s: not stored", self.base, topic)
-            return
+            return [raw]
         ep = self.live.get(k)
         if ep is None:
             if k in self.closing or self.store.state(k) not in (None, "open"):
                 self.late += 1  # a retained message sent again, or a straggler of a closed epoch
                 log.debug("epoch %d is closed: a late message on %s is not stored", k, topic)
-                return
+                return [raw]
             if len(self.live) + len(self.closing) >= MAX_OPEN_EPOCHS:
                 self.stray += 1
                 log.warning("%d epochs open already: a message on %s is not stored", MAX_OPEN_EPOCHS, topic)
-                return
+                return [raw]
             ep = self._open(k)
         ep.seen = time.monotonic()
         if rerun and ep.rerun is None:
             ep.rerun = self._eavesdropper(k, rerun=True)
             log.info("epoch %d fell back: capturing its cold rerun into %s", k, ep.rerun.transcript.path)
-        (ep.rerun if rerun and ep.rerun is not None else ep.eaves).handle(topic, payload, retained)
+        return (ep.rerun if rerun and ep.rerun is not None else ep.eaves).take([raw])
 
     def _shared(self, topic: str, payload: bytes) -> str | None:
         """The run a status or key on a topic every epoch shares names (None: not one, counted ``stray``)."""
@@ -314,11 +326,9 @@ class EpochCapture:
     async def _read(self) -> None:
         acking = self._acking
         async for raw in self.transport.messages():
-            self.handle(raw.topic, raw.payload, raw.retain)
-            if acking is not None:
-                self._unacked.append(raw)
-                if commit_due(len(self._unacked), acking.backlog(), self._committed):
-                    self._commit()
+            self._handled(self.route(raw))
+            if acking is not None and commit_due(len(self._unacked), acking.backlog(), self._committed):
+                self._commit()
             if self.finished.is_set():
                 return
 
@@ -353,7 +363,7 @@ class EpochCapture:
         due = []
         for k, ep in sorted(self.live.items()):
             for eaves in ep.runs():
-                eaves.tick()
+                self._handled(eaves.tick())
             if self._ended(k, ep, now) or (k < self.newest and now - ep.seen >= self.complete_grace):
                 due.append(k)
         return due
@@ -370,9 +380,16 @@ class EpochCapture:
         wait = min(RERUN_WAIT, self.complete_grace)
         return now - ep.done_at >= wait or self.store.result_count(k) > 0
 
+    def _handled(self, deliveries: list[Message]) -> None:
+        if self._acking is not None:
+            self._unacked += deliveries
+
     def _begin_close(self, k: int, tg: asyncio.TaskGroup) -> None:
+        ep = self.live[k]
+        for eaves in ep.runs():  # an x still waiting for its predecessors is judged now
+            self._handled(eaves.tick(flush=True))
         self._commit()  # everything of epoch k is committed and acknowledged before it closes
-        ep = self.live.pop(k)
+        del self.live[k]
         self.closing.add(k)
         for eaves in ep.runs():
             eaves.transcript.close()
@@ -482,25 +499,29 @@ async def run_epoch_eavesdropper(
     With ``events``: JSON lines ``subscribed``, ``epoch``, ``exposure`` (with its epoch),
     ``epoch_closed``, ``pruned``, ``finished``. ``configs``: the deployment's public config, from
     which each run's configuration is derived (:class:`EpochConfigs`; None: from its retained
-    ``P/R/config`` and ``drift``). One broker (a deployment's
-    broker, or one of its cluster's members that keeps each publisher's order).
+    ``P/R/config`` and ``drift``). ``broker``: one broker (a deployment's broker, or one of its
+    cluster's members that keeps each publisher's order), or every site broker of a deployment with
+    bridged sites, captured at once (:class:`~adversary.capture.merged.MergedSubscriber`: each
+    epoch's x's in causal order, each delivery acknowledged to its own site, a bridged copy stored
+    once).
     """
     from rich.console import Console
     from rich.live import Live
 
     brokers = [broker] if isinstance(broker, str) else list(broker)
-    if len(brokers) != 1:
-        raise ConfigError("broker", brokers, "a continuous capture reads one broker")
+    if not brokers:
+        raise ConfigError("broker", brokers, "give at least one broker")
     console = Console()
     live, events, stop_after = session.shows_live, session.events, session.stop_after
     store = EpochStore(folder, session.prefix, run_id)
     try:
-        if await accepts_anonymous(brokers[0], tls=session.tls):
-            from .eavesdropper import ANONYMOUS_WARNING
+        for url in brokers:
+            if await accepts_anonymous(url, tls=session.tls):
+                from .eavesdropper import ANONYMOUS_WARNING
 
-            log.warning(ANONYMOUS_WARNING, brokers[0])
-        source = session.subscriber(brokers[0], f"nlagg-{run_id}-epochs-eavesdropper")
-        async with source:
+                log.warning(ANONYMOUS_WARNING, url)
+        subscribers = [session.subscriber(url, f"nlagg-{run_id}-epochs-eavesdropper") for url in brokers]
+        async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
             capture = EpochCapture(
                 source,
                 store,

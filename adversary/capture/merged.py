@@ -176,9 +176,10 @@ class CausalOrder:
             return []
         return [raw for raw, _ in self._parked.pop(stored.t, [])]
 
-    def expired(self) -> list[Message]:
-        """What has waited longer than ``grace`` seconds (to be judged now), oldest iterations first."""
-        limit = time.monotonic() - self.grace
+    def expired(self, grace: float | None = None) -> list[Message]:
+        """What has waited longer than ``grace`` seconds (None: the order's own; 0: everything
+        still waiting), to be judged now, oldest iterations first."""
+        limit = time.monotonic() - (self.grace if grace is None else grace)
         out: list[Message] = []
         for t in sorted(self._parked):
             old = [raw for raw, since in self._parked[t] if since <= limit]

@@ -67,8 +67,10 @@ apply in place of the ones `--help` states:
 
 `--sites K` splits the graph into K balanced parts with few cut edges, one broker per part, and
 bridges the brokers along the cut edges; `--sites-file` assigns nodes to sites by hand and
-`--site-broker` names each site's URL. `deploy compose` writes a plan (or takes one with `--plan`) and
-a docker-compose file beside it: run `docker-compose up -d` from its `--out` folder.
+`--site-broker` names each site's URL. With `--every` the bridges carry every epoch's topics and
+every node's results to every site (docs/continuous.md, "Bridged sites"). `deploy compose` writes
+a plan (or takes one with `--plan`) and a docker-compose file beside it: run `docker-compose up -d`
+from its `--out` folder.
 
 # Commands
 """

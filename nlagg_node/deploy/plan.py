@@ -268,8 +268,6 @@ def _sites(
     n = spec.run.n
     if spec.site_of is None and spec.sites == 1:
         return [0] * n, [spec.broker_url], [spec.listen_port], []
-    if spec.schedule is not None:
-        raise ConfigError("sites", spec.sites, "bridged sites do not run epochs yet: leave out --every")
     if spec.site_of is not None:
         site_of = list(spec.site_of)
         if len(site_of) != n or sorted(set(site_of)) != list(range(max(site_of) + 1)):
@@ -278,7 +276,8 @@ def _sites(
         site_of = partition_graph(n, edges, spec.sites, seed)
     k = max(site_of) + 1
     urls, ports = site_layout(spec.broker_url, spec.listen_port, k, spec.site_brokers)
-    return site_of, urls, ports, plan_bridges(spec.prefix, spec.run_id, nbrs, site_of)
+    bridges = plan_bridges(spec.prefix, spec.run_id, nbrs, site_of, epochs=spec.schedule is not None)
+    return site_of, urls, ports, bridges
 
 
 def _public_toml(plan: DeployPlan) -> str:
@@ -430,6 +429,8 @@ def _write_sites(plan: DeployPlan, hashes: dict[str, str], put: Callable[[str, s
         root = site_dir(s)
         put(f"{root}/passwd", password_file_text({u: hashes[u] for u in users}), 0o600)
         acl = acl_text(spec.prefix, spec.run_id, plan.neighbours, plan.corrupted, only=own)
+        if spec.schedule is not None:  # every epoch's topics, as with one broker
+            acl = continuous_acl(acl, spec.prefix, spec.run_id, plan.n, LAUNCHER_USER)
         put(
             f"{root}/acl",
             "\n".join([acl.rstrip("\n"), *(ln for b in dialled_here for ln in bridge_acl_lines(b))]) + "\n",

@@ -23,6 +23,11 @@ configuration is published at every site by the launcher; an ``adv`` state stays
 The eavesdropper subscribes at every site and stores each message once (the transcript's dedup
 key is topic + payload, and a bridged copy is the same bytes on the same topic).
 
+A continuous deployment (``--every``) bridges every epoch's topics at once through a ``+`` level
+(``P/R/+/node/i/x``), its status and key on the topics all epochs share, and every node's results
+to every site (a bridge between every pair of sites: :func:`plan_bridges`); its eavesdropper
+(``nlagg eavesdrop --continuous``) likewise captures from every site.
+
 With TLS (``--tls``) every site broker listens with TLS only, on a certificate of the plan's CA
 naming its host, and each bridge verifies the site it dials with that CA (and, with
 ``--require-certificate``, shows a client certificate of its own user).
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..runtime.outputs import results_topic
 from ..runtime.wire import topics
 
 __all__ = [
@@ -188,7 +194,12 @@ def read_sites_file(path: Path, n: int) -> list[int]:
 
 
 def plan_bridges(
-    prefix: str, run_id: str, neighbours: Sequence[Sequence[int]], site_of: Sequence[int]
+    prefix: str,
+    run_id: str,
+    neighbours: Sequence[Sequence[int]],
+    site_of: Sequence[int],
+    *,
+    epochs: bool = False,
 ) -> list[Bridge]:
     """One bridge per pair of sites sharing a cut edge, configured on the lower-numbered site.
 
@@ -197,8 +208,21 @@ def plan_bridges(
     neighbours' statuses are in, by then the bridge subscribes to their x's already; a sealed
     z^(0) needs the receiver's key, retained on ``node/j/key``, which a node publishes before its
     ``online`` status).
+
+    ``epochs``: the plan is a continuous deployment (``--every``, docs/continuous.md), whose epoch
+    k is the run ``e{k}`` under ``P/R``. Its x and z^(0) topics are then carried for every epoch
+    at once through a ``+`` level (``P/R/+/node/{i}/x``, ``P/R/+/edge/{i}/{j}/z0``: ``e{k}`` and
+    the cold rerun ``e{k}r`` alike), its status and key on the topics every epoch shares
+    (``P/R/node/{i}/status``, ``P/R/node/{i}/key``), and every node's results topic
+    ``P/R/results/{i}`` reaches every site: each node warm-starts from all published outputs
+    (:mod:`~nlagg_node.runtime.warmstart`). So there is a bridge between *every* pair of sites
+    (one without a cut edge carries results only), and each carries the results of all nodes of
+    its two sites, each towards the other. A results topic thus crosses exactly one bridge to
+    each other site, straight from its node's site; as no bridge carries another site's node's
+    topic, nothing is forwarded twice and nothing loops.
     """
-    t = topics(prefix, run_id)
+    t = topics(prefix, run_id)  # a continuous plan's shared status and key topics are these too
+    every_epoch = f"{t.base}/+"  # any epoch's run level (a continuous plan)
     # (a, b) -> the cut edges i -> j with i at a, j at b (both directions of every cut edge)
     cut: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for i, nbrs in enumerate(neighbours):
@@ -206,17 +230,24 @@ def plan_bridges(
             if site_of[i] != site_of[j]:
                 cut.setdefault((site_of[i], site_of[j]), []).append((i, j))
 
+    def epoch_level(topic: str) -> str:
+        return topic.replace(t.base, every_epoch, 1) if epochs else topic
+
     def carried(a: int, b: int) -> list[str]:
         directed = sorted(cut.get((a, b), []))
         senders = sorted({i for i, _ in directed})
         return [
-            *(t.x(i) for i in senders),
-            *(t.z0(i, j) for i, j in directed),
+            *(epoch_level(t.x(i)) for i in senders),
+            *(epoch_level(t.z0(i, j)) for i, j in directed),
             *(t.key(i) for i in senders),
             *(t.status(i) for i in senders),
+            *(results_topic(prefix, run_id, i) for i, s in enumerate(site_of) if epochs and s == a),
         ]
 
     pairs = sorted({(min(a, b), max(a, b)) for a, b in cut})
+    if epochs:
+        k = max(site_of, default=0) + 1
+        pairs = [(a, b) for a in range(k) for b in range(a + 1, k)]
     return [Bridge(a, b, tuple(carried(a, b)), tuple(carried(b, a))) for a, b in pairs]
 
 

@@ -16,13 +16,14 @@ import os
 import shlex
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
+from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.schedule import plan_phases
 from tests.harness.verdict import Verdict, judge
@@ -45,7 +46,9 @@ class PlanBed:
     nodes start once every bridge is connected); the eavesdropper captures from all of them.
     ``auth=False``: a plan without identities (``--no-auth``). ``capture=False`` starts the brokers
     only (no eavesdropper, no launcher). ``tls``: the plan's own CA and TLS listeners (bridges too),
-    ``require_certificate``: and a client certificate per user.
+    ``require_certificate``: and a client certificate per user. ``schedule``: a continuous
+    deployment (``--every``; its eavesdropper captures every epoch), ``eavesdrop_args`` added to the
+    eavesdropper's commands.txt line (e.g. ``--epochs 2``).
 
     ``net``: each site s's broker and nodes run in ``net``'s host ``site<s>``, the eavesdropper and
     the launcher in its host ``eaves``; the brokers listen on ``port`` (default 1883) of every
@@ -69,6 +72,8 @@ class PlanBed:
         capture: bool = True,
         net: Net | None = None,
         auth: bool = True,
+        schedule: Schedule | None = None,
+        eavesdrop_args: Sequence[str] = (),
     ) -> None:
         self.cfg = cfg.resolved().model_copy(update={"trials": 1})
         self.workdir = workdir
@@ -104,7 +109,9 @@ class PlanBed:
             sites=sites,
             site_brokers=tuple(self.site_urls),
             auth=auth,
+            schedule=schedule,
         )
+        self.eavesdrop_args = list(eavesdrop_args)
         self.early = early
         self.capture = capture
         self.plan = build_plan(self.spec)
@@ -182,7 +189,9 @@ class PlanBed:
         if not self.capture:
             return self
         (eaves,) = self._lines("eavesdrop")
-        self.eavesdropper = await self._start([*eaves, "--events", "--no-live", "--verbose"], "eaves.log")
+        self.eavesdropper = await self._start(
+            [*eaves, *self.eavesdrop_args, "--events", "--no-live", "--verbose"], "eaves.log"
+        )
         assert self.eavesdropper.stdout is not None
         async with asyncio.timeout(60):
             while b'"subscribed"' not in await self.eavesdropper.stdout.readline():

@@ -9,9 +9,11 @@ eavesdropper's sessions crossing the namespaces' network (tests/harness/netns.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import re
+import time
 import tomllib
 import uuid
 from collections import Counter
@@ -30,9 +32,11 @@ from adversary.capture import AckingSubscriber
 from adversary.capture.eavesdropper import Eavesdropper
 from adversary.capture.merged import MergedSubscriber
 from adversary.transcript import Transcript
+from adversary.transcript.store import EpochStore
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
+from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.deploy.sites import (
     cut_edges,
     delivery_model,
@@ -43,7 +47,9 @@ from nlagg_node.deploy.sites import (
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
+from nlagg_node.runtime.outputs import EpochOutput, results_filter, results_topic
 from nlagg_node.runtime.public import build_config_msg, run_edges
+from nlagg_node.runtime.transport import topic_matches
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
@@ -96,6 +102,57 @@ def test_bridges_carry_exactly_the_cut_edges_topics_one_way_each() -> None:
         for s in {plan.site_of[j] for j in plan.neighbours[i]} - {plan.site_of[i]}
     }
     assert plan.bridges == plan_bridges("nlagg", RUN, plan.neighbours, plan.site_of)
+
+
+def _sender(topic: str) -> int:
+    """The node publishing ``topic`` (``.../node/{i}/x``, ``.../edge/{i}/{j}/z0``, ``.../results/{i}``)."""
+    levels = topic.split("/")
+    for kind in ("node", "edge", "results"):
+        if kind in levels:
+            return int(levels[levels.index(kind) + 1])
+    raise AssertionError(topic)
+
+
+def test_a_continuous_plans_bridges_carry_every_epoch_and_every_result_once() -> None:
+    plan = build_plan(dataclasses.replace(_plan(), schedule=Schedule(10.0, 0.0, 2)))
+    site_of, deployment = plan.site_of, f"nlagg/{RUN}"
+    shared = topics(deployment, "e0", shared=True)  # every epoch's status and key topics
+
+    def epoch(topic: str) -> str:
+        return topic.replace(f"{deployment}/", f"{deployment}/+/", 1)
+
+    want: set[tuple[int, str]] = set()  # (destination site, topic or pattern)
+    t = topics("nlagg", RUN)
+    for u, v in cut_edges(plan.edges, site_of):
+        for i, j in ((u, v), (v, u)):
+            want |= {(site_of[j], epoch(t.x(i))), (site_of[j], epoch(t.z0(i, j)))}
+            want |= {(site_of[j], shared.key(i)), (site_of[j], shared.status(i))}
+    want |= {(s, results_topic("nlagg", RUN, i)) for i in range(24) for s in range(3) if s != site_of[i]}
+    got: list[tuple[int, str]] = []
+    for b in plan.bridges:
+        got += [(b.remote, topic) for topic in b.out_topics] + [(b.local, topic) for topic in b.in_topics]
+        # loop-free: a bridge carries only its own two sites' nodes' topics, each one way
+        from_sites = [(b.local, topic) for topic in b.out_topics] + [
+            (b.remote, topic) for topic in b.in_topics
+        ]
+        assert all(site_of[_sender(topic)] == s for s, topic in from_sites)
+    assert len(got) == len(set(got))  # no topic reaches a site twice
+    assert set(got) == want
+    x, z0 = epoch(t.x(3)), epoch(t.z0(3, 4))
+    for run in ("e0", "e7", "e7r"):  # every epoch and cold rerun
+        assert topic_matches(x, topics(deployment, run).x(3))
+        assert topic_matches(z0, topics(deployment, run).z0(3, 4))
+
+
+def test_a_continuous_plan_bridges_sites_without_a_cut_edge_for_the_results() -> None:
+    path = [[1], [0, 2], [1]]  # sites 0 and 2 share no edge
+    bridges = plan_bridges("nlagg", RUN, path, [0, 1, 2], epochs=True)
+    assert [(b.local, b.remote) for b in bridges] == [(0, 1), (0, 2), (1, 2)]
+    assert (bridges[1].out_topics, bridges[1].in_topics) == (
+        (results_topic("nlagg", RUN, 0),),
+        (results_topic("nlagg", RUN, 2),),
+    )
+    assert [(b.local, b.remote) for b in plan_bridges("nlagg", RUN, path, [0, 1, 2])] == [(0, 1), (1, 2)]
 
 
 def test_delivery_model_of_one_site_is_two_per_edge_plus_the_eavesdropper() -> None:
@@ -397,6 +454,50 @@ async def test_two_sites_bridged_over_tls_with_client_certificates_are_exact(tmp
     assert (verdict.lost, verdict.extra, verdict.rejected_by_eavesdropper) == (0, 0, 0)
     sim = simulate(bed.cfg)
     assert np.all(np.abs(sim.output[0] - np.max(sim.values[0])) <= 1e-9)  # exact
+
+
+@pytest.mark.mosquitto
+async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_path: Path) -> None:
+    # --sites 2 --every 10 --epochs 2: the plan's own site brokers, bridges and ACLs; the nodes'
+    # epoch topics cross through the bridge's + level, every node's results reach both sites, and
+    # the continuous eavesdropper (one session per site) closes both epochs.
+    cfg = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0), seed=5)
+    schedule = Schedule(10.0, time.time() + 20.0, 2)  # the brokers, bridges and captures start meanwhile
+    async with PlanBed(cfg, tmp_path, sites=2, schedule=schedule, eavesdrop_args=["--epochs", "2"]) as bed:
+        ((bridge_in, bridge_out),) = [(b.in_topics, b.out_topics) for b in bed.plan.bridges]
+        assert any("/+/node/" in topic for topic in bridge_in + bridge_out)
+        await bed.start_nodes()
+        detail: list[str] = []
+        async with asyncio.timeout(120):
+            reports = [(await proc.communicate())[0].decode() for proc in bed.nodes.values()]
+            codes = [proc.returncode for proc in bed.nodes.values()]
+            await bed.wait_eavesdropper(detail)
+        heard: dict[int, set[int]] = {}  # site -> the nodes whose retained output it holds
+        for s, url in enumerate(bed.site_urls):
+            async with MqttTransport(
+                url, client_id=f"op{s}", username="launcher", password=bed.password("launcher")
+            ) as t:
+                await t.subscribe(results_filter("nlagg", RUN))
+                got: set[int] = heard.setdefault(s, set())
+                async with asyncio.timeout(10):
+                    async for msg in t.messages():
+                        got.add(EpochOutput.model_validate_json(msg.payload).node)
+                        if len(got) == 5:
+                            break
+    assert codes == [0] * 5, (reports, bed.report())
+    assert not detail, (detail, bed.report())
+    assert heard == {0: set(range(5)), 1: set(range(5))}
+    median = sorted(float((bed.root / "values" / f"{i}.txt").read_text()) for i in range(5))[2]
+    for text in reports:
+        rows = [json.loads(line) for line in text.splitlines()]
+        assert [r["epoch"] for r in rows] == [0, 1]
+        assert all(r["output"] == pytest.approx(median, abs=bed.cfg.tolerance * 100) for r in rows), rows
+    assert bed.eavesdropper_finished["epochs"] == [0, 1], bed.report()
+    with EpochStore(bed.root / "epochs", read_only=True) as store:
+        summaries = [row.summary or {} for row in store.epochs()]
+        results = store.results()
+    assert [(s["epoch"], s["complete"], s["rejected"]) for s in summaries] == [(0, True, 0), (1, True, 0)]
+    assert sorted((r.epoch, r.node) for r in results) == [(k, i) for k in (0, 1) for i in range(5)]
 
 
 @pytest.mark.mosquitto
