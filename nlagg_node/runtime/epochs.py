@@ -26,7 +26,8 @@ missed: the node begins at the next start still ahead (within ``late``), and the
 counted (:attr:`EpochOutcome.skipped`); epochs are never queued, as a queue would only grow.
 
 Warm starts (:mod:`~nlagg_node.runtime.warmstart`, the math of :mod:`nlagg_node.warm`): with a
-declared drift, epoch k runs warm from epoch k-1's output as the nodes published it
+declared drift, epoch k runs warm from epoch k-1's output as the nodes published it (from an
+earlier epoch's, with the drift of the epochs between, when no node finished k-1)
 (:func:`initialization_for_epoch`); a node whose value lies outside the
 warm start's band runs a shell value, and when the warm run's output falls back, the epoch reruns
 cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under ``P/R``, with fresh z^(0).
