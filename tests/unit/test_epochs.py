@@ -236,29 +236,41 @@ def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
         read_outputs(path)
 
 
+async def epoch_of_node(
+    cfg: RunConfig,
+    broker: MemoryBroker,
+    i: int,
+    epoch: int,
+    join_by: float,
+    departure_timeout: float | None = None,
+) -> tuple[NodeResult, list[int]]:
+    """Node ``i``'s epoch ``epoch`` (its value :func:`values_of`) on ``broker``: result and absent."""
+    will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(epoch), i, shared=True)
+    result, _, absent = await run_epoch(
+        cfg,
+        i,
+        float(values_of(epoch, cfg.n)[i]),
+        MemoryTransport(broker, f"n{i}", will=will),
+        deployment=(PREFIX, RUN),
+        epoch=epoch,
+        join_by=join_by,
+        record=record,
+        edges=run_edges(cfg),
+        seed=None,
+        departure_timeout=departure_timeout,
+    )
+    return result, absent
+
+
 async def one_late_node(cfg: RunConfig, late: int) -> tuple[list[NodeResult], BaseException | None]:
     """Epoch 0 with node ``late`` connecting after its neighbours' join window closed."""
-    broker, edges, values = MemoryBroker(), run_edges(cfg), values_of(0, cfg.n)
+    broker = MemoryBroker()
     join_by = time.time() + 0.3
 
     async def node(i: int) -> NodeResult:
         if i == late:
             await asyncio.sleep(0.6)
-        transport = MemoryTransport(
-            broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), i, shared=True)
-        )
-        result, _, _ = await run_epoch(
-            cfg,
-            i,
-            float(values[i]),
-            transport,
-            deployment=(PREFIX, RUN),
-            epoch=0,
-            join_by=join_by + (5.0 if i == late else 0.0),
-            record=record,
-            edges=edges,
-            seed=None,
-        )
+        result, _ = await epoch_of_node(cfg, broker, i, 0, join_by + (5.0 if i == late else 0.0))
         return result
 
     out = await asyncio.gather(*(node(i) for i in range(cfg.n)), return_exceptions=True)
@@ -301,7 +313,6 @@ async def after_stale(
 ) -> list[tuple[NodeResult, list[int]]]:
     """Epoch 1 of every node with node ``old``'s status (and key) of epoch 0 retained on the shared
     topics, and its status published there again mid-run."""
-    edges, values = run_edges(cfg), values_of(1, cfg.n)
     shared = f"{PREFIX}/{RUN}/node/{old}"
     status = encode(StatusMsg.model_validate({"node": old, "run": epoch_run_id(0), **fields}))
     key = encode(KeyMsg(node=old, key=base64.b64encode(bytes(range(32))).decode(), run=epoch_run_id(0)))
@@ -310,24 +321,8 @@ async def after_stale(
     broker.route(f"{shared}/key", key, True)
     join_by = time.time() + 0.5
 
-    async def node(i: int) -> tuple[NodeResult, list[int]]:
-        transport = MemoryTransport(broker, f"n{i}", will=node_will(f"{PREFIX}/{RUN}", "e1", i, shared=True))
-        result, _, absent = await run_epoch(
-            cfg,
-            i,
-            float(values[i]),
-            transport,
-            deployment=(PREFIX, RUN),
-            epoch=1,
-            join_by=join_by,
-            record=record,
-            edges=edges,
-            seed=None,
-            departure_timeout=0.05,
-        )
-        return result, absent
-
-    return list(await asyncio.gather(*(node(i) for i in range(cfg.n))))
+    nodes = (epoch_of_node(cfg, broker, i, 1, join_by, departure_timeout=0.05) for i in range(cfg.n))
+    return list(await asyncio.gather(*nodes))
 
 
 @pytest.mark.parametrize("channel", ["plain", "sealed"], ids=["plain", "sealed"])
