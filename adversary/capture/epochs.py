@@ -291,7 +291,7 @@ class EpochCapture:
     def _published_before(self, k: int) -> HeardOutput | None:
         """The latest output before epoch ``k`` as its nodes published it, as the nodes read it
         (:func:`~nlagg_node.runtime.warmstart.latest_published`; None: none published)."""
-        recent = [(r.epoch, r.output) for r in self.store.results() if k - WARM_GAP <= r.epoch < k]
+        recent = [(r.epoch, r.output) for r in self.store.results(since=k - WARM_GAP, until=k)]
         return latest_published(recent)
 
     def _result(self, tail: str, payload: bytes) -> None:

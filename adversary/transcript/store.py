@@ -194,11 +194,16 @@ class EpochStore:
         """Results stored of epoch ``epoch``."""
         return int(self.db.execute("SELECT COUNT(*) FROM results WHERE epoch = ?", (epoch,)).fetchone()[0])
 
-    def results(self) -> list[Result]:
-        """Every published result, by epoch then node."""
-        sql = "SELECT epoch, node, output, iterations, time FROM results ORDER BY epoch, node"
+    def results(self, since: int = 0, until: int = MAX_EPOCH + 1) -> list[Result]:
+        """The published results of the epochs ``since <= k < until`` (default: every one), by epoch
+        then node (an index range: a deployment's months of results are not read for a few epochs)."""
+        sql = (
+            "SELECT epoch, node, output, iterations, time FROM results"
+            " WHERE epoch >= ? AND epoch < ? ORDER BY epoch, node"
+        )
         return [
-            Result(int(k), int(i), float(o), int(it), float(t)) for k, i, o, it, t in self.db.execute(sql)
+            Result(int(k), int(i), float(o), int(it), float(t))
+            for k, i, o, it, t in self.db.execute(sql, (since, until))
         ]
 
     # Writing ---------------------------------------------------------------------------------

@@ -189,3 +189,18 @@ def test_cleared_statuses_reruns_and_top_k_results_are_handled_quietly(
         assert store.transcript_path(1, rerun=True).is_file()
         assert (capture.cleared, capture.reruns, capture.stray, capture.late) == (6, 1, 0, 0)
         assert [(r.epoch, r.node, r.output) for r in store.results()] == [(1, 2, 3.5)]
+
+
+def test_the_results_of_a_range_of_epochs_are_read_alone(tmp_path: Path) -> None:
+    with EpochStore(tmp_path / "s", PREFIX, RUN) as store:
+        capture = EpochCapture(MemoryTransport(MemoryBroker(), "eve"), store, summarize=epoch_summary)
+        for k in range(5):
+            for node in (0, 1):
+                capture.handle(*result(k, node, 10.0 + k))
+        assert [(r.epoch, r.node) for r in store.results(since=1, until=3)] == [
+            (1, 0),
+            (1, 1),
+            (2, 0),
+            (2, 1),
+        ]
+        assert len(store.results()) == 10

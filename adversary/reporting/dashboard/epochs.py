@@ -170,6 +170,9 @@ class EpochDashboardState:
         series: list[dict[str, Any]] = []
         first: dict[int, int] = {}
         n = 0
+        outputs: dict[int, list[float]] = {}
+        for r in self._results:  # once, not per epoch: months of epochs hold millions of results
+            outputs.setdefault(r.epoch, []).append(r.output)
         for row in self._rows:
             summary = row.summary or {}
             exposed = [int(i) for i in summary.get("exposed", [])]
@@ -177,7 +180,7 @@ class EpochDashboardState:
             if row.epoch == self.epoch and row.summary is None and inner is not None:
                 exposed = sorted({e.node for e in inner.exposures if e.node not in inner.corrupted})
                 output = _num(inner.output)
-            outs = [r.output for r in self._results if r.epoch == row.epoch]
+            outs = outputs.get(row.epoch)
             published = statistics.median(outs) if outs else None
             series.append(
                 {
