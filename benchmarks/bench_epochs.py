@@ -231,42 +231,44 @@ def tail_radius(
     return float(np.abs(w[seen]).max())
 
 
+def _per_decade(rho: float) -> float:
+    """Iterations per decade of precision of a tail with spectral radius ``rho``."""
+    return -1.0 / math.log10(rho)
+
+
 def tail(args: argparse.Namespace) -> None:
     cfg = _config("max", args.trials, args.seed).resolved()
     vals = walk_values(cfg, 1, args.drift)[0]
     graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
-    per_decade, best, overhead = [], [], []
-    weights = list(EDGE_WEIGHTS)
-    by_weight: dict[str, list[float]] = {w: [] for w in weights}
+    per_decade, overhead = [], []
+    by_weight: dict[str, list[float]] = {w: [] for w in EDGE_WEIGHTS}  # at each weighting's best theta
     for b, edges in enumerate(graphs):
         pinned = int(np.argmax(vals[b]))
-        rhos = {
-            (th, w): tail_radius(cfg.n, edges, pinned, th, EDGE_WEIGHTS[w]) for th in THETAS for w in weights
-        }
-        per_decade.append(-1.0 / math.log10(rhos[cfg.theta, "uniform"]))
-        best.append(-1.0 / math.log10(min(rho for (_, w), rho in rhos.items() if w == "uniform")))
-        for w in weights:
-            by_weight[w].append(-1.0 / math.log10(min(rho for (_, v), rho in rhos.items() if v == w)))
+        for w, weight in EDGE_WEIGHTS.items():
+            rhos = {th: tail_radius(cfg.n, edges, pinned, th, weight) for th in THETAS}
+            by_weight[w].append(_per_decade(min(rhos.values())))
+            if w == "uniform":
+                per_decade.append(_per_decade(rhos[cfg.theta]))
         overhead.append(2 * cfg.stop_window_value + 2 * diameter(cfg.n, edges))
     margin = warm_margin(args.drift, cfg.c_value, cfg.sigma_z_value)
     decades = math.log10(margin / cfg.tolerance)
-    predicted = decades * np.asarray(per_decade) + np.asarray(overhead)
-    warm = simulate_epochs(cfg, args.epochs, args.drift)
-    its = warm.iterations
-    first = float(np.median(its[0]))
+    stop = float(np.median(overhead))
+    predicted = float(np.median(decades * np.asarray(per_decade) + np.asarray(overhead)))
+    its = simulate_epochs(cfg, args.epochs, args.drift).iterations
+    first, later = float(np.median(its[0])), float(np.median(its[1:]))
     line = {
         "theta": cfg.theta,
         "iterations_per_decade": round(float(np.median(per_decade)), 1),
-        "best_theta_iterations_per_decade": round(float(np.median(best)), 1),
+        "best_theta_iterations_per_decade": round(float(np.median(by_weight["uniform"])), 1),
         "best_theta_by_edge_weights": {w: round(float(np.median(v)), 1) for w, v in by_weight.items()},
         "decades": round(decades, 2),
-        "stop_overhead": float(np.median(overhead)),
-        "predicted_warm": round(float(np.median(predicted)), 0),
-        "measured_warm": float(np.median(its[1:])),
+        "stop_overhead": stop,
+        "predicted_warm": round(predicted, 0),
+        "measured_warm": later,
         "first": first,
-        "ratio_predicted": round(float(np.median(predicted)) / first, 3),
-        "ratio": round(float(np.median(its[1:])) / first, 3),
-        "per_decade_for_quarter": round((first / 4 - float(np.median(overhead))) / decades, 1),
+        "ratio_predicted": round(predicted / first, 3),
+        "ratio": round(later / first, 3),
+        "per_decade_for_quarter": round((first / 4 - stop) / decades, 1),
     }
     print(json.dumps(line), flush=True)
 
