@@ -51,7 +51,7 @@ from pydantic import ValidationError
 
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
-from nlagg_node.runtime.outputs import EpochOutput
+from nlagg_node.runtime.outputs import published_record
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, latest_published
 from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, shared_run, topics
@@ -184,7 +184,7 @@ class EpochCapture:
             self.cleared += 1
             return [raw]
         if level == "results":
-            self._result(tail, payload)
+            self._result(topic, payload)
             return [raw]
         if level == "config" and not tail:
             self._deployment(topic, payload)
@@ -294,18 +294,16 @@ class EpochCapture:
         recent = [(r.epoch, r.output) for r in self.store.results(since=k - WARM_GAP, until=k)]
         return latest_published(recent)
 
-    def _result(self, tail: str, payload: bytes) -> None:
+    def _result(self, topic: str, payload: bytes) -> None:
         """A node's :class:`~nlagg_node.runtime.outputs.EpochOutput`; a top-K output is stored by its
         first (largest) value."""
         try:
-            msg = EpochOutput.model_validate_json(payload)
-            if tail != str(msg.node):
-                raise ValueError(f"node {msg.node} on the topic of node {tail!r}")
+            msg = published_record(topic, payload)
             if msg.epoch > MAX_EPOCH:
                 raise ValueError(f"epoch {msg.epoch} beyond {MAX_EPOCH}")
-        except (ValidationError, ValueError) as exc:
+        except ValueError as exc:
             self.stray += 1
-            log.warning("a result on %s/results/%s is not one: %s", self.base, tail[:40], str(exc)[:200])
+            log.warning("a result on %s is not one: %s", topic[:200], str(exc)[:200])
             return
         out = msg.output[0] if isinstance(msg.output, list) else msg.output
         self.results += self.store.add_result(Result(msg.epoch, msg.node, out, msg.iterations, msg.time))

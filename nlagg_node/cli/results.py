@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["results_cmd", "series_csv", "series_lines"]
 
 CSV_FIELDS = ("epoch", "node", "output", "iterations", "time")
+
+log = logging.getLogger("nlagg.results")
 
 
 def series_lines(records: list[EpochOutput]) -> list[str]:
@@ -55,11 +58,9 @@ async def _subscribe(opts: ResultsOptions, run_id: str) -> list[EpochOutput]:
     import asyncio
     import secrets
 
-    from pydantic import ValidationError
-
     from ..deploy.start import read_password, tls_settings
     from ..runtime.mqtt import MqttTransport
-    from ..runtime.outputs import EpochOutput, results_filter
+    from ..runtime.outputs import published_record, results_filter
 
     assert opts.broker is not None
     seen: dict[tuple[int, int], EpochOutput] = {}
@@ -74,10 +75,13 @@ async def _subscribe(opts: ResultsOptions, run_id: str) -> list[EpochOutput]:
         try:
             async with asyncio.timeout(opts.wait):
                 async for msg in transport.messages():
+                    if not msg.payload:
+                        continue  # a cleared retained record: nothing of the series
                     try:
-                        r = EpochOutput.model_validate_json(msg.payload)
-                    except ValidationError:
-                        continue  # not a result record: nothing of the series
+                        r = published_record(msg.topic, msg.payload)
+                    except ValueError as exc:
+                        log.warning("%s holds no output record of its node: %s", msg.topic, str(exc)[:200])
+                        continue
                     seen[r.epoch, r.node] = r
         except TimeoutError:
             pass

@@ -24,7 +24,15 @@ from ..limits import MAX_ITERATIONS
 from ..private import open_private
 from .wire import Finite, NodeId, check_prefix, check_run_id
 
-__all__ = ["EpochOutput", "append_output", "epoch_run_id", "read_outputs", "results_filter", "results_topic"]
+__all__ = [
+    "EpochOutput",
+    "append_output",
+    "epoch_run_id",
+    "published_record",
+    "read_outputs",
+    "results_filter",
+    "results_topic",
+]
 
 
 class EpochOutput(BaseModel):
@@ -61,6 +69,17 @@ def results_topic(prefix: str, run_id: str, node: int | str) -> str:
 def results_filter(prefix: str, run_id: str) -> str:
     """The filter of every node's results topic of a deployment."""
     return results_topic(prefix, run_id, "+")
+
+
+def published_record(topic: str, payload: bytes) -> EpochOutput:
+    """The record published on node i's results topic ``P/R/results/{i}``, as every reader takes it
+    (the nodes' warm starts, ``nlagg results``, the eavesdropper's capture). Raises ValueError
+    (pydantic's ValidationError is one) for a payload that is not a record or is another node's."""
+    record = EpochOutput.model_validate_json(payload)
+    node = topic.rpartition("/")[2]
+    if node != str(record.node):
+        raise ValueError(f"node {record.node}'s record on the results topic of node {node!r}")
+    return record
 
 
 def append_output(path: Path, record: EpochOutput) -> None:

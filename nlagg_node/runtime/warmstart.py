@@ -30,11 +30,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from ..config import RunConfig
 from ..warm import WarmStart, warm_start
-from .outputs import EpochOutput, results_filter
+from .outputs import EpochOutput, published_record, results_filter
 from .transport import Transport
 
 __all__ = [
@@ -102,7 +100,7 @@ def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: flo
 
 def warms_at(cfg: RunConfig, epoch: int, drift: float | None) -> bool:
     """Whether epoch ``epoch`` of a deployment of ``cfg`` with declared ``drift`` may start warm
-    (it does when epoch k-1's output is held)."""
+    (it does when an output of the :data:`WARM_GAP` epochs before it is held)."""
     from ..sim.epochs import warms
 
     return drift is not None and epoch > 0 and warms(cfg)
@@ -112,8 +110,8 @@ def epoch_config(
     cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None, *, rerun: bool = False
 ) -> RunConfig:
     """The configuration epoch ``epoch`` runs with (``rerun``: its cold rerun ``e{k}r``), from public
-    facts only: the deployment's ``cfg``, the epoch, the output of epoch k-1 (``held``, as in
-    :func:`epoch_start`) and the declared ``drift``.
+    facts only: the deployment's ``cfg``, the epoch, the latest output published before it
+    (``held``, as in :func:`epoch_start`) and the declared ``drift``.
 
     The nodes run with it (:mod:`nlagg_node.runtime.epochs`), and a continuous capture gives it to
     each epoch's eavesdropper (:mod:`adversary.capture.epochs`): a warm epoch's ``c`` is
@@ -199,11 +197,7 @@ def _record(topic: str, payload: bytes) -> EpochOutput | None:
     if not payload:
         return None
     try:
-        record = EpochOutput.model_validate_json(payload)
-    except ValidationError as exc:
-        log.warning("%s holds no output record: %s", topic, str(exc)[:200])
+        return published_record(topic, payload)
+    except ValueError as exc:
+        log.warning("%s holds no output record of its node: %s", topic, str(exc)[:200])
         return None
-    if not topic.endswith(f"/results/{record.node}"):
-        log.warning("%s holds the output record of node %d", topic, record.node)
-        return None
-    return record

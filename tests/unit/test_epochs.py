@@ -17,7 +17,14 @@ from nlagg_node.errors import ConfigError, DepartedError
 from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
-from nlagg_node.runtime.outputs import EpochOutput, append_output, epoch_run_id, read_outputs, results_topic
+from nlagg_node.runtime.outputs import (
+    EpochOutput,
+    append_output,
+    epoch_run_id,
+    published_record,
+    read_outputs,
+    results_topic,
+)
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.transport import Will
 from nlagg_node.runtime.wire import KeyMsg, StatusMsg, encode
@@ -351,3 +358,22 @@ def test_a_status_or_key_of_the_epoch_before_is_stale_in_this_one(state: str, ch
 def test_an_epoch_line_says_which_published_output_it_started_from(read: dict[str, float], said: str) -> None:
     report = {"node": 2, "epoch": 7, "output": 25.0, "iterations": 900, "start": "warm", **read}
     assert epoch_line(report) == f"node 2: epoch 7: output 25.0 after 900 iterations, {said}"
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "error"),
+    [
+        ("P/R/results/2", b'{"v":1,"node":2,"epoch":5,"output":1.5,"iterations":9,"time":1.0}', None),
+        ("P/R/results/3", b'{"v":1,"node":2,"epoch":5,"output":1.5,"iterations":9,"time":1.0}', "node 2's"),
+        ("P/R/results/2", b'{"v":1,"node":2}', "epoch"),
+    ],
+    ids=["its-own", "another-nodes", "not-a-record"],
+)
+def test_a_results_topic_holds_its_own_nodes_record_only(
+    topic: str, payload: bytes, error: str | None
+) -> None:
+    if error is None:
+        assert published_record(topic, payload).epoch == 5
+    else:
+        with pytest.raises(ValueError, match=error):
+            published_record(topic, payload)
