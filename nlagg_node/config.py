@@ -24,6 +24,7 @@ from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import parse_document, read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
+from .termination import CERTIFYING_OPERATORS, certifies
 from .threat import InitChannel
 
 Operator = Literal["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]
@@ -31,6 +32,7 @@ InitName = Literal[
     "none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior"
 ]
 ValueDist = Literal["normal", "uniform", "bimodal", "uniform-range"]
+StopRule = Literal["certificate", "tolerance"]
 
 
 class RunConfig(BaseModel):
@@ -42,7 +44,9 @@ class RunConfig(BaseModel):
     With ``early_stop`` (the default) a phase ends at the first iteration where the network is
     detected quiet (every x within ``tolerance`` of its value ``stop_window`` iterations earlier,
     see :mod:`nlagg_node.termination`); ``t_max`` is then a cap. ``early_stop=False`` runs the
-    paper's fixed schedule (its figures). ``may_depart`` makes early stopping survive nodes that
+    paper's fixed schedule (its figures). ``stop_rule`` ``certificate`` (max and min's default) ends
+    a phase once the maximizer's pinned x has reached every node instead, and each node outputs
+    that value exactly (:mod:`nlagg_node.termination`, "the certified stop"). ``may_depart`` makes early stopping survive nodes that
     leave for good: the stop waits ``n - 1`` hops in place of the graph's diameter, and a
     departure voids a stop it could have misled (docs/protocol.md).
     """
@@ -78,6 +82,7 @@ class RunConfig(BaseModel):
     tolerance: float = Field(1e-9, gt=0)
     early_stop: bool = True
     stop_window: int | None = Field(None, ge=1, le=MAX_T_MAX)
+    stop_rule: StopRule | None = None
     may_depart: bool = False
     init_channel: InitChannel = "auto"
 
@@ -111,6 +116,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"k={self.k}: must be smaller than n={self.n} for topk")
         if self.op == "trimmed-mean" and 2 * self.k >= self.n:
             raise ValueError(f"k={self.k}: trims 2k >= n={self.n} values for trimmed-mean")
+        if self.stop_rule == "certificate" and self.op not in CERTIFYING_OPERATORS:
+            raise ValueError(
+                f"stop_rule='certificate': only {' and '.join(CERTIFYING_OPERATORS)} certify their output"
+                f" (op={self.op!r}); use stop_rule='tolerance'"
+            )
         if self.graph == "file" and self.graph_file is None:
             raise ValueError("graph=file: give the edge list with --graph-file (or graph_file in the config)")
         total = self.t_total
@@ -151,6 +161,16 @@ class RunConfig(BaseModel):
     @property
     def t_max_value(self) -> int:
         return int(self.t_max if self.t_max is not None else self.default("t_max"))
+
+    @property
+    def certified(self) -> bool:
+        """Whether the run's phases end on the certified stop (:func:`nlagg_node.termination.certifies`)."""
+        return certifies(self.op, self.early_stop, self.stop_rule)
+
+    @property
+    def stop_rule_value(self) -> StopRule:
+        """The stop rule in effect: ``certificate`` or ``tolerance`` (also without early stopping)."""
+        return "certificate" if self.certified else "tolerance"
 
     @property
     def stop_window_value(self) -> int:
@@ -199,6 +219,7 @@ class RunConfig(BaseModel):
                 "values": self.values_value,
                 "prior_median": self.prior_median_value,
                 "stop_window": self.stop_window_value,
+                "stop_rule": self.stop_rule_value,
             }
         )
 

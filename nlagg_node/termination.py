@@ -29,11 +29,33 @@ it knows of in its x (merged by union, :func:`recent` ones only), and a departur
 ``[e - 2D, e - D]`` voids the stop ``e`` (:func:`voids`, :func:`halts`; a voided ``e`` is forgotten,
 :func:`live_stop`). Each connected component then stops on its own, all its nodes together
 (docs/protocol.md, "Early stopping with departures").
+
+**The certified stop** (max and min, :func:`certifies`). The output of max is a node's value, and
+once the descent has met it the maximizer's x is *pinned* at it (eq. (xi_up) selects ``s_i``) while
+every other x still converges geometrically. Rather than wait for every x to settle within
+``tolerance``, node i keeps
+
+* its pin run ``r_i^(t)``: iterations in a row with ``x_i = s_i`` (bit for bit, the value its
+  x-update uses; :func:`next_pin_run`);
+* the candidate ``b_i^(t) = max(b_i^(t-1), b_j^(t-1) for every neighbour j, o_i^(t))`` with its own
+  contribution ``o_i^(t) = s_i`` once ``r_i^(t) >= W`` (:func:`own_candidate`), "none" before
+  (signed: ``-s`` for min; :func:`next_candidate`), published with x as ``cand``;
+
+and is quiet at t when ``s_i <= b_i^(t)`` (:func:`is_certified`) in place of the tolerance test.
+Every candidate is some node's value, so ``b <= s_max``; a proposal means every node was quiet at
+some iteration of ``[t - D - W + 1, t - D]``, the maximizer among them, so ``b_m = s_max`` there and
+the flood carries it to every node within D hops: at the stop every node holds ``b_i = s_max``
+exactly and outputs it. The candidate is made of x's each published W times in a row, so it adds
+nothing an eavesdropper of every x lacks; a node that knows a recent departure is never quiet and
+keeps only its own contribution (``resetting``), so no departed node's value survives in a
+candidate (docs/protocol.md, "The certified stop").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,16 +64,25 @@ from .arrays import FloatArray, IntArray
 from .graphs import neighbours
 
 __all__ = [
+    "CERTIFYING_OPERATORS",
+    "NO_CANDIDATE",
     "NO_STOP",
+    "Certificate",
     "Fields",
+    "certificate_sign",
+    "certifies",
     "csr_diameter",
     "diameter",
     "fields_along",
     "halts",
+    "is_certified",
     "is_quiet",
     "live_stop",
+    "next_candidate",
+    "next_pin_run",
     "next_quiet",
     "next_stop",
+    "own_candidate",
     "recent",
     "stop_reach",
     "stop_threshold",
@@ -60,6 +91,50 @@ __all__ = [
 
 NO_STOP = 1 << 62
 """``e`` before any proposal (larger than every iteration; never on the wire)."""
+
+
+CERTIFYING_OPERATORS = ("max", "min")
+"""The operators whose output a node's pinned x certifies (the certified stop, module docs)."""
+
+NO_CANDIDATE = -math.inf
+"""``b`` before any candidate (signed; never on the wire)."""
+
+
+def certifies(op: str, early_stop: bool, stop_rule: str | None) -> bool:
+    """Whether a phase of ``op`` stops on the certificate (module docs) rather than on the tolerance:
+    ``stop_rule`` ``"certificate"``, or None (the default) for max and min with early stopping."""
+    if not early_stop:
+        return False
+    if stop_rule is None:
+        return op in CERTIFYING_OPERATORS
+    return stop_rule == "certificate"
+
+
+def certificate_sign(op: str) -> float:
+    """``+1`` for max, ``-1`` for min: the candidates are kept signed, so min is max of ``-s``."""
+    return -1.0 if op == "min" else 1.0
+
+
+def next_pin_run(x: float, s: float, run: int) -> int:
+    """``r_i^(t)``: one more than ``run`` when ``x_i^(t)`` equals the value ``s`` bit for bit, else 0."""
+    return run + 1 if x == s else 0
+
+
+def own_candidate(signed_value: float, run: int, window: int) -> float:
+    """``o_i^(t)``: the node's signed value once its x has been pinned at it ``window`` times in a
+    row, else :data:`NO_CANDIDATE`."""
+    return signed_value if run >= window else NO_CANDIDATE
+
+
+def next_candidate(b_max: float, own: float, resetting: bool) -> float:
+    """``b_i^(t)`` from ``b_max = max(b_i^(t-1), b_j^(t-1))`` over the neighbours: the larger of it and
+    ``own``, or ``own`` alone while the node knows a recent departure (``resetting``)."""
+    return own if resetting else max(b_max, own)
+
+
+def is_certified(signed_value: float, b: float) -> bool:
+    """The certified stop's quiet test: the node's signed value is at most its candidate."""
+    return signed_value <= b
 
 
 def is_quiet(x: float, x_past: float, tolerance: float) -> bool:
@@ -119,8 +194,19 @@ def halts(e: int, t: int, departures: Iterable[int], reach: int) -> bool:
     return e == t and not any(voids(d, t, reach) for d in departures)
 
 
-Fields = tuple[int, int, tuple[int, ...]]
-"""What a node publishes with ``x_i^(t)``: quiet counter, stop iteration, departures it knows of."""
+Fields = tuple[int, int, tuple[int, ...], float | None]
+"""What a node publishes with ``x_i^(t)``: quiet counter, stop iteration, departures it knows of, and
+in a certified phase its candidate on the protocol's scale (None before it has one, and always
+without the certificate)."""
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """What the certified stop needs beyond the x's: each node's value as its x-update uses it
+    (protocol scale; the pin test compares x with it bit for bit) and the operator's sign."""
+
+    values: Sequence[float]
+    sign: float
 
 
 def fields_along(
@@ -131,11 +217,13 @@ def fields_along(
     reach: int,
     tolerance: float,
     departed: Mapping[int, int] | None = None,
+    certificate: Certificate | None = None,
 ) -> list[list[Fields | None]]:
-    """Every node's fields ``(k_i^(t), e_i^(t), departures)`` along one phase's trajectory ``xs``.
+    """Every node's fields ``(k_i^(t), e_i^(t), departures, cand)`` along one phase's trajectory ``xs``.
 
     ``xs``: iterations x nodes, the x's of a phase that started at iteration ``t0``; ``reach``:
-    :func:`stop_reach`; ``departed``: ``{node: T}`` (its last x was ``x^(T-1)``). What the nodes
+    :func:`stop_reach`; ``departed``: ``{node: T}`` (its last x was ``x^(T-1)``); ``certificate``:
+    the phase stops on the certificate (module docs), else on ``tolerance``. What the nodes
     publish with their x's (``e`` is :data:`NO_STOP` until known), recomputed from the x's: the
     simulator's transcripts carry them. An entry is None where the node publishes nothing (it
     departed, or its component stopped). The rows end once every node has stopped or departed
@@ -148,6 +236,7 @@ def fields_along(
     rows: list[list[Fields | None]] = []
     k, e = [0] * n, [NO_STOP] * n
     known: list[frozenset[int]] = [frozenset()] * n
+    cert = _CertState(certificate, n, window) if certificate is not None else None
     running = [gone.get(i, NO_STOP) > t0 for i in range(n)]
     x = np.asarray(xs, dtype=np.float64).tolist()
     for lt, row in enumerate(x):
@@ -157,19 +246,27 @@ def fields_along(
             running[i] = running[i] and gone.get(i, NO_STOP) > t
         out: list[Fields | None] = [None] * n
         k_new, e_new, known_new = list(k), list(e), list(known)
+        b_new = list(cert.b) if cert is not None else []
         for i in range(n):
             if not running[i]:
                 continue
             heard = [j for j in nbrs[i] if was[j]] if lt else []
             caught = {gone[j] for j in nbrs[i] if gone.get(j) == t - 1 and lt}  # detected at the last barrier
-            quiet = not caught and lt >= window and is_quiet(row[i], x[lt - window][i], tolerance)
+            merged = set(known[i]).union(caught, *(known[j] for j in heard))
+            known_new[i] = frozenset(d for d in merged if recent(d, t, reach))
+            if cert is not None:
+                b_new[i] = cert.step(i, row[i], heard, bool(known_new[i]))
+                quiet = not known_new[i] and is_certified(cert.signed[i], b_new[i])
+            else:
+                quiet = not caught and lt >= window and is_quiet(row[i], x[lt - window][i], tolerance)
             k_new[i] = next_quiet(quiet, min([k[i]] + [k[j] for j in heard]))
             e_min = min([live_stop(e[i], t)] + [live_stop(e[j], t) for j in heard])
             e_new[i] = next_stop(e_min, k_new[i], t, threshold, reach)
-            merged = set(known[i]).union(caught, *(known[j] for j in heard))
-            known_new[i] = frozenset(d for d in merged if recent(d, t, reach))
-            out[i] = (k_new[i], e_new[i], tuple(sorted(known_new[i])))
+            cand = cert.published(b_new[i]) if cert is not None else None
+            out[i] = (k_new[i], e_new[i], tuple(sorted(known_new[i])), cand)
         k, e, known = k_new, e_new, known_new
+        if cert is not None:
+            cert.b = b_new
         rows.append(out)
         for i in range(n):
             if running[i] and halts(e[i], t, known[i], reach):
@@ -177,6 +274,26 @@ def fields_along(
         if not any(running):
             break
     return rows
+
+
+class _CertState:
+    """The certified stop's state of every node along :func:`fields_along`."""
+
+    def __init__(self, certificate: Certificate, n: int, window: int) -> None:
+        self.sign, self.window = certificate.sign, window
+        self.values = [float(v) for v in certificate.values]
+        self.signed = [self.sign * v for v in self.values]
+        self.run = [0] * n
+        self.b = [NO_CANDIDATE] * n
+
+    def step(self, i: int, x: float, heard: list[int], resetting: bool) -> float:
+        """Node i's ``b_i^(t)`` after taking its ``x_i^(t)``, from the neighbours' ``b^(t-1)``."""
+        self.run[i] = next_pin_run(x, self.values[i], self.run[i])
+        own = own_candidate(self.signed[i], self.run[i], self.window)
+        return next_candidate(max([self.b[i]] + [self.b[j] for j in heard]), own, resetting)
+
+    def published(self, b: float) -> float | None:
+        return None if b == NO_CANDIDATE else self.sign * b
 
 
 def diameter(n: int, edges: IntArray) -> int:

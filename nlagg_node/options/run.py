@@ -125,6 +125,15 @@ class ModelOptions:
             STOPPING,
         ),
     ] = None
+    stop_rule: Annotated[
+        str | None,
+        Opt(
+            "early stop: certificate (max, min) ends a phase once the maximizer's pinned x has reached"
+            " every node, which outputs it exactly; tolerance waits until every x stays within"
+            " --tolerance (docs/protocol.md) [default: certificate for max and min, else tolerance]",
+            STOPPING,
+        ),
+    ] = None
     tolerance: Annotated[
         float | None,
         Opt(

@@ -44,6 +44,7 @@ _MATH_FIELDS = (
     "init_channel",
     "early_stop",
     "stop_window",
+    "stop_rule",
     "tolerance",
     "may_depart",
 )
