@@ -46,9 +46,9 @@ class RunConfig(BaseModel):
     see :mod:`nlagg_node.termination`); ``t_max`` is then a cap. ``early_stop=False`` runs the
     paper's fixed schedule (its figures). ``stop_rule`` ``certificate`` (max and min's default) ends
     a phase once the maximizer's pinned x has reached every node instead, and each node outputs
-    that value exactly (:mod:`nlagg_node.termination`, "the certified stop"). ``may_depart`` makes early stopping survive nodes that
-    leave for good: the stop waits ``n - 1`` hops in place of the graph's diameter, and a
-    departure voids a stop it could have misled (docs/protocol.md).
+    that value exactly (:mod:`nlagg_node.termination`, "the certified stop"). ``may_depart`` makes
+    early stopping survive nodes that leave for good: the stop waits ``n - 1`` hops in place of the
+    graph's diameter, and a departure voids a stop it could have misled (docs/protocol.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
