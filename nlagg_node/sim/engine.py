@@ -60,6 +60,9 @@ class SimResult:
     graphs: list[IntArray]
     values: FloatArray  # (B, n) private values s_i, in the user's units
     used_values: FloatArray  # (B, n) what the dynamics used (s_i + DP noise for the baselines), user units
+    # (B, n) the same in protocol units, bit for bit what each node's x-update compares x with (the
+    # certified stop's pin test, nlagg_node.termination.Certificate)
+    protocol_values: FloatArray
     rank: IntArray  # (B, n)
     output: FloatArray  # (B, n) or (B, n, k) for top-K
     truth_lo: FloatArray  # (B,) or (B, k)
@@ -598,6 +601,7 @@ def _result(plan: _Plan, st: _State, wall: float) -> SimResult:
         graphs=plan.graphs,
         values=s,
         used_values=np.asarray(plan.scale.to_user(plan.s_used.reshape(B, n)), dtype=np.float64),
+        protocol_values=plan.s_used.reshape(B, n).copy(),
         rank=np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1),
         output=output,
         truth_lo=truth_lo,
