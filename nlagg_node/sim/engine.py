@@ -63,6 +63,10 @@ class SimResult:
     # (B, n) the same in protocol units, bit for bit what each node's x-update compares x with (the
     # certified stop's pin test, nlagg_node.termination.Certificate)
     protocol_values: FloatArray
+    # (B, n) the certified stop: nodes whose value entered a candidate (their x stayed pinned at it
+    # stop_window iterations in a row); a node other than the aggregate's holder is the one case in
+    # which the stop's quiet bits say more than the ideal world (docs/protocol.md)
+    offered: BoolArray
     rank: IntArray  # (B, n)
     output: FloatArray  # (B, n) or (B, n, k) for top-K
     truth_lo: FloatArray  # (B,) or (B, k)
@@ -99,6 +103,13 @@ class SimResult:
         order = np.argsort(self.rank, axis=1)
         idx = order.reshape(order.shape + (1,) * (per_node.ndim - 2))
         return np.take_along_axis(per_node, idx, axis=1)
+
+    def stray_candidates(self) -> BoolArray:
+        """``(B,)``: a node whose value is not the aggregate's entered a certified stop's candidate
+        (:attr:`offered`), the case in which the stop's quiet bits reveal which nodes lie above it."""
+        v = self.protocol_values
+        extreme = np.nanmin(v, axis=1) if self.config.op == "min" else np.nanmax(v, axis=1)
+        return np.asarray((self.offered & (v != extreme[:, None])).any(axis=1), dtype=bool)
 
     def leakage_probability(self) -> FloatArray:
         """Fraction of trials in which the adversary's view determines the value, per rank (0 = largest).
@@ -339,6 +350,7 @@ class _State:
     # The certified stop, per node: pin run and signed candidate (nlagg_node.termination).
     pin: IntArray
     bc: FloatArray
+    offered: BoolArray  # over the run: the node's value entered a candidate
     finals: list[FloatArray] = field(default_factory=list)
     identified: list[FloatArray] = field(default_factory=list)
     z0: dict[str, FloatArray] = field(default_factory=dict)
@@ -385,6 +397,7 @@ def _new_state(plan: _Plan) -> _State:
         calm_from=np.full(B, -1, dtype=np.int64),
         pin=np.zeros(N, dtype=np.int64),
         bc=np.full(N, NO_CANDIDATE),
+        offered=np.zeros(N, dtype=bool),
     )
 
 
@@ -461,6 +474,7 @@ def _run_span(
             certificate_sign(cfg.op),
             st.pin,
             st.bc,
+            st.offered,
         ),
         (st.dep_t, st.dep_known, st.fresh),
     )
@@ -651,6 +665,7 @@ def _result(plan: _Plan, st: _State, wall: float) -> SimResult:
         values=s,
         used_values=np.asarray(plan.scale.to_user(plan.s_used.reshape(B, n)), dtype=np.float64),
         protocol_values=plan.s_used.reshape(B, n).copy(),
+        offered=st.offered.reshape(B, n).copy(),
         rank=np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1),
         output=output,
         truth_lo=truth_lo,

@@ -36,9 +36,10 @@ departed)`` of groups (tuples, and ``x`` the nodes' x), unpacked once per trial:
   the first step and how many to run;
 * ``judge``: ``(target_lo, target_hi, tolerance, matched, first_match, last_bad)``;
 * ``record``: ``(record_t, recorded, rec_ptr)``;
-* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt, calm_from, certify, sign, pin, bc)``
-  (flat: a parallel loop takes no nested tuples), the last four: whether the phase stops on the
-  certificate, the operator's sign and per node its pin run and signed candidate
+* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt, calm_from, certify, sign, pin, bc,
+  offered)`` (flat: a parallel loop takes no nested tuples), the last five: whether the phase stops
+  on the certificate, the operator's sign and per node its pin run, signed candidate and whether its
+  value ever entered a candidate
   (:mod:`nlagg_node.termination`, "the certified stop": the quiet test is then :func:`_certify`'s,
   and the rest of the rule is the same);
 * ``departed``: ``(dep_t, known, fresh)``.
@@ -135,7 +136,7 @@ def _certify(xl: Any, s_l: Any, cert: Any, window: int, g0: int, nbrs: Any, halt
     neighbours' of the last iteration (``nbrs = (ptr, nb)``) and the quiet test into
     ``scratch[0]``; ``scratch[6]``: the nodes that know a recent departure (reset). True when every
     running node is quiet."""
-    sign, pin, bc = cert[1], cert[2], cert[3]
+    sign, pin, bc, offered = cert[1], cert[2], cert[3], cert[4]
     ptr, nb = nbrs
     quiet, reset, bnew = scratch[0], scratch[6], scratch[7]
     all_quiet = True
@@ -144,6 +145,7 @@ def _certify(xl: Any, s_l: Any, cert: Any, window: int, g0: int, nbrs: Any, halt
             continue
         pin[g0 + i] = _next_pin_run(xl[i], s_l[i], pin[g0 + i])
         own = _own_candidate(sign * s_l[i], pin[g0 + i], window)
+        offered[g0 + i] = offered[g0 + i] or pin[g0 + i] >= window
         b_max = bc[g0 + i]
         for p in range(ptr[i], ptr[i + 1]):
             b_max = max(b_max, bc[g0 + nb[p]])
@@ -307,8 +309,8 @@ def run_trial(b: int, tracked: bool, run: Any) -> None:
     c, theta, quadratic, alpha, beta = rule
     n, t0, local0, t_len = span
     target_lo, target_hi, tolerance, matched, first_match, last_bad = judge
-    early, window, reach, hist, kq, ev, ran, halt, calm_from, certify, sign, pin, bc = stop
-    cert = (certify, sign, pin, bc)
+    early, window, reach, hist, kq, ev, ran, halt, calm_from, certify, sign, pin, bc, offered = stop
+    cert = (certify, sign, pin, bc, offered)
     g0 = b * n
     ul, src_l, dst_l = _load_trial(u, src, dst, pair_start[b], pair_start[b + 1], g0)
     m = ul.shape[0] // 2
