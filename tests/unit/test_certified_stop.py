@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
+
 import pytest
 
 from nlagg_node import load_config, simulate
@@ -37,19 +38,21 @@ def test_the_kernel_stops_every_node_where_the_reference_rule_does(
         assert ran == res.node_iterations[b, :, 0].tolist()
         for i in set(range(cfg.n)) - set(gone):
             last = rows[ran[i] - 1][i]
-            assert last is not None and last[3] == res.output[b, i]
+            assert last is not None
+            assert last[3] == res.output[b, i]
 
 
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_certified_outputs_are_the_aggregate_bit_for_bit_and_come_sooner(op: str) -> None:
     """Against the tolerance rule on the same trials: the output is the extreme value itself, every
     trial stops earlier, and no node is exposed that the tolerance rule did not expose."""
-    common = {"op": op, "n": 15, "trials": 60, "seed": 0, "record": "none"}
+    common: dict[str, Any] = {"op": op, "n": 15, "trials": 60, "seed": 0, "record": "none"}
     cert = simulate(load_config(**common))
     tol = simulate(load_config(**common, stop_rule="tolerance"))
     extreme = cert.protocol_values.min(axis=1) if op == "min" else cert.protocol_values.max(axis=1)
     assert (cert.output == extreme[:, None]).all()
-    assert (cert.mse == 0.0).all() and (cert.converged_iterations > 0).all()
+    assert (cert.mse == 0.0).all()
+    assert (cert.converged_iterations > 0).all()
     assert (cert.phase_iterations < tol.phase_iterations).all()
     assert (cert.exposed <= tol.exposed).all()
     assert not cert.stray_candidates().any()
@@ -67,7 +70,8 @@ def test_a_phase_that_never_stops_keeps_its_x_as_final() -> None:
 def test_only_max_and_min_take_the_certificate() -> None:
     with pytest.raises(ConfigError, match=r"stop_rule='certificate'.*op='median'"):
         load_config(op="median", stop_rule="certificate")
-    assert load_config(op="min").certified and not load_config(op="max", early_stop=False).certified
+    assert load_config(op="min").certified
+    assert not load_config(op="max", early_stop=False).certified
 
 
 def test_epochs_report_stray_candidates() -> None:
