@@ -21,8 +21,10 @@ threads.
 
 ``--digest``: one sha256 over the simulator's outputs in many configurations (every
 operator, early and fixed, departures...): a change to the simulator must leave it as it is.
+``--digest --stop-rule tolerance`` runs every case on the tolerance rule (max and min stop on the
+certified stop by default since 2026-11-27): the digest from before the certified stop.
 
-Run: python benchmarks/bench_sim.py [--whole-process | --digest] [--trials N] [--t-max 3000]
+Run: python benchmarks/bench_sim.py [--whole-process | --digest [--stop-rule R]] [--trials N] [--t-max 3000]
 """
 
 from __future__ import annotations
@@ -273,14 +275,15 @@ def _result_digest(result: SimResult) -> bytes:
     return h.digest()
 
 
-def digest() -> str:
-    """sha256 over the outputs of every case of :func:`_digest_cases` (prints one line per case)."""
+def digest(stop_rule: str | None = None) -> str:
+    """sha256 over the outputs of every case of :func:`_digest_cases` (prints one line per case),
+    each on ``stop_rule`` (None: its operator's own)."""
     from nlagg_node import load_config, simulate
 
     whole = hashlib.sha256()
     with tempfile.TemporaryDirectory() as tmp:
         for name, opts, departures, watched in _digest_cases(Path(tmp)):
-            cfg = load_config(seed=3, record="all", **opts)
+            cfg = load_config(seed=3, record="all", stop_rule=stop_rule, **opts)
             result = simulate(
                 cfg, progress=(lambda done, total: None) if watched else None, departures=departures
             )
@@ -299,9 +302,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="whole-process runs per side; the best counts")
     ap.add_argument("--numpy-model", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--digest", action="store_true", help="print the simulator's output digest")
+    ap.add_argument("--stop-rule", choices=("certificate", "tolerance"), default=None, help="--digest's")
     args = ap.parse_args()
     if args.digest:
-        print(f"simulator output digest: {digest()}")
+        print(f"simulator output digest: {digest(args.stop_rule)}")
         return 0
     trials = args.trials or (5000 if args.whole_process else 1000)
     if args.numpy_model:

@@ -100,14 +100,25 @@ def walk(n: int, epochs: int, drift: float, seed: int) -> np.ndarray:
     return values
 
 
-def rss_kib(pid: int) -> int | None:
-    """The resident set of process ``pid`` in KiB (None once it is gone)."""
+RSS_PARTS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+"""The resident set and its parts (/proc/PID/status): anonymous memory is the heap, file pages are
+mapped files (libraries, an SQLite store's shared memory), which the kernel may drop and refetch."""
+
+
+def rss_parts(pid: int) -> dict[str, int] | None:
+    """Process ``pid``'s :data:`RSS_PARTS` in KiB (None once it is gone)."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.MULTILINE)
-    return int(found.group(1)) if found else None
+    found = dict(re.findall(r"^(VmRSS|RssAnon|RssFile|RssShmem):\s+(\d+) kB", text, re.MULTILINE))
+    return {k: int(v) for k, v in found.items()} if "VmRSS" in found else None
+
+
+def rss_kib(pid: int) -> int | None:
+    """The resident set of process ``pid`` in KiB (None once it is gone)."""
+    parts = rss_parts(pid)
+    return parts["VmRSS"] if parts is not None else None
 
 
 def folder_bytes(path: Path) -> int:
@@ -136,6 +147,7 @@ class Incarnation:
     pid: int
     since: int
     rss: dict[int, int] = field(default_factory=dict)
+    parts: dict[int, dict[str, int]] = field(default_factory=dict)  # per epoch: RSS_PARTS
 
 
 class Soak:
@@ -409,9 +421,12 @@ class Soak:
 
     def _sample(self, k: int) -> None:
         for life in self.lives:
-            rss = rss_kib(life.pid)
-            if rss is not None:
-                life.rss[k] = rss
+            parts = rss_parts(life.pid)
+            if parts is not None:
+                life.rss[k], life.parts[k] = parts["VmRSS"], parts
+                with (self.logs / "rss.csv").open("a") as out:  # every sample, for the curves
+                    row = [life.name, str(life.since), str(k), *(str(parts.get(p, "")) for p in RSS_PARTS)]
+                    out.write(",".join(row) + "\n")
         if self.store.exists():
             self.store_bytes[k] = folder_bytes(self.store)
 
