@@ -192,6 +192,7 @@ def attack_arrays(
     departed: Mapping[int, int] | None = None,
     scale: ValueScale | None = None,
     early_stop: bool = False,
+    finals: FloatArray | None = None,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
 
@@ -225,6 +226,11 @@ def attack_arrays(
     early_stop
         The run stops phases early (its public config says so): the iterations a phase skipped
         are skipped by the replay too (:func:`~adversary.live.replay_exposures`).
+    finals
+        ``(n, T'')``, a run that stops on the certificate: the candidate published with the x at
+        which a node ended its phase, NaN elsewhere
+        (:func:`~adversary.transcript.reader.certified_finals`). There it is the node's final,
+        not its last x (the output: exactly the extremum).
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != n:
@@ -249,6 +255,12 @@ def attack_arrays(
         lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
     last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
+    if finals is not None and T:
+        cands = np.full((n, T), np.nan)
+        given = np.asarray(finals, dtype=np.float64)[:, :T]
+        cands[:, : given.shape[1]] = given
+        at_end = cands[np.arange(n), last_t]
+        last = np.where(np.isfinite(at_end), at_end, last)  # a certified stop: its candidate
     if own_ends is not None and departed:  # a departed node's last x is no output
         last[[j for j in departed if 0 <= j < n]] = np.nan
     output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
@@ -456,6 +468,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         scale=data["scale"],
         departed=data["departed"],
         early_stop=cfg.early_stop,
+        finals=data["finals"],
     )
     report.extra["run_id"] = data["run_id"]
     if not cfg.early_stop and data["x"].shape[1] < data["t_total"]:

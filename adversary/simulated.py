@@ -95,6 +95,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
     """Attack trial ``trial`` of a simulation and score it against the simulator's truth."""
     _check_trial(result, trial)
     cfg = result.config
+    x = trial_x(result, trial)
     report = attack_arrays(
         cfg.n,
         result.graphs[trial],
@@ -102,13 +103,14 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         [phase_c(cfg, ph) for ph in result.phases],
         cfg.theta,
         adversary_z0(result, trial, corrupted),
-        trial_x(result, trial),
+        x,
         op=cfg.op,
         epsilon=cfg.epsilon,
         corrupted=_corrupted_values(result, trial, corrupted),
         scale=scale_for(cfg),
         departed=result.departures_of(trial),
         early_stop=cfg.early_stop,
+        finals=_certified_finals(result, trial, x),
     )
     return score(
         report,
@@ -116,6 +118,21 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         result.first_match[trial],
         note=f"simulator ground truth, trial {trial}",
     )
+
+
+def _certified_finals(result: SimResult, trial: int, x: FloatArray) -> FloatArray | None:
+    """A run that stops on the certificate: ``(n, T)``, each node's candidate at the x it ended a
+    phase with (its final there), NaN elsewhere; None for any other run."""
+    if not result.config.certified:
+        return None
+    certified: dict[tuple[int, int], float] = {}
+    for _ in _early_x(result, trial, x, certified):
+        pass
+    out = np.full(x.shape, np.nan)
+    offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])
+    for (i, p), cand in certified.items():
+        out[i, offsets[p] + int(result.node_iterations[trial, i, p]) - 1] = cand
+    return out
 
 
 def write_sim_transcript(

@@ -11,12 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adversary.attack import attack_transcript
+from adversary.capture.eavesdropper import Eavesdropper
+from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.protocol import RunShape, x_form_error
 from nlagg_node.runtime.checkpoint import CheckpointStore
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, run_edges
+from nlagg_node.runtime.public import build_config_msg
 from nlagg_node.runtime.wire import HotDecoder, WireError, XMsg, XWire, decode, encode, encode_x, topics
 from nlagg_node.sim import draw_values
 from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, fields_along, stop_reach
@@ -26,13 +30,15 @@ TP = topics("nlagg", RUN)
 
 
 class RecordingBroker(MemoryBroker):
-    """Keeps every x payload published, by ``(node, t)`` (the last copy)."""
+    """Keeps every message published, in order, and every x payload by ``(node, t)`` (the last copy)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.xs: dict[tuple[int, int], bytes] = {}
+        self.log: list[tuple[str, bytes, bool]] = []
 
     def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        self.log.append((topic, payload, retain))
         if topic.endswith("/x"):
             doc = json.loads(payload)
             self.xs[doc["node"], doc["t"]] = payload
@@ -138,7 +144,9 @@ async def test_a_resumed_host_ends_as_an_uninterrupted_one(tmp_path: Path) -> No
     broker = RecordingBroker()
     run = asyncio.create_task(run_hosted(cfg, broker, tmp_path))
     async with asyncio.timeout(120):
-        while sum(b'"cand"' in p for p in broker.xs.values()) < 3 * cfg.n:
+        while True:
+            if sum(b'"cand"' in p for p in broker.xs.values()) >= 3 * cfg.n:
+                break
             await asyncio.sleep(0.002)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -150,6 +158,26 @@ async def test_a_resumed_host_ends_as_an_uninterrupted_one(tmp_path: Path) -> No
     ]
 
 
+async def test_the_eavesdroppers_output_is_the_certified_one(tmp_path: Path) -> None:
+    """The attack on a captured certified run reads each node's output from the candidate it
+    stopped with, not from its last x: the true maximum exactly, as the nodes' ``done`` say."""
+    cfg = certified_config("max")
+    broker = RecordingBroker()
+    results = await run_hosted(cfg, broker)
+    path = tmp_path / "t.sqlite"
+    with Transcript(path, run_id=RUN) as tr:
+        eaves = Eavesdropper(MemoryTransport(MemoryBroker(), "eve"), tr)
+        eaves.handle(TP.config, encode(build_config_msg(cfg, RUN, run_edges(cfg))), True)
+        for topic, payload, retained in broker.log:
+            eaves.handle(topic, payload, retained)
+        tr.commit()
+        assert tr.rejected() == []  # every x, its candidate included, is of the run
+    report = attack_transcript(path)
+    assert (
+        report.output == results[0].output[0] == float(draw_values(cfg.values, cfg.seed, 1, cfg.n)[0].max())
+    )
+
+
 @pytest.mark.parametrize("cand", [0.1 + 0.2, -3.5e-300, 1e300, 5.0], ids=["repr", "tiny", "huge", "integral"])
 def test_cand_round_trips_exactly_and_encodes_as_json_dumps(cand: float) -> None:
     payload = encode_x(2, 700, "max", 0.75, 31, 740, (), cand=cand)
@@ -159,7 +187,8 @@ def test_cand_round_trips_exactly_and_encodes_as_json_dumps(cand: float) -> None
     hot = HotDecoder("nlagg", "r")
     hot.decode(topic, payload)  # learns the topic
     _, fast = hot.decode(topic, payload)
-    assert isinstance(msg, XMsg) and isinstance(fast, XWire)
+    assert isinstance(msg, XMsg)
+    assert isinstance(fast, XWire)
     assert msg.cand == fast.cand == cand
 
 
@@ -190,7 +219,9 @@ def test_cand_only_in_a_certified_run(params: dict[str, object], refused: bool) 
     shape = RunShape(cfg, run_edges(cfg))
     quiet = 0 if cfg.early_stop else None
     why = x_form_error(shape, 1, 3, shape.phase_at[3], quiet, None, None, 0.5)
-    assert (why is not None) == refused
     if refused:
-        assert why is not None and "cand" in why
+        assert why is not None
+        assert "cand" in why
+    else:
+        assert why is None
     assert x_form_error(shape, 1, 3, shape.phase_at[3], quiet, None, None) is None
