@@ -46,7 +46,7 @@ class RecordingBroker(MemoryBroker):
 
 
 def certified_config(op: str, **extra: object) -> RunConfig:
-    cfg = RunConfig(op=op, n=8, trials=1, record="all", t_max=3000, seed=5, stop_window=30, **extra)  # type: ignore[arg-type]
+    cfg = RunConfig(op=op, n=8, trials=1, record="all", t_max=3000, seed=5, stop_window=30, **extra)
     assert cfg.certified
     return cfg
 
@@ -215,7 +215,7 @@ def test_a_cand_that_is_not_finite_is_refused(cand: float) -> None:
     ],
 )
 def test_cand_only_in_a_certified_run(params: dict[str, object], refused: bool) -> None:
-    cfg = RunConfig(n=6, trials=1, t_max=50, **params)  # type: ignore[arg-type]
+    cfg = RunConfig(n=6, trials=1, t_max=50, **params)
     shape = RunShape(cfg, run_edges(cfg))
     quiet = 0 if cfg.early_stop else None
     why = x_form_error(shape, 1, 3, shape.phase_at[3], quiet, None, None, 0.5)
