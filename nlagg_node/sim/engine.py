@@ -37,7 +37,7 @@ from ..schedule import (
     true_aggregate,
     value_noise,
 )
-from ..termination import NO_STOP
+from ..termination import NO_CANDIDATE, NO_STOP, certificate_sign
 from ..threat import known_duals, solvable
 from ..valuemap import ValueScale
 from .departures import SimDepartures, largest_truth, survivor_mse, survivor_truth
@@ -63,6 +63,10 @@ class SimResult:
     # (B, n) the same in protocol units, bit for bit what each node's x-update compares x with (the
     # certified stop's pin test, nlagg_node.termination.Certificate)
     protocol_values: FloatArray
+    # (B, n) the certified stop: nodes whose value entered a candidate (their x stayed pinned at it
+    # stop_window iterations in a row); a node other than the aggregate's holder is the one case in
+    # which the stop's quiet bits say more than the ideal world (docs/protocol.md)
+    offered: BoolArray
     rank: IntArray  # (B, n)
     output: FloatArray  # (B, n) or (B, n, k) for top-K
     truth_lo: FloatArray  # (B,) or (B, k)
@@ -99,6 +103,13 @@ class SimResult:
         order = np.argsort(self.rank, axis=1)
         idx = order.reshape(order.shape + (1,) * (per_node.ndim - 2))
         return np.take_along_axis(per_node, idx, axis=1)
+
+    def stray_candidates(self) -> BoolArray:
+        """``(B,)``: a node whose value is not the aggregate's entered a certified stop's candidate
+        (:attr:`offered`), the case in which the stop's quiet bits reveal which nodes lie above it."""
+        v = self.protocol_values
+        extreme = np.nanmin(v, axis=1) if self.config.op == "min" else np.nanmax(v, axis=1)
+        return np.asarray((self.offered & (v != extreme[:, None])).any(axis=1), dtype=bool)
 
     def leakage_probability(self) -> FloatArray:
         """Fraction of trials in which the adversary's view determines the value, per rank (0 = largest).
@@ -336,6 +347,10 @@ class _State:
     fresh: BoolArray
     moot: BoolArray
     calm_from: IntArray  # per trial: the phase's first iteration with every node quiet (-1 before)
+    # The certified stop, per node: pin run and signed candidate (nlagg_node.termination).
+    pin: IntArray
+    bc: FloatArray
+    offered: BoolArray  # over the run: the node's value entered a candidate
     finals: list[FloatArray] = field(default_factory=list)
     identified: list[FloatArray] = field(default_factory=list)
     z0: dict[str, FloatArray] = field(default_factory=dict)
@@ -380,6 +395,9 @@ def _new_state(plan: _Plan) -> _State:
         fresh=np.zeros((N, len(dep_t)), dtype=bool),
         moot=np.zeros(N, dtype=bool),
         calm_from=np.full(B, -1, dtype=np.int64),
+        pin=np.zeros(N, dtype=np.int64),
+        bc=np.full(N, NO_CANDIDATE),
+        offered=np.zeros(N, dtype=bool),
     )
 
 
@@ -410,6 +428,8 @@ def _enter_phase(plan: _Plan, st: _State, phase: Phase) -> FloatArray:
     st.dep_known[:] = False
     st.fresh[:] = False
     st.calm_from[:] = -1
+    st.pin[:] = 0
+    st.bc[:] = NO_CANDIDATE
     if cfg.early_stop and dep is not None and dep.gone:
         st.halt.reshape(cfg.trials, cfg.n)[:, sorted(dep.gone)] = 0  # departed: no iteration of this phase
     return s_eff
@@ -440,7 +460,22 @@ def _run_span(
         (targets[0], targets[1], cfg.tolerance, st.matched, st.first_match, last_bad),
         (plan.record, st.recorded_flat, st.rec_ptr),
         st.x,
-        (cfg.early_stop, cfg.stop_window_value, st.reach, st.hist, st.kq, st.ev, ran, st.halt, st.calm_from),
+        (
+            cfg.early_stop,
+            cfg.stop_window_value,
+            st.reach,
+            st.hist,
+            st.kq,
+            st.ev,
+            ran,
+            st.halt,
+            st.calm_from,
+            cfg.certified,
+            certificate_sign(cfg.op),
+            st.pin,
+            st.bc,
+            st.offered,
+        ),
         (st.dep_t, st.dep_known, st.fresh),
     )
     st.rec_ptr = run_phase(run, plan.parallel)
@@ -492,12 +527,19 @@ def _run_phase(
             s_eff = dep.mask_values(s_eff)
         if progress is not None:
             progress(st.t0 + stop, plan.t_total)
-    _end_phase(plan, st, phase, last_bad, np.where(ran >= 0, ran, phase.t_len))
+    _end_phase(plan, st, phase, targets, last_bad, np.where(ran >= 0, ran, phase.t_len))
 
 
-def _end_phase(plan: _Plan, st: _State, phase: Phase, last_bad: IntArray, ran: IntArray) -> None:
+def _end_phase(
+    plan: _Plan,
+    st: _State,
+    phase: Phase,
+    targets: tuple[FloatArray, FloatArray],
+    last_bad: IntArray,
+    ran: IntArray,
+) -> None:
     """The phase's iterations, convergence (against the target of the departures that happened)
-    and final x."""
+    and finals: each node's x, or the candidate a certified stop ended it with."""
     cfg, dep = plan.cfg, plan.dep
     B, n = cfg.trials, cfg.n
     p = len(st.finals)
@@ -505,19 +547,40 @@ def _end_phase(plan: _Plan, st: _State, phase: Phase, last_bad: IntArray, ran: I
     if cfg.early_stop and dep is not None:  # departures never reached: every trial had stopped before
         late = [j for j, at in dep.at.items() if st.t0 <= at < st.t0 + phase.t_len and j not in dep.gone]
         st.moot.reshape(B, n)[:, late] = True
+    q = np.zeros(B, dtype=np.int64)
     if dep is not None and len(plan.dep_sets) > 1:
         happened = ~st.moot.reshape(B, n)[:, np.array(list(dep.at))]
         at = np.array(list(dep.at.values()))
         q = np.array([len(set(at[h].tolist())) for h in happened])
-        bad = last_bad[q, np.arange(B)]
-    else:
-        bad = last_bad[0]
+    rows = np.arange(B)
+    bad = last_bad[q, rows]
+    finals = st.x.copy()
+    converged, taken = bad < ran - 1, bad + 1
+    if cfg.certified:
+        exact, certified = _certified_finals(plan, st, finals, (targets[0][q, rows], targets[1][q, rows]))
+        converged, taken = np.where(certified, exact, converged), np.where(certified, ran, taken)
     st.node_iterations[:, :, p] = np.where(st.halt >= 0, st.halt, phase.t_len).reshape(B, n)
-    st.all_converged &= bad < ran - 1
-    st.conv += bad + 1
-    st.finals.append(st.x.reshape(B, n).copy())
-    st.identified.append(st.x.copy())
+    st.all_converged &= converged
+    st.conv += taken
+    st.finals.append(finals.reshape(B, n))
+    st.identified.append(finals)
     st.t0 += phase.t_len
+
+
+def _certified_finals(
+    plan: _Plan, st: _State, finals: FloatArray, target: tuple[FloatArray, FloatArray]
+) -> tuple[BoolArray, BoolArray]:
+    """A certified phase's finals: the candidate of every node its stop ended (departed ones keep
+    NaN), in place. Per trial: whether its outputs all lie within ``tolerance`` of its target,
+    and whether the certificate ended it (else it ran to ``t_max``: its finals are its x's)."""
+    B, n = plan.cfg.trials, plan.cfg.n
+    stopped = (st.halt >= 0) & np.isfinite(st.bc) & ~np.isnan(st.x)
+    finals[stopped] = certificate_sign(plan.cfg.op) * st.bc[stopped]
+    out = finals.reshape(B, n)
+    tol = plan.cfg.tolerance
+    inside = (out >= target[0][:, None] - tol) & (out <= target[1][:, None] + tol)
+    exact = np.asarray((inside | np.isnan(out)).all(axis=1), dtype=bool)
+    return exact, np.asarray(stopped.reshape(B, n).any(axis=1), dtype=bool)
 
 
 def simulate(
@@ -602,6 +665,7 @@ def _result(plan: _Plan, st: _State, wall: float) -> SimResult:
         values=s,
         used_values=np.asarray(plan.scale.to_user(plan.s_used.reshape(B, n)), dtype=np.float64),
         protocol_values=plan.s_used.reshape(B, n).copy(),
+        offered=st.offered.reshape(B, n).copy(),
         rank=np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1),
         output=output,
         truth_lo=truth_lo,

@@ -99,6 +99,9 @@ class EpochsResult:
     exact: BoolArray  # (K, B) every node within the tolerance of the epoch's aggregate
     iterations: IntArray  # (K, B) iterations the epoch ran (warm run plus any cold rerun)
     fell_back: BoolArray  # (K, B) the warm run's output check failed and the epoch reran cold
+    stray: (
+        BoolArray  # (K, B) a non-aggregate value entered a certified candidate (SimResult.stray_candidates)
+    )
     wall_seconds: float = 0.0
     rank: IntArray = field(init=False)  # (K, B, n)
     ideal: BoolArray = field(init=False)  # (K, B, n): the ideal world exposes it (it holds the output)
@@ -152,6 +155,7 @@ class EpochsResult:
             "iterations_by_epoch": _floats(self.iterations_by_epoch()),
             "exact_fraction_by_epoch": _floats(self.exact.mean(axis=1)),
             "fallback_fraction_by_epoch": _floats(self.fell_back.mean(axis=1)),
+            "stray_candidate_fraction": float(self.stray.mean()),
             "wall_seconds": self.wall_seconds,
         }
 
@@ -220,6 +224,7 @@ class _EpochRun:
     exact: BoolArray  # (B,)
     iterations: IntArray  # (B,)
     fell_back: BoolArray  # (B,)
+    stray: BoolArray  # (B,)
 
 
 def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | None) -> _EpochRun:
@@ -236,6 +241,7 @@ def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | No
     exact = _exact(res)
     iterations = np.asarray(res.phase_iterations.sum(axis=1), dtype=np.int64)
     fell_back = np.zeros(B, dtype=bool)
+    stray = res.stray_candidates()
     if warm is not None:
         proto_out = scale_for(cfg).to_protocol(output)
         fb = np.array([ws.falls_back(float(y)) for ws, y in zip(warm.starts, proto_out, strict=True)])
@@ -244,8 +250,9 @@ def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | No
             exposed[fb] |= cold.exposed[fb]
             output[fb], exact[fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
             iterations[fb] += cold.phase_iterations.sum(axis=1)[fb]
+            stray[fb] |= cold.stray_candidates()[fb]
             fell_back = fb
-    return _EpochRun(exposed, output, exact, iterations, fell_back)
+    return _EpochRun(exposed, output, exact, iterations, fell_back, stray)
 
 
 def warms(cfg: RunConfig) -> bool:
@@ -324,5 +331,6 @@ def simulate_epochs(
         exact=np.stack([run.exact for run in runs]),
         iterations=np.stack([run.iterations for run in runs]),
         fell_back=np.stack([run.fell_back for run in runs]),
+        stray=np.stack([run.stray for run in runs]),
         wall_seconds=time.perf_counter() - started,
     )

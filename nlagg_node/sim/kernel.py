@@ -36,7 +36,12 @@ departed)`` of groups (tuples, and ``x`` the nodes' x), unpacked once per trial:
   the first step and how many to run;
 * ``judge``: ``(target_lo, target_hi, tolerance, matched, first_match, last_bad)``;
 * ``record``: ``(record_t, recorded, rec_ptr)``;
-* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt, calm_from)``;
+* ``stop``: ``(early, window, reach, hist, kq, ev, ran, halt, calm_from, certify, sign, pin, bc,
+  offered)`` (flat: a parallel loop takes no nested tuples), the last five: whether the phase stops
+  on the certificate, the operator's sign and per node its pin run, signed candidate and whether its
+  value ever entered a candidate
+  (:mod:`nlagg_node.termination`, "the certified stop": the quiet test is then :func:`_certify`'s,
+  and the rest of the rule is the same);
 * ``departed``: ``(dep_t, known, fresh)``.
 
 A trial's arithmetic does not depend on which thread runs it or on how many threads
@@ -67,6 +72,11 @@ _stop_threshold: Any = numba.njit(termination.stop_threshold)
 _live_stop: Any = numba.njit(termination.live_stop)
 _voids: Any = numba.njit(termination.voids)
 _csr_diameter: Any = numba.njit(termination.csr_diameter)
+_next_pin_run: Any = numba.njit(termination.next_pin_run)
+_own_candidate: Any = numba.njit(termination.own_candidate)
+_next_candidate: Any = numba.njit(termination.next_candidate)
+_is_certified: Any = numba.njit(termination.is_certified)
+_recent: Any = numba.njit(termination.recent)
 _DEPENDS = (pdmm, termination)  # compiled into the kernels: their cache follows these sources too
 
 
@@ -121,10 +131,38 @@ def _off_rows(xl: Any, lo: Any, hi: Any, off: Any, last_bad: Any, b: int, lt: in
 
 
 @numba.njit
+def _certify(xl: Any, s_l: Any, cert: Any, window: int, g0: int, nbrs: Any, halt: Any, scratch: Any) -> bool:
+    """The certified stop's step at every running node: pin run, candidate ``b`` from the
+    neighbours' of the last iteration (``nbrs = (ptr, nb)``) and the quiet test into
+    ``scratch[0]``; ``scratch[6]``: the nodes that know a recent departure (reset). True when every
+    running node is quiet."""
+    sign, pin, bc, offered = cert[1], cert[2], cert[3], cert[4]
+    ptr, nb = nbrs
+    quiet, reset, bnew = scratch[0], scratch[6], scratch[7]
+    all_quiet = True
+    for i in range(xl.shape[0]):
+        if halt[g0 + i] >= 0:
+            continue
+        pin[g0 + i] = _next_pin_run(xl[i], s_l[i], pin[g0 + i])
+        own = _own_candidate(sign * s_l[i], pin[g0 + i], window)
+        offered[g0 + i] = offered[g0 + i] or pin[g0 + i] >= window
+        b_max = bc[g0 + i]
+        for p in range(ptr[i], ptr[i + 1]):
+            b_max = max(b_max, bc[g0 + nb[p]])
+        bnew[i] = _next_candidate(b_max, own, reset[i])
+        quiet[i] = not reset[i] and _is_certified(sign * s_l[i], bnew[i])
+        all_quiet = all_quiet and quiet[i]
+    for i in range(xl.shape[0]):
+        if halt[g0 + i] < 0:
+            bc[g0 + i] = bnew[i]
+    return all_quiet
+
+
+@numba.njit
 def _stop_apart(
     xl: Any,
-    src_l: Any,
-    dst_l: Any,
+    s_l: Any,
+    edges: Any,
     g0: int,
     lt: int,
     now: int,
@@ -134,10 +172,18 @@ def _stop_apart(
     scratch: Any,
 ) -> bool:
     """Early stop where nodes may stop or depart apart: the rule node by node (``halting[i]``:
-    node i stops after this iteration); True if any does."""
-    window, reach, hist, kq, ev, halt = stop[1], stop[2], stop[3], stop[4], stop[5], stop[7]
+    node i stops after this iteration); True if any does. ``edges = (src_l, dst_l, ptr, nb)``."""
+    window, reach, hist, kq, ev, halt, cert = stop[1], stop[2], stop[3], stop[4], stop[5], stop[7], stop[8]
+    src_l, dst_l, ptr, nb = edges
     dep_t, known, fresh = departed
-    quiet, kmin, emin, seen, halting = scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]
+    quiet, kmin, emin, seen, halting, reset = (
+        scratch[0],
+        scratch[1],
+        scratch[2],
+        scratch[3],
+        scratch[4],
+        scratch[6],
+    )
     n = xl.shape[0]
     n_dep = dep_t.shape[0]
     threshold = _stop_threshold(reach, window)
@@ -161,6 +207,12 @@ def _stop_apart(
         emin[a_] = min(emin[a_], _live_stop(ev[j_], now))
         for d in range(n_dep):
             seen[a_, d] = seen[a_, d] or known[j_, d]
+    if cert[0]:
+        for i in range(n):
+            reset[i] = False
+            for d in range(n_dep):
+                reset[i] = reset[i] or (seen[i, d] and _recent(dep_t[d], now, reach))
+        _certify(xl, s_l, cert, window, g0, (ptr, nb), halt, scratch)
     stop_now = False
     for i in range(n):
         if halt[g0 + i] >= 0:
@@ -211,12 +263,21 @@ def _count_quiet(xl: Any, slot: int, calm: bool, g0: int, now: int, counters: An
     the neighbours is taken only at quiet nodes with a positive counter, and not at all while every
     node is quiet with the same counter (each then adds 1). ``counters``: ``(hist, tolerance, quiet,
     kq, knew, ev, ptr, nb, threshold, reach)``."""
-    hist, tolerance, quiet, kq, knew, ev, ptr, nb, threshold, reach = counters
+    hist, tolerance, quiet = counters[0], counters[1], counters[2]
+    for i in range(quiet.shape[0]):
+        quiet[i] = calm or _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
+        hist[slot, g0 + i] = xl[i]
+    _advance_counters(g0, now, counters)
+
+
+@numba.njit
+def _advance_counters(g0: int, now: int, counters: Any) -> None:
+    """:func:`_count_quiet`'s counters and proposal from the quiet tests already in ``quiet``
+    (``counters[2]``; the certified stop's come from :func:`_certify`)."""
+    _, _, quiet, kq, knew, ev, ptr, nb, threshold, reach = counters
     n = quiet.shape[0]
     same = True
     for i in range(n):
-        quiet[i] = calm or _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
-        hist[slot, g0 + i] = xl[i]
         same = same and quiet[i] and kq[g0 + i] == kq[g0]
     for i in range(n):
         k_min = kq[g0 + i] if quiet[i] else 0
@@ -248,14 +309,15 @@ def run_trial(b: int, tracked: bool, run: Any) -> None:
     c, theta, quadratic, alpha, beta = rule
     n, t0, local0, t_len = span
     target_lo, target_hi, tolerance, matched, first_match, last_bad = judge
-    early, window, reach, hist, kq, ev, ran, halt, calm_from = stop
+    early, window, reach, hist, kq, ev, ran, halt, calm_from, certify, sign, pin, bc, offered = stop
+    cert = (certify, sign, pin, bc, offered)
     g0 = b * n
     ul, src_l, dst_l = _load_trial(u, src, dst, pair_start[b], pair_start[b + 1], g0)
     m = ul.shape[0] // 2
     ptr, nb = _local_neighbours(src_l, dst_l, n)
     lo, hi = target_lo[:, b] - tolerance, target_hi[:, b] + tolerance
     lo0, hi0 = lo[0], hi[0]
-    trial_stop = (early, window, reach[b], hist, kq, ev, ran, halt)
+    trial_stop = (early, window, reach[b], hist, kq, ev, ran, halt, cert)
     scratch = _scratch(n, departed[0].shape[0], lo.shape[0])
     threshold, vl, knew = _stop_threshold(reach[b], window), np.empty(n), np.empty(n, dtype=np.int64)
     counters = (hist, tolerance, scratch[0], kq, knew, ev, ptr, nb, threshold, reach[b])
@@ -293,7 +355,13 @@ def run_trial(b: int, tracked: bool, run: Any) -> None:
         k = _record_x(record, k, xl, g0) if recorded else k
         stop_now = False
         if early and tracked:
-            stop_now = _stop_apart(xl, src_l, dst_l, g0, lt, now, trial_stop, departed, tolerance, scratch)
+            edges = (src_l, dst_l, ptr, nb)
+            stop_now = _stop_apart(xl, s_l, edges, g0, lt, now, trial_stop, departed, tolerance, scratch)
+        elif early and cert[0] and ev[g0] == termination.NO_STOP:  # certified, no proposal yet
+            calm = _certify(xl, s_l, cert, window, g0, (ptr, nb), halt, scratch)
+            calm_from[b] = lt if calm and calm_from[b] < 0 else calm_from[b]
+            if calm_from[b] >= 0:
+                _advance_counters(g0, now, counters)
         elif early and ev[g0] == termination.NO_STOP:  # no proposal yet
             slot, calm = lt % window, calm_from[b] < 0 and lt >= window
             for i in range(n if calm_from[b] < 0 else 0):  # until every node is quiet at once, only that
@@ -324,7 +392,9 @@ def _scratch(n: int, n_dep: int, n_targets: int) -> Any:
     emin = np.empty(n, dtype=np.int64)
     seen = np.empty((n, n_dep), dtype=np.bool_)
     halting = np.zeros(n, dtype=np.bool_)
-    return quiet, kmin, emin, seen, halting, np.zeros(n_targets, dtype=np.bool_)
+    reset = np.zeros(n, dtype=np.bool_)
+    bnew = np.empty(n)
+    return quiet, kmin, emin, seen, halting, np.zeros(n_targets, dtype=np.bool_), reset, bnew
 
 
 @numba.njit
