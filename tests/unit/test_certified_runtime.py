@@ -13,6 +13,7 @@ import pytest
 
 from adversary.attack import attack_transcript
 from adversary.capture.eavesdropper import Eavesdropper
+from adversary.simulated import attack_simulation, write_sim_transcript
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.protocol import RunShape, x_form_error
@@ -22,7 +23,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, run_edges
 from nlagg_node.runtime.public import build_config_msg
 from nlagg_node.runtime.wire import HotDecoder, WireError, XMsg, XWire, decode, encode, encode_x, topics
-from nlagg_node.sim import draw_values
+from nlagg_node.sim import draw_values, simulate
 from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, fields_along, stop_reach
 from tests.harness.departures import RUN, run_with_departures
 
@@ -176,6 +177,20 @@ async def test_the_eavesdroppers_output_is_the_certified_one(tmp_path: Path) -> 
     assert (
         report.output == results[0].output[0] == float(draw_values(cfg.values, cfg.seed, 1, cfg.n)[0].max())
     )
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_simulated_certified_run_is_attacked_with_its_exact_output(tmp_path: Path, op: str) -> None:
+    """``nlagg sim --transcript`` of a certified run: the ``done`` finals are the candidates, and the
+    attack on the file and on the arrays reads the simulator's exact output."""
+    sim = simulate(certified_config(op))
+    path = write_sim_transcript(sim, tmp_path / "sim.sqlite", run_id=RUN)
+    truth = float(sim.values[0].max() if op == "max" else sim.values[0].min())
+    assert (sim.output[0] == truth).all()
+    with Transcript.open_read_only(path) as tr:
+        finals = {i: st.final for i, st in tr.statuses().items()}
+    assert finals == {i: [truth] for i in range(sim.config.n)}
+    assert attack_transcript(path).output == attack_simulation(sim).output == truth
 
 
 @pytest.mark.parametrize("cand", [0.1 + 0.2, -3.5e-300, 1e300, 5.0], ids=["repr", "tiny", "huge", "integral"])
