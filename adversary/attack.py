@@ -254,13 +254,7 @@ def attack_arrays(
     if lin is not None and len(lin.relations):
         lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
-    last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
-    if finals is not None and T:
-        cands = np.full((n, T), np.nan)
-        given = np.asarray(finals, dtype=np.float64)[:, :T]
-        cands[:, : given.shape[1]] = given
-        at_end = cands[np.arange(n), last_t]
-        last = np.where(np.isfinite(at_end), at_end, last)  # a certified stop: its candidate
+    last = _last_values(x[:, :T], last_t, finals)
     if own_ends is not None and departed:  # a departed node's last x is no output
         last[[j for j in departed if 0 <= j < n]] = np.nan
     output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
@@ -279,6 +273,22 @@ def attack_arrays(
         value_range=None if sc.identity else (sc.lo, sc.hi),
         extra=extra,
     )
+
+
+def _last_values(x: FloatArray, last_t: IntArray, finals: FloatArray | None) -> FloatArray:
+    """Each node's final in the last phase reached: its x at ``last_t``, or the candidate it ended
+    the phase with there (a certified stop, ``finals``)."""
+    n, T = x.shape
+    if not T:
+        return np.full(n, np.nan)
+    last = x[np.arange(n), last_t]
+    if finals is None:
+        return last
+    cands = np.full((n, T), np.nan)
+    given = np.asarray(finals, dtype=np.float64)[:, :T]
+    cands[:, : given.shape[1]] = given
+    at_end = cands[np.arange(n), last_t]
+    return np.where(np.isfinite(at_end), at_end, last)
 
 
 def _cut_replay(replayed: Exposures, n: int, T: int) -> Exposures:

@@ -149,6 +149,7 @@ async def test_a_resumed_host_ends_as_an_uninterrupted_one(tmp_path: Path) -> No
             if sum(b'"cand"' in p for p in broker.xs.values()) >= 3 * cfg.n:
                 break
             await asyncio.sleep(0.002)
+    assert not run.done()  # the crash hits a running network
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
