@@ -137,8 +137,9 @@ async def test_a_departed_maximum_leaves_no_candidate_behind() -> None:
 
 
 async def test_a_resumed_host_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
-    """Cancelled after its nodes hold candidates, restarted from the checkpoints: the same x's,
-    fields and output as a run without the crash."""
+    """Cancelled once the first candidate is out (the pin run and the candidate are then held
+    by few nodes), restarted from the checkpoints: the same x's, fields and output as a run
+    without the crash."""
     cfg = certified_config("max")
     clean = RecordingBroker()
     expected = await run_hosted(cfg, clean)
@@ -146,7 +147,7 @@ async def test_a_resumed_host_ends_as_an_uninterrupted_one(tmp_path: Path) -> No
     run = asyncio.create_task(run_hosted(cfg, broker, tmp_path))
     async with asyncio.timeout(120):
         while True:
-            if sum(b'"cand"' in p for p in broker.xs.values()) >= 3 * cfg.n:
+            if any(b'"cand"' in p for p in broker.xs.values()):
                 break
             await asyncio.sleep(0.002)
     assert not run.done()  # the crash hits a running network
