@@ -192,6 +192,7 @@ def attack_arrays(
     departed: Mapping[int, int] | None = None,
     scale: ValueScale | None = None,
     early_stop: bool = False,
+    finals: FloatArray | None = None,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
 
@@ -225,6 +226,11 @@ def attack_arrays(
     early_stop
         The run stops phases early (its public config says so): the iterations a phase skipped
         are skipped by the replay too (:func:`~adversary.live.replay_exposures`).
+    finals
+        ``(n, T'')``, a run that stops on the certificate: the candidate published with the x at
+        which a node ended its phase, NaN elsewhere
+        (:func:`~adversary.transcript.reader.certified_finals`). There it is the node's final,
+        not its last x (the output: exactly the extremum).
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != n:
@@ -248,7 +254,7 @@ def attack_arrays(
     if lin is not None and len(lin.relations):
         lower, upper = tightened(lin, rep, corrupt, sc, lower, upper)
     lower, upper = np.asarray(sc.to_user(lower)), np.asarray(sc.to_user(upper))
-    last = x[np.arange(n), last_t] if T else np.full(n, np.nan)
+    last = _last_values(x[:, :T], last_t, finals)
     if own_ends is not None and departed:  # a departed node's last x is no output
         last[[j for j in departed if 0 <= j < n]] = np.nan
     output = sc.user_float(float(np.nanmedian(last))) if np.isfinite(last).any() else None
@@ -267,6 +273,22 @@ def attack_arrays(
         value_range=None if sc.identity else (sc.lo, sc.hi),
         extra=extra,
     )
+
+
+def _last_values(x: FloatArray, last_t: IntArray, finals: FloatArray | None) -> FloatArray:
+    """Each node's final in the last phase reached: its x at ``last_t``, or the candidate it ended
+    the phase with there (a certified stop, ``finals``)."""
+    n, T = x.shape
+    if not T:
+        return np.full(n, np.nan)
+    last = x[np.arange(n), last_t]
+    if finals is None:
+        return last
+    cands = np.full((n, T), np.nan)
+    given = np.asarray(finals, dtype=np.float64)[:, :T]
+    cands[:, : given.shape[1]] = given
+    at_end = cands[np.arange(n), last_t]
+    return np.where(np.isfinite(at_end), at_end, last)
 
 
 def _cut_replay(replayed: Exposures, n: int, T: int) -> Exposures:
@@ -456,6 +478,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         scale=data["scale"],
         departed=data["departed"],
         early_stop=cfg.early_stop,
+        finals=data["finals"],
     )
     report.extra["run_id"] = data["run_id"]
     if not cfg.early_stop and data["x"].shape[1] < data["t_total"]:

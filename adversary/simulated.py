@@ -95,6 +95,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
     """Attack trial ``trial`` of a simulation and score it against the simulator's truth."""
     _check_trial(result, trial)
     cfg = result.config
+    x = trial_x(result, trial)
     report = attack_arrays(
         cfg.n,
         result.graphs[trial],
@@ -102,13 +103,14 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         [phase_c(cfg, ph) for ph in result.phases],
         cfg.theta,
         adversary_z0(result, trial, corrupted),
-        trial_x(result, trial),
+        x,
         op=cfg.op,
         epsilon=cfg.epsilon,
         corrupted=_corrupted_values(result, trial, corrupted),
         scale=scale_for(cfg),
         departed=result.departures_of(trial),
         early_stop=cfg.early_stop,
+        finals=_certified_finals(result, trial, x),
     )
     return score(
         report,
@@ -116,6 +118,21 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         result.first_match[trial],
         note=f"simulator ground truth, trial {trial}",
     )
+
+
+def _certified_finals(result: SimResult, trial: int, x: FloatArray) -> FloatArray | None:
+    """A run that stops on the certificate: ``(n, T)``, each node's candidate at the x it ended a
+    phase with (its final there), NaN elsewhere; None for any other run."""
+    if not result.config.certified:
+        return None
+    certified: dict[tuple[int, int], float] = {}
+    for _ in _early_x(result, trial, x, certified):
+        pass
+    out = np.full(x.shape, np.nan)
+    offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])
+    for (i, p), cand in certified.items():
+        out[i, offsets[p] + int(result.node_iterations[trial, i, p]) - 1] = cand
+    return out
 
 
 def write_sim_transcript(
@@ -184,6 +201,7 @@ class _TrialMessages:
         self.gone = result.departures_of(trial)
         self.z0 = trial_z0(result, trial)
         self.x = trial_x(result, trial)
+        self.certified: dict[tuple[int, int], float] = {}  # (node, phase) -> its certified stop's output
 
     def write_z0(self, tr: Transcript) -> None:
         """Every z^(0) of the plain dual groups (a sealed group's never show on the wire)."""
@@ -209,7 +227,7 @@ class _TrialMessages:
         result, x, tp = self.result, self.x, self.tp
         names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
         # Early stopping: the x's of the iterations each node ran, with their fields.
-        stream = _early_x(result, self.trial, x) if result.config.early_stop else None
+        stream = _early_x(result, self.trial, x, self.certified) if result.config.early_stop else None
         due = next(stream, None) if stream is not None else None
         for t in range(x.shape[1]):
             self._write_departures(tr, t)
@@ -261,8 +279,9 @@ class _TrialMessages:
 
     def write_finals(self, tr: Transcript) -> None:
         """Each node's last status: ``done`` with its final x per phase (its last iteration run in
-        each: ``t_len - 1``, or earlier where its component stopped early), output and the
-        departures it knows of; ``offline`` for a departed node."""
+        each: ``t_len - 1``, or earlier where its component stopped early; at a certified stop its
+        candidate, as a node's), output and the departures it knows of; ``offline`` for a departed
+        node."""
         from nlagg_node.runtime.wire import StatusMsg, encode
 
         result, trial, x, gone, nbrs = self.result, self.trial, self.x, self.gone, self.nbrs
@@ -278,7 +297,7 @@ class _TrialMessages:
                 else StatusMsg(
                     node=i,
                     state="done",
-                    final=[float(x[i, e]) for e in ends[i]],
+                    final=[self.certified.get((i, p), float(x[i, e])) for p, e in enumerate(ends[i])],
                     output=[float(v) for v in np.atleast_1d(output[i])],
                     iterations=int(iterations[i]),
                     departed=final_told,
@@ -287,31 +306,50 @@ class _TrialMessages:
             tr.add(self.tp.status(i), encode(status), retained=True, received=float(x.shape[1]))
 
 
-def _early_x(result: SimResult, trial: int, x: FloatArray) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
+def _early_x(
+    result: SimResult, trial: int, x: FloatArray, certified: dict[tuple[int, int], float]
+) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
     """Every x_i^(t) the nodes of an early-stopping run publish, encoded, as ``(t, [(i, payload)])``
     in the order of t: up to each node's stop (its component's) in each phase, before its
-    departure, with the quiet counter, the stop iteration and the departures it knows of
-    (:func:`nlagg_node.termination.fields_along`)."""
+    departure, with the quiet counter, the stop iteration, the departures it knows of and, in a
+    certified run, the candidate (:func:`nlagg_node.termination.fields_along`). ``certified`` gets
+    ``(node, phase) -> candidate`` of every node that ended a phase on the certified stop (its final)."""
     from nlagg_node.runtime.wire import encode_x
-    from nlagg_node.termination import NO_STOP, fields_along, stop_reach
+    from nlagg_node.termination import (
+        NO_STOP,
+        Certificate,
+        certificate_sign,
+        fields_along,
+        halts,
+        stop_reach,
+    )
 
     cfg = result.config
     edges = result.graphs[trial]
     reach = stop_reach(cfg.n, edges, cfg.may_depart)
     gone = result.departures_of(trial)
+    cert = (
+        Certificate(result.protocol_values[trial].tolist(), certificate_sign(cfg.op))
+        if cfg.certified
+        else None
+    )
     start = 0
     for p, phase in enumerate(result.phases):
         ran = int(result.phase_iterations[trial, p])
         seg = x[:, start : start + ran].T
-        rows = fields_along(seg, edges, start, cfg.stop_window_value, reach, cfg.tolerance, departed=gone)
+        rows = fields_along(
+            seg, edges, start, cfg.stop_window_value, reach, cfg.tolerance, departed=gone, certificate=cert
+        )
         for lt, row in enumerate(rows):
             t = start + lt
             payloads: list[tuple[int, bytes]] = []
             for i, fields in enumerate(row):
                 if fields is not None:  # None: node i publishes nothing at t
-                    k, e, deps = fields
+                    k, e, deps, cand = fields
                     stop = None if e == NO_STOP else e
-                    payloads.append((i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps)))
+                    payloads.append((i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps, cand=cand)))
+                    if cand is not None and halts(e, t, deps, reach):
+                        certified[i, p] = cand
             yield t, payloads
         start += phase.t_len
 

@@ -44,10 +44,12 @@ class TranscriptData(TypedDict):
     statuses: dict[int, StatusMsg]
     departed: dict[int, int]  # node -> the iteration it left at (its neighbours' statuses)
     scale: ValueScale  # the run's public value range (x and z0 are on the protocol's scale)
+    finals: FloatArray | None  # a certified run: each candidate its node ended a phase with (n, T), else None
 
 
 def load_transcript_arrays(path: str | Path) -> TranscriptData:
     """Read what the attack needs from a transcript file (``adversary.transcript.writer`` format)."""
+    from nlagg_node.protocol import RunShape
     from nlagg_node.runtime.public import config_from_msg
     from nlagg_node.scale import scale_for
     from nlagg_node.schedule import phase_c, plan_phases
@@ -83,6 +85,7 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
             "corrupted": corrupted,
             "statuses": (statuses := tr.statuses()),
             "departed": announced(st.departed for st in statuses.values()),
+            "finals": tr.x_finals(cfg.n, t_total, RunShape(cfg, edges).reach) if cfg.certified else None,
         }
 
 

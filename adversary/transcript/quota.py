@@ -117,7 +117,8 @@ def compact(payload: bytes, msg: Decoded) -> bytes:
     same fields, without padding (whitespace the JSON allows)."""
     try:
         if isinstance(msg, X_TYPES):
-            canon = encode_x(msg.node, msg.t, msg.phase, msg.x, msg.quiet, msg.stop, msg.departures or ())
+            deps = msg.departures or ()
+            canon = encode_x(msg.node, msg.t, msg.phase, msg.x, msg.quiet, msg.stop, deps, cand=msg.cand)
         else:
             canon = encode(msg)
     except WireError:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -41,6 +41,7 @@ from nlagg_node.runtime.wire import (
     decode,
 )
 from nlagg_node.schedule import Phase
+from nlagg_node.termination import halts
 
 from ..spans import node_ends, node_iterations_run
 
@@ -51,6 +52,7 @@ __all__ = [
     "SCHEMA",
     "TranscriptReader",
     "captured_count",
+    "certified_finals",
     "check_tables",
     "connect_read_only",
     "create_tables",
@@ -384,6 +386,10 @@ class TranscriptReader:
                 out.setdefault((int(node), int(t)), (stop, [int(d) for d in deps] if deps else None))
         return out
 
+    def x_finals(self, n: int, t_total: int, reach: int) -> FloatArray:
+        """The certified stop's outputs: :func:`certified_finals` of this transcript."""
+        return certified_finals(self.db, n, t_total, reach, self.commit)
+
     def adv_states(self) -> list[AdvStateMsg]:
         """Every state a corrupted node forwarded, in capture order."""
         return [m for m in (self._decode(*r) for r in self._payloads("adv")) if isinstance(m, AdvStateMsg)]
@@ -409,6 +415,35 @@ class TranscriptReader:
                 if seen is None or seen.state != "done" or msg.state == "done":
                     out[msg.node] = msg
         return out
+
+
+_HALTING_CANDIDATES = (
+    "SELECT node, t, payload FROM messages WHERE valid = 1 AND kind = 'x'"
+    " AND instr(payload, CAST('\"cand\":' AS BLOB)) > 0"
+    " AND instr(payload, CAST('\"stop\":' || t AS BLOB)) > 0"
+)
+
+
+def certified_finals(
+    db: sqlite3.Connection, n: int, t_total: int, reach: int, before: Callable[[], None] | None = None
+) -> FloatArray:
+    """``(n, t_total)``: the candidate an x carries where its node ends its phase with it
+    (:func:`nlagg_node.termination.halts`), NaN elsewhere. In a run that stops on the certificate,
+    that candidate, not the x, is the node's final of the phase (:mod:`nlagg_node.termination`).
+
+    ``db``: a transcript's connection; ``before``: called first (a writer commits what it buffers).
+    """
+    if before is not None:
+        before()
+    out = np.full((n, t_total), np.nan)
+    for node, t, payload in db.execute(_HALTING_CANDIDATES):
+        if not (0 <= node < n and 0 <= t < t_total):
+            continue
+        doc = json.loads(bytes(payload))
+        stop, cand, deps = doc.get("stop"), doc.get("cand"), doc.get("departures")
+        if stop == t and isinstance(cand, int | float) and halts(stop, t, deps or (), reach):
+            out[node, t] = float(cand)
+    return out
 
 
 def captured_count(path: str | Path, kind: str) -> int:

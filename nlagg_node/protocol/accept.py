@@ -7,8 +7,9 @@ An x ``x_j^(t)`` passes three checks, in order:
 
 1. its *form* (:func:`x_form_error`): a node and an iteration of the run, the phase of that
    iteration, the early-stop fields exactly where the run stops early, departures only where its
-   nodes may depart; and its *value* (:func:`x_value_error`): with a declared value range, inside
-   the envelope every honest x lies in (:mod:`.envelope`);
+   nodes may depart, a candidate (``cand``) only where it stops on the certificate; and its
+   *value* (:func:`x_value_error`): with a declared value range, inside the envelope every honest
+   x lies in (:mod:`.envelope`);
 2. its *sender* and *window* (:func:`admit`): refused once the sender has departed (``gone``: from
    its departure iteration on), after the sender ended the phase (``stopped``: an x whose fields
    say it halts is the sender's last of the phase, :func:`halt_span`), and ahead of the receiver's
@@ -191,6 +192,7 @@ def x_form_error(
     quiet: int | None,
     stop: int | None,
     departures: Sequence[int] | None,
+    cand: float | None = None,
 ) -> str | None:
     """Why x_node^(t) with these fields is no x of the run (None: it is one)."""
     if node >= shape.n:
@@ -209,6 +211,8 @@ def x_form_error(
         return f"x_{node}^({t}): departures in a run " + (
             "whose nodes may not depart" if early else "with a fixed schedule"
         )
+    if cand is not None and not shape.certified:
+        return f"x_{node}^({t}): cand in a run that does not stop on the certificate (stop_rule)"
     return None
 
 

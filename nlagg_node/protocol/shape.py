@@ -69,6 +69,11 @@ class RunShape:
         """Whether x's carry the departures their nodes know (an early-stopping run with ``may_depart``)."""
         return self.cfg.early_stop and self.cfg.may_depart
 
+    @property
+    def certified(self) -> bool:
+        """Whether x's carry the certified stop's candidate (``cand``): max and min stopping on it."""
+        return self.cfg.certified
+
     @cached_property
     def phase_at(self) -> list[str]:
         """The phase name of every iteration, as the nodes publish it."""

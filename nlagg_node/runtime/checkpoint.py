@@ -65,7 +65,9 @@ class Checkpoint:
     prev_adv : the adversary-state payload of iteration t-1 (corrupted nodes), resent on resume.
     last_sent : early stopping: ``[t', quiet, stop, *departures]`` of the last x published (``t' = t - 1``
         unless the previous phase stopped early; ``stop`` is ``termination.NO_STOP`` while unknown).
+    last_cand : the certified stop: the candidate published with that x (None: none).
     prev_quiet : early stopping: the neighbours' ``[quiet, stop, *departures]`` received with their x^(t-1).
+    prev_cand : the certified stop: the neighbours' candidates received with them (None: none).
     skipped : early stopping: iterations the phases that stopped early did not run.
     """
 
@@ -87,7 +89,9 @@ class Checkpoint:
     prev_adv: str | None = None
     output: list[float] = field(default_factory=list)
     last_sent: list[int] = field(default_factory=list)
+    last_cand: float | None = None
     prev_quiet: list[list[int]] = field(default_factory=list)
+    prev_cand: list[float | None] = field(default_factory=list)
     skipped: int = 0
     n_x: int = 0  # how many x's of the .xlog file belong to this checkpoint (xs is stored there)
     version: int = CHECKPOINT_VERSION

@@ -21,6 +21,8 @@ __all__ = ["Tally", "XIntake"]
 
 log = logging.getLogger("nlagg.node")
 
+_NONE: Fields = (0, NO_STOP, (), None)  # the fields of a slot that received none
+
 
 class Tally:
     """The messages a node refused (each logged with why) and the duplicates it dropped."""
@@ -73,13 +75,13 @@ class XIntake:
         """The early-stop fields sent with a new x^(t), kept for :meth:`take_quiet`."""
         row = self.quiet_in.get(t)
         if row is None:
-            row = self.quiet_in[t] = [(0, NO_STOP, ())] * len(self.senders)
+            row = self.quiet_in[t] = [_NONE] * len(self.senders)
         row[slot] = fields
 
     def take_quiet(self, t: int) -> list[Fields]:
-        """The neighbours' ``(quiet, stop, departures)`` sent with x^(t), by slot (after taking x^(t);
-        a departed neighbour's slot holds nothing that counts, and so do all when none is left)."""
-        return self.quiet_in.pop(t, None) or [(0, NO_STOP, ())] * len(self.senders)
+        """The neighbours' ``(quiet, stop, departures, cand)`` sent with x^(t), by slot (after taking
+        x^(t); a departed neighbour's slot holds nothing that counts, and so do all when none is left)."""
+        return self.quiet_in.pop(t, None) or [_NONE] * len(self.senders)
 
     def count(self, outcome: Outcome, j: int, t: int, x: float, departed: int | None) -> None:
         """An x_j^(t) the barrier did not take as new: a duplicate is counted, a conflict ends the

@@ -36,13 +36,20 @@ from ..protocol import output_error
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
 from ..termination import (
+    NO_CANDIDATE,
     NO_STOP,
+    Certificate,
     Fields,
+    certificate_sign,
     halts,
+    is_certified,
     is_quiet,
     live_stop,
+    next_candidate,
+    next_pin_run,
     next_quiet,
     next_stop,
+    own_candidate,
     recent,
     stop_threshold,
 )
@@ -131,6 +138,7 @@ class _Track:
         self.got: list[float] = []  # the neighbours' x's last taken
         self.adv: str | None = None
         self.sent: list[int] = []  # early stop: [t, quiet, stop or NO_STOP, *departures] of the last x sent
+        self.sent_cand: float | None = None  # the certified stop's candidate sent with it
         ck = self.ck
         if ck is None:
             cfg = member.cfg
@@ -141,7 +149,7 @@ class _Track:
             self.finals, self.identified, self.xs = list(ck.finals), list(ck.identified), list(ck.xs)
             self.z0_sent, self.z_out, self.adv = dict(ck.z0_sent), list(ck.z_out), ck.prev_adv
             self.got = [ck.prev_got[str(j)] for j in member.neighbours] if ck.prev_got else []
-            self.sent = list(ck.last_sent)
+            self.sent, self.sent_cand = list(ck.last_sent), ck.last_cand
 
 
 class PdmmLoop:
@@ -256,7 +264,9 @@ class PdmmLoop:
                     prev_got={str(j): v for j, v in zip(m.neighbours, tr.got, strict=False) if v == v},
                     prev_adv=tr.adv if in_x else None,
                     last_sent=tr.sent,
-                    prev_quiet=[[q, e, *dep] for q, e, dep in early.nbr[k]] if in_x and early else [],
+                    last_cand=tr.sent_cand,
+                    prev_quiet=[[q, e, *dep] for q, e, dep, _ in early.nbr[k]] if in_x and early else [],
+                    prev_cand=[f[3] for f in early.nbr[k]] if in_x and early else [],
                     skipped=m.t_total - m.iterations_run,
                 )
             )
@@ -289,7 +299,7 @@ class PdmmLoop:
             if tr.sent:  # early stop: the last x may precede t - 1 (its phase stopped early)
                 last, quiet, stop, *known = tr.sent
                 stop_or_none = None if stop == NO_STOP else stop
-                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], (quiet, stop_or_none, known))
+                m.outbox.send_x(last, m.phase_at[last], tr.xs[-1], (quiet, stop_or_none, known, tr.sent_cand))
             else:
                 m.outbox.send_x(t - 1, phase, tr.xs[-1])
             if tr.adv is not None:
@@ -342,11 +352,13 @@ class PdmmLoop:
             s_eff: list[float] = effective_values(phase, s_used, skip).tolist()
             name = phase.name
             end = phase_start[p_idx] + phase.t_len
+            cert = Certificate(s_eff, certificate_sign(cfg.op)) if cfg.certified else None
             early = (
-                Stopping(members, self.cfg.stop_window_value, self.reach, cfg.tolerance, self.slots)
+                Stopping(members, self.cfg.stop_window_value, self.reach, cfg.tolerance, self.slots, cert)
                 if cfg.early_stop
                 else None
             )
+            stopped = False
             if early is not None and resumed_at > phase_start[p_idx]:
                 early.restore(resumed_at - phase_start[p_idx], tracks)
             self.stopping = early
@@ -370,6 +382,7 @@ class PdmmLoop:
                     else:
                         m.outbox.send_x(t, name, x_list[k], fields[k])
                         tr.sent = [t, early.k[k], early.e[k], *early.known[k]]  # type: ignore[union-attr]
+                        tr.sent_cand = fields[k][3]
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
                     got_flat += still_here(self.slots[k], got)
@@ -383,16 +396,24 @@ class PdmmLoop:
                     kept = self._drop(t)
                 duals.update(got_flat, c, theta, kept)
                 if early is not None and early.received(t):
+                    stopped = True
                     for m in members:
                         m.iterations_run -= end - 1 - t
                         if end < phase_start[-1]:
                             m.x_in.skip_to(end)
                     break
             t = end
-            for tr in tracks:
-                tr.finals.append(tr.xs[-1])
-                tr.identified.append(tr.xs[-1])
+            for k, tr in enumerate(tracks):
+                cand = early.final(k) if early is not None and stopped else None
+                final = tr.xs[-1] if cand is None else cand  # a certified stop outputs its candidate
+                tr.finals.append(final)
+                tr.identified.append(final)
         return None
+
+
+Published = tuple[int, int | None, tuple[int, ...], float | None]
+"""What a node publishes with its x (:meth:`Stopping.step`): quiet counter, stop (None while
+unknown), departures, candidate (None: none)."""
 
 
 class Stopping:
@@ -400,11 +421,20 @@ class Stopping:
 
     Per node: its last ``window`` x's, its quiet counter, stop iteration and the departures it knows
     of, the neighbours' fields received with their x of the previous iteration (those still here:
-    ``slots``, shared with the loop) and the departures it detected at the last barrier.
+    ``slots``, shared with the loop) and the departures it detected at the last barrier. With a
+    ``certificate`` (the certified stop: each node's value as its x-update uses it, and the sign)
+    also its pin run and candidate, and the quiet test is the certificate's
+    (:func:`~nlagg_node.termination.fields_along` is the rule this follows step by step).
     """
 
     def __init__(
-        self, members: list[Member], window: int, reach: int, tolerance: float, slots: list[list[int]]
+        self,
+        members: list[Member],
+        window: int,
+        reach: int,
+        tolerance: float,
+        slots: list[list[int]],
+        certificate: Certificate | None = None,
     ) -> None:
         self.members = members
         self.window, self.reach, self.tolerance = window, reach, tolerance
@@ -417,41 +447,73 @@ class Stopping:
         self.known: list[tuple[int, ...]] = [()] * h
         self.caught: list[tuple[int, ...]] = [()] * h
         self.nbr: list[list[Fields]] = [[] for _ in range(h)]
+        self.cert = certificate
+        self.values = [float(v) for v in certificate.values] if certificate is not None else []
+        self.sign = certificate.sign if certificate is not None else 1.0
+        self.signed = [self.sign * v for v in self.values]
+        self.run = [0] * h  # the pin runs r_i
+        self.b = [NO_CANDIDATE] * h  # the candidates b_i (signed)
 
     def detect(self, k: int, t: int) -> None:
         """Hosted node k took x^(t) and found neighbours departed at t: not quiet at t + 1."""
         self.caught[k] = (t,)
 
-    def step(self, lt: int, t: int, xs: list[float]) -> list[tuple[int, int | None, tuple[int, ...]]]:
-        """Iteration t (``lt`` within the phase): each node's ``(quiet, stop, departures)`` to publish
-        with x^(t)."""
+    def step(self, lt: int, t: int, xs: list[float]) -> list[Published]:
+        """Iteration t (``lt`` within the phase): each node's ``(quiet, stop, departures, cand)`` to
+        publish with x^(t): departures merged first, then the candidate, the quiet test, k and e."""
         slot = lt % self.window
-        out: list[tuple[int, int | None, tuple[int, ...]]] = []
+        out: list[Published] = []
         for k, xk in enumerate(xs):
             caught, nbr = self.caught[k], self.nbr[k]
-            quiet = not caught and lt >= self.window and is_quiet(xk, self.hist[k][slot], self.tolerance)
-            self.hist[k][slot] = xk
-            k_min = min([self.k[k]] + [f[0] for f in nbr])
-            e_min = min([live_stop(self.e[k], t)] + [live_stop(f[1], t) for f in nbr])
-            self.k[k] = next_quiet(quiet, k_min)
-            self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.reach)
             if caught or self.known[k] or any(f[2] for f in nbr):
                 merged = set(self.known[k]).union(caught, *(f[2] for f in nbr))
                 self.known[k] = tuple(sorted(d for d in merged if recent(d, t, self.reach)))
                 self.caught[k] = ()
-            out.append((self.k[k], None if self.e[k] == NO_STOP else self.e[k], self.known[k]))
+            if self.cert is None:
+                quiet = not caught and lt >= self.window and is_quiet(xk, self.hist[k][slot], self.tolerance)
+                self.hist[k][slot] = xk
+            else:
+                quiet = self._certified(k, xk, nbr)
+            k_min = min([self.k[k]] + [f[0] for f in nbr])
+            e_min = min([live_stop(self.e[k], t)] + [live_stop(f[1], t) for f in nbr])
+            self.k[k] = next_quiet(quiet, k_min)
+            self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.reach)
+            stop = None if self.e[k] == NO_STOP else self.e[k]
+            out.append((self.k[k], stop, self.known[k], self.final(k)))
         return out
+
+    def _certified(self, k: int, x: float, nbr: list[Fields]) -> bool:
+        """Node k's pin run and candidate after taking ``x``; whether it is quiet (the certificate)."""
+        sign = self.sign
+        self.run[k] = next_pin_run(x, self.values[k], self.run[k])
+        own = own_candidate(self.signed[k], self.run[k], self.window)
+        b_max = max([self.b[k]] + [sign * f[3] for f in nbr if f[3] is not None])
+        resetting = bool(self.known[k])
+        self.b[k] = next_candidate(b_max, own, resetting)
+        return not resetting and is_certified(self.signed[k], self.b[k])
+
+    def final(self, k: int) -> float | None:
+        """Node k's candidate on the protocol's scale (its output at a certified stop); None without
+        one, or without the certificate."""
+        return None if self.cert is None or self.b[k] == NO_CANDIDATE else self.sign * self.b[k]
 
     def restore(self, lt: int, tracks: list[_Track]) -> None:
         """Resumed at phase-local iteration ``lt > 0``: the state after iteration ``lt - 1``, from the
-        x's run (the window), the fields last published and the neighbours' (the checkpoint)."""
+        x's run (the window, the pin runs), the fields last published and the neighbours' (the
+        checkpoint)."""
         for k, tr in enumerate(tracks):
             xs = tr.xs[len(tr.xs) - lt :]
             for lt_past in range(max(0, lt - self.window), lt):
                 self.hist[k][lt_past % self.window] = xs[lt_past]
             _, self.k[k], self.e[k], *known = tr.sent
             self.known[k] = tuple(known)
-            self.nbr[k] = [(f[0], f[1], tuple(f[2:])) for f in tr.ck.prev_quiet] if tr.ck is not None else []
+            ck = tr.ck
+            quiet = ck.prev_quiet if ck is not None else []
+            cands = ck.prev_cand if ck is not None and ck.prev_cand else [None] * len(quiet)
+            self.nbr[k] = [(f[0], f[1], tuple(f[2:]), c) for f, c in zip(quiet, cands, strict=True)]
+            if self.cert is not None:
+                self.run[k] = _trailing(xs, self.values[k])
+                self.b[k] = NO_CANDIDATE if tr.sent_cand is None else self.sign * tr.sent_cand
 
     def received(self, t: int) -> bool:
         """After taking x^(t): keep the fields of the neighbours still here; whether the phase ends
@@ -465,3 +527,13 @@ class Stopping:
                 " components that stop apart: host them as processes of their own)"
             )
         return stops[0]
+
+
+def _trailing(xs: list[float], value: float) -> int:
+    """How many of the last ``xs`` equal ``value`` in a row: a pin run rebuilt from the x's run."""
+    run = 0
+    for x in reversed(xs):
+        if x != value:
+            break
+        run += 1
+    return run

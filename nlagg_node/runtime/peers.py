@@ -86,13 +86,18 @@ class Outbox:
         self.key: bytes | None = None
 
     def send_x(
-        self, t: int, phase: str, x: float, fields: tuple[int, int | None, Sequence[int]] | None = None
+        self,
+        t: int,
+        phase: str,
+        x: float,
+        fields: tuple[int, int | None, Sequence[int], float | None] | None = None,
     ) -> None:
         """Publish x_i^(t) without waiting (hot path); with early stopping, ``fields`` are its quiet
-        counter, stop (None while unknown) and the departures it knows of."""
+        counter, stop (None while unknown), the departures it knows of and its certified stop's
+        candidate (None: none, or not a certified run)."""
         k = None if self.chain is None else key_b64(self.chain.key(t))
-        quiet, stop, departures = (None, None, ()) if fields is None else fields
-        payload = encode_x(self.node, t, phase, x, quiet, stop, departures, k)
+        quiet, stop, departures, cand = (None, None, (), None) if fields is None else fields
+        payload = encode_x(self.node, t, phase, x, quiet, stop, departures, k, cand)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))

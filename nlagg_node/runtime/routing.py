@@ -118,7 +118,7 @@ class Router:
             return
         if isinstance(msg, X_TYPES):
             t, stop = msg.t, msg.stop
-            why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures)
+            why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures, msg.cand)
             why = why or x_value_error(self.shape, msg.node, t, msg.x)
             if why is not None:
                 self.on_reject(raw.topic, WireError("x", (msg.node, t, msg.phase), why))
@@ -140,7 +140,8 @@ class Router:
                     m.count_x(outcome, j, t, x)
                 elif quiet is not None:
                     deps = msg.departures
-                    m.keep_quiet(t, slot, (quiet, NO_STOP if stop is None else stop, tuple(deps or ())))
+                    fields = (quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
+                    m.keep_quiet(t, slot, fields)
                     if stop == t and (span := halt_span(self.shape, t, stop, deps)) != NO_HALT:
                         m.x_in.halted(slot, span)  # its last x of the phase: a later one is refused
         elif self._forged(raw, info.node, getattr(msg, "sig", None)):

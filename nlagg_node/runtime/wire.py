@@ -204,7 +204,9 @@ class XMsg(_Signed):
     With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
     ``quiet`` and, once one is known, the phase's stop iteration ``stop``; without, neither. In a
     run whose nodes may depart, ``departures`` lists the recent departure iterations of the phase
-    the node knows of (ascending; absent when none).
+    the node knows of (ascending; absent when none). In a run that stops on the certificate
+    (``RunConfig.certified``), ``cand`` is the node's candidate for the output once it has one
+    (:mod:`nlagg_node.termination`, "the certified stop"); absent in every other run.
     """
 
     node: NodeId
@@ -214,6 +216,7 @@ class XMsg(_Signed):
     quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
     departures: Departures | None = None
+    cand: Finite | None = None  # the certified stop's candidate, protocol scale (a certified run only)
     k: Annotated[str, _b64_of(16)] | None = None  # the sender's key-chain element (a run with identities)
 
 
@@ -238,6 +241,7 @@ class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
         ]
         | None
     ) = None  # HotDecoder checks the order
+    cand: float | None = None  # HotDecoder checks finiteness
     sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
     k: Annotated[str, msgspec.Meta(min_length=24, max_length=24, pattern=_K_PATTERN)] | None = None
 
@@ -397,14 +401,16 @@ def encode_x(
     stop: int | None = None,
     departures: Sequence[int] = (),
     k: str | None = None,
+    cand: float | None = None,
 ) -> bytes:
     """``encode(XMsg(node=node, t=t, phase=phase, x=x, ...))`` without building the model (hot path).
 
     The caller guarantees ``phase`` needs no JSON escaping (phase names are ``[a-z0-9-]``);
     ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical. ``quiet``
     and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None,
-    ``departures`` (ascending) only when not empty, and ``k`` (the key-chain element of a run with
-    identities, :mod:`nlagg_node.protocol.chain`) last, when given.
+    ``departures`` (ascending) only when not empty, ``cand`` (the certified stop's candidate) when
+    given, and ``k`` (the key-chain element of a run with identities, :mod:`nlagg_node.protocol.chain`)
+    last, when given.
     """
     if not math.isfinite(x):
         raise WireError("x", x, "must be a finite number")
@@ -415,6 +421,10 @@ def encode_x(
         text += f',"stop":{stop}'
     if departures:
         text += ',"departures":[' + ",".join(str(int(d)) for d in departures) + "]"
+    if cand is not None:
+        if not math.isfinite(cand):
+            raise WireError("cand", cand, "must be a finite number")
+        text += f',"cand":{float(cand)!r}'
     if k is not None:
         text += f',"k":"{k}"'
     return (text + "}").encode()
@@ -509,8 +519,13 @@ class HotDecoder:
             except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
                 pass
             else:
-                deps = msg.departures
-                if msg.node == info.node and _isfinite(msg.x) and (deps is None or _strictly_up(deps)):
+                deps, cand = msg.departures, msg.cand
+                if (
+                    msg.node == info.node
+                    and _isfinite(msg.x)
+                    and (deps is None or _strictly_up(deps))
+                    and (cand is None or _isfinite(cand))
+                ):
                     return info, msg
         info, full = decode(topic, payload, self.prefix, self.run_id)
         if info.kind == "x" and len(self._x_topics) < MAX_NODES:

@@ -25,7 +25,9 @@ WINDOW = 20
     [
         pytest.param({"op": "max", "t_max": 3000}, id="max"),
         pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
-        pytest.param({"op": "max", "t_max": 3000, "tolerance": 1e-6}, id="max-to-1e-6"),
+        pytest.param(
+            {"op": "max", "t_max": 3000, "tolerance": 1e-6, "stop_rule": "tolerance"}, id="max-to-1e-6"
+        ),
     ],
 )
 async def test_testbed_stops_where_the_simulator_does(

@@ -31,7 +31,7 @@ from nlagg_node.runtime.node import Node, NodeResult, node_will
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import ConfigMsg, encode, encode_x, topics
 from nlagg_node.sim import SimResult, draw_values, simulate
-from nlagg_node.termination import NO_STOP, fields_along, stop_reach
+from nlagg_node.termination import NO_STOP, Certificate, Fields, certificate_sign, fields_along, stop_reach
 
 ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  # two 4-cliques through 4
 LEFT, MIDDLE, RIGHT = [0, 1, 2, 3], 4, [5, 6, 7, 8]
@@ -139,21 +139,27 @@ def test_the_transcript_holds_what_the_nodes_publish_in_time_order(tmp_path: Pat
     reach = stop_reach(cfg.n, edges, True)
     assert reach == cfg.n - 1
     xs = sim.recorded_x[: int(ran.max()), b, :]  # the simulator's own record (its final x after a stop)
-    rows = fields_along(xs, edges, 0, cfg.stop_window_value, reach, cfg.tolerance, departed=DEPARTURES)
+    cert = Certificate(sim.protocol_values[b].tolist(), certificate_sign(op)) if cfg.certified else None
+    rows = fields_along(
+        xs, edges, 0, cfg.stop_window_value, reach, cfg.tolerance, departed=DEPARTURES, certificate=cert
+    )
     want = {(i, t): f for t, row in enumerate(rows) for i, f in enumerate(row) if f is not None}
     published = np.bincount([i for i, _ in want], minlength=cfg.n)
     assert published.tolist() == ran.tolist()  # fields_along publishes exactly each node's iterations
 
     tp = topics("nlagg", RUN)
-    got: dict[tuple[int, int], tuple[int, int, tuple[int, ...]]] = {}
+    got: dict[tuple[int, int], Fields] = {}
     order: dict[tuple[str, int], int] = {}  # (what, node) -> first id
     done: dict[int, dict[str, object]] = {}
     for row_id, topic, payload in x_rows(db):
         doc = json.loads(payload)
         if topic.endswith("/x"):
             i, t = doc["node"], doc["t"]
-            got[(i, t)] = (doc["quiet"], doc.get("stop", NO_STOP), tuple(doc.get("departures", ())))
-            assert payload == encode_x(i, t, sim.phases[0].name, float(xs[t, i]), *_wire(want[(i, t)]))
+            deps = tuple(doc.get("departures", ()))
+            got[(i, t)] = (doc["quiet"], doc.get("stop", NO_STOP), deps, doc.get("cand"))
+            k, e, _, cand = want[(i, t)]
+            stop = None if e == NO_STOP else e
+            assert payload == encode_x(i, t, sim.phases[0].name, float(xs[t, i]), k, stop, deps, cand=cand)
             order.setdefault((f"x{t}", i), row_id)
         elif topic.endswith("/status"):
             order.setdefault((doc["state"], doc["node"]), row_id)
@@ -169,16 +175,12 @@ def test_the_transcript_holds_what_the_nodes_publish_in_time_order(tmp_path: Pat
     assert MIDDLE not in done
     for i in LEFT + RIGHT:
         assert done[i]["iterations"] == int(ran[i])
-        assert done[i]["final"] == [float(xs[int(ran[i]) - 1, i])]
+        final = got[i, int(ran[i]) - 1][3] if cfg.certified else None  # a certified stop's candidate
+        assert done[i]["final"] == [float(xs[int(ran[i]) - 1, i]) if final is None else final]
         assert done[i].get("departed") == ({"4": 300} if i in (3, 5) else None)
     with Transcript.open_read_only(db) as tr:
         assert tr.statuses()[MIDDLE].state == "offline"
         assert tp.status(MIDDLE) in {topic for topic, _ in tr._payloads("status")}
-
-
-def _wire(f: tuple[int, int, tuple[int, ...]]) -> tuple[int, int | None, tuple[int, ...]]:
-    k, e, deps = f
-    return k, None if e == NO_STOP else e, deps
 
 
 def live_capture(path: Path, db: Path) -> Eavesdropper:

@@ -69,7 +69,9 @@ DEPARTING = RunConfig(
 SEALED = RunConfig(
     op="average", n=N, graph="ring", trials=1, record="all", t_max=40, seed=5, early_stop=False
 )
-RUNS = {"max": CFG, "median-departing": DEPARTING, "average-sealed": SEALED}
+# max stopping on the certificate: its x's may carry a candidate (none within these 40 iterations)
+CERTIFIED = RunConfig(op="max", n=N, graph="ring", trials=1, record="all", t_max=40, seed=5)
+RUNS = {"max": CFG, "median-departing": DEPARTING, "average-sealed": SEALED, "max-certified": CERTIFIED}
 STATES = ["online", "running", "done", "leaving", "offline"]
 PHASES = ["max", "median", "average", "nope", ""]
 
@@ -143,6 +145,7 @@ def _fields(kind: str, a: int, b: int) -> dict[str, st.SearchStrategy[Any]]:
             "quiet": iteration,
             "stop": iteration,
             "departures": st.lists(iteration, max_size=3),
+            "cand": number,
         }
     if kind == "status":
         return {
@@ -177,7 +180,7 @@ def _fields(kind: str, a: int, b: int) -> dict[str, st.SearchStrategy[Any]]:
 
 
 KINDS = ["x", "status", "z0", "sealed", "key", "adv", "config"]
-OPTIONAL = {"quiet", "stop", "departures", "final", "output", "iterations", "departed"}
+OPTIONAL = {"quiet", "stop", "departures", "cand", "final", "output", "iterations", "departed"}
 
 
 @st.composite

@@ -33,13 +33,17 @@ RUN = "host-resume"
             700,
             id="topk-early-stop-2",
         ),
+        pytest.param(
+            {"op": "max", "t_max": 3000, "stop_window": 20}, 250, id="max-certified"
+        ),  # candidates from t = 244, the certified stop at 271
     ],
 )
 async def test_checkpointed_host_resumes_bit_for_bit(
     params: dict[str, Any], crash_after: int, tmp_path: Path
 ) -> None:
     """The host is cancelled mid-run (trimmed mean: in its second dual group; top-K with early
-    stopping: in its first phase, or in its second after the first stopped early) and restarted."""
+    stopping: in its first phase, or in its second after the first stopped early; max: while its
+    nodes' candidates spread) and restarted."""
     cfg = RunConfig(n=7, trials=1, record="all", seed=3, **params)
     sim = simulate(cfg)
     # The x's each node published: every phase up to its stop.

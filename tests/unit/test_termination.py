@@ -56,7 +56,7 @@ def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float
 @pytest.mark.parametrize(
     "params",
     [
-        pytest.param({"op": "max", "t_max": 3000}, id="max"),
+        pytest.param({"op": "max", "t_max": 3000, "stop_rule": "tolerance"}, id="max"),
         pytest.param({"op": "median", "t_max": 3000}, id="median"),
         pytest.param({"op": "topk", "k": 2, "t_max": 2500}, id="topk"),
     ],

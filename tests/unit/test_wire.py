@@ -77,7 +77,7 @@ _HOT_VALUES = st.one_of(
     st.text(max_size=3),
     st.lists(st.integers(0, 2), max_size=2),
 )
-_HOT_KEYS = ["v", "node", "t", "phase", "x", "quiet", "stop", "departures"]
+_HOT_KEYS = ["v", "node", "t", "phase", "x", "quiet", "stop", "departures", "cand"]
 
 
 def _outcome(topic: str, payload: bytes, fn: object) -> tuple[object, ...]:

@@ -45,7 +45,7 @@ from nlagg_node.verdict import output_holders
 from ...attack import NodeFinding, attack_arrays
 from ...live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
 from ...rules import PhaseEnds
-from ...transcript.reader import connect_read_only
+from ...transcript.reader import certified_finals, connect_read_only
 
 __all__ = ["DashboardState", "graph_positions"]
 
@@ -362,6 +362,9 @@ class DashboardState:
             departed=dict(replay.departed),
             scale=self.scale,
             early_stop=cfg.early_stop,
+            finals=certified_finals(self.db, replay.n, t_len, RunShape(cfg, self.edges).reach)
+            if cfg.certified
+            else None,
         )
         return report.findings, report.output
 
