@@ -398,9 +398,11 @@ class Soak:
         rss = []
         for life in self.lives:
             base_at = max(20, life.since + 20)
-            base = next((life.rss[e] for e in sorted(life.rss) if e >= base_at), None)
-            end = life.rss[max(life.rss)] if life.rss else None
-            rss.append((life.name, life.since, base_at if base is not None else None, base, end))
+            at = next((e for e in sorted(life.rss) if e >= base_at), None)
+            last = max(life.rss, default=None)
+            total = [life.rss[e] if e is not None else None for e in (at, last)]
+            anon = [life.parts[e].get("RssAnon") if e is not None else None for e in (at, last)]
+            rss.append((life.name, life.since, at, total[0], total[1], anon[0], anon[1]))
         kept = [b for e, b in self.store_bytes.items() if e >= self.s.keep_epochs]
         return SoakReport(
             epochs=self._verdicts(outputs),
@@ -454,7 +456,8 @@ class SoakReport:
     results_in_store: int  # ... of which the store holds
     soundness: float
     combined_consistent: bool
-    rss: list[tuple[str, int, int | None, int | None, int | None]]  # name, since, base epoch, base, end
+    # name, since, base epoch, base, end, and the anonymous part (the heap) at the base and the end
+    rss: list[tuple[str, int, int | None, int | None, int | None, int | None, int | None]]
     store_bytes_max: int
     store_bytes_end: int
     late_values: list[int]
