@@ -143,7 +143,7 @@ def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> No
     table = Table(title=f"run {s['run_id']}: {s['op']} on {s['n']} nodes ({s['graph']}, {s['edges']} edges)")
     table.add_column("node", justify="right")
     table.add_column("private value", justify="right")
-    table.add_column("final x", justify="right")
+    table.add_column("output", justify="right")
     table.add_column("eavesdropper learned")
     from ..verdict import BEYOND, UNAVOIDABLE
 
