@@ -280,6 +280,7 @@ def test_max_consensus_across_namespaces_is_exact_and_fully_captured(
             radius=RADIUS,
             trials=1,
             t_max=T_MAX,
+            early_stop=False,  # the plan's fixed schedule
             c=C,
             mu_z=MU_Z,
             seed=SEED,
