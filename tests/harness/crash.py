@@ -1,0 +1,23 @@
+"""Crash a running task at a chosen moment (for resume tests)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+async def crash_when(run: asyncio.Task[Any], ready: Callable[[], bool], *, within: float = 120.0) -> None:
+    """Wait (at most ``within`` s) until ``ready()``, then cancel ``run``, which must still be running:
+    the crash hits a running network, not one that already finished."""
+    async with asyncio.timeout(within):
+        while True:  # polled: the moment is a state of other objects, which signal nothing
+            if run.done() or ready():
+                break
+            await asyncio.sleep(0.002)
+    assert not run.done()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
