@@ -69,6 +69,16 @@ class XEnvelope:
         r = self.radius[bisect.bisect_right(self.starts, t) - 1] * self.scale[node]
         return self.s_lo - r, self.s_hi + r
 
+    def value_error(self, node: int, t: int, cand: float) -> str | None:
+        """Why the candidate ``cand`` that ``x_node^(t)`` carries is no value of the run (the certified
+        stop's candidates are node values: inside ``[s_lo, s_hi]``; None: it may be one)."""
+        if self.s_lo <= cand <= self.s_hi:
+            return None
+        return (
+            f"cand of x_{node}^({t})={cand!r}: outside [{self.s_lo:.6g}, {self.s_hi:.6g}], where every"
+            " value of this run lies (value_range; docs/protocol.md, 'Bounded influence')"
+        )
+
     def error(self, node: int, t: int, x: float) -> str | None:
         """Why ``x_node^(t) = x`` is no honest x of the run (None: it may be one)."""
         lo, hi = self.bounds(node, t)

@@ -119,7 +119,7 @@ class Router:
         if isinstance(msg, X_TYPES):
             t, stop = msg.t, msg.stop
             why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures, msg.cand)
-            why = why or x_value_error(self.shape, msg.node, t, msg.x)
+            why = why or x_value_error(self.shape, msg.node, t, msg.x, msg.cand)
             if why is not None:
                 self.on_reject(raw.topic, WireError("x", (msg.node, t, msg.phase), why))
                 return

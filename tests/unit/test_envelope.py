@@ -136,6 +136,20 @@ async def test_a_node_and_the_transcript_refuse_a_forged_x_outside_the_envelope(
         assert tr.add(tp.x(1), real) is not None
 
 
+@pytest.mark.parametrize(("cand", "refused"), [(1.0, False), (0.0, False), (1.5, True), (-0.2, True)])
+def test_a_certified_candidate_outside_the_values_range_is_refused(cand: float, refused: bool) -> None:
+    """A candidate is some node's value: one outside the range (protocol scale [0, 1]) would make
+    every node pass its certificate and output it, so nodes and transcript refuse it alike."""
+    cfg = RunConfig(op="max", n=8, graph="ring", t_max=300, trials=1, value_range=RANGE)
+    rules = RunRules(build_config_msg(cfg, "cert", run_edges(cfg)))
+    msg = XMsg(node=3, t=0, phase="max", x=0.5, quiet=0, cand=cand)
+    why = x_value_error(rules.shape, 3, 0, 0.5, cand)
+    assert rules.reject(msg) == why
+    assert (why is not None) == refused
+    if refused:
+        assert f"cand of x_3^(0)={cand!r}: outside [0, 1]" in str(why)
+
+
 def test_the_transcript_rules_and_the_node_rule_are_one() -> None:
     cfg = RunConfig(op="median", n=8, graph="ring", t_max=20, trials=1, early_stop=False, value_range=RANGE)
     rules = RunRules(build_config_msg(cfg, "one", run_edges(cfg)))
