@@ -146,8 +146,7 @@ class Incarnation:
     name: str
     pid: int
     since: int
-    rss: dict[int, int] = field(default_factory=dict)
-    parts: dict[int, dict[str, int]] = field(default_factory=dict)  # per epoch: RSS_PARTS
+    parts: dict[int, dict[str, int]] = field(default_factory=dict)  # per epoch sampled: RSS_PARTS
 
 
 class Soak:
@@ -398,9 +397,9 @@ class Soak:
         rss = []
         for life in self.lives:
             base_at = max(20, life.since + 20)
-            at = next((e for e in sorted(life.rss) if e >= base_at), None)
-            last = max(life.rss, default=None)
-            total = [life.rss[e] if e is not None else None for e in (at, last)]
+            at = next((e for e in sorted(life.parts) if e >= base_at), None)
+            last = max(life.parts, default=None)
+            total = [life.parts[e]["VmRSS"] if e is not None else None for e in (at, last)]
             anon = [life.parts[e].get("RssAnon") if e is not None else None for e in (at, last)]
             rss.append((life.name, life.since, at, total[0], total[1], anon[0], anon[1]))
         kept = [b for e, b in self.store_bytes.items() if e >= self.s.keep_epochs]
@@ -425,7 +424,7 @@ class Soak:
         for life in self.lives:
             parts = rss_parts(life.pid)
             if parts is not None:
-                life.rss[k], life.parts[k] = parts["VmRSS"], parts
+                life.parts[k] = parts
                 with (self.logs / "rss.csv").open("a") as out:  # every sample, for the curves
                     row = [life.name, str(life.since), str(k), *(str(parts.get(p, "")) for p in RSS_PARTS)]
                     out.write(",".join(row) + "\n")

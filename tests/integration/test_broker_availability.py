@@ -22,6 +22,7 @@ from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.mosquitto_auth import DEFAULT_MAX_CONNECTIONS
 from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
+from tests.harness.epochsoak import rss_kib
 
 pytestmark = pytest.mark.mosquitto
 
@@ -41,10 +42,9 @@ def _remaining_length(n: int) -> bytes:
 
 
 def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    rss = rss_kib(pid)
+    assert rss is not None, f"no VmRSS for pid {pid}"
+    return rss
 
 
 @pytest.fixture
