@@ -196,8 +196,9 @@ def _stop_apart(
             detected = detected or fresh[g0 + i, d]
             seen[i, d] = known[g0 + i, d] or fresh[g0 + i, d]
             fresh[g0 + i, d] = False
-        quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
-        hist[slot, g0 + i] = xl[i]
+        if not cert[0]:  # the tolerance test (a certified phase's comes from _certify below)
+            quiet[i] = not detected and lt >= window and _is_quiet(xl[i], hist[slot, g0 + i], tolerance)
+            hist[slot, g0 + i] = xl[i]
         kmin[i] = kq[g0 + i]
         emin[i] = _live_stop(ev[g0 + i], now)
     for e in range(src_l.shape[0]):
