@@ -77,3 +77,15 @@ async def amqtt_url() -> AsyncIterator[str]:
     """``mqtt://127.0.0.1:PORT`` of an embedded amqtt broker running in the test's event loop."""
     async with start_amqtt() as broker:
         yield broker.url
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line naming each group of skipped tests, how many, and why (what to install)."""
+    groups: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        groups[reason] = groups.get(reason, 0) + 1
+    if groups:
+        listed = "; ".join(f"{count} x {reason}" for reason, count in sorted(groups.items()))
+        terminalreporter.write_line(f"skipped groups: {listed}")

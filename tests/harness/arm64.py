@@ -5,7 +5,11 @@ cached by its inputs' hash) and registers qemu-aarch64 with binfmt_misc. :func:`
 adds what ``deploy/pi/install.sh`` makes of it from a clean state (the venv with nlagg and its
 dependencies from PyPI's aarch64 wheels), cached by the hash of the base, the installer and the
 dependency list; :class:`PiRoot` mounts a throwaway overlay of that (so a test never changes the
-cache) with /proc, /sys and /dev bound in, and unmounts everything on exit.
+cache) with /proc, /sys and /dev bound in.
+
+Every mount lives in a private mount namespace of its own (tests/harness/mounts.py), so a killed
+run leaves nothing mounted on the host; the shared cache is built under a lock in a work folder of
+the run's own, and trees are removed only when nothing is mounted inside them.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from tests.harness.mounts import MountNamespace, cache_lock, die_with_parent, remove_tree
+
 __all__ = [
     "CACHE",
+    "SOURCE_IN_ROOT",
     "PiRoot",
     "aarch64_wheelhouse",
     "base_rootfs",
@@ -94,7 +101,10 @@ def base_rootfs() -> tuple[Path, float]:
 
 
 def copy_source(root: Path) -> Path:
-    """Copy this checkout's files (tracked and untracked, not ignored) to the Pi's clone location."""
+    """Copy this checkout's files (tracked and untracked, not ignored) to the Pi's clone location.
+
+    Whatever was there is removed first (through :meth:`PiRoot.remove` for a mounted root).
+    """
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=REPO,
@@ -102,7 +112,7 @@ def copy_source(root: Path) -> Path:
         check=True,
     ).stdout
     dest = root / SOURCE_IN_ROOT
-    shutil.rmtree(dest, ignore_errors=True)
+    assert not dest.exists(), f"{dest} exists: remove it first"
     for rel in filter(None, listed.decode().split("\0")):
         src = REPO / rel
         if src.is_file():
@@ -129,14 +139,29 @@ def _install_key(base: Path) -> str:
 def installed_rootfs(base: Path, timeout: float = 1800) -> tuple[Path, dict[str, Any]]:
     """The base with ``install.sh`` run in it from a clean state (cached); and how long that took.
 
-    Built as a full copy of ``base`` (``cp -a``), then the installer runs inside it under
+    Built under the cache's lock (a second run waits, then reuses the result) as a full copy of
+    ``base`` (``cp -a``) in a work folder of this run's own; the installer runs inside it under
     emulation, as root, without a bundle; the result is kept in the cache by :func:`_install_key`.
     """
     root = CACHE / f"pi-installed-{_install_key(base)}"
-    if (root / _MARK).is_file():
-        return root, {**json.loads((root / _MARK).read_text()), "cached": True}
-    part = root.with_name(root.name + ".part")
-    shutil.rmtree(part, ignore_errors=True)
+    with cache_lock(CACHE, "pi-installed"):
+        if (root / _MARK).is_file():
+            return root, {**json.loads((root / _MARK).read_text()), "cached": True}
+        _sweep(root.name)
+        return root, {**_install_into(base, root, timeout), "cached": False}
+
+
+def _sweep(keep: str) -> None:
+    """Remove every other installed rootfs and every work folder a killed run left (under the lock)."""
+    for stale in CACHE.glob("pi-installed-*"):  # earlier installers' or dependencies' (~900 MB each)
+        if stale.name != keep and stale.is_dir():
+            remove_tree(stale)
+
+
+def _install_into(base: Path, root: Path, timeout: float) -> dict[str, Any]:
+    """Run the installer on a copy of ``base``, move the result to ``root`` marked as done; the timings."""
+    part = root.with_name(f"{root.name}.part-{os.getpid()}")
+    remove_tree(part)
     started = time.monotonic()
     subprocess.run(["cp", "-a", str(base), str(part)], check=True, timeout=600)
     copied = time.monotonic() - started
@@ -152,20 +177,19 @@ def installed_rootfs(base: Path, timeout: float = 1800) -> tuple[Path, dict[str,
         install = time.monotonic() - started
     info = {"copy_seconds": round(copied, 1), "install_seconds": round(install, 1), "log": out[-2000:]}
     (part / _MARK).write_text(json.dumps(info))
-    shutil.rmtree(root, ignore_errors=True)
+    remove_tree(root)
     part.rename(root)
-    for stale in CACHE.glob("pi-installed-*"):  # earlier installers' or dependencies' (~900 MB each)
-        if stale != root:
-            shutil.rmtree(stale, ignore_errors=True)
-    return root, {**info, "cached": False}
+    return info
 
 
 class PiRoot:
     """A chroot into ``lower`` (through a throwaway overlay in ``work`` unless ``overlay=False``).
 
     /proc, /dev and (unless ``bind_sys=False``, where a test fakes sensor files under /sys) /sys are
-    bound in and the host's resolv.conf copied, so pip inside reaches what the host reaches; on exit
-    every mount is undone, innermost first, even after a failure.
+    bound in and the host's resolv.conf copied, so pip inside reaches what the host reaches. Every
+    mount is made in a private mount namespace (:class:`~tests.harness.mounts.MountNamespace`): the
+    host never sees them, and they end with the namespace on exit or when this process is killed.
+    Files inside are reached through :meth:`path`.
     """
 
     def __init__(
@@ -176,14 +200,14 @@ class PiRoot:
         self.bind_sys = bind_sys
         self.work = work
         self.root = lower
-        self._mounted: list[Path] = []
+        self._ns = MountNamespace()
 
     def _mount(self, argv: Sequence[str], target: Path) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", *argv, str(target)], check=True, capture_output=True, timeout=60)
-        self._mounted.append(target)
+        self._ns.view(target).mkdir(parents=True, exist_ok=True)
+        self._ns.run(["mount", *argv, str(target)])
 
     def __enter__(self) -> Self:
+        self._ns.__enter__()
         try:
             if self.overlay:
                 assert self.work is not None, "an overlay needs a work directory"
@@ -196,29 +220,18 @@ class PiRoot:
             if self.bind_sys:
                 self._mount(["--rbind", "/sys"], self.root / "sys")
             self._mount(["--bind", "/dev"], self.root / "dev")
-            resolv = self.root / "etc" / "resolv.conf"
+            resolv = self.path("/etc/resolv.conf")
             resolv.unlink(missing_ok=True)
             shutil.copy(Path("/etc/resolv.conf").resolve(), resolv)
         except BaseException:
-            self._unmount()
+            self._ns.close()
             raise
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._unmount()
-
-    def _unmount(self) -> None:
-        failed = []
-        while self._mounted:
-            target = self._mounted.pop()
-            done = subprocess.run(["umount", "-R", str(target)], capture_output=True, timeout=60, check=False)
-            if done.returncode != 0:  # still busy: detach it now, the kernel finishes when it is free
-                lazy = subprocess.run(["umount", "-R", "-l", str(target)], capture_output=True, check=False)
-                if lazy.returncode != 0:
-                    failed.append(str(target))
-        assert not failed, f"could not unmount {failed}"
+        self._ns.close()
 
     def argv(self, argv: Sequence[str], cwd: str = "/") -> list[str]:
         """The host command line that runs ``argv`` inside the root, in ``cwd`` (a path inside it)."""
@@ -229,21 +242,31 @@ class PiRoot:
             "LANG=C.UTF-8",
         ]
         env += [f"{name}={os.environ[name]}" for name in PASSED_ENV if name in os.environ]
-        return ["chroot", str(self.root), *env, "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
+        chroot = ["chroot", str(self.root), *env, "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
+        return self._ns.argv(chroot)
 
     def run(self, argv: Sequence[str], *, timeout: float = 600, cwd: str = "/", check: bool = True) -> str:
         """Run ``argv`` inside the root; its stdout and stderr together (asserted to exit 0 if ``check``)."""
         done = subprocess.run(
-            self.argv(argv, cwd), capture_output=True, text=True, timeout=timeout, check=False
+            self.argv(argv, cwd),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            preexec_fn=die_with_parent,  # a killed run leaves no installer running in its namespace
         )
         output = done.stdout + done.stderr
         if check:
             assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}: {output[-3000:]}"
         return output
 
+    def remove(self, inside: str) -> None:
+        """Remove the tree at ``inside`` (an absolute path in the root), never through a mount."""
+        self._ns.remove_tree(self.root / inside.lstrip("/"))
+
     def path(self, inside: str) -> Path:
-        """The host path of ``inside`` (an absolute path in the root)."""
-        return self.root / inside.lstrip("/")
+        """The host path of ``inside`` (an absolute path in the root), seen through the namespace."""
+        return self._ns.view(self.root / inside.lstrip("/"))
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.harness.mounts import remove_tree
+
 TOOLS = ("docker", "dockerd", "docker-compose", "mmdebstrap", "slirp4netns", "nsenter", "ip")
 APT_PACKAGES = "docker.io docker-compose mmdebstrap slirp4netns util-linux iproute2"
 
@@ -127,4 +129,4 @@ def docker_engine() -> Iterator[dict[str, str]]:
             _stop(proc, grace)
         if made_netns:
             subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True, timeout=30)
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root, unmount_first=True)  # dockerd's overlays, if it left any

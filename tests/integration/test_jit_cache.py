@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,8 +99,19 @@ def _as_nobody() -> list[str]:
     return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 
+@pytest.fixture
+def open_work() -> Iterator[Path]:
+    """A folder every user can enter and write (pytest's own temp tree is 0700, closed to uid 65534)."""
+    work = Path(tempfile.mkdtemp(prefix="nlagg-jit-"))
+    work.chmod(0o777)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work)
+
+
 @pytest.mark.slow
-def test_sim_and_experiment_run_without_a_writable_cache_or_home(tmp_path: Path) -> None:
+def test_sim_and_experiment_run_without_a_writable_cache_or_home(open_work: Path) -> None:
     """The Docker image's user: HOME=/nonexistent, cannot write the package folder.
 
     As root with setpriv and an interpreter that uid 65534 can read, the commands run as
@@ -106,9 +119,7 @@ def test_sim_and_experiment_run_without_a_writable_cache_or_home(tmp_path: Path)
     created (and the package folder must stay untouched, writable or not).
     """
     before = _package_cache_files()
-    work = tmp_path / "work"
-    work.mkdir()
-    work.chmod(0o777)
+    work = open_work
     user = _as_nobody() if _can_run_as_nobody() else None
     env = _env(HOME="/nonexistent")
     if user is None:

@@ -41,6 +41,7 @@ from nlagg_node.scale import check_node_value
 from tests.harness.arm64 import (
     CACHE,
     INSTALLER,
+    SOURCE_IN_ROOT,
     PiRoot,
     base_rootfs,
     copy_source,
@@ -122,7 +123,8 @@ def _bundle_for_the_pi(bed: PlanBed, workdir: Path, dest: Path) -> None:
 
 def _install_on_the_pi(pi: PiRoot, report: dict[str, Any]) -> None:
     """install.sh with the bundle (updates the cached install to this checkout), then again: a no-op."""
-    copy_source(pi.root)  # this checkout, as the walk-through's git clone
+    pi.remove(f"/{SOURCE_IN_ROOT}")
+    copy_source(pi.path("/"))  # this checkout, as the walk-through's git clone
     argv = ["bash", INSTALLER, "--bundle", f"/home/pi/node{PI}.tar.gz", "--enable"]
     with timed(report, "install_seconds"):
         first = pi.run(argv, timeout=1200)
