@@ -117,6 +117,12 @@ class Intruder:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
+    async def send(self, frames: list[bytes]) -> None:
+        """Write ``frames`` in one session of the stolen credentials, with its CONNECT (``eager``):
+        the broker reads every one before the node whose session this takes over can close it,
+        however loaded the machine is."""
+        await self._session(f"intruder-{self.node}", frames, eager=True)
+
     async def before_config(self) -> None:
         """Iterations out of every bound, sent before the run's configuration is published."""
         x = topics(self.prefix, self.run_id).x(self.node)

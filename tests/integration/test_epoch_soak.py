@@ -10,17 +10,23 @@ from pathlib import Path
 import pytest
 
 from tests.harness.epochsoak import Fault, Soak, SoakSettings
+from tests.harness.load import contention, stretched
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
 
 async def test_six_epochs_stay_exact_complete_and_sound_across_restarts(tmp_path: Path) -> None:
+    load = contention()  # a busy machine gets longer epochs, not skipped ones
     settings = SoakSettings(
-        epochs=6, every=10.0, keep_epochs=2, faults=(Fault(1, "eavesdropper"), Fault(3, "node", node=1))
+        epochs=6,
+        every=stretched(10.0, load),
+        lead=stretched(15.0, load),
+        keep_epochs=2,
+        faults=(Fault(1, "eavesdropper"), Fault(3, "node", node=1)),
     )
     started = time.time()
     async with Soak(settings, tmp_path) as bed:
-        await bed.run(within=180.0)
+        await bed.run(within=stretched(180.0, load))
         report = bed.report(started)
     ran = [e for e in report.epochs if e.present]
     assert [e.epoch for e in ran if not e.exact] == [], report.epochs

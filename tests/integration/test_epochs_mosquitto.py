@@ -19,6 +19,7 @@ from nlagg_node.lab.epochs import epoch_values, run_epoch_testbed
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.outputs import EpochOutput, read_outputs, results_filter, results_topic
+from tests.harness.load import contention, stretched
 
 ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
 pytestmark = pytest.mark.mosquitto
@@ -53,8 +54,9 @@ async def test_three_drifting_epochs_run_warm_and_exact(mosquitto_url: str) -> N
 
 async def test_a_plan_with_every_runs_two_epochs_under_its_acl(tmp_path: Path) -> None:
     run = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0))
-    origin = time.time() + 12.0  # the node processes start meanwhile
-    spec = PlanSpec(run=run, run_id="green", seed=5, schedule=Schedule(10.0, origin, 2))
+    load = contention()  # a busy machine gets longer epochs, not skipped ones
+    origin = time.time() + stretched(12.0, load)  # the node processes start meanwhile
+    spec = PlanSpec(run=run, run_id="green", seed=5, schedule=Schedule(stretched(10.0, load), origin, 2))
     root = tmp_path / "plan"
     write_plan(build_plan(spec), root)
     lines = security_lines(str(root / "broker" / "passwd"), str(root / "broker" / "acl"))

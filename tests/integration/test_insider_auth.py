@@ -56,7 +56,7 @@ async def test_forged_x_in_the_window_are_refused_by_every_node_and_the_transcri
             publish_frame(x1, own_key.sign(x1, encode_x(1, t_now + 2, bed.phase_at(t_now + 2), FORGED[1]))),
             publish_frame(x1, encode_x(1, t_now + 3, bed.phase_at(t_now + 3), FORGED[2])),
         ]
-        await spy._session("intruder-1", frames)
+        await spy.send(frames)
         verdict = await bed.finish()
     assert verdict.completed, (verdict.detail, bed.report())
     assert verdict.identical, verdict.detail  # every node's output is the simulator's
@@ -74,9 +74,7 @@ async def test_a_planted_key_is_refused_and_the_run_completes(tmp_path: Path) ->
 
     async def plant(bed: PlanBed) -> None:
         topic = topics("nlagg", bed.run_id).key(1)
-        await Intruder.with_password_of(bed, 1)._session(
-            "intruder-1", [publish_frame(topic, encode(planted), retain=True)]
-        )
+        await Intruder.with_password_of(bed, 1).send([publish_frame(topic, encode(planted), retain=True)])
 
     cfg = CFG.model_copy(update={"t_max": 300, "init_channel": "sealed"})
     async with PlanBed(cfg, tmp_path, run_id="insider-key", early=plant) as bed:

@@ -49,6 +49,7 @@ from tests.harness.arm64 import (
     timed,
     unavailable,
 )
+from tests.harness.load import stretched
 from tests.harness.planbed import PlanBed
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
@@ -333,7 +334,7 @@ async def test_arm64_node_runs_three_epochs_of_a_continuous_plan(
         assert "Restart=always" in dropin
         slave = pi.path(f"{W1_DEVICE}/w1_slave")
         slave.parent.mkdir(parents=True)
-        origin = time.time() + 30.0  # Python starts slowly under emulation
+        origin = time.time() + stretched(30.0)  # Python starts slowly under emulation (and a busy machine)
         node_files = [root / "nodes" / f"{i}.toml" for i in range(N) if i != PI]
         _set_origin([*node_files, pi.path(f"/etc/nlagg/nodes/{PI}.toml")], origin)
         lines = security_lines(str(root / "broker" / "passwd"), str(root / "broker" / "acl"))

@@ -53,6 +53,7 @@ from nlagg_node.runtime.transport import topic_matches
 from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
+from tests.harness.load import contention, stretched
 from tests.harness.netns import EAVES_IP, SUBNET, Net, network
 from tests.harness.planbed import PlanBed
 
@@ -462,13 +463,15 @@ async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_pa
     # epoch topics cross through the bridge's + level, every node's results reach both sites, and
     # the continuous eavesdropper (one session per site) closes both epochs.
     cfg = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0), seed=5)
-    schedule = Schedule(10.0, time.time() + 20.0, 2)  # the brokers, bridges and captures start meanwhile
+    load = contention()  # a busy machine gets longer epochs, not skipped ones
+    # the brokers, bridges and captures start before the origin
+    schedule = Schedule(stretched(10.0, load), time.time() + stretched(20.0, load), 2)
     async with PlanBed(cfg, tmp_path, sites=2, schedule=schedule, eavesdrop_args=["--epochs", "2"]) as bed:
         ((bridge_in, bridge_out),) = [(b.in_topics, b.out_topics) for b in bed.plan.bridges]
         assert any("/+/node/" in topic for topic in bridge_in + bridge_out)
         await bed.start_nodes()
         detail: list[str] = []
-        async with asyncio.timeout(120):
+        async with asyncio.timeout(stretched(120.0, load)):
             reports = [(await proc.communicate())[0].decode() for proc in bed.nodes.values()]
             codes = [proc.returncode for proc in bed.nodes.values()]
             await bed.wait_eavesdropper(detail)
