@@ -235,6 +235,9 @@ class PiRoot:
 
     def argv(self, argv: Sequence[str], cwd: str = "/") -> list[str]:
         """The host command line that runs ``argv`` inside the root, in ``cwd`` (a path inside it)."""
+        return self._ns.argv(self._chroot(argv, cwd))
+
+    def _chroot(self, argv: Sequence[str], cwd: str) -> list[str]:
         env = [
             "env",
             "-i",
@@ -242,18 +245,19 @@ class PiRoot:
             "LANG=C.UTF-8",
         ]
         env += [f"{name}={os.environ[name]}" for name in PASSED_ENV if name in os.environ]
-        chroot = ["chroot", str(self.root), *env, "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
-        return self._ns.argv(chroot)
+        return ["chroot", str(self.root), *env, "sh", "-c", 'cd "$0" && exec "$@"', cwd, *argv]
 
     def run(self, argv: Sequence[str], *, timeout: float = 600, cwd: str = "/", check: bool = True) -> str:
         """Run ``argv`` inside the root; its stdout and stderr together (asserted to exit 0 if ``check``)."""
+        # In a PID namespace of its own whose first process dies with this one (--kill-child): a
+        # killed run leaves no installer behind writing into a tree the next run removes.
         done = subprocess.run(
-            self.argv(argv, cwd),
+            self._ns.argv(["unshare", "--pid", "--fork", "--kill-child", *self._chroot(argv, cwd)]),
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
-            preexec_fn=die_with_parent,  # a killed run leaves no installer running in its namespace
+            preexec_fn=die_with_parent,
         )
         output = done.stdout + done.stderr
         if check:
