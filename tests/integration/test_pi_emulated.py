@@ -49,7 +49,7 @@ from tests.harness.arm64 import (
     timed,
     unavailable,
 )
-from tests.harness.load import stretched
+from tests.harness.load import contention, stretched
 from tests.harness.planbed import PlanBed
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
@@ -275,8 +275,8 @@ EPOCH_READINGS = [24750, 26500, 25500]  # the DS18B20 each epoch: the maximum, 1
 EVERY = 20.0  # seconds between epochs: an emulated arm64 node needs a few per epoch
 
 
-def _continuous_bundle(workdir: Path, values_file: Path, dest: Path) -> Path:
-    """A continuous plan (3 epochs) of N nodes; node PI's bundle reads the DS18B20. Its root."""
+def _continuous_bundle(workdir: Path, values_file: Path, dest: Path, every: float) -> Path:
+    """A continuous plan (3 epochs, ``every`` s apart) of N nodes; node PI's bundle reads the DS18B20."""
     from nlagg_node.deploy import PlanSpec, build_plan
     from nlagg_node.deploy.continuous import Schedule
 
@@ -293,7 +293,7 @@ def _continuous_bundle(workdir: Path, values_file: Path, dest: Path) -> Path:
         values_file=values_file,
     )
     root = workdir / "continuous-plan"
-    schedule = Schedule(EVERY, time.time() + 3600.0, len(EPOCH_READINGS))  # the origin is set later
+    schedule = Schedule(every, time.time() + 3600.0, len(EPOCH_READINGS))  # the origin is set later
     write_plan(build_plan(PlanSpec(run=run, run_id="pi-epochs", seed=SEED, schedule=schedule)), root)
     node_file = root / "nodes" / f"{PI}.toml"
     node = load_node_file(node_file)
@@ -328,13 +328,15 @@ async def test_arm64_node_runs_three_epochs_of_a_continuous_plan(
     values_file.write_text(" ".join(map(str, [*X86_VALUES, 0.0])) + "\n")  # node PI reads its sensor
     entry = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
     with PiRoot(installed, tmp_path / "pi", bind_sys=False) as pi:
-        root = _continuous_bundle(tmp_path, values_file, pi.path(f"/home/pi/node{PI}.tar.gz"))
+        load = contention()  # a busy machine gets longer epochs, not skipped ones
+        every = stretched(EVERY, load)
+        root = _continuous_bundle(tmp_path, values_file, pi.path(f"/home/pi/node{PI}.tar.gz"), every)
         await asyncio.to_thread(_install_on_the_pi, pi, report)
         dropin = pi.path(f"/etc/systemd/system/nlagg-node@{PI}.service.d/continuous.conf").read_text()
         assert "Restart=always" in dropin
         slave = pi.path(f"{W1_DEVICE}/w1_slave")
         slave.parent.mkdir(parents=True)
-        origin = time.time() + stretched(30.0)  # Python starts slowly under emulation (and a busy machine)
+        origin = time.time() + stretched(45.0, load)  # Python starts slowly under emulation
         node_files = [root / "nodes" / f"{i}.toml" for i in range(N) if i != PI]
         _set_origin([*node_files, pi.path(f"/etc/nlagg/nodes/{PI}.toml")], origin)
         lines = security_lines(str(root / "broker" / "passwd"), str(root / "broker" / "acl"))
@@ -353,7 +355,7 @@ async def test_arm64_node_runs_three_epochs_of_a_continuous_plan(
                 for path in node_files
             ]
             for k, reading in enumerate(EPOCH_READINGS):  # the sensor changes half a period before each start
-                await asyncio.sleep(max(0.0, origin + k * EVERY - EVERY / 2 - time.time()))
+                await asyncio.sleep(max(0.0, origin + k * every - every / 2 - time.time()))
                 slave.write_text(W1_SLAVE.replace(f"t={READING}", f"t={reading}"))
             async with asyncio.timeout(900):
                 arm_out, _ = await arm.communicate()
