@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from nlagg_node.config import RunConfig
+from nlagg_node.epochplan import walk_values
 from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.scale import scale_for
-from nlagg_node.sim.epochs import simulate_epochs, walk_values
+from nlagg_node.sim.epochs import simulate_epochs
 
 DRIFT = 0.005
 

@@ -30,10 +30,10 @@ from typing import Any
 
 from nlagg_node.arrays import IntArray
 from nlagg_node.config import RunConfig
+from nlagg_node.epochplan import HeardOutput, epoch_config, epoch_start
 from nlagg_node.runtime.epochs import rerun_run_id
 from nlagg_node.runtime.outputs import epoch_run_id
 from nlagg_node.runtime.public import build_config_msg, config_from_msg, run_edges
-from nlagg_node.runtime.warmstart import HeardOutput, epoch_config, epoch_start
 from nlagg_node.runtime.wire import ConfigMsg
 
 __all__ = ["Band", "EpochConfigs", "judge_warm"]

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
 from ..departure import components, survivors
+from ..epochplan import epoch_seed
 from ..graphs import EdgeLayout, sample_graphs
 from ..init import DualInitSpec, draw_z0, perturb_value
 from ..rng import rng_for_each
@@ -129,21 +130,15 @@ class SimResult:
         return np.take_along_axis(self.recorded_x, order[None], axis=2)
 
 
-def node_generators(
-    seed: int, trials: int, n: int, epoch: int = 0, rerun: bool = False
-) -> list[np.random.Generator]:
+def node_generators(seed: int, trials: int, n: int) -> list[np.random.Generator]:
     """The private generator ``rng_for(seed, "node", b, i)`` of every (trial, node), trial-major.
 
-    Each node draws its DP noise first, then z^(0) per dual group. Epoch ``k >= 1`` of a
-    multi-epoch run (:mod:`nlagg_node.sim.epochs`) draws fresh ones, ``rng_for(seed, "epoch", k,
-    "node", b, i)``, and its cold rerun ``rng_for(seed, "epoch", k, "rerun", "node", b, i)``; epoch 0
-    is the single run's.
+    Each node draws its DP noise first, then z^(0) per dual group. An epoch of a multi-epoch run
+    (:mod:`nlagg_node.sim.epochs`) draws with the epoch's seed
+    (:func:`~nlagg_node.epochplan.epoch_seed`), as a node of a deployment does.
     """
     index = np.stack(np.meshgrid(np.arange(trials), np.arange(n), indexing="ij"), axis=-1).reshape(-1, 2)
-    stream: tuple[int | str, ...] = ("node",)
-    if epoch or rerun:
-        stream = ("epoch", epoch, *(("rerun",) if rerun else ()), "node")
-    return rng_for_each(seed, stream, index)
+    return rng_for_each(seed, ("node",), index)
 
 
 @dataclass(frozen=True)
@@ -251,7 +246,9 @@ def _plan(
     graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
     s = run_values(cfg) if epoch is None else epoch.values  # user units, checked against the range
     scale = scale_for(cfg)
-    gens = node_generators(cfg.seed, B, n, *((epoch.epoch, epoch.rerun) if epoch is not None else ()))
+    seed = cfg.seed if epoch is None else epoch_seed(cfg.seed, epoch.epoch, rerun=epoch.rerun)
+    assert seed is not None  # a simulation's seed is an int
+    gens = node_generators(seed, B, n)
     noise = value_noise(cfg)
     s_proto = np.asarray(scale.to_protocol(s), dtype=np.float64)
     if epoch is not None and epoch.used is not None:

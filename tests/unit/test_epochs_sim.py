@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig, load_config
+from nlagg_node.epochplan import walk_values, warms
 from nlagg_node.sim import simulate
-from nlagg_node.sim.epochs import read_epoch_values, simulate_epochs, walk_values, warms
+from nlagg_node.sim.epochs import read_epoch_values, simulate_epochs
 from nlagg_node.tune import EpochPlan, Setting, evaluate_epochs
 from tests.harness.cli import run_cli
 

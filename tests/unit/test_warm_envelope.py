@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.epochplan import HeardOutput, epoch_config
 from nlagg_node.protocol import RunShape
 from nlagg_node.rng import rng_for
-from nlagg_node.runtime.warmstart import HeardOutput, epoch_config
 from nlagg_node.sim import simulate
 from nlagg_node.sim.engine import EpochInputs
 from nlagg_node.valuemap import scale_for
