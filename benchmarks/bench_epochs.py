@@ -64,7 +64,7 @@ from nlagg_node.epochplan import walk_values
 from nlagg_node.graphs import EdgeLayout, sample_graphs
 from nlagg_node.init import DualInitSpec
 from nlagg_node.pdmm import Objective, dual_sum, x_update, z_update
-from nlagg_node.sim.epochs import EpochsResult, simulate_epochs
+from nlagg_node.sim.multiepoch import EpochsResult, simulate_epochs
 from nlagg_node.termination import diameter
 from nlagg_node.warm import WarmStart, warm_margin
 

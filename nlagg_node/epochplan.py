@@ -1,7 +1,7 @@
 """The epoch planner: how each epoch of a continuous deployment starts, written once.
 
-``nlagg sim --epochs`` (:mod:`nlagg_node.sim.epochs`) and the nodes' epoch driver
-(:mod:`nlagg_node.runtime.epochs`, the eavesdropper's :mod:`adversary.capture.epochconfig` too)
+``nlagg sim --epochs`` (:mod:`nlagg_node.sim.multiepoch`) and the nodes' epoch driver
+(:mod:`nlagg_node.runtime.epochdriver`, the eavesdropper's :mod:`adversary.capture.epochconfig` too)
 take every epoch decision from here, so a testbed of K epochs is the simulator's K epochs of one
 trial, bit for bit:
 

@@ -15,7 +15,7 @@ epoch k-1 published retained on the results topics ``P/R/results/{i}``
   them or not (restarted, absent, its run failed: it runs warm beside the others; a graph split by
   an absent node into parts that each reached their own output starts alike again). If none did by
   the latest time a node may join (the start plus
-  :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node finished epoch k-1 in time to run
+  :attr:`~nlagg_node.runtime.epochdriver.EpochClock.late`), no node finished epoch k-1 in time to run
   epoch k: it runs warm from the latest epoch j < k whose output is published, at most
   :data:`~nlagg_node.epochplan.WARM_GAP` epochs back, with the drift bound ``(k - j) D`` (every
   value moved at most D per epoch in between), like every other node; cold if there is none.

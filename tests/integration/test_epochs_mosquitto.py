@@ -16,11 +16,11 @@ from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.epochplan import HeardOutput, epoch_start
 from nlagg_node.lab.children import Child, log_tail
-from nlagg_node.lab.epochs import epoch_values, run_epoch_testbed
+from nlagg_node.lab.epochtestbed import epoch_values, run_epoch_testbed
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.outputs import EpochOutput, read_outputs, results_filter, results_topic
-from nlagg_node.sim.epochs import simulate_epochs
+from nlagg_node.sim.multiepoch import simulate_epochs
 
 ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
 pytestmark = pytest.mark.mosquitto

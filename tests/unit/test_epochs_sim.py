@@ -1,4 +1,4 @@
-"""Privacy over time in the simulator (nlagg_node.sim.epochs): K epochs, warm starts, the fallback."""
+"""Privacy over time in the simulator (nlagg_node.sim.multiepoch): K epochs, warm starts, the fallback."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.epochplan import walk_values, warms
 from nlagg_node.sim import simulate
-from nlagg_node.sim.epochs import read_epoch_values, simulate_epochs
+from nlagg_node.sim.multiepoch import read_epoch_values, simulate_epochs
 from nlagg_node.tune import EpochPlan, Setting, evaluate_epochs
 from tests.harness.cli import run_cli
 

@@ -15,14 +15,14 @@ import pytest
 from nlagg_node.config import RunConfig
 from nlagg_node.epochplan import WARM_GAP, HeardOutput, epoch_start, published_output, walk_values
 from nlagg_node.errors import ConfigError
-from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
+from nlagg_node.runtime.epochdriver import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import EpochOutput, results_topic
 from nlagg_node.runtime.result import NodeResult
-from nlagg_node.scale import scale_for
 from nlagg_node.sim.engine import EpochInputs, simulate
-from nlagg_node.sim.epochs import simulate_epochs
+from nlagg_node.sim.multiepoch import simulate_epochs
+from nlagg_node.valuemap import scale_for
 from nlagg_node.warm import warm_start
 
 PREFIX, RUN = "farm", "greenhouse"

@@ -1,7 +1,7 @@
 """``nlagg testbed --epochs K --every S``: a continuous deployment on one machine.
 
 The broker (private unless given) and n nodes that run K epochs of a continuous deployment
-(:mod:`nlagg_node.runtime.epochs`), each epoch with fresh private values (the run's value
+(:mod:`nlagg_node.runtime.epochdriver`), each epoch with fresh private values (the run's value
 distribution with a seed of its own, so values change from epoch to epoch). Nodes are tasks of
 this process (each with its own connection per epoch, as on a device) or ``nlagg node --every``
 processes, whose value files are rewritten half a period before each epoch's start. The nodes draw
@@ -31,13 +31,14 @@ from ..lifetime import owned_tempdir
 from ..private import write_private
 from ..rng import rng_for
 from ..runtime.brokers import start_broker
+from ..runtime.epochdriver import EpochClock, join_window, run_epochs
 from ..runtime.epochmqtt import epoch_mqtt
-from ..runtime.epochs import EpochClock, join_window, run_epochs
 from ..runtime.mqtt import MqttTransport
 from ..runtime.public import run_edges
-from ..scale import check_node_value, check_start, scale_for
 from ..schedule import true_aggregate
 from ..sim.values import run_values
+from ..valuechecks import check_node_value, check_start
+from ..valuemap import scale_for
 from ..verdict import ideal_nodes
 from .children import Child, log_tail
 from .epochcapture import EpochCaptureSummary, capture_report, start_epoch_capture, until_captured
@@ -92,7 +93,7 @@ class EpochSummary(TypedDict):
 def epoch_values(cfg: RunConfig, epoch: int, drift: float | None = None) -> FloatArray:
     """The private values of epoch ``epoch`` (user units): the run's distribution, a seed per epoch;
     with a ``drift`` > 0, the simulator's bounded random walk from epoch 0's values instead
-    (:func:`~nlagg_node.sim.epochs.walk_values`: steps uniform in [-D, D] of the range's span)."""
+    (:func:`~nlagg_node.epochplan.walk_values`: steps uniform in [-D, D] of the range's span)."""
     if drift:
         from ..epochplan import walk_values
 

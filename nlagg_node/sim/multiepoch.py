@@ -36,7 +36,8 @@ from ..epochplan import (
     warms,
 )
 from ..errors import ConfigError
-from ..scale import check_values, scale_for
+from ..valuechecks import check_values
+from ..valuemap import scale_for
 from ..verdict import ideal_ranks
 from ..warm import WarmStart, warm_start
 from .engine import EpochInputs, SimResult, simulate
