@@ -30,8 +30,8 @@ import numpy as np
 
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.errors import ConfigError
-from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
+from nlagg_node.valuemap import ValueScale
 
 from .linear import LinearFindings, RelationJson, attack_linear, relations_json, tightened
 from .live import HIGH, LOW, SOLVED, VALUE, Exposures, PublicRun, replay_exposures
@@ -222,7 +222,7 @@ def attack_arrays(
         ``(n, T')`` branch codes, ``T' >= T``, are cut to T instead of replaying again
         (the replay is causal: iteration t depends on nothing later).
     scale
-        The run's public value range (:func:`nlagg_node.scale.scale_for`).
+        The run's public value range (:func:`nlagg_node.valuechecks.scale_for`).
     early_stop
         The run stops phases early (its public config says so): the iterations a phase skipped
         are skipped by the replay too (:func:`~adversary.live.replay_exposures`).

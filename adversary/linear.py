@@ -49,7 +49,7 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import z_update
-from nlagg_node.scale import ValueScale
+from nlagg_node.valuemap import ValueScale
 
 from .live import Exposures, PublicRun
 from .spans import node_ends

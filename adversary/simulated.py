@@ -21,10 +21,10 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout, neighbours
-from nlagg_node.scale import scale_for
 from nlagg_node.schedule import phase_c, sealed_groups_of, secret_groups_of
 from nlagg_node.sim import SimResult
 from nlagg_node.threat import known_duals
+from nlagg_node.valuemap import scale_for
 
 from .attack import AttackReport, attack_arrays, score
 

@@ -60,10 +60,11 @@ from typing import Any
 import numpy as np
 
 from nlagg_node.config import RunConfig, load_config
+from nlagg_node.epochplan import walk_values
 from nlagg_node.graphs import EdgeLayout, sample_graphs
 from nlagg_node.init import DualInitSpec
 from nlagg_node.pdmm import Objective, dual_sum, x_update, z_update
-from nlagg_node.sim.epochs import EpochsResult, simulate_epochs, walk_values
+from nlagg_node.sim.multiepoch import EpochsResult, simulate_epochs
 from nlagg_node.termination import diameter
 from nlagg_node.warm import WarmStart, warm_margin
 

@@ -3,13 +3,14 @@
     python benchmarks/bench_warm_runtime.py [--op max] [--n 15] [--epochs 3] [--period 50]
 
 Every node of a continuous deployment runs as an asyncio task over the in-memory transport
-(:func:`nlagg_node.runtime.epochs.run_epochs`, a fixed seed), warm (``--drift 0.005``) and then
+(:func:`nlagg_node.runtime.epochdriver.run_epochs`, a fixed seed), warm (``--drift 0.005``) and then
 cold (``--cold-start``), on the simulator's random walk of ``n`` values in [0, 1]
-(:func:`nlagg_node.sim.epochs.walk_values`, seed 0); :func:`nlagg_node.sim.epochs.simulate_epochs`
+(:func:`nlagg_node.epochplan.walk_values`, seed 0); :func:`nlagg_node.sim.multiepoch.simulate_epochs`
 runs the same values. One JSON line: per start, the iterations of each epoch (the most any node
-ran), each epoch's start and the largest error; the simulator's iterations beside them. The
-runtime and the simulator draw z^(0) from different streams (``epoch_seed(seed, k)`` against
-``("epoch", k, "node", trial, i)``), so their iterations agree to a few, not draw for draw.
+ran), each epoch's start and the largest error; the simulator's iterations beside them. Both
+follow one epoch planner (:mod:`nlagg_node.epochplan`: the epoch's seed, the shell draws): the
+nodes here draw from seed 7 and the simulator from seed 0, so they agree to a few iterations; with
+the run's seed at the nodes (``seed="config"``) they agree draw for draw.
 ``--period`` must exceed an epoch's run time (an epoch that overruns skips the next start).
 """
 
@@ -24,11 +25,12 @@ from typing import Any
 import numpy as np
 
 from nlagg_node.config import RunConfig
-from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epochs
+from nlagg_node.epochplan import walk_values
+from nlagg_node.runtime.epochdriver import EpochClock, EpochOutcome, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
-from nlagg_node.scale import scale_for
-from nlagg_node.sim.epochs import simulate_epochs, walk_values
+from nlagg_node.sim.multiepoch import simulate_epochs
+from nlagg_node.valuemap import scale_for
 
 DRIFT = 0.005
 

@@ -23,7 +23,7 @@ _OWN: dict[str, dict[str, float | int]] = {
 }
 OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {op: dict(_OWN.get(op, _EXTREMES)) for op in _ORDER}
 
-# With a declared value_range the protocol runs on values in [0, 1] (nlagg_node.scale); these are
+# With a declared value_range the protocol runs on values in [0, 1] (nlagg_node.valuechecks); these are
 # calibrated there (uniform values over the range, RGG n = 15; docs/experiments.md). Gaps between
 # neighbouring values are about 1/n of the range, so c is larger than for N(0, 1) values. One-sided
 # starts sit at the range's midpoint +- mu_z / c: mu_z / c = 0.6 starts x 10% of the range beyond it.

@@ -114,8 +114,9 @@ def check_departures(
 def kept_edges(lo: IntArray, hi: IntArray, gone: Iterable[int]) -> BoolArray:
     """Which edges ``(lo[e], hi[e])`` survive when the nodes ``gone`` have departed.
 
-    The one rule of a departure: an edge goes with either of its ends. The simulator applies
-    it to its undirected pairs, the node loop to each hosted node's neighbour slots.
+    The one rule of a departure: an edge goes with either of its ends. The simulator
+    (:mod:`nlagg_node.sim.departures`) and the adversary's replays (:mod:`adversary.live`,
+    :mod:`adversary.linear`) apply it to their undirected pairs through :func:`drop_pairs`.
     """
     g = np.fromiter(gone, dtype=np.int64)
     return np.asarray(~(np.isin(lo, g) | np.isin(hi, g)), dtype=np.bool_)

@@ -32,7 +32,7 @@ class DualInitSpec:
     * ``prior``: N(-a_ij c m, sigma_z^2) so that x starts near a prior median ``m``.
 
     ``center`` shifts the one-sided starts to ``center +- mu_z / c``: 0 for raw values, the
-    midpoint 1/2 of a declared value range on the protocol's [0, 1] scale (:mod:`nlagg_node.scale`),
+    midpoint 1/2 of a declared value range on the protocol's [0, 1] scale (:mod:`nlagg_node.valuechecks`),
     so one mu_z serves max and min alike.
     """
 

@@ -57,7 +57,7 @@ def _init_for(cfg: RunConfig, default: DualInit, c: float, sigma_z: float | None
     """The dual distribution of a group: ``proposed`` means ``default`` (``PROPOSED_INIT`` per operator).
 
     The prior median is public and given in the user's units; the duals live on the protocol's
-    scale (:mod:`nlagg_node.scale`), so it is mapped there.
+    scale (:mod:`nlagg_node.valuechecks`), so it is mapped there.
     """
     from .valuemap import scale_for
 

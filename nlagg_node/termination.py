@@ -301,10 +301,11 @@ def diameter(n: int, edges: IntArray) -> int:
 
     A breadth-first search from every node (:func:`csr_diameter`, on Python lists: no call
     overhead for small graphs), with :func:`scipy.sparse.csgraph.shortest_path` in blocks of
-    sources beyond :data:`_PY_BFS_UP_TO` nodes (n = 1000 RGG: 0.13 s against 0.63 s). The simulator
-    compiles :func:`csr_diameter` and runs it on all its trials' graphs at once.
+    sources beyond :data:`_PY_BFS_UP_TO` nodes (n = 1000 RGG: 0.13 s against 0.63 s) where scipy is
+    installed (the lab's; a lean node searches in Python). The simulator compiles
+    :func:`csr_diameter` and runs it on all its trials' graphs at once.
     """
-    if n > _PY_BFS_UP_TO:
+    if n > _PY_BFS_UP_TO and _scipy_installed():
         return _csgraph_diameter(n, edges)
     adj = neighbours(n, np.asarray(edges))
     indptr = [0]
@@ -349,6 +350,15 @@ def csr_diameter(
 
 _PY_BFS_UP_TO = 128
 """Graphs up to this many nodes get their diameter from the Python search (faster there)."""
+
+
+def _scipy_installed() -> bool:
+    """Whether scipy (the lab's, ``nlagg[lab]``) is importable: a lean node's install has none."""
+    try:
+        import scipy.sparse.csgraph  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _csgraph_diameter(n: int, edges: IntArray, block: int = 256) -> int:

@@ -178,11 +178,11 @@ def evaluate_epochs(base: RunConfig, setting: Setting, plan: EpochPlan) -> Evalu
     """Simulate ``plan.epochs`` epochs of ``base.trials`` deployments of a setting (pure).
 
     ``leak`` is the largest cumulative exposure beyond the ideal world over the ranks
-    (:meth:`~nlagg_node.sim.epochs.EpochsResult.cumulative_beyond_ideal`); ``converged`` the share
+    (:meth:`~nlagg_node.sim.multiepoch.EpochsResult.cumulative_beyond_ideal`); ``converged`` the share
     of (epoch, trial) pairs that ended exact; the iterations count every epoch's (warm run and any
     cold rerun).
     """
-    from .sim.epochs import simulate_epochs
+    from .sim.multiepoch import simulate_epochs
 
     started = time.perf_counter()
     res = simulate_epochs(apply(base, setting), plan.epochs, plan.drift, warm=plan.warm)

@@ -1,6 +1,6 @@
-"""The affine map between the user's units and the protocol's scale (see :mod:`nlagg_node.scale`).
+"""The affine map between the user's units and the protocol's scale (see :mod:`nlagg_node.valuechecks`).
 
-Kept apart from the checks of :mod:`nlagg_node.scale`, which need the phase schedule, so that the
+Kept apart from the checks of :mod:`nlagg_node.valuechecks`, which need the phase schedule, so that the
 schedule itself can map the public prior onto the protocol's scale without an import cycle.
 """
 

@@ -42,9 +42,9 @@ further than declared", which the cold rerun's output reveals anyway (it lies ou
 beside it an eavesdropper can tell which node held the warm run's output, one node outside the
 band on the side the aggregate moved to. No value outside the band enters the warm epoch.
 
-Every function here is pure: the simulator (:mod:`nlagg_node.sim.epochs`) and the node runtime call
+Every function here is pure: the simulator (:mod:`nlagg_node.sim.multiepoch`) and the node runtime call
 the same ones. Positions (``last_output``, bounds, values) of a :class:`WarmStart` are on the
-protocol's scale (:mod:`nlagg_node.scale`: ``(s - lo) / (hi - lo)`` with a declared range).
+protocol's scale (:mod:`nlagg_node.valuechecks`: ``(s - lo) / (hi - lo)`` with a declared range).
 """
 
 from __future__ import annotations

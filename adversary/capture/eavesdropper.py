@@ -37,8 +37,8 @@ from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
-from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
+from nlagg_node.valuemap import ValueScale, scale_for
 
 from ..live import BRANCH_NAMES, Exposure, LiveReplay
 from ..transcript.arrays import public_z0

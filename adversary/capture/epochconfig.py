@@ -3,15 +3,15 @@
 A continuous deployment publishes no per-epoch ``P/R/e{k}/config``: every node derives the
 configuration of epoch k from public facts, the deployment's config (the plan's ``run.toml``),
 the epoch, the latest public output before it and the declared drift
-(:func:`nlagg_node.runtime.warmstart.epoch_config`). The continuous capture
+(:func:`nlagg_node.epochplan.epoch_config`). The continuous capture
 (:mod:`adversary.capture.epochs`) derives the same from the same facts and gives it to each
 epoch's eavesdropper, so that the transcript judges and replays the epoch as the nodes ran it.
 
 Which epochs run warm is the nodes' rule (:mod:`nlagg_node.runtime.warmstart`): epoch k runs
 warm when some node published epoch k-1's output on ``P/R/results/{i}``, from the median of those
-outputs (:func:`~nlagg_node.runtime.warmstart.published_output`), and with none of k-1 (no node
+outputs (:func:`~nlagg_node.epochplan.published_output`), and with none of k-1 (no node
 finished it) from the latest earlier epoch's (:func:`~nlagg_node.runtime.warmstart.latest_published`,
-at most :data:`~nlagg_node.runtime.warmstart.WARM_GAP` back); the capture reads the same topics. The
+at most :data:`~nlagg_node.epochplan.WARM_GAP` back); the capture reads the same topics. The
 warm ``c`` does not depend on the output's value, so outputs that differ within the run's tolerance
 give one configuration (a median's prior, at the output, moves by as little). With no published
 output at all, the nodes run k cold, and so does the derived configuration.
@@ -30,10 +30,10 @@ from typing import Any
 
 from nlagg_node.arrays import IntArray
 from nlagg_node.config import RunConfig
-from nlagg_node.runtime.epochs import rerun_run_id
+from nlagg_node.epochplan import HeardOutput, epoch_config, epoch_start
+from nlagg_node.runtime.epochdriver import rerun_run_id
 from nlagg_node.runtime.outputs import epoch_run_id
 from nlagg_node.runtime.public import build_config_msg, config_from_msg, run_edges
-from nlagg_node.runtime.warmstart import HeardOutput, epoch_config, epoch_start
 from nlagg_node.runtime.wire import ConfigMsg
 
 __all__ = ["Band", "EpochConfigs", "judge_warm"]

@@ -50,11 +50,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from nlagg_node.epochplan import WARM_GAP, HeardOutput
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import published_record
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, latest_published
+from nlagg_node.runtime.warmstart import latest_published
 from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, shared_run, topics
 
 from ..live import Exposure

@@ -18,8 +18,8 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import announced
 from nlagg_node.errors import ConfigError
-from nlagg_node.scale import ValueScale
 from nlagg_node.schedule import Phase
+from nlagg_node.valuemap import ValueScale
 
 if TYPE_CHECKING:
     from nlagg_node.runtime.wire import StatusMsg
@@ -51,8 +51,8 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
     """Read what the attack needs from a transcript file (``adversary.transcript.writer`` format)."""
     from nlagg_node.protocol import RunShape
     from nlagg_node.runtime.public import config_from_msg
-    from nlagg_node.scale import scale_for
     from nlagg_node.schedule import phase_c, plan_phases
+    from nlagg_node.valuemap import scale_for
 
     from ..live import forwarded_z0
     from .writer import Transcript

@@ -3,11 +3,12 @@
 #
 #   sudo deploy/pi/install.sh --bundle node3.tar.gz --enable
 #
-# What it does: creates the service user, a virtual environment under the prefix, installs nlagg
-# from this source tree with pip using binary wheels only (nothing is compiled on the device),
+# What it does: creates the service user, a virtual environment under the prefix, installs the lean
+# node (nlagg without the [lab] extra: no simulator, plots, dashboard or embedded broker) from this
+# source tree with pip using binary wheels only (nothing is compiled on the device),
 # copies the sensor scripts, installs the nlagg-node@.service template, and unpacks a node bundle
 # (from `nlagg deploy bundle`) into /etc/nlagg. Needs Python >= 3.11 with venv (Raspberry Pi OS
-# bookworm: sudo apt-get install python3-venv) and a 64-bit OS (aarch64): numpy, scipy, numba and
+# bookworm: sudo apt-get install python3-venv) and a 64-bit OS (aarch64): numpy, cryptography and
 # friends publish aarch64 wheels, not 32-bit ARM ones. Running it again is a no-op unless something
 # changed (the source tree, a sensor script, the unit, the bundle); without a running systemd (a
 # chroot, a container, an image build) the unit is installed and enabled but not started.
@@ -27,7 +28,7 @@ venv_args=()
 python="${PYTHON:-python3}"
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
     cat <<USAGE
 Options:
   --bundle FILE            node bundle from 'nlagg deploy bundle' to unpack into the config dir
@@ -74,7 +75,7 @@ die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
     || die "$python has no venv/ensurepip: apt-get install python3-venv"
 case "$(uname -m)" in
     aarch64|x86_64) ;;
-    armv7l|armv6l) die "32-bit ARM: numpy/scipy/numba have no wheels there; install a 64-bit OS" ;;
+    armv7l|armv6l) die "32-bit ARM: numpy/cryptography have no wheels there; install a 64-bit OS" ;;
     *) say "warning: untested architecture $(uname -m); pip may not find wheels" ;;
 esac
 
@@ -117,7 +118,8 @@ else
         pip_from=()
     fi
     # nlagg itself is pure Python (pip builds it without compiling anything); every dependency must
-    # come as a binary wheel, so a missing wheel fails here instead of compiling for an hour.
+    # come as a binary wheel, so a missing wheel fails here instead of compiling for an hour. No
+    # extra: a node needs none of the lab's packages (nlagg_node/extras.py).
     say "installing nlagg from $source_dir${wheelhouse:+ (wheels from $wheelhouse)}"
     "${pip[@]}" install --quiet --only-binary=:all: ${pip_from[@]+"${pip_from[@]}"} "$source_dir"
     "$venv/bin/nlagg" --help >/dev/null || die "the installed nlagg does not start"

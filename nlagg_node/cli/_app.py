@@ -65,7 +65,8 @@ def exit_on_error() -> Iterator[None]:
 
     Exit 2 for bad input: a :class:`ConfigError`, a file that cannot be read (``OSError``), is not
     UTF-8 text or is not the SQLite file it should be. Exit 1 for a run that failed
-    (any other :class:`NlaggError`, e.g. a node that did not finish).
+    (any other :class:`NlaggError`, e.g. a node that did not finish). A lab module missing from a
+    node's install (:data:`~nlagg_node.extras.LAB_MODULES`): exit 2, naming the ``lab`` extra.
     """
     try:
         yield
@@ -83,6 +84,13 @@ def exit_on_error() -> Iterator[None]:
         _fail(f"input is not UTF-8 text ({exc.reason} at byte {exc.start})", 2)
     except sqlite3.Error as exc:
         _fail(f"SQLite: {exc}", 2)
+    except ModuleNotFoundError as exc:  # a lean install (a node's) running a command of the lab
+        from ..extras import missing_lab_line
+
+        line = missing_lab_line(exc)
+        if line is None:
+            raise
+        _fail(line, 2)
 
 
 def _fail(line: str, code: int) -> None:

@@ -17,7 +17,7 @@ __all__ = ["run_epoch_testbed_command"]
 
 def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
     """Run the epochs and print the summary (one JSON object with ``--json``, else a line per epoch)."""
-    from ..lab.epochs import run_epoch_testbed
+    from ..lab.epochtestbed import run_epoch_testbed
     from ..lab.testbed import new_run_id
     from ..lifetime import run_stoppable
 

@@ -29,8 +29,8 @@ def sim(opts: SimOptions) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..departure import departure_defaults, parse_departures
     from ..errors import ConfigError
-    from ..scale import config_warnings
     from ..sim.output import summarize, write_run
+    from ..valuechecks import config_warnings
     from ..verdict import far_beyond_warning
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
@@ -72,9 +72,9 @@ def sim(opts: SimOptions) -> None:
 
 
 def _sim_epochs(opts: SimOptions, cfg: Any, warnings: list[str]) -> None:
-    """``nlagg sim --epochs K``: K epochs of a continuous deployment (:mod:`nlagg_node.sim.epochs`)."""
+    """``nlagg sim --epochs K``: K epochs of a continuous deployment (:mod:`nlagg_node.sim.multiepoch`)."""
     from ..errors import ConfigError
-    from ..sim.epochs import simulate_epochs
+    from ..sim.multiepoch import simulate_epochs
 
     if opts.epochs is None:
         flag = "drift" if opts.drift is not None else "cold_start"

@@ -43,7 +43,7 @@ _SAME_NAMED = ("run_id", "prefix", "broker_kind", "in_process", "neighbour_timeo
 def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]:
     """The run's config, corrupted set and departures; everything refused before anything starts."""
     from ..departure import departure_defaults, parse_departures
-    from ..scale import config_warnings
+    from ..valuechecks import config_warnings
     from .net import tls_settings
 
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)

@@ -2,7 +2,7 @@
 
 One plan, one bundle per device, no restart between epochs: the node files carry the schedule
 (``every``, ``epochs``, ``origin``), and the broker's ACL covers every epoch. Epoch k's x and z^(0)
-topics are those of the single run ``P/R/e{k}`` (:mod:`nlagg_node.runtime.epochs`), so the ACL of
+topics are those of the single run ``P/R/e{k}`` (:mod:`nlagg_node.runtime.epochdriver`), so the ACL of
 one run is rewritten with a ``+`` wildcard at the epoch level (``topic write P/R/+/node/3/x``); its
 status and key go on the topics every epoch shares, ``P/R/node/{i}/status`` and ``P/R/node/{i}/key``
 (:class:`~nlagg_node.runtime.wire.topics`), granted as such; and each node may write its results

@@ -1,4 +1,4 @@
-"""``nlagg node --every S``: one node of a continuous deployment (:mod:`nlagg_node.runtime.epochs`).
+"""``nlagg node --every S``: one node of a continuous deployment (:mod:`nlagg_node.runtime.epochdriver`).
 
 The node reads its value source again at each epoch's start, connects with that epoch's last
 will, runs the epoch, publishes its output on the results topic, appends it to ``--results-file``
@@ -22,7 +22,7 @@ from ..options import NodeOptions
 from .start import NodeStart
 
 if TYPE_CHECKING:
-    from ..runtime.epochs import EpochClock
+    from ..runtime.epochdriver import EpochClock
 
 __all__ = [
     "check_epoch_options",
@@ -56,8 +56,8 @@ def results_path(opts: NodeOptions) -> Path | None:
 
 
 def epoch_clock(every: float, epochs: int | None, origin: float | None) -> EpochClock:
-    """The :class:`~nlagg_node.runtime.epochs.EpochClock` of these options (origin 0: aligned starts)."""
-    from ..runtime.epochs import EpochClock, join_window
+    """The :class:`~nlagg_node.runtime.epochdriver.EpochClock` of these options (origin 0: aligned starts)."""
+    from ..runtime.epochdriver import EpochClock, join_window
 
     return EpochClock(0.0 if origin is None else origin, every, epochs, join_window(every))
 
@@ -66,12 +66,12 @@ async def run_node_epochs(
     start: NodeStart, stop: asyncio.Event | None = None
 ) -> AsyncIterator[dict[str, Any]]:
     """Run the node's epochs; yield each epoch's report (user units) as it ends. ``stop`` set: leave
-    the epoch running cleanly and end (:func:`~nlagg_node.runtime.epochs.run_epochs`)."""
+    the epoch running cleanly and end (:func:`~nlagg_node.runtime.epochdriver.run_epochs`)."""
+    from ..runtime.epochdriver import run_epochs
     from ..runtime.epochmqtt import epoch_mqtt
-    from ..runtime.epochs import run_epochs
     from ..runtime.mqtt import MqttTransport
     from ..runtime.outputs import append_output
-    from ..scale import check_node_value
+    from ..valuechecks import check_node_value
     from ..valuesource import read_value, source_from_flags
 
     o = start.opts

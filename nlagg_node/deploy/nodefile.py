@@ -49,7 +49,7 @@ class NodeFile(BaseModel):
     key_file: str | None = None
     signing_key: str | None = None  # the node's Ed25519 identity (a plan with identities)
     value: ValueSource
-    every: float | None = Field(None, gt=0)  # a continuous deployment (nlagg_node.runtime.epochs)
+    every: float | None = Field(None, gt=0)  # a continuous deployment (nlagg_node.runtime.epochdriver)
     epochs: int | None = Field(None, ge=1)
     origin: float | None = None
     drift: float | None = Field(None, ge=0)  # warm starts' declared drift (nlagg_node.runtime.warmstart)

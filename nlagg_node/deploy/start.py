@@ -109,7 +109,8 @@ def prepare_node(opts: NodeOptions) -> NodeStart:
     """Read the config, the value source, the password and the seed; refuse what is wrong (exit 2)."""
     from ..config import load_config
     from ..runtime.wire import check_prefix, check_run_id
-    from ..scale import check_node_value, leak_warning, scale_for
+    from ..valuechecks import check_node_value, leak_warning
+    from ..valuemap import scale_for
     from ..valuesource import read_value
 
     if opts.leave_by not in ("status", "kill"):

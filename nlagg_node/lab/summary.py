@@ -18,9 +18,9 @@ from ..config import RunConfig
 from ..departure import components, survivors
 from ..private import write_private
 from ..runtime.public import run_edges
-from ..scale import scale_for
 from ..schedule import distance_to, plan_phases
 from ..sim.output import Manifest, package_versions
+from ..valuemap import scale_for
 from ..verdict import Verdict, ideal_nodes, verdict
 
 __all__ = [

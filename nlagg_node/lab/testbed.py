@@ -40,9 +40,10 @@ from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.tls import TlsSettings
 from ..runtime.wire import ConfigMsg, check_run_id, encode, topics
-from ..scale import check_node_value, check_start, scale_for
 from ..schedule import plan_phases, true_aggregate
 from ..sim.departures import survivor_truth
+from ..valuechecks import check_node_value, check_start
+from ..valuemap import scale_for
 from .children import Child, log_tail, start_eavesdropper
 from .progress import RunProgress, Snapshot
 from .summary import (

@@ -1,4 +1,4 @@
-"""The options of a continuous deployment (:mod:`nlagg_node.runtime.epochs`): ``nlagg node``,
+"""The options of a continuous deployment (:mod:`nlagg_node.runtime.epochdriver`): ``nlagg node``,
 ``nlagg testbed`` and ``nlagg deploy plan`` share them."""
 
 from __future__ import annotations

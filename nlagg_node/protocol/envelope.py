@@ -1,7 +1,7 @@
 """Bounded influence: the envelope every honest x of a run with a declared value range lies in.
 
 With ``value_range`` declared, every value is on the protocol's scale ``[0, 1]``
-(:mod:`nlagg_node.scale`), and the operator's x-update (a proximal step, :mod:`nlagg_node.pdmm`)
+(:mod:`nlagg_node.valuechecks`), and the operator's x-update (a proximal step, :mod:`nlagg_node.pdmm`)
 with the initialization's z^(0) distribution (:mod:`nlagg_node.init`) bound every honest
 ``x_j^(t)``. The proof is in docs/protocol.md ("Bounded influence"); in short:
 

@@ -1,4 +1,4 @@
-"""The MQTT connection of one epoch (:mod:`nlagg_node.runtime.epochs`): a fresh broker session each time.
+"""The MQTT connection of one epoch (:mod:`nlagg_node.runtime.epochdriver`): a fresh broker session each time.
 
 A node keeps its client id from epoch to epoch (a plan's Mosquitto even names every session after
 its user), and its connections keep their session across reconnects (``clean_session=False``). The

@@ -1,4 +1,7 @@
-"""The networked node: one participant of a run, talking wire protocol v1 through a :class:`Transport`.
+"""The networked node: one participant of a run, talking the wire protocol through a :class:`Transport`.
+
+The protocol is :mod:`~nlagg_node.runtime.wire`'s: v1 messages, and v2 for the sealed z^(0)
+exchange (:mod:`~nlagg_node.runtime.seal`).
 
 A node is a composition: its :class:`~nlagg_node.runtime.member.Member` (identity, intake,
 z^(0) exchange, departure watch, status, checkpoint store), a

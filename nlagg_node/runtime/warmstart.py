@@ -1,21 +1,23 @@
-"""Warm starts in the node runtime: which start an epoch gets, agreed from the published outputs.
+"""Warm starts in the node runtime: reading the published output an epoch starts from.
 
-The math is :mod:`nlagg_node.warm` (the simulator calls the same functions): this module only
-decides, per epoch, whether a node runs it warm or cold (docs/continuous.md, "Warm starts"). The
-nodes of a run must agree on the start (a warm median runs with another ``c``, a warm max from
-another z^(0); a node with another warm start would run another band), so the decision rests on one
-public fact every node can read, the outputs of epoch k-1 published retained on the results topics
-``P/R/results/{i}`` (:mod:`~nlagg_node.runtime.outputs`):
+Which start an epoch gets is the epoch planner's (:func:`nlagg_node.epochplan.epoch_start`, the one
+the simulator follows; the math is :mod:`nlagg_node.warm`): this module reads the public fact it
+rests on (docs/continuous.md, "Warm starts"). The nodes of a run must agree on the start (a warm
+median runs with another ``c``, a warm max from another z^(0); a node with another warm start would
+run another band), so the decision rests on one public fact every node can read, the outputs of
+epoch k-1 published retained on the results topics ``P/R/results/{i}``
+(:mod:`~nlagg_node.runtime.outputs`):
 
 * epoch 0, ``--cold-start``, an operator without a warm start: cold;
 * otherwise every node reads the results topics from half a join window before epoch k's start
   (:func:`read_published_output`): if some node published epoch k-1's output by the start, it runs
-  warm from their median (:func:`published_output`), its own output among them or not (restarted,
-  absent, its run failed: it runs warm beside the others; a graph split by an absent node into
-  parts that each reached their own output starts alike again). If none did by the latest time a
-  node may join (the start plus :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node
-  finished epoch k-1 in time to run epoch k: it runs warm from the latest epoch j < k whose output
-  is published, at most :data:`WARM_GAP` epochs back, with the drift bound ``(k - j) D`` (every
+  warm from their median (:func:`~nlagg_node.epochplan.published_output`), its own output among
+  them or not (restarted, absent, its run failed: it runs warm beside the others; a graph split by
+  an absent node into parts that each reached their own output starts alike again). If none did by
+  the latest time a node may join (the start plus
+  :attr:`~nlagg_node.runtime.epochdriver.EpochClock.late`), no node finished epoch k-1 in time to run
+  epoch k: it runs warm from the latest epoch j < k whose output is published, at most
+  :data:`~nlagg_node.epochplan.WARM_GAP` epochs back, with the drift bound ``(k - j) D`` (every
   value moved at most D per epoch in between), like every other node; cold if there is none.
 
 The eavesdropper's capture derives each epoch's configuration from the same published outputs
@@ -27,126 +29,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from ..config import RunConfig
-from ..warm import WarmStart, warm_start
+from ..epochplan import WARM_GAP, HeardOutput, published_output
 from .outputs import EpochOutput, published_record, results_filter
 from .transport import Transport
 
-__all__ = [
-    "WARM_GAP",
-    "EpochStart",
-    "HeardOutput",
-    "epoch_config",
-    "epoch_start",
-    "latest_published",
-    "published_output",
-    "read_published_output",
-]
+__all__ = ["SETTLE", "latest_published", "read_published_output"]
 
 log = logging.getLogger("nlagg.node")
-
-WARM_GAP = 10
-"""The oldest published output an epoch warm-starts from, in epochs back (``k - j``); the drift bound
-grows with the gap, so an older output is hardly a better start than a cold one."""
 
 SETTLE = 0.2
 """Seconds a node reading the results after the start waits, once one of epoch k-1 came, for the
 others (published together at that epoch's end) before it takes their median."""
-
-
-@dataclass(frozen=True)
-class HeardOutput:
-    """The output of epoch ``epoch`` a node holds (user units): its own, or the one the nodes published
-    (None: a top-K output, which no epoch warm-starts from)."""
-
-    epoch: int
-    output: float | None
-
-
-@dataclass(frozen=True)
-class EpochStart:
-    """How a node runs an epoch: ``cfg`` (a warm start's ``c``) and ``warm`` (None: cold)."""
-
-    cfg: RunConfig
-    warm: WarmStart | None = None
-
-
-def epoch_start(cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None) -> EpochStart:
-    """The start of epoch ``epoch`` given ``held``, the latest output before it the node holds or
-    read (None, one of epoch ``epoch`` or later, or more than :data:`WARM_GAP` epochs back: cold).
-
-    ``drift`` is the declared drift per epoch (None: every epoch cold, ``--cold-start``); from the
-    output of epoch ``j`` the warm start declares ``(epoch - j) * drift``. The warm start itself is
-    :func:`nlagg_node.warm.warm_start` of the run's ``c`` and ``sigma_z``.
-    """
-    cfg = cfg.resolved()
-    gap = epoch - held.epoch if held is not None else 0
-    if not warms_at(cfg, epoch, drift) or held is None or held.output is None or not 1 <= gap <= WARM_GAP:
-        return EpochStart(cfg)
-    assert drift is not None  # warms_at
-    ws = warm_start(
-        cfg.op,
-        held.output,
-        drift=gap * drift,
-        c=cfg.c_value,
-        sigma_z=cfg.sigma_z_value,
-        value_range=cfg.value_range,
-    )
-    return EpochStart(_describing(cfg, ws, held.output), ws)
-
-
-def warms_at(cfg: RunConfig, epoch: int, drift: float | None) -> bool:
-    """Whether epoch ``epoch`` of a deployment of ``cfg`` with declared ``drift`` may start warm
-    (it does when an output of the :data:`WARM_GAP` epochs before it is held)."""
-    from ..sim.epochs import warms
-
-    return drift is not None and epoch > 0 and warms(cfg)
-
-
-def epoch_config(
-    cfg: RunConfig, epoch: int, held: HeardOutput | None, drift: float | None, *, rerun: bool = False
-) -> RunConfig:
-    """The configuration epoch ``epoch`` runs with (``rerun``: its cold rerun ``e{k}r``), from public
-    facts only: the deployment's ``cfg``, the epoch, the latest output published before it
-    (``held``, as in :func:`epoch_start`) and the declared ``drift``.
-
-    The nodes run with it (:mod:`nlagg_node.runtime.epochs`), and a continuous capture gives it to
-    each epoch's eavesdropper (:mod:`adversary.capture.epochs`): a warm epoch's ``c`` is
-    :func:`~nlagg_node.warm.warm_c` of the run's; a cold epoch and a rerun run ``cfg`` itself.
-    """
-    if rerun:
-        return cfg.resolved()
-    return epoch_start(cfg, epoch, held, drift).cfg
-
-
-def published_output(outputs: Sequence[float]) -> float | None:
-    """An epoch's output as its nodes published it: the median (the lower middle) of their records
-    (None: none was published). Every node's is the same up to the run's tolerance; the median
-    keeps one node's false record from moving it."""
-    ordered = sorted(outputs)
-    return ordered[len(ordered) // 2] if ordered else None
-
-
-def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
-    """A warm epoch's configuration (``cfg`` with the warm ``c``), made to describe its real z^(0).
-
-    The bounded-influence envelope (:mod:`nlagg_node.protocol.envelope`) is derived from the
-    configuration's init, at the nodes and in the transcript: a median's or quantile's
-    ``prior_median`` is the last output (the init is then the warm start's exactly); a max's or
-    min's ``mu_z`` is raised, where needed, to ``|E[a z^(0)] + c/2|`` of the warm init (the
-    envelope of a one-sided init centred at 1/2 bounds ``|E[a z^(0)] + c s|`` over s in [0, 1] by
-    ``mu_z + c/2``, and the warm init's is ``|E[a z^(0)] + c/2| + c/2``). With the defaults it never is.
-    """
-    cfg = cfg.model_copy(update={"c": ws.c})
-    if ws.kind == "prior":
-        return cfg.model_copy(update={"prior_median": last_output})
-    if cfg.value_range is None:  # no envelope without a declared range
-        return cfg
-    need = abs(ws.init.mean_per_sign() + ws.c / 2.0)
-    return cfg.model_copy(update={"mu_z": max(cfg.mu_z_value, need)})
 
 
 async def read_published_output(
@@ -156,7 +51,8 @@ async def read_published_output(
     (``(P, R)``) on ``transport``: the median of the records of epoch k-1 come by ``join_at`` (unix
     seconds, epoch k's start); if none came by then, of those that come (within :data:`SETTLE` of
     the first) before ``last`` (the latest time a node may join); if none came at all, of the latest
-    earlier epoch's records held (at most :data:`WARM_GAP` back); None if there are none."""
+    earlier epoch's records held (at most :data:`~nlagg_node.epochplan.WARM_GAP` back); None if there
+    are none."""
     outputs: dict[int, tuple[int, float]] = {}
     loop = asyncio.get_running_loop()
 
@@ -182,7 +78,7 @@ async def read_published_output(
 
 def latest_published(records: Iterable[tuple[int, float]]) -> HeardOutput | None:
     """The latest epoch's output among ``records`` (``(epoch, output)`` per node that published one)
-    as its nodes published it (:func:`published_output`); None: no record."""
+    as its nodes published it (:func:`~nlagg_node.epochplan.published_output`); None: no record."""
     records = list(records)
     if not records:
         return None

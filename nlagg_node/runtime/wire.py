@@ -9,7 +9,7 @@ Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
     P/R/node/{i}/key            retained, v2: node i's ephemeral X25519 public key of the run
     P/R/adv/{i}/state           only from a corrupted node: s_i and its duals, every iteration
 
-A continuous deployment (:mod:`nlagg_node.runtime.epochs`) runs epoch k as the run ``e{k}`` under
+A continuous deployment (:mod:`nlagg_node.runtime.epochdriver`) runs epoch k as the run ``e{k}`` under
 prefix ``P/R``, but its retained status and key are on topics every epoch shares,
 ``P/R/node/{i}/status`` and ``P/R/node/{i}/key`` (``topics(P/R, e{k}, shared=True)``): their
 payload names its run (``"run": "e{k}"``), and a status or key of another run is stale, never

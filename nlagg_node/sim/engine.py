@@ -20,10 +20,10 @@ from numpy.typing import NDArray
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..config import RunConfig, parse_record_spec
 from ..departure import components, survivors
+from ..epochplan import epoch_seed
 from ..graphs import EdgeLayout, sample_graphs
 from ..init import DualInitSpec, draw_z0, perturb_value
 from ..rng import rng_for_each
-from ..scale import scale_for
 from ..schedule import (
     Phase,
     bypassed,
@@ -39,7 +39,7 @@ from ..schedule import (
 )
 from ..termination import NO_CANDIDATE, NO_STOP, certificate_sign
 from ..threat import known_duals, solvable
-from ..valuemap import ValueScale
+from ..valuemap import ValueScale, scale_for
 from .departures import SimDepartures, largest_truth, survivor_mse, survivor_truth
 from .values import run_values
 
@@ -80,7 +80,7 @@ class SimResult:
     phase_iterations: IntArray  # (B, phases) iterations each phase ran (t_len, or fewer with early stop)
     node_iterations: IntArray  # (B, n, phases) each node's (differ only where departures split the graph)
     recorded_t: IntArray  # (R,)
-    recorded_x: FloatArray  # (R, B, n), in protocol units (what the wire carries; see nlagg_node.scale)
+    recorded_x: FloatArray  # (R, B, n), in protocol units (what the wire carries; see nlagg_node.valuechecks)
     z0: dict[str, FloatArray]  # group -> (B*2H,) z_{i|j}^(0) in EdgeLayout order (NaN: edge departed)
     wall_seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
@@ -129,26 +129,20 @@ class SimResult:
         return np.take_along_axis(self.recorded_x, order[None], axis=2)
 
 
-def node_generators(
-    seed: int, trials: int, n: int, epoch: int = 0, rerun: bool = False
-) -> list[np.random.Generator]:
+def node_generators(seed: int, trials: int, n: int) -> list[np.random.Generator]:
     """The private generator ``rng_for(seed, "node", b, i)`` of every (trial, node), trial-major.
 
-    Each node draws its DP noise first, then z^(0) per dual group. Epoch ``k >= 1`` of a
-    multi-epoch run (:mod:`nlagg_node.sim.epochs`) draws fresh ones, ``rng_for(seed, "epoch", k,
-    "node", b, i)``, and its cold rerun ``rng_for(seed, "epoch", k, "rerun", "node", b, i)``; epoch 0
-    is the single run's.
+    Each node draws its DP noise first, then z^(0) per dual group. An epoch of a multi-epoch run
+    (:mod:`nlagg_node.sim.multiepoch`) draws with the epoch's seed
+    (:func:`~nlagg_node.epochplan.epoch_seed`), as a node of a deployment does.
     """
     index = np.stack(np.meshgrid(np.arange(trials), np.arange(n), indexing="ij"), axis=-1).reshape(-1, 2)
-    stream: tuple[int | str, ...] = ("node",)
-    if epoch or rerun:
-        stream = ("epoch", epoch, *(("rerun",) if rerun else ()), "node")
-    return rng_for_each(seed, stream, index)
+    return rng_for_each(seed, ("node",), index)
 
 
 @dataclass(frozen=True)
 class EpochInputs:
-    """What one epoch of a multi-epoch run (:mod:`nlagg_node.sim.epochs`) puts in place of a single
+    """What one epoch of a multi-epoch run (:mod:`nlagg_node.sim.multiepoch`) puts in place of a single
     run's draws: its index (fresh generators), its values, and per trial the first dual group's
     z^(0) distribution (a warm start) and the values the dynamics use (a warm start's compressed
     values, protocol units; None: the values themselves)."""
@@ -251,7 +245,9 @@ def _plan(
     graphs = sample_graphs(cfg.graph_spec(), cfg.seed, cfg.trials)
     s = run_values(cfg) if epoch is None else epoch.values  # user units, checked against the range
     scale = scale_for(cfg)
-    gens = node_generators(cfg.seed, B, n, *((epoch.epoch, epoch.rerun) if epoch is not None else ()))
+    seed = cfg.seed if epoch is None else epoch_seed(cfg.seed, epoch.epoch, rerun=epoch.rerun)
+    assert seed is not None  # a simulation's seed is an int
+    gens = node_generators(seed, B, n)
     noise = value_noise(cfg)
     s_proto = np.asarray(scale.to_protocol(s), dtype=np.float64)
     if epoch is not None and epoch.used is not None:
@@ -602,7 +598,7 @@ def simulate(
         output of a departed node is NaN, ``truth_lo/hi`` are those of the survivors' largest
         component and ``mse`` measures every survivor against its own component's aggregate.
     epoch
-        One epoch of a multi-epoch run (:mod:`nlagg_node.sim.epochs`): its values, fresh
+        One epoch of a multi-epoch run (:mod:`nlagg_node.sim.multiepoch`): its values, fresh
         generators and warm start in place of the run's draws.
     """
     started = time.perf_counter()

@@ -13,9 +13,9 @@ import numpy as np
 
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..inputs import make_output_dir
-from ..scale import scale_for
 from ..schedule import distance_to
 from ..threat import determined_by_sums
+from ..valuemap import scale_for
 from ..verdict import ideal_ranks
 from .departures import survivor_truth
 from .engine import SimResult

@@ -102,7 +102,7 @@ def run_values(cfg: RunConfig, trials: int | None = None) -> FloatArray:
     From ``cfg.values_file`` when given, else drawn from ``cfg.values_value`` with the run
     seed. Every value is checked against the declared ``value_range``.
     """
-    from ..scale import check_values
+    from ..valuechecks import check_values
 
     b = cfg.trials if trials is None else trials
     if cfg.values_file is not None:

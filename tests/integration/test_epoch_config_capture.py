@@ -20,7 +20,7 @@ import pytest
 
 from adversary.transcript import EpochStore
 from nlagg_node.config import RunConfig
-from nlagg_node.lab.epochs import epoch_values, run_epoch_testbed
+from nlagg_node.lab.epochtestbed import epoch_values, run_epoch_testbed
 
 pytestmark = pytest.mark.mosquitto
 ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]

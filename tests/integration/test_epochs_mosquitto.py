@@ -14,11 +14,13 @@ import pytest
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.epochplan import HeardOutput, epoch_start
 from nlagg_node.lab.children import Child, log_tail
-from nlagg_node.lab.epochs import epoch_values, run_epoch_testbed
+from nlagg_node.lab.epochtestbed import epoch_values, run_epoch_testbed
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.outputs import EpochOutput, read_outputs, results_filter, results_topic
+from nlagg_node.sim.multiepoch import simulate_epochs
 from tests.harness.load import contention, stretched
 
 ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.mosquitto
 async def test_three_epochs_exact_with_changing_values(mosquitto_url: str, in_process: bool) -> None:
     cfg = RunConfig(op="median", n=5, graph="complete", value_range=(0.0, 100.0), seed=3)
     summary = await run_epoch_testbed(
-        cfg, 3, 8.0, run_id="tb-ep", broker_url=mosquitto_url, in_process=in_process
+        cfg, 3, stretched(8.0), run_id="tb-ep", broker_url=mosquitto_url, in_process=in_process
     )
     assert summary["in_process"] == in_process
     rows = summary["epochs"]
@@ -42,14 +44,46 @@ async def test_three_epochs_exact_with_changing_values(mosquitto_url: str, in_pr
 
 
 async def test_three_drifting_epochs_run_warm_and_exact(mosquitto_url: str) -> None:
-    cfg = RunConfig(op="max", n=5, graph="complete", value_range=(0.0, 100.0), seed=3)
+    cfg = RunConfig(op="max", n=5, graph="complete", value_range=(0.0, 100.0), seed=6)  # 696 iterations cold
     summary = await run_epoch_testbed(
-        cfg, 3, 8.0, run_id="tb-warm", broker_url=mosquitto_url, in_process=True, drift=0.005
+        cfg, 3, stretched(8.0), run_id="tb-warm", broker_url=mosquitto_url, in_process=True, drift=0.005
     )
     rows = summary["epochs"]
     assert all(r["exact"] for r in rows), rows
     assert [r["start"] for r in rows] == ["cold", "warm", "warm"]
     assert max(r["iterations"] for r in rows[1:]) < rows[0]["iterations"]
+
+
+@pytest.mark.slow  # a minute per operator: each epoch's period leaves a loaded machine room to finish
+@pytest.mark.parametrize("op", ["max", "median"], ids=["max-certified", "median-shells"])
+async def test_a_testbed_of_epochs_is_the_simulators_epochs_of_one_trial_bit_for_bit(
+    mosquitto_url: str, op: str
+) -> None:
+    """One epoch planner (nlagg_node.epochplan): the same walk, warm starts, shells and streams."""
+    cfg = RunConfig(op=op, n=8, seed=5, value_range=(0.0, 1.0), may_depart=True, trials=1)
+    drift, epochs = 0.05, 2
+    summary = await run_epoch_testbed(
+        cfg,
+        epochs,
+        stretched(30.0),
+        run_id=f"tb-plan-{op}",
+        broker_url=mosquitto_url,
+        in_process=True,
+        drift=drift,
+    )
+    sim = simulate_epochs(cfg, epochs, drift)
+    rows = summary["epochs"]
+    assert [r["start"] for r in rows] == ["cold", "warm"]
+    assert [r["iterations"] for r in rows] == sim.iterations[:, 0].tolist()
+    assert [r["output"] for r in rows] == sim.output[:, 0].tolist()
+    outside = [  # nodes that ran a shell value in a warm epoch
+        i
+        for k in range(1, epochs)
+        for i, v in enumerate(sim.values[k, 0])
+        if (ws := epoch_start(cfg, k, HeardOutput(k - 1, float(sim.output[k - 1, 0])), drift).warm)
+        and not ws.in_band(float(v))
+    ]
+    assert op == "max" or outside, "the median's warm epochs ran no shell value"
 
 
 async def test_a_plan_with_every_runs_two_epochs_under_its_acl(tmp_path: Path) -> None:

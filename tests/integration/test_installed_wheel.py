@@ -6,12 +6,15 @@ scripts are package data. Built with ``pip wheel`` from a fresh clone and instal
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from nlagg_node.extras import LAB_MODULES
 from tests.harness.installed import clone_head, offline_env, offline_venv, require_wheel_backend
 
 pytestmark = pytest.mark.slow
@@ -67,3 +70,19 @@ def test_installed_plan_writes_the_shipped_sensor_range(
     assert done.returncode == 0, done.stdout + done.stderr
     run = tomllib.loads((tmp_path / "plan" / "run.toml").read_text())["run"]
     assert run["value_range"] == expected
+
+
+def test_the_wheel_without_extras_requires_no_lab_package(installed_bin: Path, tmp_path: Path) -> None:
+    """A node's install (issue 42): every lab package is behind ``extra == "lab"`` in the wheel."""
+    show = "import importlib.metadata as m, json; print(json.dumps(m.requires('nlagg')))"
+    env = offline_env(installed_bin)
+    out = subprocess.run(
+        [str(installed_bin / "python"), "-c", show], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    requires: list[str] = json.loads(out.stdout)
+    names = {r: m.group(0) for r in requires if (m := re.match(r"[A-Za-z0-9_.-]+", r))}
+    lean = {name for r, name in names.items() if "extra ==" not in r}
+    lab = {name for r, name in names.items() if 'extra == "lab"' in r}
+    assert not lean & LAB_MODULES, sorted(lean)
+    assert lab == LAB_MODULES - {"llvmlite"}  # numba brings llvmlite
+    assert {"numpy", "paho-mqtt", "cryptography"} <= lean

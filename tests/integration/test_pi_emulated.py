@@ -37,7 +37,7 @@ from nlagg_node.deploy import write_plan
 from nlagg_node.deploy.bundle import write_bundle
 from nlagg_node.deploy.nodefile import ValueSource, load_node_file, node_file_text
 from nlagg_node.deploy.sensors import declared_range
-from nlagg_node.scale import check_node_value
+from nlagg_node.valuechecks import check_node_value
 from tests.harness.arm64 import (
     CACHE,
     INSTALLER,

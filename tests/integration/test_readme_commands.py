@@ -1,7 +1,7 @@
 """The README's commands run as written, from a fresh clone, as a new user would (issue 33, acceptance).
 
 Every ``bash`` block's lines and every ``python`` block run in order in a fresh clone of HEAD, in a
-new venv that installs nlagg with the README's own ``pip install .`` (offline: the venv sees the test
+new venv that installs nlagg with the README's own ``pip install '.[lab]'`` (offline: the venv sees the test
 interpreter's packages, :mod:`tests.harness.installed`). The test-suite command itself is not run, only
 checked to be what CI runs.
 """
@@ -56,7 +56,7 @@ def run_in_group(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.
 
 def test_readme_lists_the_two_commands_on_top() -> None:
     commands = readme_commands((REPO / "README.md").read_text())
-    assert commands[0][1].startswith("pip install . && nlagg ")
+    assert commands[0][1].startswith("pip install '.[lab]' && nlagg ")
     assert commands[1] == ("bash", TEST_SUITE)
     assert TEST_SUITE in (REPO / ".ci" / "run").read_text()
     assert (REPO / "scripts" / "test").is_file()

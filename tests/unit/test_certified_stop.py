@@ -8,7 +8,7 @@ import pytest
 
 from nlagg_node import load_config, simulate
 from nlagg_node.errors import ConfigError
-from nlagg_node.sim.epochs import simulate_epochs
+from nlagg_node.sim.multiepoch import simulate_epochs
 from nlagg_node.termination import Certificate, certificate_sign, fields_along, stop_reach
 
 DEPARTURES = [

@@ -16,9 +16,9 @@ from adversary.capture.epochs import EpochCapture, with_rerun
 from adversary.epochs import epoch_summary
 from adversary.transcript import EpochStore
 from nlagg_node.config import RunConfig
+from nlagg_node.epochplan import WARM_GAP, HeardOutput
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
-from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput
 from nlagg_node.runtime.wire import encode
 
 

@@ -14,7 +14,7 @@ import pytest
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy.epochnode import epoch_line
 from nlagg_node.errors import ConfigError, DepartedError
-from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
+from nlagg_node.runtime.epochdriver import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import (

@@ -1,4 +1,4 @@
-"""Privacy over time in the simulator (nlagg_node.sim.epochs): K epochs, warm starts, the fallback."""
+"""Privacy over time in the simulator (nlagg_node.sim.multiepoch): K epochs, warm starts, the fallback."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig, load_config
+from nlagg_node.epochplan import walk_values, warms
 from nlagg_node.sim import simulate
-from nlagg_node.sim.epochs import read_epoch_values, simulate_epochs, walk_values, warms
+from nlagg_node.sim.multiepoch import read_epoch_values, simulate_epochs
 from nlagg_node.tune import EpochPlan, Setting, evaluate_epochs
 from tests.harness.cli import run_cli
 
@@ -123,6 +124,19 @@ def test_sim_epochs_json_reports_the_figures_per_epoch(
     assert (doc["epochs"], doc["drift"], doc["warm_start"]) == (3, 0.01, True)
     assert len(doc["leakage_probability"]) == len(doc["cumulative_leakage_probability"]) == 7
     assert len(doc["iterations_by_epoch"]) == 3
+    assert "output_by_epoch" not in doc  # five trials: no one output per epoch
+
+
+def test_sim_epochs_json_of_one_trial_reports_each_epochs_output(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["sim", "--op", "max", "--n", "7", "--trials", "1", "--value-range", "0", "1", "--seed", "4"]
+    code, out, _ = run_cli(
+        [*args, "--epochs", "3", "--drift", "0.01", "--json", "--quiet"], capsys, monkeypatch
+    )
+    assert code == 0
+    cfg = load_config(op="max", n=7, trials=1, value_range=(0.0, 1.0), seed=4)
+    assert json.loads(out)["output_by_epoch"] == simulate_epochs(cfg, 3, 0.01).output[:, 0].tolist()
 
 
 def test_drift_without_epochs_is_refused(

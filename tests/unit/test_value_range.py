@@ -10,10 +10,11 @@ import pytest
 
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.errors import ConfigError
-from nlagg_node.scale import check_node_value, check_start, leak_warning, scale_for, start_problem
 from nlagg_node.sim import simulate
 from nlagg_node.sim.values import draw_values, read_values_file
 from nlagg_node.threat import solvable
+from nlagg_node.valuechecks import check_node_value, check_start, leak_warning, start_problem
+from nlagg_node.valuemap import scale_for
 from tests.harness.cli import run_cli
 
 OPS = ["max", "min", "topk", "median", "quantile", "trimmed-mean", "average"]

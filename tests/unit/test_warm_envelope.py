@@ -1,5 +1,5 @@
 """Bounded influence over warm-started epochs: the envelope of a warm epoch's configuration
-(:func:`nlagg_node.runtime.warmstart.epoch_config`, what the nodes and a continuous capture judge
+(:func:`nlagg_node.epochplan.epoch_config`, what the nodes and a continuous capture judge
 with) holds every honest x of the warm run, its z^(0) drawn from the warm start.
 
 The simulator runs the warm epochs (the same math as every runtime) with pinned seeds and last
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.epochplan import HeardOutput, epoch_config
 from nlagg_node.protocol import RunShape
 from nlagg_node.rng import rng_for
-from nlagg_node.runtime.warmstart import HeardOutput, epoch_config
 from nlagg_node.sim import simulate
 from nlagg_node.sim.engine import EpochInputs
 from nlagg_node.valuemap import scale_for

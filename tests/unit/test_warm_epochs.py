@@ -7,20 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.epochplan import WARM_GAP, HeardOutput, epoch_start, published_output, walk_values
 from nlagg_node.errors import ConfigError
-from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
+from nlagg_node.runtime.epochdriver import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
 from nlagg_node.runtime.outputs import EpochOutput, results_topic
 from nlagg_node.runtime.result import NodeResult
-from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, epoch_start, published_output
-from nlagg_node.scale import scale_for
 from nlagg_node.sim.engine import EpochInputs, simulate
+from nlagg_node.sim.multiepoch import simulate_epochs
+from nlagg_node.valuemap import scale_for
 from nlagg_node.warm import warm_start
 
 PREFIX, RUN = "farm", "greenhouse"
@@ -48,8 +50,10 @@ async def deployment(
     missing: dict[int, int] | None = None,
     period: float = 4.0,
     broker: MemoryBroker | None = None,
+    seed: int | Literal["config"] | None = None,
 ) -> list[list[EpochOutcome]]:
-    """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k.
+    """Every node runs ``len(values)`` epochs; node j of ``missing`` {j: k} cannot read its value in k;
+    ``seed``: the nodes' (None: OS entropy; ``"config"``: the run's, the simulator's streams).
 
     A node sitting an epoch out listens until the next epoch's join window: ``period`` leaves the
     run time to finish before then (all nodes share one Python thread here)."""
@@ -76,7 +80,7 @@ async def deployment(
             to_user=lambda x: x * RANGE[1],
             drift=drift,
             edges=edges,
-            seed=None,
+            seed=seed,
         )
         return [o async for o in out]
 
@@ -194,6 +198,41 @@ def test_a_warm_run_is_the_simulators_warm_epoch_bit_for_bit(op: str) -> None:
     results = asyncio.run(everyone())
     assert [scale_for(cfg).user_float(r.output[0]) for r in results] == sim.output.ravel().tolist()
     assert {r.iterations for r in results} == {int(sim.phase_iterations.sum())}
+
+
+@pytest.mark.parametrize(
+    ("op", "jump_at"),
+    [("max", None), ("median", None), ("max", 2)],
+    ids=["max-certified", "median-shells", "max-falls-back"],
+)
+def test_a_deployment_of_epochs_is_the_simulators_epochs_of_one_trial_bit_for_bit(
+    op: str, jump_at: int | None
+) -> None:
+    """One epoch planner (nlagg_node.epochplan): the walk, warm starts, shells, reruns and streams
+    of ``nlagg testbed --epochs K`` are ``nlagg sim --epochs K --trials 1``'s."""
+    cfg = CFG.model_copy(update={"op": op, "trials": 1})
+    epochs = 3
+    values = walk_values(cfg, epochs, DRIFT)[:, 0]
+    if jump_at is not None:
+        values[jump_at:] = np.minimum(values[jump_at:] + 8.0, RANGE[1])
+    sim = simulate_epochs(cfg, epochs, DRIFT, values=values[:, None, :])
+    runs = asyncio.run(deployment(cfg, values, DRIFT, period=6.0, seed="config"))
+    starts = [
+        ["fell back" if sim.fell_back[k, 0] else "warm" if k else "cold"] * cfg.n for k in range(epochs)
+    ]
+    assert [[r[k].start for r in runs] for k in range(epochs)] == starts
+    node_0 = [runs[0][k].output for k in range(epochs)]  # a tolerance stop's outputs differ by node
+    assert [None if o is None else o.output for o in node_0] == sim.output[:, 0].tolist()
+    assert [iterations(runs, k) for k in range(epochs)] == sim.iterations[:, 0].tolist()
+    shells = [  # nodes that ran a shell value in a warm epoch
+        i
+        for k in range(1, epochs)
+        for i, v in enumerate(values[k])
+        if (ws := epoch_start(cfg, k, HeardOutput(k - 1, float(sim.output[k - 1, 0])), DRIFT).warm)
+        and not ws.in_band(scale_for(cfg).protocol_float(float(v)))
+    ]
+    assert bool(shells) == (op == "median" or jump_at is not None)
+    assert sim.fell_back[:, 0].tolist() == [k == jump_at for k in range(epochs)]
 
 
 @pytest.mark.parametrize(

@@ -38,8 +38,8 @@ from nlagg_node.errors import ConfigError, WireError
 from nlagg_node.protocol import RunShape
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.wire import ConfigMsg, decode
-from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases
+from nlagg_node.valuemap import ValueScale, scale_for
 from nlagg_node.verdict import output_holders
 
 from ...attack import NodeFinding, attack_arrays
@@ -335,7 +335,7 @@ class DashboardState:
         return self.finished or (replay.t_next, len(self.exposures)) != before
 
     def _user_units(self, found: list[Exposure]) -> list[Exposure]:
-        """Exposures found on the wire's scale, in the user's units (:mod:`nlagg_node.scale`)."""
+        """Exposures found on the wire's scale, in the user's units (:mod:`nlagg_node.valuechecks`)."""
         return [replace(e, value=self.scale.user_float(e.value)) for e in found]
 
     def transcript_done(self) -> set[int]:

@@ -1,11 +1,13 @@
 """``nlagg testbed --epochs K --every S``: a continuous deployment on one machine.
 
 The broker (private unless given) and n nodes that run K epochs of a continuous deployment
-(:mod:`nlagg_node.runtime.epochs`), each epoch with fresh private values (the run's value
+(:mod:`nlagg_node.runtime.epochdriver`), each epoch with fresh private values (the run's value
 distribution with a seed of its own, so values change from epoch to epoch). Nodes are tasks of
 this process (each with its own connection per epoch, as on a device) or ``nlagg node --every``
-processes, whose value files are rewritten half a period before each epoch's start. The summary
-lists each epoch's outputs checked against the aggregate of the nodes present.
+processes, whose value files are rewritten half a period before each epoch's start. The nodes draw
+from the run seed's streams, so with drifting values the epochs are ``nlagg sim --epochs K
+--trials 1``'s, bit for bit (:mod:`nlagg_node.epochplan`). The summary lists each epoch's outputs
+checked against the aggregate of the nodes present.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from ..lifetime import owned_tempdir
 from ..private import write_private
 from ..rng import rng_for
 from ..runtime.brokers import start_broker
+from ..runtime.epochdriver import EpochClock, join_window, run_epochs
 from ..runtime.epochmqtt import epoch_mqtt
-from ..runtime.epochs import EpochClock, join_window, run_epochs
 from ..runtime.mqtt import MqttTransport
 from ..runtime.public import run_edges
-from ..scale import check_node_value, check_start, scale_for
 from ..schedule import true_aggregate
 from ..sim.values import run_values
+from ..valuechecks import check_node_value, check_start
+from ..valuemap import scale_for
 from ..verdict import ideal_nodes
 from .children import Child, log_tail
 from .epochcapture import EpochCaptureSummary, capture_report, start_epoch_capture, until_captured
@@ -90,9 +93,9 @@ class EpochSummary(TypedDict):
 def epoch_values(cfg: RunConfig, epoch: int, drift: float | None = None) -> FloatArray:
     """The private values of epoch ``epoch`` (user units): the run's distribution, a seed per epoch;
     with a ``drift`` > 0, the simulator's bounded random walk from epoch 0's values instead
-    (:func:`~nlagg_node.sim.epochs.walk_values`: steps uniform in [-D, D] of the range's span)."""
+    (:func:`~nlagg_node.epochplan.walk_values`: steps uniform in [-D, D] of the range's span)."""
     if drift:
-        from ..sim.epochs import walk_values
+        from ..epochplan import walk_values
 
         walk = walk_values(cfg.model_copy(update={"values_file": None, "trials": 1}), epoch + 1, drift)
         values = np.asarray(walk[epoch, 0], dtype=float)
@@ -129,7 +132,7 @@ async def _in_process(
             to_user=scale.user_float,
             edges=edges,
             neighbour_timeout=patience,
-            seed=None,
+            seed="config",  # the simulator's streams: sim --epochs K --trials 1, bit for bit
             drift=warm.drift,
         )
         return [
@@ -164,6 +167,7 @@ async def _processes(
             write_private(private / f"value-{i}", f"{float(v)!r}\n")
 
     write_values(0)
+    seed_file = write_private(private / "seed", f"{cfg.seed}\n")  # in a 0600 file: not in ps
     procs: list[Child] = []
     try:
         for i in range(cfg.n):
@@ -172,6 +176,7 @@ async def _processes(
                 str(cfg_path),
                 url,
                 value_file=str(private / f"value-{i}"),
+                seed_file=str(seed_file),
                 run_id=run_id,
                 prefix=prefix,
                 neighbour_timeout=patience,

@@ -1,17 +1,15 @@
 """Privacy over time: K epochs of a deployment in the batched simulator.
 
 Every epoch is one run of :func:`~nlagg_node.sim.engine.simulate` on the same graphs (a deployment's
-graph is fixed) with that epoch's values and fresh z^(0) (the seed helper's stream ``("epoch", k,
-"node", b, i)``). Epoch ``k >= 1`` is warm-started at epoch ``k - 1``'s output
-(:func:`nlagg_node.warm.warm_start`, the same pure functions a node calls) unless ``warm`` is off;
-a node outside the warm start's band runs a random shell value (its exposure reveals no value and
-is not counted), and a trial whose warm run's output check fails
-(:meth:`~nlagg_node.warm.WarmStart.falls_back`) reruns the epoch cold: both runs' exposures count.
-
-The values follow a bounded random walk: epoch 0 draws them as a single run does, and each epoch
-moves every value by a step uniform in ``[-D, D]`` (``D`` the declared drift, times the range's span
-with a declared range), reflected into the range. So the declared drift bounds every step, as the
-warm start assumes; ``values`` (``--values-file``) gives other paths, e.g. jumps.
+graph is fixed) with that epoch's values and fresh z^(0) (the nodes' generators of the epoch's seed,
+:func:`~nlagg_node.epochplan.epoch_seed`). Every epoch decision is the epoch planner's
+(:mod:`nlagg_node.epochplan`, the one the nodes follow): the values' bounded random walk
+(:func:`~nlagg_node.epochplan.walk_values`), and for epoch ``k >= 1`` the warm start at epoch
+``k - 1``'s published output unless ``warm`` is off; a node outside the warm start's band runs a
+random shell value (its exposure reveals no value and is not counted), and a trial whose warm run's
+output check fails (:meth:`~nlagg_node.warm.WarmStart.falls_back`) reruns the epoch cold: both runs'
+exposures count. So one trial of K epochs is a testbed's K epochs with the same seed, bit for bit.
+``values`` (``--values-file``) gives other paths than the walk, e.g. jumps.
 """
 
 from __future__ import annotations
@@ -26,48 +24,28 @@ from typing import Any
 import numpy as np
 
 from ..arrays import BoolArray, FloatArray, IntArray
-from ..config import PROPOSED_INIT, RunConfig
+from ..config import RunConfig
+from ..epochplan import (
+    HeardOutput,
+    Starter,
+    epoch_start,
+    published_output,
+    shell_uniforms,
+    used_values,
+    walk_values,
+    warms,
+)
 from ..errors import ConfigError
-from ..rng import rng_for_each
-from ..scale import check_values, scale_for
+from ..valuechecks import check_values
+from ..valuemap import scale_for
 from ..verdict import ideal_ranks
-from ..warm import WARM_OPERATORS, WarmStart, warm_start
+from ..warm import WarmStart, warm_start
 from .engine import EpochInputs, SimResult, simulate
-from .values import read_value_rows, run_values
+from .values import read_value_rows
 
-__all__ = ["EpochsResult", "read_epoch_values", "simulate_epochs", "walk_values", "warms"]
+__all__ = ["EpochsResult", "read_epoch_values", "simulate_epochs"]
 
 EpochProgress = Callable[[int, int], None]
-Starter = Callable[..., WarmStart]
-"""A warm start's maker, called as :func:`~nlagg_node.warm.warm_start` is (a benchmark's baseline)."""
-
-
-def _reflect(v: FloatArray, lo: float, hi: float) -> FloatArray:
-    """``v`` folded into ``[lo, hi]`` (a step past a bound comes back off it)."""
-    span = hi - lo
-    w = np.mod(v - lo, 2.0 * span)
-    return np.asarray(lo + np.where(w > span, 2.0 * span - w, w), dtype=np.float64)
-
-
-def walk_values(cfg: RunConfig, epochs: int, drift: float) -> FloatArray:
-    """The values of ``epochs`` epochs, shape ``(K, B, n)``, user units.
-
-    Epoch 0 is the single run's (:func:`~nlagg_node.sim.values.run_values`); every later epoch
-    moves each value by a step uniform in ``[-D, D]`` times the range's span (1 without a range),
-    from the stream ``(seed, "drift", trial)``, reflected into the declared range.
-    """
-    first = run_values(cfg)
-    B, n = first.shape
-    span = 1.0 if cfg.value_range is None else cfg.value_range[1] - cfg.value_range[0]
-    gens = rng_for_each(cfg.seed, ("drift",), np.arange(B)[:, None])
-    steps = np.stack([g.uniform(-1.0, 1.0, (max(epochs - 1, 0), n)) for g in gens], axis=1) * drift * span
-    out = np.empty((epochs, B, n))
-    out[0] = first
-    for k in range(1, epochs):
-        out[k] = out[k - 1] + steps[k - 1]
-        if cfg.value_range is not None:
-            out[k] = _reflect(out[k], *cfg.value_range)
-    return out
 
 
 def read_epoch_values(path: Path, n: int, epochs: int, trials: int) -> FloatArray:
@@ -143,7 +121,9 @@ class EpochsResult:
         return np.asarray(np.median(self.iterations, axis=1), dtype=np.float64)
 
     def summary(self) -> dict[str, Any]:
-        """The multi-epoch figures of ``nlagg sim --epochs K --json``."""
+        """The multi-epoch figures of ``nlagg sim --epochs K --json``; with one trial (a deployment,
+        what ``nlagg testbed --epochs K`` runs) also each epoch's output (node 0's, user units)."""
+        one = {"output_by_epoch": _floats(self.output[:, 0])} if self.output.shape[1] == 1 else {}
         return {
             "epochs": self.epochs,
             "drift": self.drift,
@@ -156,6 +136,7 @@ class EpochsResult:
             "exact_fraction_by_epoch": _floats(self.exact.mean(axis=1)),
             "fallback_fraction_by_epoch": _floats(self.fell_back.mean(axis=1)),
             "stray_candidate_fraction": float(self.stray.mean()),
+            **one,
             "wall_seconds": self.wall_seconds,
         }
 
@@ -187,32 +168,22 @@ class _WarmEpoch:
 def _warm_epoch(
     cfg: RunConfig, k: int, values: FloatArray, last: FloatArray, drift: float, starter: Starter
 ) -> _WarmEpoch:
-    """Epoch k warm-started at the outputs ``last`` (B,); each node draws its shell value's uniform
-    from the stream ``(seed, "epoch", k, "shell", trial)``."""
-    scale = scale_for(cfg)
-    starts = [
-        starter(
-            cfg.op,
-            float(y),
-            drift=drift,
-            c=cfg.c_value,
-            sigma_z=cfg.sigma_z_value,
-            value_range=cfg.value_range,
-        )
-        for y in last
-    ]
-    proto = np.asarray(scale.to_protocol(values), dtype=np.float64)
+    """Epoch k warm-started at the outputs ``last`` (B, n) of epoch k - 1, each trial from their
+    published output (:func:`~nlagg_node.epochplan.published_output`), as the nodes start it
+    (:func:`~nlagg_node.epochplan.epoch_start`, shell values from
+    :func:`~nlagg_node.epochplan.shell_uniforms`)."""
+    held = [HeardOutput(k - 1, published_output([float(y) for y in row])) for row in last]
+    plans = [epoch_start(cfg, k, h, drift, starter) for h in held]
+    starts = [p.warm for p in plans]
+    assert all(ws is not None for ws in starts)  # warms(cfg) and every trial holds an output
+    proto = np.asarray(scale_for(cfg).to_protocol(values), dtype=np.float64)
     B, n = proto.shape
-    gens = rng_for_each(cfg.seed, ("epoch", k, "shell"), np.arange(B)[:, None])
-    draws = np.array([g.random(n) for g in gens])
-    used = np.array(
-        [[starts[b].used_value(float(proto[b, i]), float(draws[b, i])) for i in range(n)] for b in range(B)]
-    )
-    outside = np.array(
-        [[not ws.in_band(float(v)) for v in row] for ws, row in zip(starts, proto, strict=True)]
-    )
-    inputs = EpochInputs(k, values, tuple(ws.init for ws in starts), used)
-    return _WarmEpoch(cfg.model_copy(update={"c": starts[0].c}), inputs, starts, outside.reshape(B, n))
+    draws = shell_uniforms(cfg.seed, k, B, n)
+    used = np.stack([used_values(p, proto[b], draws[b]) for b, p in enumerate(plans)])
+    warm = [ws for ws in starts if ws is not None]
+    outside = np.array([[not ws.in_band(float(v)) for v in row] for ws, row in zip(warm, proto, strict=True)])
+    inputs = EpochInputs(k, values, tuple(ws.init for ws in warm), used)
+    return _WarmEpoch(plans[0].cfg, inputs, warm, outside.reshape(B, n))
 
 
 @dataclass(frozen=True)
@@ -225,6 +196,12 @@ class _EpochRun:
     iterations: IntArray  # (B,)
     fell_back: BoolArray  # (B,)
     stray: BoolArray  # (B,)
+    outputs: FloatArray  # (B, n) every node's (top-K: its first value): the next warm start's
+
+
+def _first_values(res: SimResult) -> FloatArray:
+    """Every node's output (B, n), a top-K output's first value."""
+    return np.array(res.output.reshape(*res.output.shape[:2], -1)[:, :, 0], dtype=np.float64)
 
 
 def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | None) -> _EpochRun:
@@ -237,7 +214,8 @@ def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | No
     else:
         res = simulate(warm.cfg, epoch=warm.inputs)
         exposed = res.exposed & ~warm.outside  # a shell value exposed reveals no value
-    output = np.array(res.output[:, 0].reshape(B, -1)[:, 0], dtype=np.float64)  # top-K: its first value
+    outputs = _first_values(res)
+    output = outputs[:, 0].copy()
     exact = _exact(res)
     iterations = np.asarray(res.phase_iterations.sum(axis=1), dtype=np.int64)
     fell_back = np.zeros(B, dtype=bool)
@@ -248,19 +226,12 @@ def _run_epoch(cfg: RunConfig, k: int, values: FloatArray, warm: _WarmEpoch | No
         if fb.any():
             cold = simulate(cfg, epoch=EpochInputs(k, values, rerun=True))
             exposed[fb] |= cold.exposed[fb]
-            output[fb], exact[fb] = cold.output[fb, 0], _exact(cold)[fb]  # warm operators: scalar
+            outputs[fb] = _first_values(cold)[fb]
+            output[fb], exact[fb] = outputs[fb, 0], _exact(cold)[fb]
             iterations[fb] += cold.phase_iterations.sum(axis=1)[fb]
             stray[fb] |= cold.stray_candidates()[fb]
             fell_back = fb
-    return _EpochRun(exposed, output, exact, iterations, fell_back, stray)
-
-
-def warms(cfg: RunConfig) -> bool:
-    """Whether a multi-epoch run of ``cfg`` warm-starts: an operator of
-    :data:`~nlagg_node.warm.WARM_OPERATORS` with its private initialization (``--init proposed``, or
-    the one it means: the warm start continues it). Any other ``--init`` (a baseline) runs every
-    epoch as configured."""
-    return cfg.op in WARM_OPERATORS and cfg.init in ("proposed", PROPOSED_INIT[cfg.op])
+    return _EpochRun(exposed, output, exact, iterations, fell_back, stray, outputs)
 
 
 def _ideal_mask(cfg: RunConfig, rank: IntArray) -> BoolArray:
@@ -317,7 +288,7 @@ def simulate_epochs(
     K = len(vals)
     runs: list[_EpochRun] = []
     for k in range(K):
-        warm_k = _warm_epoch(cfg, k, vals[k], runs[-1].output, drift, starter) if warm and k > 0 else None
+        warm_k = _warm_epoch(cfg, k, vals[k], runs[-1].outputs, drift, starter) if warm and k > 0 else None
         runs.append(_run_epoch(cfg, k, vals[k], warm_k))
         if progress is not None:
             progress(k + 1, K)

@@ -1,14 +1,9 @@
-"""The public value range: the affine map to the protocol's scale, and the checks that refuse to leak.
+"""The checks of a run's values and start that refuse to leak.
 
-A run may declare ``value_range = [lo, hi]`` (public, like the rest of the config). Every
-runtime then maps a private value s to ``(s - lo) / (hi - lo)`` before the protocol runs and
-maps outputs, exposures and intervals back. Every operator commutes with an increasing affine
-map (max, min, top-K, median, quantiles, trimmed mean and average), so the output is the
-aggregate of the user's values; the operator defaults are calibrated for values in [0, 1].
-Without a range the map is the identity (values are used as given).
-
-The checks here are pure functions of the public config and one value, called by the
-simulator, the node's entry points (``nlagg node``, the testbed) and the adversary alike:
+A run may declare ``value_range = [lo, hi]`` (public, like the rest of the config); every runtime
+maps a private value to the protocol's scale with it (:mod:`nlagg_node.valuemap`). The checks here
+are pure functions of the public config and one value, called by the simulator, the node's entry
+points (``nlagg node``, the testbed) and the adversary alike:
 
 * :func:`check_values` refuses a value outside the declared range;
 * :func:`check_start` refuses a one-sided initialization whose start does not lie on the
@@ -25,15 +20,15 @@ import numpy as np
 
 from .config import RunConfig
 from .errors import ConfigError
-from .valuemap import ValueScale, scale_for
+from .valuemap import scale_for
 
 __all__ = [
-    "ValueScale",
+    "check_node_value",
     "check_start",
     "check_values",
     "config_warnings",
     "leak_warning",
-    "scale_for",
+    "start_problem",
 ]
 
 

@@ -28,9 +28,12 @@ counted (:attr:`EpochOutcome.skipped`); epochs are never queued, as a queue woul
 Warm starts (:mod:`~nlagg_node.runtime.warmstart`, the math of :mod:`nlagg_node.warm`): with a
 declared drift, epoch k runs warm from epoch k-1's output as the nodes published it (from an
 earlier epoch's, with the drift of the epochs between, when no node finished k-1)
-(:func:`initialization_for_epoch`); a node whose value lies outside the
-warm start's band runs a shell value, and when the warm run's output falls back, the epoch reruns
-cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under ``P/R``, with fresh z^(0).
+(:func:`~nlagg_node.epochplan.epoch_start`, the epoch planner the simulator follows too); a node
+whose value lies outside the warm start's band runs a shell value, and when the warm run's output
+falls back, the epoch reruns cold at once as the run ``e{k}r`` (:func:`rerun_run_id`) under
+``P/R``, with fresh z^(0). With a fixed seed a node draws the simulator's streams
+(:func:`~nlagg_node.epochplan.epoch_seed`): a testbed's epochs are ``nlagg sim --epochs K
+--trials 1``'s, bit for bit.
 """
 
 from __future__ import annotations
@@ -44,9 +47,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeVar, Unpack
 
+import numpy as np
+
 from ..config import RunConfig
+from ..epochplan import (
+    EpochStart,
+    HeardOutput,
+    epoch_config,
+    epoch_seed,
+    epoch_start,
+    shell_uniforms,
+    used_values,
+    warms_at,
+)
 from ..errors import ConfigError, DepartedError, EpochStopped, NeighbourTimeoutError, NlaggError
-from ..rng import rng_for
 from ..warm import WarmStart
 from .loop import run_members
 from .member import Member, MemberOptions, MemberSettings, Seat
@@ -56,7 +70,7 @@ from .public import run_edges
 from .result import NodeResult
 from .routing import Router
 from .transport import Transport
-from .warmstart import EpochStart, HeardOutput, epoch_config, epoch_start, read_published_output, warms_at
+from .warmstart import read_published_output
 from .wire import StatusMsg, WireError, check_run_id, encode
 
 __all__ = [
@@ -65,8 +79,6 @@ __all__ = [
     "EpochOutcome",
     "TransportFor",
     "ValueFor",
-    "epoch_seed",
-    "initialization_for_epoch",
     "join_window",
     "rerun_run_id",
     "run_epoch",
@@ -125,26 +137,9 @@ def join_window(period: float) -> float:
     return min(period / 3, 30.0)
 
 
-def initialization_for_epoch(
-    cfg: RunConfig, epoch: int, previous: HeardOutput | None, drift: float | None = None
-) -> EpochStart:
-    """How epoch ``epoch`` starts, given the last public output the node holds (``previous``) and
-    the declared drift (None: cold, ``--cold-start``): :func:`~nlagg_node.runtime.warmstart.epoch_start`."""
-    return epoch_start(cfg, epoch, previous, drift)
-
-
 def rerun_run_id(epoch: int) -> str:
     """The run id of epoch ``epoch``'s cold rerun (its warm run fell back): ``e{k}r``."""
     return check_run_id(f"{epoch_run_id(epoch)}r")
-
-
-def epoch_seed(seed: int | None, epoch: int, *stream: str) -> int | None:
-    """The node generator's seed of epoch ``epoch`` (``stream``: a part of it, e.g. its ``rerun``):
-    None (OS entropy, a device in the field) stays None; a fixed seed (a reproducible testbed)
-    gives each epoch its own stream."""
-    if seed is None:
-        return None
-    return int(rng_for(seed, "epoch", epoch, *stream).integers(2**63))
 
 
 class EpochMember(Member):
@@ -363,12 +358,12 @@ class _Epoch:
         k, run = self.k, rerun_run_id(self.k) if rerun else epoch_run_id(self.k)
         opts: MemberSettings = {
             **self.options,
-            "seed": epoch_seed(self.seed, k, *(("rerun",) if rerun else ())),
+            "seed": epoch_seed(self.seed, k, rerun=rerun),
         }
         ws = start.warm
         if ws is not None:
-            u = rng_for(epoch_seed(self.seed, k), "shell", self.node_id).random()
-            value = ws.used_value(value, float(u))
+            u = shell_uniforms(self.seed, k, 1, self.cfg.n)[:, [self.node_id]]
+            value = float(used_values(start, np.array([[value]]), u)[0, 0])
             opts["first_init"] = ws.init
         transport = await self.transport_for(k, run)
         if not rerun:
@@ -414,7 +409,7 @@ async def _one_epoch(ep: _Epoch, value: float, held: HeardOutput | None, drift: 
         own = held is not None and published is not None and held.epoch == published.epoch
         read = None if own else published
         held = published
-    start = initialization_for_epoch(ep.cfg, k, held, drift)
+    start = epoch_start(ep.cfg, k, held, drift)
     join_by = ep.clock.start(k) + ep.clock.join
     result, output, absent = await ep.run(start, value, join_by)
     kind = "cold" if start.warm is None else "warm"
@@ -454,8 +449,8 @@ async def run_epochs(
     out, one that counted this node as departed) is logged and the next epoch starts; cancellation
     stops the loop; ``stop`` set (a SIGTERM) ends it after a clean leave of the epoch running (status
     ``leaving``: the neighbours go on without this node). ``options["seed"]`` (None: OS entropy)
-    seeds each epoch apart (:func:`epoch_seed`). ``drift``: the declared drift of warm starts
-    (:mod:`~nlagg_node.runtime.warmstart`; None: every epoch cold).
+    seeds each epoch apart (:func:`~nlagg_node.epochplan.epoch_seed`). ``drift``: the declared
+    drift of warm starts (:mod:`~nlagg_node.runtime.warmstart`; None: every epoch cold).
     """
     seed = options.pop("seed", None)
     if seed == "config":
