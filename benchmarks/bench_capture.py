@@ -23,15 +23,14 @@ message times 15 are its CPU per round of the testbed.
 (payloads as an n-node run's) are queued for its persistent session while it is away, then it
 connects and drains them as the capture does, acknowledging each batch only after the SQLite
 commit that holds it (``commit_due``: every 256 messages, or when the inbox runs dry). Wall
-messages/s and CPU per message, best of ``--repeat``, for each client, interleaved; the load a run
-puts on the capture is ``--rounds-per-s`` times ``--n`` x's per second (an x per node and round).
+messages/s and CPU per message, best of ``--repeat``, and the ratio of the rate to the load a run
+puts on the capture, ``--rounds-per-s`` times ``--n`` x's per second (an x per node and round).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sqlite3
 import tempfile
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Protocol
 
 from adversary.capture.eavesdropper import Eavesdropper
-from adversary.capture.session import commit_due
+from adversary.capture.session import DEFAULT_SESSION, commit_due
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
@@ -89,7 +88,8 @@ def eavesdropper_handle(path: Path, rows: Rows, every: int) -> None:
 
 
 class Acker(Protocol):
-    """The capture's client as the drain uses it (``AckingSubscriber`` had the same surface)."""
+    """The capture's client as the drain uses it (the hand-written client it replaced had the same
+    surface: compared at commit 07cc6ae, benchmarks/RESULTS.md)."""
 
     async def connect(self) -> None: ...
 
@@ -105,8 +105,8 @@ class Acker(Protocol):
 
 
 def paho_manual_ack(url: str, client_id: str) -> Acker:
-    """The capture's client: the MQTT adapter with ``manual_ack``, as ``CaptureSession.subscriber``."""
-    return MqttTransport(url, client_id=client_id, manual_ack=True, reconnect_tries=40, backoff_max=2.0)
+    """The capture's client: the MQTT adapter with ``manual_ack``, as ``nlagg eavesdrop`` makes it."""
+    return DEFAULT_SESSION.subscriber(url, client_id)
 
 
 def x_rows(n: int, count: int) -> Rows:
@@ -186,9 +186,6 @@ async def bench_mqtt(
         "cpu_us_per_message": {name: round(c / len(rows) * 1e6, 1) for name, (_, c) in best.items()},
         "over_needed": {name: round(len(rows) / w / needed, 2) for name, (w, _) in best.items()},
     }
-    if len(best) == 2:
-        (a, (wa, ca)), (b, (wb, cb)) = best.items()
-        out[f"{b}_over_{a}"] = {"per_s": round(wa / wb, 2), "cpu": round(cb / ca, 2)}
     return out
 
 
@@ -205,13 +202,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.mqtt:
         clients: dict[str, Callable[[str, str], Acker]] = {"paho_manual_ack": paho_manual_ack}
-        with contextlib.suppress(ImportError):  # the hand-written client, while it exists
-            from adversary.capture.subscriber import AckingSubscriber
-
-            def hand_written(url: str, client_id: str) -> Acker:
-                return AckingSubscriber(url, client_id=client_id)
-
-            clients = {"hand_written": hand_written, **clients}
         print(json.dumps(asyncio.run(bench_mqtt(args, clients))), flush=True)
         return
     cfg = RunConfig(op=args.op, n=args.n, t_max=args.t_max, seed=0, early_stop=False)
