@@ -169,7 +169,9 @@ class MqttTransport(Transport):
         self._loop_thread = 0
         self._inbox: Inbox[Message] = Inbox()
         self._received = 0  # messages handed to the inbox (a read that adds none ends a burst)
-        self._connection = 0  # accepted connections so far: the number a Delivery carries
+        # A Delivery carries the number of its connection; it changes at every CONNACK and every loss,
+        # so that an ack of a lost connection is never written into the next one.
+        self._connection = 0
         self._filters: list[tuple[str, int]] = []
         self._acks: dict[int, asyncio.Future[None]] = {}  # mid -> PUBACK/SUBACK waiter
         self._subscribing: dict[int, list[tuple[str, int]]] = {}  # SUBSCRIBE mid -> its filters
@@ -245,6 +247,7 @@ class MqttTransport(Transport):
     ) -> None:
         self._up.clear()
         self._lost.set()
+        self._connection += 1  # acks of the lost connection are dropped from now on
         fut = self._connack
         if fut is not None and not fut.done():
             fut.set_result((-1, False))  # closed before the CONNACK
@@ -271,13 +274,17 @@ class MqttTransport(Transport):
         fut = self._acks.pop(mid, None)
         if fut is None or fut.done():
             return
-        refused = [pattern for (pattern, _), c in zip(filters, codes, strict=False) if c.is_failure]
-        if refused or any(c.is_failure for c in codes):
-            what = "the subscription to " + (", ".join(repr(p) for p in refused) or "its filters")
-            code = next(c.value for c in codes if c.is_failure)
-            fut.set_exception(BrokerRefusedError(self.url, self.client_id, code, what))
-        else:
+        failures = [c for c in codes if c.is_failure]
+        if not failures:
             fut.set_result(None)
+            return
+        refused = [pattern for (pattern, _), c in zip(filters, codes, strict=False) if c.is_failure]
+        what = (
+            "the subscription to " + ", ".join(map(repr, refused))
+            if refused
+            else f"a subscription ({failures[0]})"
+        )
+        fut.set_exception(BrokerRefusedError(self.url, self.client_id, failures[0].value, what))
 
     # connection management ----------------------------------------------------------------------------
     async def _attempt(self, first: bool) -> tuple[int, bool] | str:
