@@ -62,6 +62,10 @@ __all__ = [
 
 log = logging.getLogger("nlagg.mqtt")
 
+MAX_INFLIGHT = 1000  # paho's in-flight window for QoS > 0 (its default, 20, is too small for a node)
+# Seconds close() waits for its DISCONNECT to go out (on a loaded machine it can take seconds); a
+# connection that ends without it makes the broker publish the will.
+CLOSE_TIMEOUT = 30.0
 READ_BURST = 64  # packets read per readiness event while each one read was a message (one poll for many)
 
 
@@ -85,14 +89,11 @@ class MqttTransport(Transport):
     will : last will, set at every (re)connection.
     username, password : broker credentials.
     clean_session : False (default) keeps subscriptions and queued QoS 1 messages across reconnects.
-    max_inflight : paho's in-flight window for QoS > 0.
     reconnect_tries : consecutive failed attempts before giving up with :class:`BrokerUnreachableError`.
     backoff_base, backoff_max : the jittered exponential backoff, ``uniform(0, min(max, base 2^k))``.
     keepalive : seconds of silence before a ping; no answer within as long again drops the connection.
     tls : CA file and client certificate for ``mqtts://`` (None: the system's CAs).
     connect_timeout : seconds for one attempt's TCP/TLS connect and CONNACK.
-    close_timeout : seconds :meth:`close` waits for its DISCONNECT to go out (on a loaded machine
-        it can take seconds); a connection that ends without it makes the broker publish the will.
     connect_within : seconds the first connection may take, all its attempts together (None:
         ``reconnect_tries`` alone bound it).
     manual_ack : QoS 1 messages arrive as :class:`Delivery` and are acknowledged by :meth:`ack`
@@ -108,14 +109,12 @@ class MqttTransport(Transport):
         username: str | None = None,
         password: str | None = None,
         clean_session: bool = False,
-        max_inflight: int = 1000,
         reconnect_tries: int = 10,
         backoff_base: float = 0.05,
         backoff_max: float = 5.0,
         keepalive: int = 30,
         tls: TlsSettings | None = None,
         connect_timeout: float = 10.0,
-        close_timeout: float = 30.0,
         connect_within: float | None = None,
         manual_ack: bool = False,
     ) -> None:
@@ -132,7 +131,6 @@ class MqttTransport(Transport):
         self.backoff_max = backoff_max
         self.keepalive = keepalive
         self.connect_timeout = connect_timeout
-        self.close_timeout = close_timeout
         self.connect_within = connect_within
         self.manual_ack = manual_ack
         self.reconnects = 0
@@ -147,7 +145,7 @@ class MqttTransport(Transport):
             protocol=paho.MQTTv311,
             manual_ack=manual_ack,
         )
-        client.max_inflight_messages_set(max_inflight)
+        client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)
         if username is not None:
             client.username_pw_set(username, password)
@@ -518,13 +516,13 @@ class MqttTransport(Transport):
             self._lost.clear()
             self._paho.disconnect()  # queued after what is not written yet; paho closes once it is
             try:
-                async with asyncio.timeout(self.close_timeout):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
                     await self._lost.wait()
             except TimeoutError:
                 log.warning(
                     "disconnect from %s: no clean close within %g s; the broker will publish the last will",
                     self.url,
-                    self.close_timeout,
+                    CLOSE_TIMEOUT,
                 )
         self._up.clear()
         self._inbox.wake()
@@ -557,7 +555,6 @@ async def accepts_anonymous(url: str, *, tls: TlsSettings | None = None, within:
         tls=tls if broker_endpoint(url).tls else None,
         connect_timeout=within,
         connect_within=within,
-        close_timeout=within,
     )
     try:
         await probe.connect()
