@@ -142,7 +142,7 @@ class Intruder:
         frames.append(
             publish_frame(x, _x(self.node, self.t_total + 5, 42.0, self.phase_at(self.t_total - 1)))
         )
-        await self._session(f"intruder-{self.node}", frames)
+        await self.send(frames)  # with the CONNECT: the node taking its session back cannot cut them off
         if big_payloads:
             for size in (10 << 20, 100 << 20):
                 await self._session(f"intruder-{self.node}", [publish_frame(x, b"9" * size)])
