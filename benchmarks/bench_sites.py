@@ -35,7 +35,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from adversary.capture import AckingSubscriber
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan
 from nlagg_node.deploy.sites import bridge_address, bridge_conf_lines, cut_edges, delivery_model
@@ -67,7 +66,7 @@ class Counter:
     """The latest ``$SYS`` sent counter of one broker, and how many ``$SYS`` messages it sent us."""
 
     def __init__(self, url: str) -> None:
-        self.sub = AckingSubscriber(url, client_id=f"bench-sys-{url.rsplit(':', 1)[1]}", connect_timeout=30)
+        self.sub = MqttTransport(url, client_id=f"bench-sys-{url.rsplit(':', 1)[1]}", connect_within=30)
         self.value = -1
         self.seen = 0
         self.updated = asyncio.Event()
@@ -127,7 +126,7 @@ async def run_layout(
         target = [*want, *eaves_want]
         remaining = [sum(target)]
 
-        async def reader(idx: int, sub: AckingSubscriber) -> None:
+        async def reader(idx: int, sub: MqttTransport) -> None:
             async for m in sub.messages():
                 sub.ack([m])
                 got[idx] += 1
@@ -135,14 +134,18 @@ async def run_layout(
                 if remaining[0] == 0:
                     done.set()
 
-        subs: list[AckingSubscriber] = []
+        subs: list[MqttTransport] = []
         for i in range(n):
-            sub = AckingSubscriber(layout.urls[layout.site_of[i]], client_id=f"node{i}", connect_timeout=60)
+            sub = MqttTransport(
+                layout.urls[layout.site_of[i]], client_id=f"node{i}", manual_ack=True, connect_within=60
+            )
             await sub.connect()
             await sub.subscribe(*(t.x(j) for j in nbrs[i]))
             subs.append(sub)
         for s in range(k):
-            sub = AckingSubscriber(layout.urls[s], client_id=f"eavesdropper-{s}", connect_timeout=60)
+            sub = MqttTransport(
+                layout.urls[s], client_id=f"eavesdropper-{s}", manual_ack=True, connect_within=60
+            )
             await sub.connect()
             await sub.subscribe(t.all)
             subs.append(sub)

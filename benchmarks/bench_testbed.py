@@ -152,10 +152,9 @@ async def raw_one_node(
 async def bare_capture(url: str) -> None:
     """``--capture-baseline``'s capture: the eavesdropper's own client (QoS 1, persistent session,
     acks in batches) subscribed to every bench topic, storing and attacking nothing."""
-    from adversary.capture import AckingSubscriber
     from nlagg_node.runtime.transport import Message
 
-    async with AckingSubscriber(url, client_id=f"bench-capture-{new_run_id()}") as sub:
+    async with MqttTransport(url, client_id=f"bench-capture-{new_run_id()}", manual_ack=True) as sub:
         await sub.subscribe("bench/#")
         print(json.dumps({"event": "subscribed"}), flush=True)  # what Child.subscribed waits for
         batch: list[Message] = []

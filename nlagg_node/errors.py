@@ -8,8 +8,7 @@
     ├── WireError                     a message that does not follow wire protocol v1
     ├── BrokerError                   a broker could not be started or used
     │   ├── BrokerRefusedError        it answered the CONNECT (or SUBSCRIBE) with a refusal code
-    │   ├── BrokerUnreachableError    no connection after every retry
-    │   └── MqttProtocolError         it sent a malformed or unexpected MQTT frame
+    │   └── BrokerUnreachableError    no connection after every retry (or within the time given)
     ├── NeighbourTimeoutError         a neighbour did not deliver within the barrier timeout
     ├── DepartedError                 this node came back after its neighbours counted it as departed
     ├── StoppedBySignal               Ctrl-C, SIGTERM or SIGHUP stopped the run, after its clean-up (128+n)
@@ -29,7 +28,6 @@ __all__ = [
     "DepartedError",
     "EpochStopped",
     "EquivocationError",
-    "MqttProtocolError",
     "NeighbourTimeoutError",
     "NlaggError",
     "SealError",
@@ -122,10 +120,6 @@ class BrokerUnreachableError(BrokerError):
         super().__init__(
             f"cannot connect to broker {url} after {tries} tries" + (f": {last}" if last else "")
         )
-
-
-class MqttProtocolError(BrokerError):
-    """A malformed or unexpected MQTT frame: the connection that carried it must be dropped."""
 
 
 class NeighbourTimeoutError(NlaggError):

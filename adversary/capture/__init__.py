@@ -1,10 +1,11 @@
-"""The eavesdropper's capture: its MQTT client, one stream over several brokers, and the eavesdropper.
+"""The eavesdropper's capture: its session, one stream over several brokers, and the eavesdropper.
 
-:mod:`~adversary.capture.subscriber` is a subscribe-only MQTT 3.1.1 client (frames in
-:mod:`~adversary.capture.mqtt_codec`) that acknowledges a message only once the transcript has
-committed it; :mod:`~adversary.capture.merged` reads the bridged site brokers of one run as one
-stream; :mod:`~adversary.capture.eavesdropper` feeds what arrives to the transcript and the live
-replay (``nlagg eavesdrop``). The names below are re-exported lazily (see :mod:`nlagg_node.lazy`).
+Its MQTT client is the nodes' adapter, :class:`~nlagg_node.runtime.mqtt.MqttTransport`, with
+``manual_ack`` (:meth:`~adversary.capture.session.CaptureSession.subscriber`): a message is
+acknowledged only once the transcript has committed it; :mod:`~adversary.capture.merged` reads the
+bridged site brokers of one run as one stream; :mod:`~adversary.capture.eavesdropper` feeds what
+arrives to the transcript and the live replay (``nlagg eavesdrop``). The names below are
+re-exported lazily (see :mod:`nlagg_node.lazy`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,5 @@ if TYPE_CHECKING:
     from .epochs import run_epoch_eavesdropper as run_epoch_eavesdropper
     from .merged import MergedSubscriber as MergedSubscriber
     from .session import CaptureSession as CaptureSession
-    from .subscriber import AckingSubscriber as AckingSubscriber
-    from .subscriber import Delivery as Delivery
-    from .subscriber import accepts_anonymous as accepts_anonymous
 
 __all__, __getattr__ = lazy_exports(__name__, __file__)

@@ -5,11 +5,12 @@
 rich table, or JSON-line events for a supervising process (the testbed), and a summary at the
 end. Every message goes to the
 :class:`~adversary.transcript.writer.Transcript` first, then to the :class:`~adversary.live.LiveReplay`,
-which reports an exposure as soon as the iteration that reveals it is complete. Over an
-:class:`~adversary.capture.subscriber.AckingSubscriber` (what ``nlagg eavesdrop`` uses) a message is
-acknowledged to the broker only after the transaction holding it is committed (whenever the
-inbox runs dry, every 256 messages, and every ``commit_every`` seconds): killed at any moment, the
-eavesdropper loses nothing, since the broker redelivers the rest to its persistent session.
+which reports an exposure as soon as the iteration that reveals it is complete. Over the MQTT
+adapter with ``manual_ack`` (:class:`~nlagg_node.runtime.mqtt.MqttTransport`, what ``nlagg
+eavesdrop`` uses) a message is acknowledged to the broker only after the transaction holding it is
+committed (whenever the inbox runs dry, every 256 messages, and every ``commit_every`` seconds):
+killed at any moment, the eavesdropper loses nothing, since the broker redelivers the rest to its
+persistent session.
 It stops when every node of the run has published ``done`` and every x and z^(0) of the run is in
 the transcript (after ``complete_grace`` seconds it stops anyway and reports what is missing), or
 on cancellation/timeout. After a reconnection that found its session gone (a broker crash lost
@@ -32,6 +33,7 @@ import numpy as np
 
 from nlagg_node.departure import announced
 from nlagg_node.lifetime import on_stop_signal
+from nlagg_node.runtime.mqtt import accepts_anonymous
 from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
@@ -45,7 +47,6 @@ from ..transcript.arrays import public_z0
 from ..transcript.writer import Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
 from .session import DEFAULT_SESSION, CaptureSession, capture_until, commit_due
-from .subscriber import accepts_anonymous
 
 __all__ = ["ANONYMOUS_WARNING", "Eavesdropper", "NodeView", "live_table", "run_eavesdropper"]
 

@@ -53,6 +53,7 @@ from pydantic import ValidationError
 from nlagg_node.epochplan import WARM_GAP, HeardOutput
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
+from nlagg_node.runtime.mqtt import accepts_anonymous
 from nlagg_node.runtime.outputs import published_record
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.warmstart import latest_published
@@ -65,7 +66,6 @@ from .eavesdropper import Eavesdropper, live_table
 from .epochconfig import EpochConfigs, judge_warm
 from .merged import Acknowledging, MergedSubscriber
 from .session import DEFAULT_SESSION, CaptureSession, capture_until, commit_due
-from .subscriber import accepts_anonymous
 
 __all__ = ["MAX_OPEN_EPOCHS", "RERUN_WAIT", "EpochCapture", "run_epoch_eavesdropper", "with_rerun"]
 

@@ -1,7 +1,7 @@
 """One capture over several brokers: the site brokers of a plan with sites, bridged together.
 
-:class:`MergedSubscriber` holds one :class:`~adversary.capture.subscriber.AckingSubscriber` per broker and
-yields their deliveries as one stream (each broker's in its own order), tagged with the broker
+:class:`MergedSubscriber` holds one acknowledging :class:`~nlagg_node.runtime.mqtt.MqttTransport` per
+broker and yields their deliveries as one stream (each broker's in its own order), tagged with the broker
 they came from, so that :meth:`MergedSubscriber.ack` sends each acknowledgement back to its own
 broker once the transcript has committed it: the zero-loss rule of a single capture holds for
 every site. A message bridged from one site to another arrives once per site that has it; the
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.transport import Inbox, Message, Subscriber
 from nlagg_node.runtime.wire import X_TYPES, Decoded, WireError, decode
 
 from ..transcript.writer import Transcript
-from .subscriber import AckingSubscriber
 
 __all__ = ["Acknowledging", "CausalOrder", "MergedSubscriber", "SiteDelivery"]
 
@@ -59,7 +59,7 @@ class MergedSubscriber(Subscriber):
         every broker keeps the capture's persistent session under it).
     """
 
-    def __init__(self, subscribers: Sequence[AckingSubscriber]) -> None:
+    def __init__(self, subscribers: Sequence[MqttTransport]) -> None:
         if not subscribers:
             raise ConfigError("broker", [], "give at least one broker")
         self.subscribers = list(subscribers)
@@ -68,7 +68,7 @@ class MergedSubscriber(Subscriber):
 
     async def connect(self) -> None:
         """Connect to every broker (all of them, or none: a failure closes those already open)."""
-        opened: list[AckingSubscriber] = []
+        opened: list[MqttTransport] = []
         try:
             for sub in self.subscribers:
                 await sub.connect()
@@ -101,7 +101,7 @@ class MergedSubscriber(Subscriber):
         for site, batch in by_site.items():
             self.subscribers[site].ack(batch)
 
-    async def _pump(self, site: int, sub: AckingSubscriber) -> None:
+    async def _pump(self, site: int, sub: MqttTransport) -> None:
         try:
             async for m in sub.messages():
                 self._inbox.put(SiteDelivery(m.topic, m.payload, m.retain, site=site, delivery=m))

@@ -10,9 +10,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.tls import TlsSettings
-
-from .subscriber import AckingSubscriber
 
 __all__ = ["DEFAULT_SESSION", "CaptureSession", "capture_until", "commit_due"]
 
@@ -42,16 +41,22 @@ class CaptureSession:
         """Whether the live table is drawn (not for a supervising process)."""
         return self.live and not self.events
 
-    def subscriber(self, url: str, client_id: str) -> AckingSubscriber:
-        """A subscriber at ``url`` with this session's login, connecting within ``stop_after``."""
+    def subscriber(self, url: str, client_id: str) -> MqttTransport:
+        """The capture's client at ``url`` with this session's login, connecting within ``stop_after``:
+        the MQTT adapter acknowledging a message only when told to (after the transcript's commit),
+        over a persistent session kept under ``client_id``."""
         within = 30.0 if self.stop_after is None else max(0.1, min(30.0, self.stop_after))
-        return AckingSubscriber(
+        return MqttTransport(
             url,
             client_id=client_id,
             username=self.username,
             password=self.password,
             tls=self.tls,
+            manual_ack=True,
+            reconnect_tries=40,
+            backoff_max=2.0,
             connect_timeout=within,
+            connect_within=within,
         )
 
 

@@ -20,6 +20,13 @@ module owns:
   may have missed. After ``reconnect_tries`` failed attempts in a row it gives up with
   :class:`BrokerUnreachableError`, naming the broker and the last attempt's failure.
 * paho allows 20 in-flight QoS 1 messages by default; a node publishing every iteration needs more.
+* **Manual acknowledgement** (``manual_ack=True``, the eavesdropper's capture): a QoS 1 message
+  reaches the reader as a :class:`Delivery` and is acknowledged (PUBACK) only when the caller
+  says so, after its transcript has committed it (:meth:`MqttTransport.ack`). With the persistent
+  session the broker keeps every message not acknowledged, so a capture killed with SIGKILL loses
+  nothing. Acknowledgements are bound to the connection a delivery came from: after a
+  reconnection the broker resends what was not acknowledged (same packet ids, DUP set), and an
+  older connection's ack could name another message of the new one, so it is dropped.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -37,13 +46,37 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from ..errors import BrokerRefusedError, BrokerUnreachableError, ConfigError, NlaggError
 from ..rng import rng_for
-from .mqtt_settings import FATAL_CONNACK, jittered_backoff, parse_broker_url
+from .mqtt_settings import FATAL_CONNACK, NOT_AUTHORIZED, jittered_backoff, parse_broker_url
 from .tls import TlsSettings, broker_endpoint
 from .transport import Inbox, Message, Transport, Will, valid_filter
 
-__all__ = ["BrokerRefusedError", "MqttTransport", "TlsSettings", "jittered_backoff", "parse_broker_url"]
+__all__ = [
+    "BrokerRefusedError",
+    "Delivery",
+    "MqttTransport",
+    "TlsSettings",
+    "accepts_anonymous",
+    "jittered_backoff",
+    "parse_broker_url",
+]
 
 log = logging.getLogger("nlagg.mqtt")
+
+MAX_INFLIGHT = 1000  # paho's in-flight window for QoS > 0 (its default, 20, is too small for a node)
+# Seconds close() waits for its DISCONNECT to go out (on a loaded machine it can take seconds); a
+# connection that ends without it makes the broker publish the will.
+CLOSE_TIMEOUT = 30.0
+READ_BURST = 64  # packets read per readiness event while each one read was a message (one poll for many)
+
+
+@dataclass(frozen=True)
+class Delivery(Message):
+    """A message received with ``manual_ack``: what its acknowledgement needs (packet id, QoS,
+    the number of the connection it came on)."""
+
+    mid: int = 0
+    qos: int = 0
+    connection: int = 0
 
 
 class MqttTransport(Transport):
@@ -56,14 +89,15 @@ class MqttTransport(Transport):
     will : last will, set at every (re)connection.
     username, password : broker credentials.
     clean_session : False (default) keeps subscriptions and queued QoS 1 messages across reconnects.
-    max_inflight : paho's in-flight window for QoS > 0.
     reconnect_tries : consecutive failed attempts before giving up with :class:`BrokerUnreachableError`.
     backoff_base, backoff_max : the jittered exponential backoff, ``uniform(0, min(max, base 2^k))``.
     keepalive : seconds of silence before a ping; no answer within as long again drops the connection.
     tls : CA file and client certificate for ``mqtts://`` (None: the system's CAs).
     connect_timeout : seconds for one attempt's TCP/TLS connect and CONNACK.
-    close_timeout : seconds :meth:`close` waits for its DISCONNECT to go out (on a loaded machine
-        it can take seconds); a connection that ends without it makes the broker publish the will.
+    connect_within : seconds the first connection may take, all its attempts together (None:
+        ``reconnect_tries`` alone bound it).
+    manual_ack : QoS 1 messages arrive as :class:`Delivery` and are acknowledged by :meth:`ack`
+        only (the capture's ack-after-commit).
     """
 
     def __init__(
@@ -75,18 +109,20 @@ class MqttTransport(Transport):
         username: str | None = None,
         password: str | None = None,
         clean_session: bool = False,
-        max_inflight: int = 1000,
         reconnect_tries: int = 10,
         backoff_base: float = 0.05,
         backoff_max: float = 5.0,
         keepalive: int = 30,
         tls: TlsSettings | None = None,
         connect_timeout: float = 10.0,
-        close_timeout: float = 30.0,
+        connect_within: float | None = None,
+        manual_ack: bool = False,
     ) -> None:
         where = broker_endpoint(url)
         if tls is not None and not where.tls:
             raise ConfigError("broker", url, "TLS settings (a CA file) need an mqtts:// broker URL")
+        if not clean_session and not client_id:
+            raise ConfigError("client_id", client_id, "a persistent session needs a non-empty client id")
         self.url = url
         self.host, self.port = where.host, where.port
         self.client_id = client_id
@@ -95,16 +131,21 @@ class MqttTransport(Transport):
         self.backoff_max = backoff_max
         self.keepalive = keepalive
         self.connect_timeout = connect_timeout
-        self.close_timeout = close_timeout
+        self.connect_within = connect_within
+        self.manual_ack = manual_ack
         self.reconnects = 0
         self.session_losses = 0
+        self.acked = 0  # PUBACKs sent by :meth:`ack`
+        self.attempts = 0  # connection attempts of the current (re)connection
+        self.last_failure = ""  # why the latest attempt failed
         client = paho.Client(
             CallbackAPIVersion.VERSION2,
             client_id=client_id,
             clean_session=clean_session,
             protocol=paho.MQTTv311,
+            manual_ack=manual_ack,
         )
-        client.max_inflight_messages_set(max_inflight)
+        client.max_inflight_messages_set(MAX_INFLIGHT)
         client.max_queued_messages_set(0)
         if username is not None:
             client.username_pw_set(username, password)
@@ -125,8 +166,13 @@ class MqttTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._inbox: Inbox[Message] = Inbox()
+        self._received = 0  # messages handed to the inbox (a read that adds none ends a burst)
+        # A Delivery carries the number of its connection; it changes at every CONNACK and every loss,
+        # so that an ack of a lost connection is never written into the next one.
+        self._connection = 0
         self._filters: list[tuple[str, int]] = []
         self._acks: dict[int, asyncio.Future[None]] = {}  # mid -> PUBACK/SUBACK waiter
+        self._subscribing: dict[int, list[tuple[str, int]]] = {}  # SUBSCRIBE mid -> its filters
         self._connack: asyncio.Future[tuple[int, bool]] | None = None
         self._up = asyncio.Event()
         self._lost = asyncio.Event()
@@ -157,7 +203,13 @@ class MqttTransport(Transport):
 
     def _readable(self, sock: Any) -> None:
         client = self._paho
-        client.loop_read()
+        # paho reads one packet per call: go on while each call yields a message (a control packet
+        # or an empty socket ends the burst), instead of one poll of the event loop per message.
+        for _ in range(READ_BURST):
+            before = self._received
+            client.loop_read()
+            if self._received == before or client.socket() is not sock:
+                break
         # An SSL socket may hold decrypted bytes the file descriptor no longer signals.
         pending = getattr(sock, "pending", None)
         while pending is not None and client.socket() is sock and pending() > 0:
@@ -182,6 +234,8 @@ class MqttTransport(Transport):
     def _on_connect(
         self, client: paho.Client, _ud: object, flags: Any, code: ReasonCode, _props: object
     ) -> None:
+        if code.value == 0:
+            self._connection += 1  # before any message this read holds after the CONNACK
         fut = self._connack
         if fut is not None and not fut.done():
             fut.set_result((code.value, bool(flags.session_present)))
@@ -191,6 +245,7 @@ class MqttTransport(Transport):
     ) -> None:
         self._up.clear()
         self._lost.set()
+        self._connection += 1  # acks of the lost connection are dropped from now on
         fut = self._connack
         if fut is not None and not fut.done():
             fut.set_result((-1, False))  # closed before the CONNACK
@@ -198,7 +253,12 @@ class MqttTransport(Transport):
 
     def _on_message(self, client: paho.Client, _ud: object, msg: paho.MQTTMessage) -> None:
         payload = msg.payload
-        self._inbox.put(Message(msg.topic, payload if type(payload) is bytes else bytes(payload), msg.retain))
+        data = payload if type(payload) is bytes else bytes(payload)
+        self._received += 1
+        if self.manual_ack:
+            self._inbox.put(Delivery(msg.topic, data, msg.retain, msg.mid, msg.qos, self._connection))
+        else:
+            self._inbox.put(Message(msg.topic, data, msg.retain))
 
     def _on_publish(self, client: paho.Client, _ud: object, mid: int, _code: object, _props: object) -> None:
         fut = self._acks.pop(mid, None)
@@ -208,17 +268,21 @@ class MqttTransport(Transport):
     def _on_subscribe(
         self, client: paho.Client, _ud: object, mid: int, codes: list[ReasonCode], _props: object
     ) -> None:
+        filters = self._subscribing.pop(mid, [])
         fut = self._acks.pop(mid, None)
         if fut is None or fut.done():
             return
-        refused = [c for c in codes if c.is_failure]
-        if refused:
-            code = refused[0].value
-            fut.set_exception(
-                BrokerRefusedError(self.url, self.client_id, code, f"subscription refused ({refused[0]})")
-            )
-        else:
+        failures = [c for c in codes if c.is_failure]
+        if not failures:
             fut.set_result(None)
+            return
+        refused = [pattern for (pattern, _), c in zip(filters, codes, strict=False) if c.is_failure]
+        what = (
+            "the subscription to " + ", ".join(map(repr, refused))
+            if refused
+            else f"a subscription ({failures[0]})"
+        )
+        fut.set_exception(BrokerRefusedError(self.url, self.client_id, failures[0].value, what))
 
     # connection management ----------------------------------------------------------------------------
     async def _attempt(self, first: bool) -> tuple[int, bool] | str:
@@ -230,6 +294,10 @@ class MqttTransport(Transport):
                 await asyncio.to_thread(self._paho.connect, self.host, self.port, self.keepalive)
             else:
                 await asyncio.to_thread(self._paho.reconnect)
+        except ssl.SSLCertVerificationError as exc:  # retrying cannot help
+            raise NlaggError(
+                f"broker {self.url}: its certificate does not verify ({exc.verify_message})"
+            ) from None
         except (OSError, ValueError) as exc:  # refused, unreachable, TLS handshake (ssl.SSLError)
             return str(exc) or type(exc).__name__
         sock = self._paho.socket()
@@ -243,8 +311,9 @@ class MqttTransport(Transport):
 
     async def _connect(self, first: bool) -> bool:
         """Connect, retrying with backoff; the session-present flag. Raises after ``reconnect_tries``."""
-        last = ""
+        last = self.last_failure = ""
         for attempt in range(self.reconnect_tries):
+            self.attempts = attempt + 1
             if attempt:
                 await asyncio.sleep(
                     jittered_backoff(attempt, self.backoff_base, self.backoff_max, self._jitter)
@@ -253,7 +322,7 @@ class MqttTransport(Transport):
                 raise NlaggError(f"transport {self.client_id!r} is closed")
             outcome = await self._attempt(first and attempt == 0)
             if isinstance(outcome, str):
-                last = outcome
+                last = self.last_failure = outcome
             else:
                 code, session_present = outcome
                 # paho may have read the close right after the CONNACK (the session taken over) in
@@ -263,7 +332,7 @@ class MqttTransport(Transport):
                     return session_present
                 if code in FATAL_CONNACK:
                     raise BrokerRefusedError(self.url, self.client_id, code, FATAL_CONNACK[code])
-                last = (
+                last = self.last_failure = (
                     "connection closed right after the CONNACK"
                     if code == 0
                     else f"CONNACK code {code}"
@@ -317,11 +386,17 @@ class MqttTransport(Transport):
         self._loop_thread = threading.get_ident()
         self._closing = False
         try:
-            await self._connect(first=True)
-        except NlaggError:
+            async with asyncio.timeout(self.connect_within):
+                await self._connect(first=True)
+        except (NlaggError, TimeoutError) as exc:
             self._closing = True
             self._paho.disconnect()
-            raise
+            if isinstance(exc, NlaggError):
+                raise
+            last = f"{self.last_failure}; " if self.last_failure else ""
+            raise BrokerUnreachableError(
+                self.url, self.attempts, f"{last}no connection within {self.connect_within:g} s"
+            ) from None
         self._supervisor = self._loop.create_task(self._supervise(), name=f"mqtt-{self.client_id}")
         self._misc = self._loop.create_task(self._tick())
 
@@ -375,22 +450,49 @@ class MqttTransport(Transport):
             return  # down: the reconnection subscribes them all again
         if rc != paho.MQTT_ERR_SUCCESS:
             raise NlaggError(f"subscribe to {self.url} failed: {paho.error_string(rc)}")
+        self._subscribing[mid] = filters
         try:
             async with asyncio.timeout(self.connect_timeout):
                 await self._ack_future(mid)
         except TimeoutError:
             self._acks.pop(mid, None)
+            self._subscribing.pop(mid, None)
             if self._up.is_set():
                 raise NlaggError(f"broker {self.url} did not acknowledge a subscription") from None
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None:
+        """Subscribe and wait for the SUBACK (again after every reconnection); a refusal names the filter."""
         for pattern in filters:
             if not valid_filter(pattern):
                 raise ConfigError("topic_filter", pattern, "not a valid MQTT topic filter")
+        if qos not in (0, 1):
+            raise ConfigError("qos", qos, "this client subscribes at QoS 0 or 1")
         self._check()
         added = [(pattern, qos) for pattern in filters]
         self._filters += added
-        await self._subscribe_all(added)
+        try:
+            await self._subscribe_all(added)
+        except BrokerRefusedError:
+            self._filters = [f for f in self._filters if f not in added]
+            raise
+
+    def ack(self, deliveries: Iterable[Message]) -> None:
+        """Acknowledge QoS 1 deliveries (``manual_ack``), once they are committed; those of an
+        earlier connection are dropped (the broker resends them on this one)."""
+        number = self._connection
+        client = self._paho
+        for d in deliveries:
+            if isinstance(d, Delivery) and d.qos > 0 and d.connection == number:
+                client.ack(d.mid, d.qos)
+                self.acked += 1
+
+    def backlog(self) -> int:
+        """Messages received but not yet taken by :meth:`messages`."""
+        return len(self._inbox)
+
+    def lost_sessions(self) -> int:
+        """Reconnections that found no session (a broker crash): what it had queued is gone."""
+        return self.session_losses
 
     def messages(self) -> AsyncIterator[Message]:
         """Every received message; survives reconnections; ends when the transport is closed."""
@@ -414,13 +516,13 @@ class MqttTransport(Transport):
             self._lost.clear()
             self._paho.disconnect()  # queued after what is not written yet; paho closes once it is
             try:
-                async with asyncio.timeout(self.close_timeout):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
                     await self._lost.wait()
             except TimeoutError:
                 log.warning(
                     "disconnect from %s: no clean close within %g s; the broker will publish the last will",
                     self.url,
-                    self.close_timeout,
+                    CLOSE_TIMEOUT,
                 )
         self._up.clear()
         self._inbox.wake()
@@ -437,3 +539,28 @@ class MqttTransport(Transport):
             self._loop.remove_writer(sock)
             sock.close()
         self._inbox.wake()
+
+
+async def accepts_anonymous(url: str, *, tls: TlsSettings | None = None, within: float = 5.0) -> bool | None:
+    """Whether the broker lets a client in without a user name (None: it could not be asked).
+
+    One clean-session CONNECT without credentials, then DISCONNECT. A broker that says yes has no
+    per-user ACL for that client: anyone reaching it can publish as any node.
+    """
+    probe = MqttTransport(
+        url,
+        client_id=f"nlagg-probe-{rng_for(None).integers(1 << 62):x}",
+        clean_session=True,
+        reconnect_tries=1,
+        tls=tls if broker_endpoint(url).tls else None,
+        connect_timeout=within,
+        connect_within=within,
+    )
+    try:
+        await probe.connect()
+    except BrokerRefusedError as exc:
+        return False if exc.code in NOT_AUTHORIZED else None
+    except NlaggError:
+        return None
+    await probe.close()
+    return True

@@ -1,8 +1,7 @@
 """CONNACK refusals, the reconnection backoff and plain broker URLs of the MQTT adapter.
 
-Kept apart from :mod:`~nlagg_node.runtime.mqtt` (the adapter itself) so that clients with their
-own MQTT codec (the eavesdropper's capture) share the same rules. URLs and TLS settings are
-:mod:`~nlagg_node.runtime.tls`'s.
+Kept apart from :mod:`~nlagg_node.runtime.mqtt` (the adapter itself): the settings need no paho.
+URLs and TLS settings are :mod:`~nlagg_node.runtime.tls`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import numpy as np
 from ..errors import BrokerRefusedError, ConfigError
 from .tls import broker_endpoint
 
-__all__ = ["FATAL_CONNACK", "BrokerRefusedError", "jittered_backoff", "parse_broker_url"]
+__all__ = ["FATAL_CONNACK", "NOT_AUTHORIZED", "BrokerRefusedError", "jittered_backoff", "parse_broker_url"]
 
 # CONNACK refusals that no retry can fix (MQTT 3.1.1 return codes 1, 2, 4, 5 as paho's reason codes).
 FATAL_CONNACK = {
@@ -21,6 +20,7 @@ FATAL_CONNACK = {
     134: "bad user name or password",
     135: "not authorized",
 }
+NOT_AUTHORIZED = (134, 135)  # the refusals of a client without (valid) credentials
 
 
 def jittered_backoff(attempt: int, base: float, maximum: float, rng: np.random.Generator) -> float:

@@ -1,7 +1,7 @@
 """The small interfaces a node and a capture talk through, the inbox of their readers, MQTT topic filters.
 
-:class:`Subscriber` receives (the eavesdropper's capture needs no more); :class:`Transport` also
-publishes. Two transports: :class:`~nlagg_node.runtime.mqtt.MqttTransport` (the MQTT adapter, paho,
+:class:`Subscriber` receives (all the eavesdropper's capture reads through); :class:`Transport`
+also publishes. Two transports: :class:`~nlagg_node.runtime.mqtt.MqttTransport` (the MQTT adapter, paho,
 any MQTT 3.1.1 broker) and :class:`~nlagg_node.runtime.memory.MemoryTransport` (an in-process
 broker for tests). Every reader hands its messages to its one consumer through an :class:`Inbox`.
 Topic matching is paho's :func:`~paho.mqtt.client.topic_matches_sub`.

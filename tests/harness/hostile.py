@@ -25,15 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
-from adversary.capture.mqtt_codec import (
-    CONNACK,
-    DISCONNECT_FRAME,
-    decode_connack,
-    encode_connect,
-)
 from nlagg_node.runtime.tls import broker_endpoint
 from nlagg_node.runtime.wire import topics
-from tests.harness.mqtt_frames import publish_frame
+from tests.harness.mqtt_frames import CONNACK, DISCONNECT_FRAME, connack_code, connect_frame, publish_frame
 
 if TYPE_CHECKING:
     from tests.harness.planbed import PlanBed
@@ -93,12 +87,12 @@ class Intruder:
         endpoint = broker_endpoint(self.url)
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
         try:
-            connect = encode_connect(client_id, keepalive=0, username=self.username, password=self.password)
+            connect = connect_frame(client_id, username=self.username, password=self.password)
             writer.write(connect + b"".join(frames) if eager else connect)
             head = await reader.readexactly(2)
             body = await reader.readexactly(head[1])
             assert head[0] >> 4 == CONNACK, head
-            assert decode_connack(body)[1] == 0, "the broker refused the intruder's credentials"
+            assert connack_code(body) == 0, "the broker refused the intruder's credentials"
             if not eager:
                 writer.write(b"".join(frames))
             await writer.drain()
@@ -148,7 +142,7 @@ class Intruder:
         frames.append(
             publish_frame(x, _x(self.node, self.t_total + 5, 42.0, self.phase_at(self.t_total - 1)))
         )
-        await self._session(f"intruder-{self.node}", frames)
+        await self.send(frames)  # with the CONNECT: the node taking its session back cannot cut them off
         if big_payloads:
             for size in (10 << 20, 100 << 20):
                 await self._session(f"intruder-{self.node}", [publish_frame(x, b"9" * size)])

@@ -1,5 +1,5 @@
-"""The capture client, AckingSubscriber, on a scripted server and on Mosquitto (its frame codec:
-tests/unit/test_mqtt_codec.py)."""
+"""The capture's client (the MQTT adapter with ``manual_ack``: ack after commit, acks bound to their
+connection, persistent session, refusals, keepalive) on a scripted server and on Mosquitto."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ from typing import Any, Self
 
 import pytest
 
-from adversary.capture import AckingSubscriber
-from adversary.capture.mqtt_codec import FrameReader, encode_frame
-from adversary.capture.subscriber import Delivery
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.runtime.brokers import free_port, start_mosquitto
-from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.transport import Subscriber, Transport
-from tests.harness.mqtt_frames import publish_frame
-
-CONNECT, PUBLISH, PUBACK, SUBSCRIBE, PINGREQ, DISCONNECT = 1, 3, 4, 8, 12, 14
+from nlagg_node.runtime.mqtt import Delivery, MqttTransport
+from nlagg_node.runtime.transport import Subscriber
+from tests.harness.mqtt_frames import (
+    CONNECT,
+    DISCONNECT,
+    PINGREQ,
+    SUBSCRIBE,
+    FrameSplitter,
+    encode_frame,
+    publish_frame,
+)
 
 
 # A scripted server ---------------------------------------------------------------------------------
@@ -31,7 +34,7 @@ class FakeConnection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.frames: list[tuple[int, bytes]] = []
-        self._parser = FrameReader()
+        self._parser = FrameSplitter()
         self._unread: list[tuple[int, bytes]] = []
 
     async def next_frame(self) -> tuple[int, bytes] | None:
@@ -108,7 +111,7 @@ class FakeBroker:
         writer.close()
 
 
-async def take(sub: AckingSubscriber, count: int, within: float = 10.0) -> list[Delivery]:
+async def take(sub: MqttTransport, count: int, within: float = 10.0) -> list[Delivery]:
     got: list[Delivery] = []
     async with asyncio.timeout(within):
         async for msg in sub.messages():
@@ -127,20 +130,13 @@ async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
     pytest.fail(f"not true within {within} s")
 
 
-def spy(url: str, **kwargs: Any) -> AckingSubscriber:
-    return AckingSubscriber(url, client_id="spy", backoff_base=0.01, backoff_max=0.05, **kwargs)
+def spy(url: str, **kwargs: Any) -> MqttTransport:
+    """The capture's client as ``CaptureSession.subscriber`` makes it, with a short backoff."""
+    return MqttTransport(url, client_id="spy", manual_ack=True, backoff_base=0.01, backoff_max=0.05, **kwargs)
 
 
 @pytest.mark.parametrize(
-    "malformed",
-    [
-        b"\x30\xff\xff\xff\xff\x01",
-        b"\x00\x00",
-        publish_frame("a/3", b"three", qos=2, mid=3),
-        b"\x62\x02\x00\x01",
-        b"\x20\x02\x00\x00",
-    ],
-    ids=["length-5-bytes", "unknown-type", "qos-2-publish", "unexpected-pubrel", "second-connack"],
+    "malformed", [b"\x30\xff\xff\xff\xff\x01", b"\x00\x00"], ids=["length-5-bytes", "unknown-type"]
 )
 async def test_malformed_frame_drops_the_connection_and_acks_stay_with_their_connection(
     malformed: bytes,
@@ -165,45 +161,46 @@ async def test_malformed_frame_drops_the_connection_and_acks_stay_with_their_con
             sub.ack(got)  # the first is from the dropped connection: not sent into the new one
             assert sub.reconnects == 1
         await eventually(lambda: DISCONNECT in broker.connections[1].kinds())
-    assert [(d.topic, d.payload, d.qos, d.mid, d.connection) for d in got] == [
-        ("a/1", b"one", 1, 1, 1),
-        ("a/1", b"one", 1, 1, 2),
-        ("a/2", b"two", 1, 2, 2),
-        ("a/q0", b"q0", 0, 0, 2),
+    assert [(d.topic, d.payload, d.qos, d.mid) for d in got] == [
+        ("a/1", b"one", 1, 1),
+        ("a/1", b"one", 1, 1),
+        ("a/2", b"two", 1, 2),
+        ("a/q0", b"q0", 0, 0),
     ]
+    old, new = got[0].connection, got[1].connection
+    assert old != new
+    assert [d.connection for d in got[1:]] == [new] * 3
     assert sub.acked == 2
     assert broker.connections[0].kinds() == [CONNECT, SUBSCRIBE]
     assert broker.connections[1].frames[2:] == [(0x40, b"\x00\x01"), (0x40, b"\x00\x02"), (0xE0, b"")]
 
 
-@pytest.mark.parametrize(
-    ("code", "reason"),
-    [(1, "unacceptable protocol version"), (2, "identifier rejected"), (3, "server unavailable")],
-    ids=["protocol-version", "identifier-rejected", "server-unavailable"],
-)
-async def test_transient_connack_refusals_are_retried(
-    code: int, reason: str, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_an_unavailable_server_is_retried(caplog: pytest.LogCaptureFixture) -> None:
     async def refuse(conn: FakeConnection) -> None:
-        await conn.accept(code=code)
+        await conn.accept(code=3)
 
     async def accept(conn: FakeConnection) -> None:
         await conn.accept()
         await conn.until_closed()
 
-    caplog.set_level(logging.WARNING, logger="nlagg.capture")
+    caplog.set_level(logging.INFO, logger="nlagg.mqtt")
     async with FakeBroker(refuse, refuse, accept) as broker, spy(broker.url) as sub:
         assert len(broker.connections) == 3
         assert sub.reconnects == 0
-    assert caplog.text.count(f"refused client 'spy': {reason}; retrying") == 2
+    assert caplog.text.count("failed (CONNACK code 136); retrying") == 2  # 3.1.1's 3 as paho's reason code
 
 
 @pytest.mark.parametrize(
     ("code", "reason"),
-    [(4, "bad user name or password"), (5, "not authorized")],
-    ids=["bad-credentials", "not-authorized"],
+    [
+        (1, "unsupported protocol version"),
+        (2, "client identifier not valid"),
+        (4, "bad user name or password"),
+        (5, "not authorized"),
+    ],
+    ids=["protocol-version", "identifier-rejected", "bad-credentials", "not-authorized"],
 )
-async def test_credential_refusals_are_fatal_at_connect_and_later(code: int, reason: str) -> None:
+async def test_refusals_no_retry_can_fix_are_fatal_at_connect_and_later(code: int, reason: str) -> None:
     async def refuse(conn: FakeConnection) -> None:
         await conn.accept(code=code)
 
@@ -214,14 +211,15 @@ async def test_credential_refusals_are_fatal_at_connect_and_later(code: int, rea
         expected = re.escape(f"broker {broker.url} refused client 'spy': {reason}")
         with pytest.raises(NlaggError, match=expected):
             await spy(broker.url).connect()
-        assert len(broker.connections) == 1
+        retried = int(code == 1)  # refused the protocol version, paho tries MQTT 3.1 once (and only once)
+        assert len(broker.connections) == 1 + retried
     async with FakeBroker(accept_then_close, refuse) as broker:
         async with spy(broker.url) as sub:
             with pytest.raises(
                 NlaggError, match=re.escape(f"broker {broker.url} refused client 'spy': {reason}")
             ):
                 await take(sub, 1)
-        assert len(broker.connections) == 2
+        assert len(broker.connections) == 2 + retried
 
 
 async def test_missing_pingresp_drops_and_reconnects() -> None:
@@ -270,9 +268,8 @@ async def test_bad_use_is_refused_with_the_field_named() -> None:
     with pytest.raises(ConfigError, match="qos=2"):
         await sub.subscribe("a/#", qos=2)
     assert isinstance(sub, Subscriber)
-    assert not isinstance(sub, Transport)  # subscribe-only: it has no publish at all
     with pytest.raises(ConfigError, match="client_id=''"):
-        AckingSubscriber("mqtt://127.0.0.1:1", client_id="")
+        MqttTransport("mqtt://127.0.0.1:1", client_id="", manual_ack=True)
 
 
 # Against Mosquitto -----------------------------------------------------------------------------------

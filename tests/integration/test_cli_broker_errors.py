@@ -3,6 +3,7 @@ in-process: tests/unit/test_cli_sim.py)."""
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tests.harness.cli import run_cli
     [
         (
             ["eavesdrop", "--run-id", "r", "--timeout", "1"],
-            "no connection to broker {url} within 1 s (last attempt:",
+            "cannot connect to broker {url} after [0-9]+ tries: .*; no connection within 1 s$",
         ),
         (["node", "--id", "0", "--value", "0.5"], "cannot connect to broker {url} after 10 tries: "),
     ],
@@ -42,4 +43,4 @@ def test_an_unreachable_broker_is_one_line_naming_it(
     assert code == 1
     (line,) = err.strip().splitlines()
     assert line.startswith("nlagg: error: ")
-    assert expected.format(url=url) in line
+    assert re.search(expected.format(url=re.escape(url)), line), line

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import asyncio
 
-from adversary.capture.mqtt_codec import (
+from nlagg_node.runtime.mqtt import MqttTransport
+from tests.harness.mqtt_frames import (
     CONNECT,
     DISCONNECT,
     PINGREQ,
     PUBLISH,
     SUBSCRIBE,
-    FrameReader,
+    FrameSplitter,
     decode_publish,
-    encode_pubacks,
+    puback_frame,
 )
-from nlagg_node.runtime.mqtt import MqttTransport
 
 CONNACK_PRESENT = b"\x20\x02\x01\x00"  # session present, accepted
 
@@ -36,7 +36,7 @@ async def test_a_connection_closed_right_after_its_connack_is_made_again() -> No
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         k = len(connections)
         connections.append(writer)
-        frames = FrameReader()
+        frames = FrameSplitter()
         try:
             while data := await reader.read(1 << 16):
                 for first, body in frames.feed(data):
@@ -50,7 +50,7 @@ async def test_a_connection_closed_right_after_its_connack_is_made_again() -> No
                     elif kind == PUBLISH:
                         pub = decode_publish(first, body)
                         if pub.qos:
-                            writer.write(encode_pubacks([pub.packet_id]))
+                            writer.write(puback_frame(pub.packet_id))
                         received.put_nowait(pub.payload)
                     elif kind == PINGREQ:
                         writer.write(b"\xd0\x00")

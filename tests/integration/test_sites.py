@@ -28,7 +28,6 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from paho.mqtt.enums import CallbackAPIVersion
 
-from adversary.capture import AckingSubscriber
 from adversary.capture.eavesdropper import Eavesdropper
 from adversary.capture.merged import MergedSubscriber
 from adversary.transcript import Transcript
@@ -513,7 +512,7 @@ async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_ord
         return t.x(i), encode_x(i, step, phase, 1.0 + i)
 
     async with start_mosquitto() as a, start_mosquitto() as b:
-        subs = [AckingSubscriber(h.url, client_id="eve", connect_timeout=10) for h in (a, b)]
+        subs = [MqttTransport(h.url, client_id="eve", manual_ack=True, connect_within=10) for h in (a, b)]
         with Transcript(tmp_path / "t.sqlite", run_id="two") as transcript:
             async with (
                 MergedSubscriber(subs) as merged,

@@ -1,4 +1,5 @@
-"""TLS with a plan's generated CA on a real Mosquitto: the capture client over mqtts://, refusals, probes."""
+"""TLS with a plan's generated CA on a real Mosquitto: the capture's client (manual acks) over mqtts://,
+refusals, probes."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from adversary.capture import AckingSubscriber, accepts_anonymous
 from adversary.capture.eavesdropper import ANONYMOUS_WARNING, run_eavesdropper
 from adversary.capture.session import CaptureSession
 from adversary.transcript import Transcript
@@ -26,6 +26,7 @@ from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, NlaggError
 from nlagg_node.runtime.brokers import free_port, start_mosquitto
+from nlagg_node.runtime.mqtt import MqttTransport, accepts_anonymous
 from nlagg_node.runtime.tls import TlsSettings
 from tests.harness.planbed import PlanBed
 from tests.harness.sniff import sniffing
@@ -95,9 +96,10 @@ def _publish_tls(broker: TlsBroker, topic: str, payload: bytes) -> None:
 
 async def test_capture_client_receives_over_tls(tls_broker: TlsBroker) -> None:
     topic = f"nlagg/{RUN}/node/0/x"
-    async with AckingSubscriber(
+    async with MqttTransport(
         tls_broker.url,
         client_id="eaves",
+        manual_ack=True,
         username="eavesdropper",
         password=tls_broker.password("eavesdropper"),
         tls=TlsSettings(ca_file=tls_broker.ca),
@@ -118,9 +120,10 @@ async def test_a_broker_the_ca_does_not_vouch_for_is_refused_at_once(
 
     other = tmp_path / "other-ca.pem"
     other.write_bytes(new_ca("someone-else").pair.cert_pem)
-    sub = AckingSubscriber(
+    sub = MqttTransport(
         tls_broker.url,
         client_id="eaves",
+        manual_ack=True,
         username="eavesdropper",
         password=tls_broker.password("eavesdropper"),
         tls=TlsSettings(ca_file=other),
@@ -178,8 +181,8 @@ async def test_eavesdropper_warns_at_start_when_the_broker_admits_anonymous_clie
 def test_tls_files_need_an_mqtts_url(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("")
-    with pytest.raises(ConfigError, match="use mqtts://"):
-        AckingSubscriber("mqtt://localhost:1883", client_id="x", tls=TlsSettings(ca_file=ca))
+    with pytest.raises(ConfigError, match="need an mqtts://"):
+        MqttTransport("mqtt://localhost:1883", client_id="x", manual_ack=True, tls=TlsSettings(ca_file=ca))
     with pytest.raises(ConfigError, match="ca_file"):
         TlsSettings(ca_file=tmp_path / "missing.pem")
 
