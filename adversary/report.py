@@ -220,6 +220,9 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"
     summary_path = run_dir / "summary.json"
+    if not run_dir.is_dir():
+        why = "is a file, not a run directory" if run_dir.exists() else "no such directory"
+        raise ConfigError("run_dir", str(run_dir), f"{why} (expected the --out of nlagg testbed)")
     for p in (transcript, summary_path):
         if not p.is_file():
             raise ConfigError("run_dir", str(run_dir), f"missing {p.name} (expected nlagg testbed --out)")

@@ -576,11 +576,17 @@ async def run_eavesdropper(
         elif not live:
             console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
 
-    transcript = Transcript(db, run_id=run_id, prefix=session.prefix)
+    def open_transcript() -> Transcript:
+        return Transcript(db, run_id=run_id, prefix=session.prefix)
+
+    # An existing transcript is checked (and continued) before connecting; a new one is created only
+    # once the broker answered, so a capture that never connects leaves nothing behind.
+    transcript = open_transcript() if await asyncio.to_thread(Path(db).exists) else None
     try:
         await _warn_if_anonymous(brokers, session.tls, events)
         subscribers = [session.subscriber(url, f"nlagg-{run_id}-eavesdropper") for url in brokers]
         async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
+            transcript = transcript or open_transcript()
             eaves = Eavesdropper(
                 source, transcript, on_exposure=report, config=config, reorder=broker_cluster
             )
@@ -598,6 +604,7 @@ async def run_eavesdropper(
             if not done and not events:
                 console.print(f"stopped after {stop_after:g} s")
     finally:
-        transcript.close()
+        if transcript is not None:
+            transcript.close()
     _summarize(eaves, db, events, console)
     return eaves

@@ -520,7 +520,10 @@ async def run_epoch_eavesdropper(
         raise ConfigError("broker", brokers, "give at least one broker")
     console = Console()
     live, events, stop_after = session.shows_live, session.events, session.stop_after
-    store = EpochStore(folder, session.prefix, run_id)
+    # As a single run's transcript: an existing store is checked before connecting, a new one created
+    # only once the broker answered (nothing left behind by a capture that never connects).
+    existing = await asyncio.to_thread(Path(folder).exists)
+    store = EpochStore(folder, session.prefix, run_id) if existing else None
     try:
         for url in brokers:
             if await accepts_anonymous(url, tls=session.tls):
@@ -529,6 +532,7 @@ async def run_epoch_eavesdropper(
                 log.warning(ANONYMOUS_WARNING, url)
         subscribers = [session.subscriber(url, f"nlagg-{run_id}-epochs-eavesdropper") for url in brokers]
         async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
+            store = store or EpochStore(folder, session.prefix, run_id)
             capture = EpochCapture(
                 source,
                 store,
@@ -550,7 +554,8 @@ async def run_epoch_eavesdropper(
             else:
                 await _until_done(capture, task, stop_after, None)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     with EpochStore(folder, read_only=True) as done:
         closed = [r.epoch for r in done.epochs() if r.state != "open"]
     if events:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -75,6 +75,8 @@ def exit_on_error() -> Iterator[None]:
         exit_interrupted(exc)  # one line (the command's clean-up has run) and exit 128 + signal
     except ConfigError as exc:
         _fail(str(exc), 2)
+    except typer.TyperException as exc:  # what click and typer refuse while parsing the command line
+        _click_error(exc)
     except NlaggError as exc:
         _fail(str(exc), 1)
     except OSError as exc:
@@ -83,6 +85,70 @@ def exit_on_error() -> Iterator[None]:
         _fail(f"input is not UTF-8 text ({exc.reason} at byte {exc.start})", 2)
     except sqlite3.Error as exc:
         _fail(f"SQLite: {exc}", 2)
+
+
+def _click_error(exc: typer.TyperException) -> None:
+    """A command-line error of click or typer in the project's one line (their usage block is the help's)."""
+    from typer._click.exceptions import NoArgsIsHelpError  # typer 0.29 vendors click: no public name
+
+    if isinstance(exc, NoArgsIsHelpError):  # ``nlagg deploy``: its help, as in standalone mode
+        exc.show()
+        sys.exit(exc.exit_code)
+    _fail(click_error_line(exc), exc.exit_code)
+
+
+_PYDANTIC_WHY = {
+    "int_parsing": "expected an integer",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false",
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+}
+
+
+def _pydantic_why(error: Any) -> str:
+    why = _PYDANTIC_WHY.get(error.get("type", ""))
+    return why.format(**error.get("ctx", {})) if why is not None else str(error.get("msg", ""))
+
+
+def click_error_line(exc: typer.TyperException) -> str:
+    """``FIELD=VALUE: why`` for a bad value of an option or argument, else click's message.
+
+    The value is the one typed (pydantic's validation error, which typer raises from, holds it).
+    """
+    from typer._click.exceptions import MissingParameter
+
+    param = getattr(exc, "param", None)
+    if param is None or param.name is None:
+        ctx = getattr(exc, "ctx", None)
+        where = f" of {ctx.command_path}" if ctx is not None else ""
+        option = getattr(exc, "option_name", None)
+        if option is not None and "no such option" in exc.format_message().lower():
+            return f"option={option!r}: no such option{where}" + _possible(exc)
+        return exc.format_message()
+    flag = param.opts[0] if param.opts else param.name.upper()
+    if isinstance(exc, MissingParameter):
+        return f"{param.name}: missing; give {flag}"
+    from pydantic import ValidationError  # loaded by typer already, to parse the value
+
+    cause = exc.__cause__
+    errors = cause.errors() if isinstance(cause, ValidationError) else []
+    if not errors:
+        return f"{param.name}: {exc.message}"
+    first = errors[0]
+    value = first.get("input")
+    why = _pydantic_why(first) or exc.message
+    why = why[0].lower() + why[1:]
+    if isinstance(value, str) and value.startswith("-") and param.nargs > 1:
+        metavar = param.metavar or param.name.upper()
+        why = f"takes {param.nargs} values ({metavar}), and {value} is the next option: give them before it"
+    return f"{param.name}={value!r}: {why}"
+
+
+def _possible(exc: typer.TyperException) -> str:
+    near = sorted(getattr(exc, "possibilities", None) or ())
+    return f" (did you mean {', '.join(near)}?)" if near else ""
 
 
 def _fail(line: str, code: int) -> None:

@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from ..options import QUIET_HELP
 from ._app import TRANSCRIPT_HELP, ForceOpt, QuietOpt, app, claim_out
+from ._command import NlaggCommand
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def attack(
     transcript: Annotated[
         Path,
@@ -154,7 +154,7 @@ def attack_store(folder: Path, drift: float | None, as_json: bool) -> None:
     console.print(f"exposed in at least one epoch: {sorted(report.cumulative) or 'none'}")
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def experiment(
     name: Annotated[
         str,
@@ -169,7 +169,7 @@ def experiment(
     ),
     force: ForceOpt = False,
     seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
-    quiet: Annotated[bool, typer.Option(help=QUIET_HELP)] = False,
+    quiet: QuietOpt = False,
     bootstrap: Annotated[int, typer.Option(help="subsamples (80% of trials) for 90% NMI bands")] = 0,
 ) -> None:
     """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""
@@ -203,7 +203,7 @@ def experiment(
         )
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def report(
     run_dir: Annotated[
         Path, typer.Argument(metavar="RUN_DIR", help="directory written by nlagg testbed --out")
@@ -213,6 +213,7 @@ def report(
         typer.Option(help="directory for report.html, .png, .pdf, .json [default: the run directory]"),
     ] = None,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Turn one testbed run into a page: trajectories, what the adversary learned when, the ideal bound."""
     from adversary.report import render_testbed_report
@@ -220,11 +221,13 @@ def report(
     target = out if out is not None else run_dir
     if run_dir.is_dir():
         claim_out(target, [f"report.{ext}" for ext in ("html", "png", "pdf", "json")], force=force)
+        if not quiet:  # replaying and drawing a long run takes a while: say what is going on
+            print(f"nlagg: report: replaying {run_dir / 'transcript.sqlite'} and drawing", file=sys.stderr)
     page = render_testbed_report(run_dir, out)
     print(f"wrote {page}")
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def dashboard(
     transcript: Annotated[
         Path,

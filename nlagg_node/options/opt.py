@@ -9,25 +9,37 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
+from ..defaults import OPERATOR_DEFAULTS, OPERATORS, RUN_DEFAULTS
 
 __all__ = [
     "ADVERSARY",
     "EPOCHS",
     "GRAPH",
+    "GRAPHS",
+    "INITS",
     "NETWORK",
+    "OPERATORS",
     "OUTPUT",
     "PANELS",
     "PROTOCOL",
     "RUN",
     "STOPPING",
+    "STOP_RULES",
     "VALUES",
+    "VALUE_DISTRIBUTIONS",
     "Opt",
     "flag_of",
     "op_defaults",
     "option_fields",
     "to_argv",
 ]
+
+GRAPHS = ("rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file")
+INITS = ("none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior")
+STOP_RULES = ("certificate", "tolerance")
+VALUE_DISTRIBUTIONS = ("normal", "uniform", "uniform-range", "bimodal")
+"""The values of ``--graph``, ``--init``, ``--stop-rule`` and ``--values`` (the shell completes them;
+a test keeps them equal to :mod:`nlagg_node.config`'s literals). ``--op``: :data:`OPERATORS`."""
 
 RUN = "Run"
 GRAPH = "Graph"
@@ -49,7 +61,8 @@ class Opt:
     ``flags``: the option's declarations (``"--early-stop/--no-early-stop"``, ``"--json"``); empty =
     ``--field-name`` (``--x/--no-x`` for a bool). ``always``: :func:`to_argv` writes it even at its
     default. ``min``: the least number it takes (the command line refuses less, naming the option).
-    ``metavar``: how the help shows its value (default: from the type).
+    ``metavar``: how the help shows its value (default: from the type). ``choices``: the values the
+    shell completes (the option's validation stays with its field in :class:`~nlagg_node.config.RunConfig`).
     """
 
     help: str
@@ -58,6 +71,7 @@ class Opt:
     always: bool = False
     min: float | None = None
     metavar: str | None = None
+    choices: tuple[str, ...] = ()
 
 
 CA_OPT = Opt("mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)", NETWORK)
@@ -92,7 +106,9 @@ CORRUPT_HELP = (
 CORRUPT_COUNT_HELP = "corrupt the first K nodes (0..K-1), K >= 1; instead of --corrupt"
 FORCE_HELP = "let --out replace the files of an earlier run (refused otherwise)"
 VERBOSE_HELP = "log the protocol's progress to stderr"
-QUIET_HELP = "print only the final result and errors (no progress, notes or warnings)"
+QUIET_HELP = (
+    "print only the final result and errors: no progress or notes (warnings about privacy still print)"
+)
 
 
 CONFIG_OPT = Opt("TOML run config ([run] table or top level); flags override it", RUN)

@@ -16,14 +16,19 @@ from .opt import (
     DEPART_HELP,
     FORCE_OPT,
     GRAPH,
+    GRAPHS,
+    INITS,
     JSON_OPT,
     NETWORK,
+    OPERATORS,
     OUTPUT,
     PROTOCOL,
     QUIET_OPT,
     RUN,
+    STOP_RULES,
     STOPPING,
     VALUE_CMD_OPT,
+    VALUE_DISTRIBUTIONS,
     VALUE_FILE_OPT,
     VALUE_OPT,
     VALUES,
@@ -48,6 +53,27 @@ __all__ = [
 ]
 
 
+CONFLICTS = (
+    ("graph", "graph_file", lambda graph: graph != "file"),
+    ("values", "values_file", lambda _: True),
+    ("corrupt", "corrupt_count", lambda spec: spec.strip() not in ("", "none")),
+)
+"""Options that exclude each other: (first, second, whether a first's value given excludes the second)
+(``--graph file --graph-file F`` says the same thing twice; ``--graph ring --graph-file F`` does not)."""
+
+
+def refuse_conflicts(opts: object) -> None:
+    """Refuse two options that contradict each other, naming both (not the one that would win)."""
+    from ..errors import ConfigError
+
+    for first, second, excludes in CONFLICTS:
+        a, b = getattr(opts, first, None), getattr(opts, second, None)
+        if a is not None and b is not None and excludes(a):
+            flag_a, flag_b = (f"--{name.replace('_', '-')}" for name in (first, second))
+            why = f"contradicts {flag_b}={str(b)!r}: give one of {flag_a} and {flag_b}"
+            raise ConfigError(first, a, why)
+
+
 # Fields shared by several option classes --------------------------------------------------------
 
 
@@ -57,11 +83,20 @@ class ModelOptions:
 
     op: Annotated[
         str | None,
-        Opt("max, min, topk, median, quantile, trimmed-mean or average" + default_of("op"), PROTOCOL),
+        Opt(
+            "max, min, topk, median, quantile, trimmed-mean or average" + default_of("op"),
+            PROTOCOL,
+            choices=OPERATORS,
+        ),
     ] = None
     n: Annotated[int | None, Opt("number of nodes" + default_of("n"), GRAPH)] = None
     graph: Annotated[
-        str | None, Opt("rgg, ring, complete, grid, erdos-renyi, star or file" + default_of("graph"), GRAPH)
+        str | None,
+        Opt(
+            "rgg, ring, complete, grid, erdos-renyi, star or file" + default_of("graph"),
+            GRAPH,
+            choices=GRAPHS,
+        ),
     ] = None
     graph_file: Annotated[
         Path | None, Opt("edge list (CSV 'i,j' lines or JSON); implies --graph file", GRAPH)
@@ -88,6 +123,7 @@ class ModelOptions:
             "private values drawn from: normal, uniform, uniform-range or bimodal"
             " [default: uniform-range with --value-range, else normal]",
             VALUES,
+            choices=VALUE_DISTRIBUTIONS,
         ),
     ] = None
     value_range: Annotated[
@@ -132,6 +168,7 @@ class ModelOptions:
             " every node, which outputs it exactly; tolerance waits until every x stays within"
             " --tolerance (docs/protocol.md) [default: certificate for max and min, else tolerance]",
             STOPPING,
+            choices=STOP_RULES,
         ),
     ] = None
     tolerance: Annotated[
@@ -149,6 +186,7 @@ class ModelOptions:
         ``fixed``; ``--graph-file`` alone implies ``--graph file``."""
         from ..config import RunConfig, load_config
 
+        refuse_conflicts(self)
         flags = {f: getattr(self, f) for f in option_fields(type(self)) if f in RunConfig.model_fields}
         if self.graph_file is not None and self.graph is None:
             flags["graph"] = "file"
@@ -201,6 +239,7 @@ class RunOptions(ModelOptions):
             "dual initialization: none, dp-gauss, dp-laplace, proposed, symmetric, from-above,"
             " from-below or prior" + default_of("init"),
             PROTOCOL,
+            choices=INITS,
         ),
     ] = None
     sigma_z: Annotated[float | None, Opt(f"std of z^(0) [default: {op_defaults('sigma_z')}]", PROTOCOL)] = (
