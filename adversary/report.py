@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,11 +211,17 @@ def _departures_html(departed: dict[int, int], summary: dict[str, Any]) -> str:
     return "".join(parts) + "</p>"
 
 
-def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
+def render_testbed_report(
+    run_dir: Path, out: Path | None = None, say: Callable[[str], None] | None = None
+) -> Path:
+    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path.
+
+    ``say`` hears one line once the run's files are checked, before the replay (which takes a while).
+    """
     from .attack import attack_transcript
     from .reporting.plots import draw_testbed, params_line
     from .transcript.arrays import load_transcript_arrays
+    from .transcript.writer import Transcript
 
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"
@@ -234,6 +240,9 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         raise ConfigError("summary", str(summary_path), why)
     out = run_dir if out is None else Path(out)
     make_output_dir(out, "out")
+    Transcript.open_read_only(transcript).close()  # a file that is no transcript is refused at once
+    if say is not None:
+        say(f"replaying {transcript} and drawing the report")
     report = attack_transcript(transcript, truth=summary_path)
     data = load_transcript_arrays(transcript)
     cfg = data["cfg"]

@@ -221,9 +221,12 @@ def report(
     target = out if out is not None else run_dir
     if run_dir.is_dir():
         claim_out(target, [f"report.{ext}" for ext in ("html", "png", "pdf", "json")], force=force)
-        if not quiet:  # replaying and drawing a long run takes a while: say what is going on
-            print(f"nlagg: report: replaying {run_dir / 'transcript.sqlite'} and drawing", file=sys.stderr)
-    page = render_testbed_report(run_dir, out)
+
+    def say(line: str) -> None:  # replaying and drawing a long run takes a while
+        if not quiet:
+            print(f"nlagg: report: {line}", file=sys.stderr, flush=True)
+
+    page = render_testbed_report(run_dir, out, say)
     print(f"wrote {page}")
 
 

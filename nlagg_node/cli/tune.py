@@ -38,6 +38,10 @@ def tune(opts: TuneOptions) -> None:
         seed=opts.seed,
     )
     grid = candidate_settings(base, opts.budget)
+    if base.graph_file is not None:  # a bad edge list is refused before the search starts
+        from ..graphs import load_edge_list
+
+        load_edge_list(base.graph_file, base.n)
     if not opts.quiet and not sys.stderr.isatty():  # a log gets one line; a terminal the bar
         print(f"nlagg: tune: {len(grid)} settings x {opts.trials} trials", file=sys.stderr, flush=True)
     result = _with_progress(

@@ -142,15 +142,22 @@ def _stop(seen: list[str], capsys: pytest.CaptureFixture[str]) -> Any:
     return long_work
 
 
+def _run_dir(folder: Path) -> None:
+    """A testbed's --out as ``nlagg report`` reads it: a transcript and its summary."""
+    from adversary.simulated import simulate_transcript
+    from nlagg_node.config import RunConfig
+
+    simulate_transcript(RunConfig(n=4, trials=1, t_max=50), folder / "transcript.sqlite")
+    (folder / "summary.json").write_text(json.dumps({"private_values": {str(i): 0.0 for i in range(4)}}))
+
+
 @pytest.mark.parametrize("quiet", [False, True], ids=["shown", "quiet"])
 @pytest.mark.parametrize(
     ("args", "work", "first_line"),
     [
-        pytest.param(["report", "{tmp}"], "adversary.report.render_testbed_report", "replaying", id="report"),
+        pytest.param(["report", "{tmp}"], "adversary.attack.attack_transcript", "replaying", id="report"),
         pytest.param(["tune", "--out", "{tmp}/run.toml"], "nlagg_node.tune.tune", "settings x", id="tune"),
-        pytest.param(
-            ["sim", "--trials", "2"], "nlagg_node.sim.simulate", "compiling kernels", id="first-sim"
-        ),
+        pytest.param(["sim", "--trials", "2"], "nlagg_node.sim.simulate", "compiling", id="first-sim"),
     ],
 )
 def test_a_long_command_says_what_it_does_before_doing_it(
@@ -162,6 +169,8 @@ def test_a_long_command_says_what_it_does_before_doing_it(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if args[0] == "report":
+        _run_dir(tmp_path)
     seen: list[str] = []
     monkeypatch.setattr(work, _stop(seen, capsys))
     monkeypatch.setattr("nlagg_node.compile_cache.simulator_cached", lambda: False)
