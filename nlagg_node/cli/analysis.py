@@ -97,8 +97,8 @@ def attack(
         " `nlagg report` ranks them)[/dim]"
     )
     for rel in report.extra.get("relations", []):
-        terms = " + ".join(f"{c:.6g} s_{i}" for c, i in zip(rel["coefficients"], rel["nodes"], strict=True))
-        console.print(f"the average phase fixes {terms} = {rel['value']:.12g}")
+        terms = " + ".join(_term(c, i) for c, i in zip(rel["coefficients"], rel["nodes"], strict=True))
+        console.print(f"the average phase fixes {terms.replace('+ -', '- ')} = {rel['value']:.12g}")
     if report.precision is not None:
         console.print(
             f"precision {report.precision:.3f}  recall {report.recall}  "
@@ -106,6 +106,13 @@ def attack(
         )
     else:
         console.print(report.truth_note or "no ground truth found: not scored")
+
+
+def _term(coefficient: float, node: int) -> str:
+    """``s_3``, ``-s_3`` or ``0.5 s_3``: one term of a linear relation."""
+    shown = f"{coefficient:.6g}"
+    factor = {"1": "", "-1": "-"}.get(shown, shown + " ")
+    return f"{factor}s_{node}"
 
 
 def _interval(lower: float | None, upper: float | None) -> str:
