@@ -36,7 +36,17 @@ from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
+from nlagg_node.runtime.wire import (
+    X_TYPES,
+    AdvStateMsg,
+    ConfigMsg,
+    Decoded,
+    StatusMsg,
+    Z0Msg,
+    check_prefix,
+    check_run_id,
+    topics,
+)
 from nlagg_node.scale import ValueScale, scale_for
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
 
@@ -581,6 +591,8 @@ async def run_eavesdropper(
 
     # An existing transcript is checked (and continued) before connecting; a new one is created only
     # once the broker answered, so a capture that never connects leaves nothing behind.
+    check_run_id(run_id)  # a bad name is refused before connecting
+    check_prefix(session.prefix)
     transcript = open_transcript() if await asyncio.to_thread(Path(db).exists) else None
     try:
         await _warn_if_anonymous(brokers, session.tls, events)

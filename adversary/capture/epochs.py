@@ -55,7 +55,16 @@ from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.outputs import published_record
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.warmstart import WARM_GAP, HeardOutput, latest_published
-from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, shared_run, topics
+from nlagg_node.runtime.wire import (
+    ConfigMsg,
+    WireError,
+    check_prefix,
+    check_run_id,
+    decode,
+    encode,
+    shared_run,
+    topics,
+)
 
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
@@ -522,6 +531,8 @@ async def run_epoch_eavesdropper(
     live, events, stop_after = session.shows_live, session.events, session.stop_after
     # As a single run's transcript: an existing store is checked before connecting, a new one created
     # only once the broker answered (nothing left behind by a capture that never connects).
+    check_run_id(run_id)  # a bad name is refused before connecting
+    check_prefix(session.prefix)
     existing = await asyncio.to_thread(Path(folder).exists)
     store = EpochStore(folder, session.prefix, run_id) if existing else None
     try:

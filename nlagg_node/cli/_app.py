@@ -12,19 +12,36 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 # The help texts come from nlagg_node.options (plain Python): --help loads neither pydantic nor numpy.
 from ..errors import ConfigError, NlaggError, StoppedBySignal
 from ..inputs import make_output_dir
 from ..options import FORCE_HELP, QUIET_HELP, VERBOSE_HELP
 
-# rich_markup_mode=None: plain help, so text such as "[run]" is printed, not eaten as markup.
+
+class NlaggGroup(TyperGroup):
+    """The ``nlagg`` group: run as ``app(standalone_mode=False)`` (so a parse error reaches
+    :func:`exit_on_error`), a Ctrl-C or SIGTERM still leaves it as standalone Typer leaves it, a
+    ``SystemExit(130)`` chained to the interrupt, which :func:`~nlagg_node.lifetime.stop_on_signals`
+    reads (non-standalone Typer would return 130 and drop the interrupt's signal)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise SystemExit(130) from exc
+
+
+# Rich help in panels, as every command's (nlagg_node.cli._command.NlaggCommand, which escapes its
+# texts so that "[run]" is printed, not eaten as markup).
 app = typer.Typer(
     name="nlagg",
     help="Private distributed nonlinear aggregation: simulate, run over MQTT, eavesdrop, measure leakage.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    rich_markup_mode="rich",
+    cls=NlaggGroup,
 )
 
 

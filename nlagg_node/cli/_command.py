@@ -30,7 +30,7 @@ class NlaggCommand(TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = "rich"
         if kwargs.get("help"):
-            kwargs["help"] = _escape(kwargs["help"])
+            kwargs["help"] = _escape(_reflow(kwargs["help"]))
         super().__init__(*args, **kwargs)
         for param in self.params:
             text = getattr(param, "help", None)
@@ -58,6 +58,13 @@ class NlaggCommand(TyperCommand):
                 why = f"{both[0]} and {both[1]} contradict each other: give one"
                 raise typer.BadParameter(why, ctx, cast(Any, param))
         return super().parse_args(ctx, args)
+
+
+def _reflow(doc: str) -> str:
+    # A docstring's paragraphs, each on one line: rich keeps a single newline, so it would show the
+    # source's line breaks.
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
 
 
 def _escape(text: str) -> str:
