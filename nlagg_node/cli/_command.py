@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperCommand
 
 from ..options import PANELS, Opt, option_fields
+from ..options.opt import refuse_conflicts
 
 __all__ = ["NlaggCommand", "completer", "options_command", "parse_command"]
 
@@ -116,7 +117,9 @@ def options_command(
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> None:
-            fn(cls(**kwargs))
+            opts = cls(**kwargs)
+            refuse_conflicts(opts)
+            fn(opts)
 
         del command.__wrapped__  # typer reads the signature below, not fn's
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

@@ -37,7 +37,8 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
   file), reported in one line `nlagg: error: FIELD=VALUE: why` (a value the command line cannot
   parse too: `nlagg: error: trials='abc': expected an integer`); 128 + N when stopped by signal N.
 - **Options that contradict each other are refused**, naming both: `--graph ring --graph-file F`,
-  `--values normal --values-file F`, `--corrupt` with `--corrupt-count`, a switch given both ways
+  `--values normal --values-file F`, `--corrupt` with `--corrupt-count`, `--stop-rule` or
+  `--stop-window` with `--no-early-stop`, `--broker-kind` with `--broker`, a switch given both ways
   (`--in-process --processes`), a node listed twice in `--corrupt`.
 - **`--out`** never replaces the files of an earlier run unless `--force` is given.
 - **Run options** (`sim`, `testbed`) default to what a `--config` TOML file sets, then to the built-in

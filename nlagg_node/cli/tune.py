@@ -65,10 +65,8 @@ def tune(opts: TuneOptions) -> None:
 
 def _checked(opts: TuneOptions) -> EpochPlan | None:
     """Refuse a target, budget or epoch option out of bounds; the epochs the settings are judged over."""
-    from ..options.run import refuse_conflicts
     from ..tune import EpochPlan
 
-    refuse_conflicts(opts)
     if not 0 < opts.max_leak <= 1:
         raise ConfigError("max_leak", opts.max_leak, "must lie in (0, 1]")
     if opts.budget < 1:

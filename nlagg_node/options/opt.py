@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "flag_of",
     "op_defaults",
     "option_fields",
+    "refuse_conflicts",
     "to_argv",
 ]
 
@@ -117,6 +119,47 @@ FORCE_OPT = Opt(FORCE_HELP, OUTPUT, ("--force",))
 QUIET_OPT = Opt(QUIET_HELP, OUTPUT, ("--quiet", "-q"))
 VERBOSE_OPT = Opt(VERBOSE_HELP, OUTPUT, ("--verbose", "-v"))
 DEPART_HELP = "node@iteration,...: {} (docs/protocol.md 'Nodes that leave')"
+
+
+# Options that contradict each other ---------------------------------------------------------------
+
+
+def _given(value: object) -> bool:
+    return True
+
+
+_EITHER = "give one of {} and {}"
+_NOT_FIXED = "it sets early stopping, which that turns off"
+CONFLICTS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("graph", "graph_file", lambda graph: graph != "file", _EITHER.format("--graph", "--graph-file")),
+    ("values", "values_file", _given, _EITHER.format("--values", "--values-file")),
+    (
+        "corrupt",
+        "corrupt_count",
+        lambda spec: spec.strip() not in ("", "none"),
+        _EITHER.format("--corrupt", "--corrupt-count"),
+    ),
+    ("stop_rule", "early_stop", _given, _NOT_FIXED),
+    ("stop_window", "early_stop", _given, _NOT_FIXED),
+    ("broker_kind", "broker", lambda kind: kind != "auto", "picks the private broker: not with --broker"),
+)
+"""``(first, second, whether first's value contradicts a given second, why)``: options that contradict
+each other (``second`` given: not None; ``early_stop`` only when False, ``--no-early-stop``).
+``--graph file --graph-file F`` says the same thing twice; ``--graph ring --graph-file F`` does not."""
+
+
+def refuse_conflicts(opts: object) -> None:
+    """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently)."""
+    from ..errors import ConfigError
+
+    for first, second, contradicts, why in CONFLICTS:
+        a, b = getattr(opts, first, None), getattr(opts, second, None)
+        given = b is False if second == "early_stop" else b is not None
+        if a is not None and given and contradicts(a):
+            other = (
+                "--no-early-stop" if second == "early_stop" else f"--{second.replace('_', '-')}={str(b)!r}"
+            )
+            raise ConfigError(first, a, f"contradicts {other}: {why}")
 
 
 # Reading the declarations --------------------------------------------------------------------------

@@ -53,27 +53,6 @@ __all__ = [
 ]
 
 
-CONFLICTS = (
-    ("graph", "graph_file", lambda graph: graph != "file"),
-    ("values", "values_file", lambda _: True),
-    ("corrupt", "corrupt_count", lambda spec: spec.strip() not in ("", "none")),
-)
-"""Options that exclude each other: (first, second, whether a first's value given excludes the second)
-(``--graph file --graph-file F`` says the same thing twice; ``--graph ring --graph-file F`` does not)."""
-
-
-def refuse_conflicts(opts: object) -> None:
-    """Refuse two options that contradict each other, naming both (not the one that would win)."""
-    from ..errors import ConfigError
-
-    for first, second, excludes in CONFLICTS:
-        a, b = getattr(opts, first, None), getattr(opts, second, None)
-        if a is not None and b is not None and excludes(a):
-            flag_a, flag_b = (f"--{name.replace('_', '-')}" for name in (first, second))
-            why = f"contradicts {flag_b}={str(b)!r}: give one of {flag_a} and {flag_b}"
-            raise ConfigError(first, a, why)
-
-
 # Fields shared by several option classes --------------------------------------------------------
 
 
@@ -186,7 +165,6 @@ class ModelOptions:
         ``fixed``; ``--graph-file`` alone implies ``--graph file``."""
         from ..config import RunConfig, load_config
 
-        refuse_conflicts(self)
         flags = {f: getattr(self, f) for f in option_fields(type(self)) if f in RunConfig.model_fields}
         if self.graph_file is not None and self.graph is None:
             flags["graph"] = "file"

@@ -53,6 +53,24 @@ def _one_error_line(err: str) -> str:
         pytest.param(
             ["sim", "--corrupt", "1", "--corrupt-count", "2"], "corrupt", "--corrupt-count", id="corrupt"
         ),
+        pytest.param(
+            ["sim", "--no-early-stop", "--stop-rule", "certificate"],
+            "stop_rule",
+            "--no-early-stop",
+            id="stop-rule",
+        ),
+        pytest.param(
+            ["sim", "--no-early-stop", "--stop-window", "50"],
+            "stop_window",
+            "--no-early-stop",
+            id="stop-window",
+        ),
+        pytest.param(
+            ["testbed", "--broker", "mqtt://127.0.0.1:1", "--broker-kind", "amqtt"],
+            "broker_kind",
+            "--broker",
+            id="broker",
+        ),
     ],
 )
 def test_conflicting_options_are_refused_naming_both(
