@@ -33,14 +33,14 @@ class NlaggGroup(TyperGroup):
             raise SystemExit(130) from exc
 
 
-# Rich help in panels, as every command's (nlagg_node.cli._command.NlaggCommand, which escapes its
-# texts so that "[run]" is printed, not eaten as markup).
+# The group's own help is plain, so that `nlagg --help` loads no rich (benchmarks/bench_startup.py);
+# every command's is rich, in panels (nlagg_node.cli._command.NlaggCommand).
 app = typer.Typer(
     name="nlagg",
     help="Private distributed nonlinear aggregation: simulate, run over MQTT, eavesdrop, measure leakage.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,
     cls=NlaggGroup,
 )
 

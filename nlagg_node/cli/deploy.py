@@ -24,7 +24,6 @@ deploy_app = typer.Typer(
     name="deploy",
     help="Deployment: broker credentials and ACLs, per-node files, docker-compose, Raspberry Pi nodes.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
 )
 app.add_typer(deploy_app, name="deploy")
 
