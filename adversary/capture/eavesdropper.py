@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from nlagg_node.departure import announced
+from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
@@ -551,6 +552,16 @@ def _summarize(eaves: Eavesdropper, db: Path, events: bool, console: Any) -> Non
         console.print(f"node {j} left the run at t={t} (its last x was x^({t - 1}))")
 
 
+def writable_later(path: Path) -> bool:
+    """Whether ``path`` exists (to be checked and continued now); if not, that it can be created once
+    the capture has connected (its folder exists), else a :class:`ConfigError` before connecting."""
+    if path.exists():
+        return True
+    if not path.parent.is_dir():
+        raise ConfigError("transcript", str(path), f"its folder {path.parent} does not exist")
+    return False
+
+
 async def run_eavesdropper(
     broker: str | Sequence[str],
     run_id: str,
@@ -593,7 +604,7 @@ async def run_eavesdropper(
     # once the broker answered, so a capture that never connects leaves nothing behind.
     check_run_id(run_id)  # a bad name is refused before connecting
     check_prefix(session.prefix)
-    transcript = open_transcript() if await asyncio.to_thread(Path(db).exists) else None
+    transcript = open_transcript() if await asyncio.to_thread(writable_later, Path(db)) else None
     try:
         await _warn_if_anonymous(brokers, session.tls, events)
         subscribers = [session.subscriber(url, f"nlagg-{run_id}-eavesdropper") for url in brokers]

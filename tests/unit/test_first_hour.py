@@ -109,6 +109,11 @@ def test_conflicting_options_are_refused_naming_both(
         pytest.param(["sim", "--op", "maximum"], "op='maximum'", id="choice"),
         pytest.param(["report", "{tmp}/nosuchdir"], "no such directory", id="no-run-dir"),
         pytest.param(
+            ["eavesdrop", "--run-id", "r1", "--transcript", "{tmp}/nodir/t.sqlite"],
+            "does not exist",
+            id="no-folder",
+        ),
+        pytest.param(
             ["testbed", "--broker", "mqtts://127.0.0.1:1", "--ca-file", "{tmp}"],
             "is a directory",
             id="ca-folder",
