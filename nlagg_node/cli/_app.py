@@ -84,11 +84,13 @@ def exit_on_error() -> Iterator[None]:
     UTF-8 text or is not the SQLite file it should be. Exit 1 for a run that failed
     (any other :class:`NlaggError`, e.g. a node that did not finish).
     """
+    _created.clear()  # this command's folders only (tests run several commands in one process)
     try:
         yield
     except (StoppedBySignal, KeyboardInterrupt) as exc:
         from ..lifetime import exit_interrupted
 
+        remove_empty_outputs()
         exit_interrupted(exc)  # one line (the command's clean-up has run) and exit 128 + signal
     except ConfigError as exc:
         _fail(str(exc), 2)
@@ -169,8 +171,22 @@ def _possible(exc: typer.TyperException) -> str:
 
 
 def _fail(line: str, code: int) -> None:
+    remove_empty_outputs()
     print(f"nlagg: error: {line}", file=sys.stderr)
     sys.exit(code)
+
+
+_created: list[Path] = []
+"""The output folders this command created (parents first): a failed command removes those it left empty."""
+
+
+def remove_empty_outputs() -> None:
+    """Remove the folders :func:`claim_out` created and nothing was written into (deepest first)."""
+    while _created:
+        try:
+            _created.pop().rmdir()
+        except OSError:  # something was written there (partial results): it stays, and so do its parents
+            _created.clear()
 
 
 # Options shared by several commands: one name, one meaning, one help text -------------------------
@@ -194,7 +210,9 @@ def claim_out(out: Path, names: Iterable[str], *, force: bool, field: str = "out
             raise ConfigError(field, str(out), why)
         for p in existing:
             p.unlink()
+    missing = [p for p in (out, *out.parents) if not p.exists()]
     make_output_dir(out, field)
+    _created.extend(reversed(missing))
 
 
 def claim_file(path: Path, *, force: bool, field: str) -> None:

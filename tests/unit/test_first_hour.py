@@ -154,6 +154,17 @@ def test_an_eavesdropper_that_never_connects_leaves_no_transcript(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_that_fails_to_start_leaves_no_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = f"mqtt://127.0.0.1:{free_port()}"
+    args = ["testbed", "--broker", dead, "--n", "3", "--out", str(tmp_path / "runs" / "first")]
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 1
+    assert "no MQTT broker answers" in _one_error_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
 # 4. A first line before the long work, silenced by --quiet ------------------------------------------
 
 
