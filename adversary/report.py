@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,15 +211,24 @@ def _departures_html(departed: dict[int, int], summary: dict[str, Any]) -> str:
     return "".join(parts) + "</p>"
 
 
-def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path."""
+def render_testbed_report(
+    run_dir: Path, out: Path | None = None, say: Callable[[str], None] | None = None
+) -> Path:
+    """Turn one testbed run directory into ``report.html`` (+ figure); returns the page's path.
+
+    ``say`` hears one line once the run's files are checked, before the replay (which takes a while).
+    """
     from .attack import attack_transcript
     from .reporting.plots import draw_testbed, params_line
     from .transcript.arrays import load_transcript_arrays
+    from .transcript.writer import Transcript
 
     run_dir = Path(run_dir)
     transcript = run_dir / "transcript.sqlite"
     summary_path = run_dir / "summary.json"
+    if not run_dir.is_dir():
+        why = "is a file, not a run directory" if run_dir.exists() else "no such directory"
+        raise ConfigError("run_dir", str(run_dir), f"{why} (expected the --out of nlagg testbed)")
     for p in (transcript, summary_path):
         if not p.is_file():
             raise ConfigError("run_dir", str(run_dir), f"missing {p.name} (expected nlagg testbed --out)")
@@ -231,6 +240,9 @@ def render_testbed_report(run_dir: Path, out: Path | None = None) -> Path:
         raise ConfigError("summary", str(summary_path), why)
     out = run_dir if out is None else Path(out)
     make_output_dir(out, "out")
+    Transcript.open_read_only(transcript).close()  # a file that is no transcript is refused at once
+    if say is not None:
+        say(f"replaying {transcript} and drawing the report")
     report = attack_transcript(transcript, truth=summary_path)
     data = load_transcript_arrays(transcript)
     cfg = data["cfg"]

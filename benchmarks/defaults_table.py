@@ -1,38 +1,144 @@
-"""The measured table behind the default initializations (docs/experiments.md, "Default initializations").
+"""The measured tables of the defaults: the README's "Defaults at a glance" and the per-init table
+behind the default initializations (docs/experiments.md, "Default initializations").
 
-For every operator, every initialization is run at the operator's defaults on values drawn
+``--readme``: every operator at its defaults, as ``nlagg sim --trials 1000 --seed 0`` runs it (RGG,
+n = 15): the share of exact trials, the worst leakage over the ranks the ideal world does not expose
+and the median iterations to converge, written into README.md between its ``defaults-table``
+markers; and the median iterations each run took against its cap (early stopping), written into
+docs/reference.md between its ``iterations-run`` markers (tests/unit/test_doc_figures.py measures
+both again at fewer trials and checks each figure).
+
+Otherwise, for every operator, every initialization is run at the operator's defaults on values drawn
 uniformly over a declared range (RGG n = 15, the given trials, seed 0), and on the paper's
 N(0, 1) values without a range. A row gives the largest leakage over the ranks the ideal world
 does not expose, whether the run is exact (every trial within 1e-9 of the aggregate, relative
 to the range), and iterations to converge. The default (``--init proposed``) must be the least
 leaky exact one.
 
-Run: python benchmarks/defaults_table.py [--trials 1000] [--ops max,median]
+Run: python benchmarks/defaults_table.py --readme [--trials 1000]
+     python benchmarks/defaults_table.py [--trials 1000] [--ops max,median]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from nlagg_node.config import OPERATORS, load_config
 from nlagg_node.tune import Setting, evaluate
 
 INITS = ("proposed", "none", "symmetric", "prior", "from-above", "from-below")
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"
+README_TRIALS = 1000
+README_HEAD = (
+    "| operator | exact trials | leakage beyond the ideal world (worst rank) | iterations (median) |\n"
+    "|---|---|---|---|"
+)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=1000)
-    ap.add_argument("--ops", default=",".join(OPERATORS))
-    ap.add_argument("--ranges", default="range,none", help="range (uniform over [15, 35]), none (N(0, 1))")
-    args = ap.parse_args()
+@dataclass(frozen=True)
+class DefaultsRow:
+    """One operator at its defaults: the share of exact trials, the worst leakage over the ranks the
+    ideal world does not expose (0 where it exposes every rank), the median iterations."""
+
+    op: str
+    exact: float
+    leak: float
+    iterations: float | None
+    ran: float | None = None  # median iterations a trial ran (every phase, early stopping)
+    cap: int | None = None  # the most it may run: t_max per phase, every phase
+
+    def line(self) -> str:
+        its = "-" if self.iterations is None else f"{self.iterations:.0f}"
+        return f"| {self.op} | {self.exact:.3f} | {self.leak:.3f} | {its} |"
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The comments around a generated block (invisible in the rendered page)."""
+    return (
+        f"<!-- {name}:begin (python benchmarks/defaults_table.py --readme writes it) -->",
+        f"<!-- {name}:end -->",
+    )
+
+
+def between(text: str, name: str) -> str:
+    """The generated block ``name`` of ``text``."""
+    begin, end = markers(name)
+    return text[text.index(begin) + len(begin) : text.index(end)].strip()
+
+
+def with_block(text: str, name: str, block: str, *, inline: bool = False) -> str:
+    """``text`` with the block ``name`` replaced by ``block`` (on lines of its own unless ``inline``)."""
+    begin, end = markers(name)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text) is None:
+        raise SystemExit(f"no {begin} ... {end} markers")
+    sep = "" if inline else "\n"
+    return pattern.sub(lambda _: f"{begin}{sep}{block}{sep}{end}", text)
+
+
+def measure_defaults(op: str, trials: int, seed: int = 0) -> DefaultsRow:
+    """``nlagg sim --op OP --trials TRIALS --seed SEED`` at the defaults, as one table row."""
+    from nlagg_node.sim import simulate
+    from nlagg_node.sim.output import summarize
+
+    result = simulate(load_config(None, op=op, trials=trials, seed=seed))
+    s = summarize(result)
+    beyond = [p for p, ideal in zip(s["leakage_probability"], s["ideal_world"], strict=True) if not ideal]
+    ran = float(np.median(result.phase_iterations.sum(axis=1)))
+    worst = max(beyond, default=0.0)
+    return DefaultsRow(op, s["converged_fraction"], worst, s["iterations_to_converge"], ran, result.t_total)
+
+
+def read_readme_rows(text: str) -> list[DefaultsRow]:
+    """The rows the README holds between its ``defaults-table`` markers."""
+    rows = []
+    for line in between(text, "defaults-table").splitlines()[2:]:
+        op, exact, leak, its = (cell.strip() for cell in line.strip("|").split("|"))
+        rows.append(DefaultsRow(op, float(exact), float(leak), None if its == "-" else float(its)))
+    return rows
+
+
+def with_table(text: str, rows: list[DefaultsRow]) -> str:
+    """``text`` (the README) with its ``defaults-table`` block replaced by ``rows``."""
+    return with_block(text, "defaults-table", "\n".join([README_HEAD, *(r.line() for r in rows)]))
+
+
+def ran_sentence(rows: list[DefaultsRow]) -> str:
+    """``max 1289 of 7000, min ...``: the median iterations run against the cap, per operator."""
+    return ", ".join(f"{r.op} {r.ran:.0f} of {r.cap}" for r in rows)
+
+
+def read_ran(text: str) -> dict[str, tuple[float, int]]:
+    """The ``iterations-run`` block of docs/reference.md: operator -> (median run, cap)."""
+    found = re.findall(r"([a-z-]+) (\d+) of (\d+)", between(text, "iterations-run"))
+    return {op: (float(ran), int(cap)) for op, ran, cap in found}
+
+
+def write_readme(trials: int) -> None:
+    rows = []
+    for op in OPERATORS:
+        rows.append(measure_defaults(op, trials))
+        print(rows[-1].line(), flush=True)
+    README.write_text(with_table(README.read_text(), rows))
+    REFERENCE.write_text(with_block(REFERENCE.read_text(), "iterations-run", ran_sentence(rows), inline=True))
+    print(f"wrote the table into {README} and the iterations run into {REFERENCE}")
+
+
+def per_init_table(trials: int, ops: list[str], ranges: list[str]) -> None:
     head = "| operator | values | init | c | mu_z | exact | worst leak | iterations median / p99 |"
     print(head)
     print("|---|---|---|---|---|---|---|---|")
-    for op in args.ops.split(","):
-        for which in args.ranges.split(","):
+    for op in ops:
+        for which in ranges:
             rng = (15.0, 35.0) if which == "range" else None
-            base = load_config(None, op=op, trials=args.trials, value_range=rng, seed=0).resolved()
+            base = load_config(None, op=op, trials=trials, value_range=rng, seed=0).resolved()
             for init in INITS:
                 if op in ("average", "trimmed-mean") and init in ("from-above", "from-below"):
                     continue
@@ -49,6 +155,19 @@ def main() -> None:
                     f" | {e.leak:.3f} | {its} |",
                     flush=True,
                 )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--readme", action="store_true", help="measure the README's table and write it there")
+    ap.add_argument("--trials", type=int, default=README_TRIALS)
+    ap.add_argument("--ops", default=",".join(OPERATORS))
+    ap.add_argument("--ranges", default="range,none", help="range (uniform over [15, 35]), none (N(0, 1))")
+    args = ap.parse_args()
+    if args.readme:
+        write_readme(args.trials)
+    else:
+        per_init_table(args.trials, args.ops.split(","), args.ranges.split(","))
 
 
 if __name__ == "__main__":

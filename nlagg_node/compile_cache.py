@@ -12,7 +12,7 @@ import os
 
 __all__ = ["COMPILING", "is_cached", "simulator_cached"]
 
-COMPILING = "compiling kernels (once, up to a minute)"
+COMPILING = "compiling kernels (once: about a minute, two on a busy machine)"
 """What a command shows while the kernels compile."""
 
 

@@ -249,10 +249,14 @@ def parse_corrupt(spec: str | None, n: int, *, count: int | None = None) -> list
     if spec is None or spec.strip() in ("", "none"):
         return []
     try:
-        ids = sorted({int(part) for part in spec.split(",") if part.strip()})
+        listed = [int(part) for part in spec.split(",") if part.strip()]
     except ValueError:
         why = "use node ids (0 is node 0; 1,4 are nodes 1 and 4), or --corrupt-count K for the first K"
         raise ConfigError("corrupt", spec, why) from None
+    ids = sorted(set(listed))
+    twice = sorted({i for i in listed if listed.count(i) > 1})
+    if twice:
+        raise ConfigError("corrupt", spec, f"lists node {twice[0]} twice: name each corrupted node once")
     bad = [i for i in ids if not 0 <= i < n]
     if bad:
         raise ConfigError("corrupt", spec, f"node ids must lie in 0..{n - 1}")

@@ -20,10 +20,24 @@ from typing import Any, Literal
 
 from .errors import ConfigError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_NESTING", "make_output_dir", "parse_document", "read_input_text"]
+__all__ = [
+    "MAX_INPUT_BYTES",
+    "MAX_NESTING",
+    "make_output_dir",
+    "not_a_file",
+    "parse_document",
+    "read_input_text",
+]
 
 MAX_INPUT_BYTES = 64 << 20  # 64 MiB: the largest legitimate input (a graph or values file) is far smaller
 MAX_NESTING = 64  # run configs, plans and node files nest 3 levels; JSON inputs 2
+
+
+def not_a_file(path: Path) -> str | None:
+    """Why ``path`` is no file to read (a folder, or nothing there), None when it is one."""
+    if path.is_file():
+        return None
+    return "is a directory, not a file" if path.is_dir() else "no such file"
 
 
 def read_input_text(path: Path, field: str, max_bytes: int = MAX_INPUT_BYTES) -> str:

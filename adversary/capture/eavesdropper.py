@@ -32,13 +32,24 @@ from typing import Any
 import numpy as np
 
 from nlagg_node.departure import announced
+from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
 from nlagg_node.runtime.mqtt import accepts_anonymous
 from nlagg_node.runtime.peers import RESEND_AFTER
 from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
-from nlagg_node.runtime.wire import X_TYPES, AdvStateMsg, ConfigMsg, Decoded, StatusMsg, Z0Msg, topics
+from nlagg_node.runtime.wire import (
+    X_TYPES,
+    AdvStateMsg,
+    ConfigMsg,
+    Decoded,
+    StatusMsg,
+    Z0Msg,
+    check_prefix,
+    check_run_id,
+    topics,
+)
 from nlagg_node.schedule import phase_c, plan_phases, sealed_groups_of
 from nlagg_node.valuemap import ValueScale, scale_for
 
@@ -542,6 +553,16 @@ def _summarize(eaves: Eavesdropper, db: Path, events: bool, console: Any) -> Non
         console.print(f"node {j} left the run at t={t} (its last x was x^({t - 1}))")
 
 
+def writable_later(path: Path) -> bool:
+    """Whether ``path`` exists (to be checked and continued now); if not, that it can be created once
+    the capture has connected (its folder exists), else a :class:`ConfigError` before connecting."""
+    if path.exists():
+        return True
+    if not path.parent.is_dir():
+        raise ConfigError("transcript", str(path), f"its folder {path.parent} does not exist")
+    return False
+
+
 async def run_eavesdropper(
     broker: str | Sequence[str],
     run_id: str,
@@ -577,11 +598,19 @@ async def run_eavesdropper(
         elif not live:
             console.print(f"exposed: node {e.node} at t={e.t} ({e.how}): s = {e.value!r}")
 
-    transcript = Transcript(db, run_id=run_id, prefix=session.prefix)
+    def open_transcript() -> Transcript:
+        return Transcript(db, run_id=run_id, prefix=session.prefix)
+
+    # An existing transcript is checked (and continued) before connecting; a new one is created only
+    # once the broker answered, so a capture that never connects leaves nothing behind.
+    check_run_id(run_id)  # a bad name is refused before connecting
+    check_prefix(session.prefix)
+    transcript = open_transcript() if await asyncio.to_thread(writable_later, Path(db)) else None
     try:
         await _warn_if_anonymous(brokers, session.tls, events)
         subscribers = [session.subscriber(url, f"nlagg-{run_id}-eavesdropper") for url in brokers]
         async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
+            transcript = transcript or open_transcript()
             eaves = Eavesdropper(
                 source, transcript, on_exposure=report, config=config, reorder=broker_cluster
             )
@@ -599,6 +628,7 @@ async def run_eavesdropper(
             if not done and not events:
                 console.print(f"stopped after {stop_after:g} s")
     finally:
-        transcript.close()
+        if transcript is not None:
+            transcript.close()
     _summarize(eaves, db, events, console)
     return eaves

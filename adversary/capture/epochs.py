@@ -57,7 +57,16 @@ from nlagg_node.runtime.mqtt import accepts_anonymous
 from nlagg_node.runtime.outputs import published_record
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.warmstart import latest_published
-from nlagg_node.runtime.wire import ConfigMsg, WireError, decode, encode, shared_run, topics
+from nlagg_node.runtime.wire import (
+    ConfigMsg,
+    WireError,
+    check_prefix,
+    check_run_id,
+    decode,
+    encode,
+    shared_run,
+    topics,
+)
 
 from ..live import Exposure
 from ..transcript.store import MAX_EPOCH, EpochStore, Result, epoch_of, epoch_run_id
@@ -521,7 +530,12 @@ async def run_epoch_eavesdropper(
         raise ConfigError("broker", brokers, "give at least one broker")
     console = Console()
     live, events, stop_after = session.shows_live, session.events, session.stop_after
-    store = EpochStore(folder, session.prefix, run_id)
+    # As a single run's transcript: an existing store is checked before connecting, a new one created
+    # only once the broker answered (nothing left behind by a capture that never connects).
+    check_run_id(run_id)  # a bad name is refused before connecting
+    check_prefix(session.prefix)
+    existing = await asyncio.to_thread(Path(folder).exists)
+    store = EpochStore(folder, session.prefix, run_id) if existing else None
     try:
         for url in brokers:
             if await accepts_anonymous(url, tls=session.tls):
@@ -530,6 +544,7 @@ async def run_epoch_eavesdropper(
                 log.warning(ANONYMOUS_WARNING, url)
         subscribers = [session.subscriber(url, f"nlagg-{run_id}-epochs-eavesdropper") for url in brokers]
         async with subscribers[0] if len(subscribers) == 1 else MergedSubscriber(subscribers) as source:
+            store = store or EpochStore(folder, session.prefix, run_id)
             capture = EpochCapture(
                 source,
                 store,
@@ -551,7 +566,8 @@ async def run_epoch_eavesdropper(
             else:
                 await _until_done(capture, task, stop_after, None)
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     with EpochStore(folder, read_only=True) as done:
         closed = [r.epoch for r in done.epochs() if r.state != "open"]
     if events:

@@ -26,5 +26,6 @@ def main() -> None:
 
     _register()
     with exit_on_error(), stop_on_signals():  # Ctrl-C, SIGTERM: one line, exit 128 + signal
-        app()
-    sys.exit(0)
+        # Not standalone: a bad flag reaches exit_on_error as a click exception (the one-line style).
+        code = app(standalone_mode=False)
+    sys.exit(code if isinstance(code, int) else 0)

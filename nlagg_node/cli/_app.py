@@ -9,22 +9,39 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 # The help texts come from nlagg_node.options (plain Python): --help loads neither pydantic nor numpy.
 from ..errors import ConfigError, NlaggError, StoppedBySignal
 from ..inputs import make_output_dir
 from ..options import FORCE_HELP, QUIET_HELP, VERBOSE_HELP
 
-# rich_markup_mode=None: plain help, so text such as "[run]" is printed, not eaten as markup.
+
+class NlaggGroup(TyperGroup):
+    """The ``nlagg`` group: run as ``app(standalone_mode=False)`` (so a parse error reaches
+    :func:`exit_on_error`), a Ctrl-C or SIGTERM still leaves it as standalone Typer leaves it, a
+    ``SystemExit(130)`` chained to the interrupt, which :func:`~nlagg_node.lifetime.stop_on_signals`
+    reads (non-standalone Typer would return 130 and drop the interrupt's signal)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise SystemExit(130) from exc
+
+
+# The group's own help is plain, so that `nlagg --help` loads no rich (benchmarks/bench_startup.py);
+# every command's is rich, in panels (nlagg_node.cli._command.NlaggCommand).
 app = typer.Typer(
     name="nlagg",
     help="Private distributed nonlinear aggregation: simulate, run over MQTT, eavesdrop, measure leakage.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=NlaggGroup,
 )
 
 
@@ -68,14 +85,18 @@ def exit_on_error() -> Iterator[None]:
     (any other :class:`NlaggError`, e.g. a node that did not finish). A lab module missing from a
     node's install (:data:`~nlagg_node.extras.LAB_MODULES`): exit 2, naming the ``lab`` extra.
     """
+    _created.clear()  # this command's folders only (tests run several commands in one process)
     try:
         yield
     except (StoppedBySignal, KeyboardInterrupt) as exc:
         from ..lifetime import exit_interrupted
 
+        remove_empty_outputs()
         exit_interrupted(exc)  # one line (the command's clean-up has run) and exit 128 + signal
     except ConfigError as exc:
         _fail(str(exc), 2)
+    except typer.TyperException as exc:  # what click and typer refuse while parsing the command line
+        _click_error(exc)
     except NlaggError as exc:
         _fail(str(exc), 1)
     except OSError as exc:
@@ -93,9 +114,87 @@ def exit_on_error() -> Iterator[None]:
         _fail(line, 2)
 
 
+def _click_error(exc: typer.TyperException) -> None:
+    """A command-line error of click or typer in the project's one line (their usage block is the help's)."""
+    from typer._click.exceptions import NoArgsIsHelpError  # typer 0.29 vendors click: no public name
+
+    if isinstance(exc, NoArgsIsHelpError):  # ``nlagg deploy``: its help, as in standalone mode
+        exc.show()
+        sys.exit(exc.exit_code)
+    _fail(click_error_line(exc), exc.exit_code)
+
+
+_PYDANTIC_WHY = {
+    "int_parsing": "expected an integer",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false",
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+}
+
+
+def _pydantic_why(error: Any) -> str:
+    why = _PYDANTIC_WHY.get(error.get("type", ""))
+    return why.format(**error.get("ctx", {})) if why is not None else str(error.get("msg", ""))
+
+
+def click_error_line(exc: typer.TyperException) -> str:
+    """``FIELD=VALUE: why`` for a bad value of an option or argument, else click's message.
+
+    The value is the one typed (pydantic's validation error, which typer raises from, holds it).
+    """
+    from typer._click.exceptions import MissingParameter
+
+    param = getattr(exc, "param", None)
+    if param is None or param.name is None:
+        ctx = getattr(exc, "ctx", None)
+        where = f" of {ctx.command_path}" if ctx is not None else ""
+        option = getattr(exc, "option_name", None)
+        if option is not None and "no such option" in exc.format_message().lower():
+            return f"option={option!r}: no such option{where}" + _possible(exc)
+        return exc.format_message()
+    flag = param.opts[0] if param.opts else param.name.upper()
+    if isinstance(exc, MissingParameter):
+        return f"{param.name}: missing; give {flag}"
+    from pydantic import ValidationError  # loaded by typer already, to parse the value
+
+    cause = exc.__cause__
+    errors = cause.errors() if isinstance(cause, ValidationError) else []
+    if not errors:
+        return f"{param.name}: {exc.message}"
+    first = errors[0]
+    value = first.get("input")
+    why = _pydantic_why(first) or exc.message
+    why = why[0].lower() + why[1:]
+    if isinstance(value, str) and value.startswith("-") and param.nargs > 1:
+        metavar = param.metavar or param.name.upper()
+        why = f"takes {param.nargs} values ({metavar}), and {value} is the next option: give them before it"
+    return f"{param.name}={value!r}: {why}"
+
+
+def _possible(exc: typer.TyperException) -> str:
+    near = sorted(getattr(exc, "possibilities", None) or ())
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
 def _fail(line: str, code: int) -> None:
+    remove_empty_outputs()
     print(f"nlagg: error: {line}", file=sys.stderr)
     sys.exit(code)
+
+
+_created: list[Path] = []
+"""The output folders this command created (parents first): a failed command removes those it left empty."""
+
+
+def remove_empty_outputs() -> None:
+    """Remove the folders :func:`claim_out` created and nothing was written into (deepest first)."""
+    while _created:
+        try:
+            _created.pop().rmdir()
+        except OSError:  # something was written there (partial results): it stays, and so do its parents
+            _created.clear()
 
 
 # Options shared by several commands: one name, one meaning, one help text -------------------------
@@ -119,7 +218,9 @@ def claim_out(out: Path, names: Iterable[str], *, force: bool, field: str = "out
             raise ConfigError(field, str(out), why)
         for p in existing:
             p.unlink()
+    missing = [p for p in (out, *out.parents) if not p.exists()]
     make_output_dir(out, field)
+    _created.extend(reversed(missing))
 
 
 def claim_file(path: Path, *, force: bool, field: str) -> None:

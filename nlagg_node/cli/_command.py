@@ -11,24 +11,32 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from typer.core import TyperCommand
 
 from ..options import PANELS, Opt, option_fields
+from ..options.opt import refuse_conflicts
 
-__all__ = ["PanelledCommand", "options_command", "parse_command"]
+__all__ = ["NlaggCommand", "completer", "options_command", "parse_command"]
 
 T = TypeVar("T")
 
 
-class PanelledCommand(TyperCommand):
-    """A command whose help is rich, in the panels its options name (a long help, grouped)."""
+class NlaggCommand(TyperCommand):
+    """Every nlagg command: rich help in the panels its options name, help texts printed as written
+    (``[run]`` is text, not markup), and a switch given both ways refused (``--in-process --processes``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = "rich"
+        if kwargs.get("help"):
+            kwargs["help"] = _escape(_reflow(kwargs["help"]))
         super().__init__(*args, **kwargs)
+        for param in self.params:
+            text = getattr(param, "help", None)
+            if text:
+                param.help = _escape(text)  # type: ignore[attr-defined]
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from typer import rich_utils
@@ -42,16 +50,37 @@ class PanelledCommand(TyperCommand):
         finally:
             rich_utils.MAX_WIDTH = saved
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        words = args[: args.index("--")] if "--" in args else args
+        given = {w.split("=", 1)[0] for w in words if w.startswith("--")}
+        for param in self.params:
+            both = [flag for flag in (*param.opts, *param.secondary_opts) if flag in given]
+            if param.secondary_opts and len(both) > 1:  # an on/off switch given both ways
+                why = f"{both[0]} and {both[1]} contradict each other: give one"
+                raise typer.BadParameter(why, ctx, cast(Any, param))
+        return super().parse_args(ctx, args)
+
+
+def _reflow(doc: str) -> str:
+    # A docstring's paragraphs, each on one line: rich keeps a single newline, so it would show the
+    # source's line breaks.
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+
 
 def _escape(text: str) -> str:
-    # Rich markup would read "[run]" or "[default: 15]" as a style tag.
-    return text.replace("[", "\\[")
+    # Rich markup would read "[run]" or "[default: 15]" as a style tag; a docstring's ``x`` reads `x`.
+    return text.replace("[", "\\[").replace("``", "`")
 
 
-def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> inspect.Parameter:
-    help_text = _escape(opt.help) if rich else opt.help
+def _parameter(name: str, base: Any, opt: Opt, default: Any) -> inspect.Parameter:
     info = typer.Option(
-        *opt.flags, help=help_text, rich_help_panel=opt.panel, min=opt.min, metavar=opt.metavar
+        *opt.flags,
+        help=opt.help,
+        rich_help_panel=opt.panel,
+        min=opt.min,
+        metavar=opt.metavar,
+        autocompletion=completer(opt.choices) if opt.choices else None,
     )
     empty = default is dataclasses.MISSING
     return inspect.Parameter(
@@ -62,32 +91,40 @@ def _parameter(name: str, base: Any, opt: Opt, default: Any, rich: bool) -> insp
     )
 
 
+def completer(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """Shell completion of an option's value: the choices that start with what is typed."""
+
+    def complete(incomplete: str) -> list[str]:
+        return [c for c in choices if c.startswith(incomplete)]
+
+    return complete
+
+
 def _panel_rank(opt: Opt) -> int:
     return 0 if opt.panel is None else 1 + PANELS.index(opt.panel)
 
 
 def options_command(
-    app: typer.Typer, cls: type[T], name: str | None = None, *, panels: bool = False
+    app: typer.Typer, cls: type[T], name: str | None = None
 ) -> Callable[[Callable[[T], None]], Callable[..., None]]:
-    """Register ``fn(opts: cls)`` as a command of ``app`` whose options are ``cls``'s fields.
-
-    ``panels``: rich help with the options grouped by their panel (for the long commands).
-    """
+    """Register ``fn(opts: cls)`` as a command of ``app`` whose options are ``cls``'s fields, grouped
+    in the help by their panel; an option with ``choices`` completes them in the shell."""
 
     def register(fn: Callable[[T], None]) -> Callable[..., None]:
         fields = option_fields(cls)
-        params = [_parameter(nm, *spec, panels) for nm, spec in fields.items()]
+        params = [_parameter(nm, *spec) for nm, spec in fields.items()]
         params.sort(key=lambda p: _panel_rank(fields[p.name][1]))  # keyword-only: any order is valid
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> None:
-            fn(cls(**kwargs))
+            opts = cls(**kwargs)
+            refuse_conflicts(opts)
+            fn(opts)
 
         del command.__wrapped__  # typer reads the signature below, not fn's
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
-        kw: dict[str, Any] = {"cls": PanelledCommand} if panels else {}
-        app.command(name, **kw)(command)
+        app.command(name, cls=NlaggCommand)(command)
         return command
 
     return register

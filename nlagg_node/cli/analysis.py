@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from ..options import QUIET_HELP
 from ._app import TRANSCRIPT_HELP, ForceOpt, QuietOpt, app, claim_out
+from ._command import NlaggCommand
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def attack(
     transcript: Annotated[
         Path,
@@ -97,8 +97,8 @@ def attack(
         " `nlagg report` ranks them)[/dim]"
     )
     for rel in report.extra.get("relations", []):
-        terms = " + ".join(f"{c:.6g} s_{i}" for c, i in zip(rel["coefficients"], rel["nodes"], strict=True))
-        console.print(f"the average phase fixes {terms} = {rel['value']:.12g}")
+        terms = " + ".join(_term(c, i) for c, i in zip(rel["coefficients"], rel["nodes"], strict=True))
+        console.print(f"the average phase fixes {terms.replace('+ -', '- ')} = {rel['value']:.12g}")
     if report.precision is not None:
         console.print(
             f"precision {report.precision:.3f}  recall {report.recall}  "
@@ -106,6 +106,13 @@ def attack(
         )
     else:
         console.print(report.truth_note or "no ground truth found: not scored")
+
+
+def _term(coefficient: float, node: int) -> str:
+    """``s_3``, ``-s_3`` or ``0.5 s_3``: one term of a linear relation."""
+    shown = f"{coefficient:.6g}"
+    factor = {"1": "", "-1": "-"}.get(shown, shown + " ")
+    return f"{factor}s_{node}"
 
 
 def _interval(lower: float | None, upper: float | None) -> str:
@@ -154,7 +161,7 @@ def attack_store(folder: Path, drift: float | None, as_json: bool) -> None:
     console.print(f"exposed in at least one epoch: {sorted(report.cumulative) or 'none'}")
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def experiment(
     name: Annotated[
         str,
@@ -169,7 +176,7 @@ def experiment(
     ),
     force: ForceOpt = False,
     seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
-    quiet: Annotated[bool, typer.Option(help=QUIET_HELP)] = False,
+    quiet: QuietOpt = False,
     bootstrap: Annotated[int, typer.Option(help="subsamples (80% of trials) for 90% NMI bands")] = 0,
 ) -> None:
     """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""
@@ -203,7 +210,7 @@ def experiment(
         )
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def report(
     run_dir: Annotated[
         Path, typer.Argument(metavar="RUN_DIR", help="directory written by nlagg testbed --out")
@@ -213,6 +220,7 @@ def report(
         typer.Option(help="directory for report.html, .png, .pdf, .json [default: the run directory]"),
     ] = None,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Turn one testbed run into a page: trajectories, what the adversary learned when, the ideal bound."""
     from adversary.report import render_testbed_report
@@ -220,11 +228,16 @@ def report(
     target = out if out is not None else run_dir
     if run_dir.is_dir():
         claim_out(target, [f"report.{ext}" for ext in ("html", "png", "pdf", "json")], force=force)
-    page = render_testbed_report(run_dir, out)
+
+    def say(line: str) -> None:  # replaying and drawing a long run takes a while
+        if not quiet:
+            print(f"nlagg: report: {line}", file=sys.stderr, flush=True)
+
+    page = render_testbed_report(run_dir, out, say)
     print(f"wrote {page}")
 
 
-@app.command()
+@app.command(cls=NlaggCommand)
 def dashboard(
     transcript: Annotated[
         Path,

@@ -14,7 +14,7 @@ from ..defaults import DEFAULT_BROKER
 from ..options import ComposeOptions, PlanOptions
 from ..options.epochs import deployment_drift
 from ._app import app
-from ._command import options_command
+from ._command import NlaggCommand, options_command
 from .net import CaFile, CertFile, KeyFile, tls_settings
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def _network(opts: PlanOptions) -> PlanSpec:
     )
 
 
-@options_command(deploy_app, PlanOptions, "plan", panels=True)
+@options_command(deploy_app, PlanOptions, "plan")
 def plan_cmd(opts: PlanOptions) -> None:
     """Write run.toml, graph.json, nodes/<i>.toml, secrets/, broker/ (conf, passwd, ACL) and commands.txt."""
     from ..deploy import build_plan, write_plan
@@ -97,7 +97,7 @@ def plan_cmd(opts: PlanOptions) -> None:
     print(f"start each part by hand with the lines of {out / 'commands.txt'}")
 
 
-@options_command(deploy_app, ComposeOptions, "compose", panels=True)
+@options_command(deploy_app, ComposeOptions, "compose")
 def compose_cmd(opts: ComposeOptions) -> None:
     """A docker-compose testbed: Mosquitto with the plan's ACL and passwords, the eavesdropper (transcript
     in the volume 'transcript'), one service per node (checkpoint in its volume 'state-<i>').
@@ -143,7 +143,7 @@ def compose_cmd(opts: ComposeOptions) -> None:
     print(f"start it from {out}: docker-compose up -d && docker wait $(docker-compose ps -q eavesdropper)")
 
 
-@deploy_app.command("truth")
+@deploy_app.command("truth", cls=NlaggCommand)
 def truth_cmd(
     plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan or compose")],
     out: Annotated[Path, typer.Option(help="file to write (0600)")] = Path("summary.json"),
@@ -163,7 +163,7 @@ def truth_cmd(
     print(f"{out}: the private values of run {loaded.run_id}'s {loaded.n} nodes")
 
 
-@deploy_app.command("publish-config")
+@deploy_app.command("publish-config", cls=NlaggCommand)
 def publish_config_cmd(
     config: Annotated[Path, typer.Option(help="the plan's public run.toml")] = Path("run.toml"),
     broker: Annotated[str, typer.Option(help="the run's broker, mqtt://host[:port]")] = DEFAULT_BROKER,
@@ -187,7 +187,7 @@ def publish_config_cmd(
     print(f"published the retained run configuration on {topic}")
 
 
-@deploy_app.command("bundle")
+@deploy_app.command("bundle", cls=NlaggCommand)
 def bundle_cmd(
     plan: Annotated[Path, typer.Option(help="plan directory written by nlagg deploy plan")],
     node: Annotated[int, typer.Option(help="node id")],
@@ -201,7 +201,7 @@ def bundle_cmd(
     print(f"{target}: {', '.join(members)}")
 
 
-@deploy_app.command("node")
+@deploy_app.command("node", cls=NlaggCommand)
 def node_cmd(
     node_file: Annotated[
         Path, typer.Argument(metavar="NODE_FILE", help="the node's private file (nodes/<i>.toml)")

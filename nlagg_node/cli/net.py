@@ -47,7 +47,7 @@ def tls_settings(
     return settings(broker, ca_file, cert_file, key_file)
 
 
-@options_command(app, NodeOptions, panels=True)
+@options_command(app, NodeOptions)
 def node(opts: NodeOptions) -> None:
     """Run one node: connect, announce, exchange z^(0), iterate with the neighbour barrier, publish done."""
     run_node_command(opts)
@@ -60,7 +60,8 @@ def run_node_command(opts: NodeOptions) -> None:
     from ..lifetime import run_stoppable
 
     setup_logging(opts.verbose)
-    logging.getLogger("nlagg.progress").setLevel(logging.INFO)  # a line every few seconds (stderr)
+    if not opts.quiet:
+        logging.getLogger("nlagg.progress").setLevel(logging.INFO)  # a line every few seconds (stderr)
     check_epoch_options(opts)
     if opts.every is not None:  # a continuous deployment: a line per epoch
         run_stoppable(print_epochs(prepare_node(opts), opts.as_json))
@@ -89,7 +90,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         prefix=opts.prefix,
         username=opts.username,
         password=password,
-        live=sys.stdout.isatty() if opts.live is None else opts.live,
+        live=sys.stdout.isatty() and not opts.quiet if opts.live is None else opts.live,
         stop_after=opts.timeout,
         events=opts.events,
         tls=tls,

@@ -24,11 +24,10 @@ if TYPE_CHECKING:
     from ..sim.output import SimSummary
 
 
-@options_command(app, SimOptions, panels=True)
+@options_command(app, SimOptions)
 def sim(opts: SimOptions) -> None:
     """Simulate many trials of private PDMM aggregation and report accuracy and leakage per rank."""
     from ..departure import departure_defaults, parse_departures
-    from ..errors import ConfigError
     from ..sim.output import summarize, write_run
     from ..valuechecks import config_warnings
     from ..verdict import far_beyond_warning
@@ -36,25 +35,22 @@ def sim(opts: SimOptions) -> None:
     early_stop, may_depart = departure_defaults(opts.early_stop, opts.may_depart, opts.depart, opts.op)
     cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load()
     warnings = config_warnings(cfg)
-    if not opts.quiet:
-        for line in warnings:
-            typer.echo(line, err=True)
+    for line in warnings:  # about privacy: printed even with --quiet
+        typer.echo(line, err=True)
     if opts.epochs is not None or opts.drift is not None or opts.cold_start:
         _sim_epochs(opts, cfg, warnings)
         return
     corrupted = opts.corrupted(cfg.n)
     departures = parse_departures(opts.depart)
-    if corrupted and opts.transcript is None:
-        raise ConfigError(*opts.corrupt_field, "only shapes the --transcript; give --transcript too")
     if opts.out is not None:
         claim_out(opts.out, RUN_FILES, force=opts.force)
     if opts.transcript is not None:
         claim_file(opts.transcript, force=opts.force, field="transcript")
     result = _run_with_progress(cfg, departures, show=not opts.quiet)
-    summary = summarize(result)
+    summary = summarize(result, corrupted)
     # A config warning already says why values leak; otherwise the measured leakage says it.
     far = None if warnings else far_beyond_warning(cfg, summary["leakage_probability"])
-    if far is not None and not opts.quiet:
+    if far is not None:
         typer.echo(far, err=True)
     summary["warnings"] = [*warnings, *([far] if far is not None else [])]
     if opts.out is not None:
@@ -143,7 +139,11 @@ def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> A
     from ..compile_cache import COMPILING, simulator_cached
     from ..sim import simulate
 
-    if not (show and sys.stderr.isatty()):
+    if not show:
+        return simulate(cfg, departures=departures)
+    if not sys.stderr.isatty():  # a log: one line, so a first compile is not silence
+        if not simulator_cached():
+            print(f"nlagg: {COMPILING}", file=sys.stderr, flush=True)
         return simulate(cfg, departures=departures)
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 

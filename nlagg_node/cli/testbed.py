@@ -50,9 +50,8 @@ def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]
     if opts.every is not None and may_depart is None and opts.op != "trimmed-mean":
         may_depart = True  # epochs: a node absent at an epoch's start departs at t = 0
     cfg = dataclasses.replace(opts, early_stop=early_stop, may_depart=may_depart).load(trials=1)
-    if not opts.quiet:
-        for line in config_warnings(cfg):
-            print(f"nlagg: {line}", file=sys.stderr)
+    for line in config_warnings(cfg):  # about privacy: printed even with --quiet
+        print(f"nlagg: {line}", file=sys.stderr)
     if opts.broker_kind not in ("auto", "mosquitto", "amqtt"):
         raise ConfigError("broker_kind", opts.broker_kind, "use auto, mosquitto or amqtt")
     corrupted = set(opts.corrupted(cfg.n))
@@ -67,7 +66,7 @@ def _checked(opts: TestbedOptions) -> tuple[RunConfig, set[int], dict[int, int]]
     return cfg, corrupted, departures
 
 
-@options_command(app, TestbedOptions, "testbed", panels=True)
+@options_command(app, TestbedOptions, "testbed")
 def run_testbed_command(opts: TestbedOptions) -> None:
     """Run a whole network on this machine: broker, eavesdropper, n nodes; print what happened."""
     from rich.console import Console

@@ -38,11 +38,18 @@ def tune(opts: TuneOptions) -> None:
         seed=opts.seed,
     )
     grid = candidate_settings(base, opts.budget)
+    if base.graph_file is not None:  # a bad edge list is refused before the search starts
+        from ..graphs import load_edge_list
+
+        load_edge_list(base.graph_file, base.n)
+    if not opts.quiet and not sys.stderr.isatty():  # a log gets one line; a terminal the bar
+        print(f"nlagg: tune: {len(grid)} settings x {opts.trials} trials", file=sys.stderr, flush=True)
     result = _with_progress(
         lambda report: run_tune(
             base, max_leak=opts.max_leak, budget=opts.budget, progress=report, epochs=plan
         ),
         len(grid),
+        show=not opts.quiet,
     )
     opts.out.write_text(run_toml(base, result.chosen_setting))
     doc = {**result.to_json(), "run_toml": str(opts.out)}
@@ -72,7 +79,7 @@ def _checked(opts: TuneOptions) -> EpochPlan | None:
     return EpochPlan(opts.epochs, opts.drift, not opts.cold_start) if opts.epochs is not None else None
 
 
-def _with_progress(job: Any, total: int) -> Any:
+def _with_progress(job: Any, total: int, *, show: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     with Progress(
@@ -81,7 +88,7 @@ def _with_progress(job: Any, total: int) -> Any:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         transient=True,
-        disable=not sys.stderr.isatty(),
+        disable=not (show and sys.stderr.isatty()),
     ) as bar:
         task = bar.add_task("tune: settings", total=total)
         return job(lambda _e: bar.advance(task))

@@ -36,7 +36,7 @@ import tomli_w
 from ..config import RunConfig, parse_corrupt, validate_config
 from ..errors import ConfigError
 from ..graphs import neighbours, sample_graphs
-from ..inputs import make_output_dir, parse_document, read_input_text
+from ..inputs import make_output_dir, not_a_file, parse_document, read_input_text
 from ..private import PRIVATE_FILE_MODE, write_private
 from ..protocol.identity import Identity, new_identity
 from ..runtime.tls import broker_endpoint
@@ -141,8 +141,8 @@ def _tls_files(
             ("server.key", spec.tls.keyfile, 0o600),
         ):
             path = Path(src)
-            if not path.is_file():
-                raise ConfigError(f"tls_{name.replace('.', '')}", src, "no such file")
+            if (why := not_a_file(path)) is not None:
+                raise ConfigError(f"tls_{name.replace('.', '')}", src, why)
             out |= {f"{root}/tls/{name}": (path.read_bytes(), mode) for root in servers}
         out["tls/ca.pem"] = (Path(spec.tls.cafile).read_bytes(), 0o644)
         return out

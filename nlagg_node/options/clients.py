@@ -16,6 +16,7 @@ from .opt import (
     KEY_OPT,
     NETWORK,
     OUTPUT,
+    QUIET_OPT,
     VALUES,
     VERBOSE_OPT,
     Opt,
@@ -89,6 +90,7 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
     results_file: Annotated[
         str | None, Opt("with --every: append each epoch's output here (one JSON line, 0600)", OUTPUT)
     ] = None
+    quiet: Annotated[bool, QUIET_OPT] = False
     verbose: Annotated[bool, VERBOSE_OPT] = False
 
 
@@ -123,8 +125,10 @@ class EavesdropOptions:
         bool, Opt("print JSON-line events (for a supervising process)", OUTPUT, ("--events/--no-events",))
     ] = False
     live: Annotated[
-        bool | None, Opt("live view (default: when stdout is a terminal)", OUTPUT, ("--live/--no-live",))
+        bool | None,
+        Opt("live view (default: when stdout is a terminal, unless --quiet)", OUTPUT, ("--live/--no-live",)),
     ] = None
+    quiet: Annotated[bool, QUIET_OPT] = False
     verbose: Annotated[bool, VERBOSE_OPT] = False
     timeout: Annotated[float | None, Opt("stop after this many seconds")] = None
     config: Annotated[

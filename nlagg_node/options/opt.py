@@ -5,29 +5,43 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from ..defaults import OPERATOR_DEFAULTS, RUN_DEFAULTS
+from ..defaults import OPERATOR_DEFAULTS, OPERATORS, RUN_DEFAULTS
 
 __all__ = [
     "ADVERSARY",
     "EPOCHS",
     "GRAPH",
+    "GRAPHS",
+    "INITS",
     "NETWORK",
+    "OPERATORS",
     "OUTPUT",
     "PANELS",
     "PROTOCOL",
     "RUN",
     "STOPPING",
+    "STOP_RULES",
     "VALUES",
+    "VALUE_DISTRIBUTIONS",
     "Opt",
     "flag_of",
     "op_defaults",
     "option_fields",
+    "refuse_conflicts",
     "to_argv",
 ]
+
+GRAPHS = ("rgg", "ring", "complete", "grid", "erdos-renyi", "star", "file")
+INITS = ("none", "dp-gauss", "dp-laplace", "proposed", "symmetric", "from-above", "from-below", "prior")
+STOP_RULES = ("certificate", "tolerance")
+VALUE_DISTRIBUTIONS = ("normal", "uniform", "uniform-range", "bimodal")
+"""The values of ``--graph``, ``--init``, ``--stop-rule`` and ``--values`` (the shell completes them;
+a test keeps them equal to :mod:`nlagg_node.config`'s literals). ``--op``: :data:`OPERATORS`."""
 
 RUN = "Run"
 GRAPH = "Graph"
@@ -49,7 +63,8 @@ class Opt:
     ``flags``: the option's declarations (``"--early-stop/--no-early-stop"``, ``"--json"``); empty =
     ``--field-name`` (``--x/--no-x`` for a bool). ``always``: :func:`to_argv` writes it even at its
     default. ``min``: the least number it takes (the command line refuses less, naming the option).
-    ``metavar``: how the help shows its value (default: from the type).
+    ``metavar``: how the help shows its value (default: from the type). ``choices``: the values the
+    shell completes (the option's validation stays with its field in :class:`~nlagg_node.config.RunConfig`).
     """
 
     help: str
@@ -58,6 +73,7 @@ class Opt:
     always: bool = False
     min: float | None = None
     metavar: str | None = None
+    choices: tuple[str, ...] = ()
 
 
 CA_OPT = Opt("mqtts://: CA certificate that verifies the broker (a plan's tls/ca.pem)", NETWORK)
@@ -92,7 +108,9 @@ CORRUPT_HELP = (
 CORRUPT_COUNT_HELP = "corrupt the first K nodes (0..K-1), K >= 1; instead of --corrupt"
 FORCE_HELP = "let --out replace the files of an earlier run (refused otherwise)"
 VERBOSE_HELP = "log the protocol's progress to stderr"
-QUIET_HELP = "print only the final result and errors (no progress, notes or warnings)"
+QUIET_HELP = (
+    "print only the final result and errors: no progress or notes (warnings about privacy still print)"
+)
 
 
 CONFIG_OPT = Opt("TOML run config ([run] table or top level); flags override it", RUN)
@@ -101,6 +119,47 @@ FORCE_OPT = Opt(FORCE_HELP, OUTPUT, ("--force",))
 QUIET_OPT = Opt(QUIET_HELP, OUTPUT, ("--quiet", "-q"))
 VERBOSE_OPT = Opt(VERBOSE_HELP, OUTPUT, ("--verbose", "-v"))
 DEPART_HELP = "node@iteration,...: {} (docs/protocol.md 'Nodes that leave')"
+
+
+# Options that contradict each other ---------------------------------------------------------------
+
+
+def _given(value: object) -> bool:
+    return True
+
+
+_EITHER = "give one of {} and {}"
+_NOT_FIXED = "it sets early stopping, which that turns off"
+CONFLICTS: tuple[tuple[str, str, Callable[[Any], bool], str], ...] = (
+    ("graph", "graph_file", lambda graph: graph != "file", _EITHER.format("--graph", "--graph-file")),
+    ("values", "values_file", _given, _EITHER.format("--values", "--values-file")),
+    (
+        "corrupt",
+        "corrupt_count",
+        lambda spec: spec.strip() not in ("", "none"),
+        _EITHER.format("--corrupt", "--corrupt-count"),
+    ),
+    ("stop_rule", "early_stop", _given, _NOT_FIXED),
+    ("stop_window", "early_stop", _given, _NOT_FIXED),
+    ("broker_kind", "broker", lambda kind: kind != "auto", "picks the private broker: not with --broker"),
+)
+"""``(first, second, whether first's value contradicts a given second, why)``: options that contradict
+each other (``second`` given: not None; ``early_stop`` only when False, ``--no-early-stop``).
+``--graph file --graph-file F`` says the same thing twice; ``--graph ring --graph-file F`` does not."""
+
+
+def refuse_conflicts(opts: object) -> None:
+    """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently)."""
+    from ..errors import ConfigError
+
+    for first, second, contradicts, why in CONFLICTS:
+        a, b = getattr(opts, first, None), getattr(opts, second, None)
+        given = b is False if second == "early_stop" else b is not None
+        if a is not None and given and contradicts(a):
+            other = (
+                "--no-early-stop" if second == "early_stop" else f"--{second.replace('_', '-')}={str(b)!r}"
+            )
+            raise ConfigError(first, a, f"contradicts {other}: {why}")
 
 
 # Reading the declarations --------------------------------------------------------------------------

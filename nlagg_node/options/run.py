@@ -16,14 +16,19 @@ from .opt import (
     DEPART_HELP,
     FORCE_OPT,
     GRAPH,
+    GRAPHS,
+    INITS,
     JSON_OPT,
     NETWORK,
+    OPERATORS,
     OUTPUT,
     PROTOCOL,
     QUIET_OPT,
     RUN,
+    STOP_RULES,
     STOPPING,
     VALUE_CMD_OPT,
+    VALUE_DISTRIBUTIONS,
     VALUE_FILE_OPT,
     VALUE_OPT,
     VALUES,
@@ -57,11 +62,20 @@ class ModelOptions:
 
     op: Annotated[
         str | None,
-        Opt("max, min, topk, median, quantile, trimmed-mean or average" + default_of("op"), PROTOCOL),
+        Opt(
+            "max, min, topk, median, quantile, trimmed-mean or average" + default_of("op"),
+            PROTOCOL,
+            choices=OPERATORS,
+        ),
     ] = None
     n: Annotated[int | None, Opt("number of nodes" + default_of("n"), GRAPH)] = None
     graph: Annotated[
-        str | None, Opt("rgg, ring, complete, grid, erdos-renyi, star or file" + default_of("graph"), GRAPH)
+        str | None,
+        Opt(
+            "rgg, ring, complete, grid, erdos-renyi, star or file" + default_of("graph"),
+            GRAPH,
+            choices=GRAPHS,
+        ),
     ] = None
     graph_file: Annotated[
         Path | None, Opt("edge list (CSV 'i,j' lines or JSON); implies --graph file", GRAPH)
@@ -88,6 +102,7 @@ class ModelOptions:
             "private values drawn from: normal, uniform, uniform-range or bimodal"
             " [default: uniform-range with --value-range, else normal]",
             VALUES,
+            choices=VALUE_DISTRIBUTIONS,
         ),
     ] = None
     value_range: Annotated[
@@ -132,6 +147,7 @@ class ModelOptions:
             " every node, which outputs it exactly; tolerance waits until every x stays within"
             " --tolerance (docs/protocol.md) [default: certificate for max and min, else tolerance]",
             STOPPING,
+            choices=STOP_RULES,
         ),
     ] = None
     tolerance: Annotated[
@@ -201,6 +217,7 @@ class RunOptions(ModelOptions):
             "dual initialization: none, dp-gauss, dp-laplace, proposed, symmetric, from-above,"
             " from-below or prior" + default_of("init"),
             PROTOCOL,
+            choices=INITS,
         ),
     ] = None
     sigma_z: Annotated[float | None, Opt(f"std of z^(0) [default: {op_defaults('sigma_z')}]", PROTOCOL)] = (

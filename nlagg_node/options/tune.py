@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from .opt import FORCE_HELP, Opt
+from .opt import FORCE_HELP, GRAPHS, OPERATORS, QUIET_HELP, Opt
 
 __all__ = ["TuneOptions"]
 
@@ -15,9 +15,13 @@ __all__ = ["TuneOptions"]
 class TuneOptions:
     """``nlagg tune``."""
 
-    op: Annotated[str, Opt("max, min, topk, median, quantile, trimmed-mean or average")] = "max"
+    op: Annotated[
+        str, Opt("max, min, topk, median, quantile, trimmed-mean or average", choices=OPERATORS)
+    ] = "max"
     n: Annotated[int, Opt("number of nodes")] = 15
-    graph: Annotated[str | None, Opt("rgg, ring, complete, grid, erdos-renyi, star or file")] = None
+    graph: Annotated[
+        str | None, Opt("rgg, ring, complete, grid, erdos-renyi, star or file", choices=GRAPHS)
+    ] = None
     graph_file: Annotated[Path | None, Opt("edge list; implies --graph file")] = None
     value_range: Annotated[
         tuple[float, float] | None, Opt("public range LO HI of the values", metavar="LO HI")
@@ -46,3 +50,4 @@ class TuneOptions:
     out: Annotated[Path, Opt("where to write the chosen run config")] = Path("run.toml")
     as_json: Annotated[bool, Opt("print the table and the choice as JSON", flags=("--json",))] = False
     force: Annotated[bool, Opt(FORCE_HELP, flags=("--force",))] = False
+    quiet: Annotated[bool, Opt(QUIET_HELP, flags=("--quiet", "-q"))] = False

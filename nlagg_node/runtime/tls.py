@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..inputs import not_a_file
 
 __all__ = ["BrokerEndpoint", "TlsSettings", "broker_endpoint"]
 
@@ -29,8 +30,9 @@ class TlsSettings:
     def __post_init__(self) -> None:
         for field in ("ca_file", "certfile", "keyfile"):
             path = getattr(self, field)
-            if path is not None and not Path(path).is_file():
-                raise ConfigError(field, str(path), "no such file")
+            why = None if path is None else not_a_file(Path(path))
+            if why is not None:
+                raise ConfigError(field, str(path), why)
         if (self.certfile is None) != (self.keyfile is None):
             raise ConfigError(
                 "certfile", str(self.certfile), "give a client certificate and its key together"

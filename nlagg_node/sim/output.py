@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
@@ -58,8 +59,10 @@ class SimSummary(TypedDict):
     # By rank: 1 where every exact protocol exposes the value too (nlagg_node.verdict).
     ideal_world: list[float]
     # By rank: every value the transcript determines, with the average phase's component sums
-    # (a component whose other members are exposed gives away the last; nlagg_node.threat).
+    # (a component whose other members are exposed gives away the last; nlagg_node.threat), and
+    # the corrupted nodes' values (at least: their duals may give away more, which `nlagg attack` finds).
     determined_probability: list[float]
+    corrupted: list[int]  # the nodes determined_probability counts as corrupted (sim --corrupt)
     determined_mean: float  # values determined per trial, on average
     # Trials whose every phase settles within `tolerance`; where departures split the graph, the
     # trials whose every survivor ends within `tolerance` of its own component's aggregate.
@@ -152,28 +155,33 @@ def _per_component(result: SimResult, err: FloatArray) -> list[ComponentResult]:
     return out
 
 
-def determined(result: SimResult) -> BoolArray:
-    """``(B, n)``: values the transcript determines: exposed (matching event or solved), plus,
-    for an operator with an average phase, the last unknown member of an honest component
-    (:func:`nlagg_node.threat.determined_by_sums`; the simulator corrupts no node)."""
+def determined(result: SimResult, corrupted: Sequence[int] = ()) -> BoolArray:
+    """``(B, n)``: values the transcript determines: exposed (matching event or solved) and the
+    ``corrupted`` nodes' own, plus, for an operator with an average phase, the last unknown member of
+    an honest component (:func:`nlagg_node.threat.determined_by_sums`, the corrupted nodes cut out).
+
+    A lower bound with corrupted nodes: the simulator's exposures are the eavesdropper's, and a
+    corrupted node's duals can give away more (``nlagg attack`` on ``sim --transcript`` finds it)."""
+    known = result.exposed.copy()
+    known[:, list(corrupted)] = True
     avg = [k for k, p in enumerate(result.phases) if p.objective.kind == "quadratic"]
     if not avg:
-        return result.exposed
+        return known
     t0 = sum(p.t_len for p in result.phases[: avg[0]])
     t1 = t0 + result.phases[avg[0]].t_len
-    out = result.exposed.copy()
+    out = known.copy()
     n = result.config.n
     for b, edges in enumerate(result.graphs):
         gone = result.departures_of(b) if result.departed else {}
         # One stretch from the phase's second iteration, and a new one at every departure in it.
         starts = [t0 + 1, *sorted({t for t in gone.values() if t0 + 1 < t < t1})]
-        cuts = [[j for j, t in gone.items() if t <= at] for at in starts]
-        out[b] = determined_by_sums(n, edges, result.exposed[b], cuts)
+        cuts = [[*corrupted, *(j for j, t in gone.items() if t <= at)] for at in starts]
+        out[b] = determined_by_sums(n, edges, known[b], cuts)
     return out
 
 
-def summarize(result: SimResult) -> SimSummary:
-    """The JSON summary of a run (``nlagg sim --json``)."""
+def summarize(result: SimResult, corrupted: Sequence[int] = ()) -> SimSummary:
+    """The JSON summary of a run (``nlagg sim --json``); ``corrupted`` counts in ``determined_*``."""
     cfg = result.config
     conv = result.converged_iterations
     err = final_errors(result)
@@ -184,7 +192,8 @@ def summarize(result: SimResult) -> SimSummary:
     bad = sorted(np.flatnonzero(~ok).tolist(), key=lambda b: -worst[b])
     out["unconverged_count"] = len(bad)
     out["unconverged_trials"] = [{"trial": b, "error": float(worst[b])} for b in bad[:UNCONVERGED_LISTED]]
-    known = determined(result)
+    known = determined(result, corrupted)
+    out["corrupted"] = sorted(corrupted)
     out["determined_probability"] = [float(p) for p in result.by_rank(known).mean(axis=0)]
     out["determined_mean"] = float(known.sum(axis=1).mean())
     if cfg.trials == 1:
@@ -228,6 +237,7 @@ def _summary(result: SimResult, conv: IntArray, ok: BoolArray) -> SimSummary:
         "matching_probability": [float(p) for p in result.matching_probability()],
         "ideal_world": [float(r in ideal_ranks(cfg)) for r in range(cfg.n)],
         "determined_probability": [],
+        "corrupted": [],
         "determined_mean": 0.0,
         "converged_fraction": float(ok.mean()),
         "tolerance": cfg.tolerance,

@@ -174,11 +174,10 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
         ("0", None, [0]),
         ("3", None, [3]),
         ("3,7", None, [3, 7]),
-        ("7,3,3", None, [3, 7]),
         ("5,", None, [5]),
         (None, 3, [0, 1, 2]),
     ],
-    ids=["none", "none-word", "node-0", "one-id", "ids", "dupes", "trailing-comma", "count"],
+    ids=["none", "none-word", "node-0", "one-id", "ids", "trailing-comma", "count"],
 )
 def test_parse_corrupt(spec: str | None, count: int | None, expected: list[int]) -> None:
     assert parse_corrupt(spec, 10, count=count) == expected

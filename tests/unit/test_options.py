@@ -150,33 +150,6 @@ def test_shell_completion_is_installable() -> None:
     assert "--install-completion" in _help()
 
 
-@pytest.mark.parametrize(
-    ("command", "flag"),
-    [
-        (("sim",), "--quiet"),
-        (("testbed",), "--quiet"),
-        (("attack",), "--quiet"),
-        (("experiment",), "--quiet"),
-    ],
-    ids=["sim", "testbed", "attack", "experiment"],
-)
-def test_long_commands_have_quiet(command: tuple[str, ...], flag: str) -> None:
-    assert flag in _help(*command)
-
-
-def test_quiet_sim_prints_the_result_and_no_warning(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    args = ["sim", "--op", "average", "--init-channel", "plain", "--n", "4", "--trials", "1", "--t-max", "5"]
-    for quiet, warned in ((False, True), (True, False)):
-        monkeypatch.setattr("sys.argv", ["nlagg", *args, "--json", *["--quiet"] * quiet])
-        with pytest.raises(SystemExit) as exc:
-            main()
-        out, err = capsys.readouterr()
-        assert exc.value.code == 0, err
-        assert ('"op": "average"' in out, "exposes every value" in err) == (True, warned)
-
-
 def test_help_sends_nobody_to_the_readme() -> None:
     for command in (("sim",), ("testbed",), ("deploy", "plan"), ("node",), ("deploy", "compose")):
         assert "README" not in _help(*command)
