@@ -38,9 +38,15 @@ def tune(opts: TuneOptions) -> None:
         seed=opts.seed,
     )
     grid = candidate_settings(base, opts.budget)
+    mapper = None
+    if opts.scheduler is not None:
+        from ..sweep import run_on_scheduler
+
+        scheduler = opts.scheduler
+        mapper = lambda fn, items: run_on_scheduler(fn, list(items), scheduler)  # noqa: E731
     result = _with_progress(
         lambda report: run_tune(
-            base, max_leak=opts.max_leak, budget=opts.budget, progress=report, epochs=plan
+            base, max_leak=opts.max_leak, budget=opts.budget, progress=report, epochs=plan, mapper=mapper
         ),
         len(grid),
     )

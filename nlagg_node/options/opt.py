@@ -85,6 +85,10 @@ def op_defaults(key: str) -> str:
     return plain + " (other defaults with --value-range: see docs/cli.md)"
 
 
+SCHEDULER_HELP = (
+    "run the jobs on the Dask scheduler at tcp://HOST:PORT (pip install 'nlagg[dask]'); the results"
+    " equal a local run's"
+)
 CORRUPT_HELP = (
     "ids of the corrupted nodes, which forward their state to the adversary: 0 is node 0, 1,4 nodes 1"
     " and 4 (see --corrupt-count for the first K)"
