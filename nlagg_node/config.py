@@ -19,7 +19,7 @@ from .defaults import NORMALIZED_DEFAULTS as NORMALIZED_DEFAULTS
 from .defaults import OPERATOR_DEFAULTS as OPERATOR_DEFAULTS
 from .defaults import OPERATORS as OPERATORS
 from .defaults import PROPOSED_INIT as PROPOSED_INIT
-from .defaults import START_RISK, STOP_WINDOW
+from .defaults import START_RISK, STOP_WINDOW, T_MAX_GROWTH
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import parse_document, read_input_text
@@ -144,15 +144,26 @@ class RunConfig(BaseModel):
     def default(self, key: str) -> float | int:
         """The operator's default for ``key`` (calibrated for [0, 1] when a value range is declared).
 
-        Without a range, mu_z grows with n so that the start mu_z / c stays above the largest of n
-        N(0, 1) values (:func:`start_height`).
+        Calibrated at n = 15; beyond, t_max grows as ``(n / 15)^(1/3)`` (:data:`T_MAX_GROWTH`), and
+        without a range mu_z grows so that the start mu_z / c stays above the largest of n N(0, 1)
+        values (:func:`start_height`).
         """
-        if self.value_range is not None:
-            return NORMALIZED_DEFAULTS[self.op][key]
-        table = OPERATOR_DEFAULTS[self.op]
-        if key == "mu_z" and table["mu_z"] > 0:
+        table = (NORMALIZED_DEFAULTS if self.value_range is not None else OPERATOR_DEFAULTS)[self.op]
+        if key == "t_max":
+            return self._grown_t_max(int(table["t_max"]))
+        if key == "mu_z" and table["mu_z"] > 0 and self.value_range is None:
             return table["c"] * max(table["mu_z"] / table["c"], start_height(self.n))
         return table[key]
+
+    def _grown_t_max(self, calibrated: int) -> int:
+        """``calibrated`` grown as ``(n / 15)^(1/3)``, rounded up to 100, within the run's limit on n times
+        its iterations (:data:`~nlagg_node.limits.MAX_NODE_ITERATIONS`)."""
+        growth = max(1.0, (self.n / 15.0) ** T_MAX_GROWTH)
+        grown: int = math.ceil(calibrated * growth / 100.0 - 1e-9) * 100
+        phases = {"topk": self.k, "trimmed-mean": 2 * self.k}.get(self.op, 1)
+        average = self.avg_t_max if self.op == "trimmed-mean" else 0
+        room = (MAX_NODE_ITERATIONS // self.n - average) // phases // 100 * 100
+        return max(calibrated, min(grown, room))
 
     @property
     def c_value(self) -> float:

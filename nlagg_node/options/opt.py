@@ -82,6 +82,11 @@ def op_defaults(key: str) -> str:
     for op, d in OPERATOR_DEFAULTS.items():
         seen.setdefault(d[key], []).append(op)
     plain = "; ".join(f"{'/'.join(ops)}: {v:g}" for v, ops in seen.items())
+    if key in ("t_max", "mu_z"):  # nlagg_node.config.RunConfig.default
+        return (
+            plain
+            + " up to n = 15, more beyond (and other defaults with --value-range: see docs/reference.md)"
+        )
     return plain + " (other defaults with --value-range: see docs/cli.md)"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nlagg_node.config import OPERATOR_DEFAULTS, RunConfig, start_height
+from nlagg_node.config import NORMALIZED_DEFAULTS, OPERATOR_DEFAULTS, RunConfig, start_height
 from nlagg_node.pdmm import Objective
 from nlagg_node.scale import start_problem
 from nlagg_node.schedule import true_aggregate
@@ -20,7 +20,18 @@ ONE_SIDED = ["max", "min", "topk", "trimmed-mean"]
 @pytest.mark.parametrize("n", [3, 10, 12, 15], ids=lambda n: f"n{n}")
 def test_up_to_fifteen_nodes_keep_the_calibrated_start(n: int) -> None:
     for op, table in OPERATOR_DEFAULTS.items():
-        assert RunConfig(op=op, n=n, k=1).mu_z_value == table["mu_z"]
+        cfg = RunConfig(op=op, n=n, k=1)
+        assert (cfg.mu_z_value, cfg.t_max_value) == (table["mu_z"], table["t_max"])
+        ranged = RunConfig(op=op, n=n, k=1, value_range=(15.0, 35.0))
+        assert (ranged.mu_z_value, ranged.t_max_value) == (
+            NORMALIZED_DEFAULTS[op]["mu_z"],
+            NORMALIZED_DEFAULTS[op]["t_max"],
+        )
+
+
+def test_the_cap_on_iterations_grows_with_n() -> None:
+    caps = [RunConfig(n=n).t_max_value for n in (15, 16, 200, 1000)]
+    assert caps == [7000, 7200, 16600, 28400]
 
 
 def test_the_start_rises_with_n_and_not_with_a_range() -> None:
