@@ -200,12 +200,9 @@ def build_plan(spec: PlanSpec) -> DeployPlan:
     )
     corrupted = parse_corrupt(spec.corrupt, n, count=spec.corrupt_count)
     if spec.value_source is None:
-        from ..scale import check_start
         from ..sim.values import run_values
 
         drawn = {i: float(v) for i, v in enumerate(run_values(run, 1)[0])}
-        for v in drawn.values():  # a value its node would refuse is refused now, not in the field
-            check_start(run, v)
         # In private files, not in the node files: `nlagg node --value V` would show it to `ps`.
         sources = [ValueSource(source="file", path=f"values/{i}.txt") for i in range(n)]
     else:
