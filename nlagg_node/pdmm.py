@@ -18,7 +18,7 @@ every local objective of the paper has a closed-form x-update:
 
 * piecewise-linear ``f_i(x) = alpha (x - s_i)_+ + beta (s_i - x)_+`` (max: alpha = 1,
   beta = inf, eq. (xi_up); min: alpha = inf, beta = 1; median: alpha = beta = 1,
-  eq. (x_update_eq), 1 +- 1/n at even n; quantile: alpha = q, beta = 1 - q)::
+  eq. (x_update_eq); quantile: alpha = q, beta = 1 - q)::
 
       lo = (-alpha - v_i) / (c d_i),  hi = (beta - v_i) / (c d_i)
       x_i = lo if lo > s_i  else  hi if hi < s_i  else  s_i
@@ -74,27 +74,9 @@ class Objective:
         return cls("piecewise", math.inf, 1.0)
 
     @classmethod
-    def median(cls, n: int) -> Objective:
-        """``|x - s|``: eq. (x_update_eq) for odd ``n``; the lower median for even ``n``.
-
-        With an even number of values, ``sum_i |x - s_i|`` is flat between the two middle values,
-        so the nodes would settle anywhere between them, and trajectories of both middle nodes'
-        neighbourhoods approach the window; the ideal world then reveals neither. Slopes
-        ``alpha = 1 + 1/n`` above and ``beta = 1 - 1/n`` below tilt the sum towards the lower
-        middle value ``s_(n/2)`` (ascending), its only minimizer, as for every m <= n values a
-        departure leaves (the ``ceil(m level)``-th smallest, :attr:`level`). Odd ``n`` keeps the
-        paper's slopes.
-        """
-        if n % 2:
-            return cls("piecewise", 1.0, 1.0)
-        return cls("piecewise", 1.0 + 1.0 / n, 1.0 - 1.0 / n)
-
-    @property
-    def level(self) -> float:
-        """The fraction of the values below a piecewise objective's minimizer, ``beta / (alpha + beta)``:
-        of m values, the ``ceil(m level)``-th smallest minimizes (an interval when ``m level`` is an
-        integer)."""
-        return self.beta / (self.alpha + self.beta)
+    def median(cls) -> Objective:
+        """``|x - s|``: eq. (x_update_eq)."""
+        return cls("piecewise", 1.0, 1.0)
 
     @classmethod
     def quantile(cls, q: float) -> Objective:

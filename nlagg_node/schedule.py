@@ -89,7 +89,7 @@ def plan_phases(cfg: RunConfig) -> list[Phase]:
     if op == "min":
         return [Phase("min", Objective.minimum(), t, "min", _init_for(cfg, "from-below", c))]
     if op == "median":
-        return [Phase("median", Objective.median(cfg.n), t, "median", _init_for(cfg, _proposed(cfg), c))]
+        return [Phase("median", Objective.median(), t, "median", _init_for(cfg, _proposed(cfg), c))]
     if op == "quantile":
         obj = Objective.quantile(paper_q(cfg.quantile))
         return [Phase("quantile", obj, t, "quantile", _init_for(cfg, _proposed(cfg), c))]
@@ -157,9 +157,8 @@ def combine(cfg: RunConfig, phases: list[Phase], finals: list[FloatArray]) -> Fl
 def phase_targets(cfg: RunConfig, phases: list[Phase], s: FloatArray) -> list[tuple[FloatArray, FloatArray]]:
     """The exact solution set ``[lo, hi]`` of every phase, per trial (``s`` has shape ``(trials, n)``).
 
-    A quantile with ``n p`` an integer has a whole interval of minimizers; any point in it is
-    exact. The median's objective at even n has one: the lower middle value
-    (:meth:`nlagg_node.pdmm.Objective.median`), the ``ceil(m level)``-th smallest of the m values.
+    The median of an even number of values, or a quantile with ``n p`` an integer,
+    has a whole interval of minimizers; any point in it is exact.
     """
     n = s.shape[-1]
     desc = -np.sort(-s, axis=-1)
@@ -175,7 +174,7 @@ def phase_targets(cfg: RunConfig, phases: list[Phase], s: FloatArray) -> list[tu
             r = n - 1 - ph.round_index
             out.append((desc[..., r], desc[..., r]))
         else:
-            p = ph.objective.level if ph.group == "median" else cfg.quantile
+            p = 0.5 if ph.group == "median" else cfg.quantile
             asc = desc[..., ::-1]
             npos = n * p
             k = int(np.ceil(npos - 1e-12))

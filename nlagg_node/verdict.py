@@ -104,9 +104,7 @@ def ideal_ranks(cfg: RunConfig) -> list[int]:
     if cfg.op == "trimmed-mean":
         return [*range(cfg.k), *range(n - cfg.k, n)]
     if cfg.op in ("median", "quantile"):
-        from .pdmm import Objective
-
-        p = Objective.median(n).level if cfg.op == "median" else cfg.quantile
+        p = 0.5 if cfg.op == "median" else cfg.quantile
         pos = n * p
         if abs(pos - round(pos)) < 1e-12:
             return []  # an interval of minimizers: no single holder
