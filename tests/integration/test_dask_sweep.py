@@ -49,6 +49,23 @@ def test_experiment_on_the_scheduler_equals_the_local_run(tmp_path: Path, schedu
     assert _panels(a) == _panels(b)
 
 
+def test_tune_on_the_scheduler_equals_the_local_run(tmp_path: Path, scheduler: str) -> None:
+    _register()
+    runner = CliRunner()
+    args = ["tune", "--op", "max", "--n", "6", "--trials", "12", "--budget", "400", "--json"]
+    local = runner.invoke(app, [*args, "--out", str(tmp_path / "local.toml")])
+    remote = runner.invoke(app, [*args, "--out", str(tmp_path / "dask.toml"), "--scheduler", scheduler])
+    assert local.exit_code == 0, local.output
+    assert remote.exit_code == 0, remote.output
+    a, b = json.loads(local.output), json.loads(remote.output)
+    assert [_numbers(e) for e in a["evaluated"]] == [_numbers(e) for e in b["evaluated"]]
+    assert (tmp_path / "local.toml").read_text() == (tmp_path / "dask.toml").read_text()
+
+
+def _numbers(evaluation: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in evaluation.items() if k != "seconds"}
+
+
 def test_results_come_back_in_item_order(scheduler: str) -> None:
     seen: list[int] = []
     out = run_sweep(abs, [-k for k in range(9)], scheduler=scheduler, on_result=lambda i, _: seen.append(i))
