@@ -1,22 +1,22 @@
-"""The measured tables of the defaults: the README's "Defaults at a glance" and the per-init table
-behind the default initializations (docs/experiments.md, "Default initializations").
+"""The measured tables of the defaults: the README's "Defaults at a glance" and the per-init table behind
+the default initializations (docs/experiments.md, "Default initializations").
 
-``--readme``: every operator at its defaults, as ``nlagg sim --trials 1000 --seed 0`` runs it (RGG,
-n = 15): the share of exact trials, the worst leakage over the ranks the ideal world does not expose
-and the median iterations to converge, written into README.md between its ``defaults-table``
-markers; and the median iterations each run took against its cap (early stopping), written into
-docs/reference.md between its ``iterations-run`` markers (tests/unit/test_doc_figures.py measures
-both again at fewer trials and checks each figure).
+``--readme``: every operator at its defaults, as ``nlagg sim --n N --trials T --seed 0`` runs it (RGG; n
+= 15 with 1000 trials, n = 100 with 300: README_SIZES): the share of exact trials, the worst leakage over
+the ranks the ideal world does not expose and the median iterations to converge, written into README.md
+between its ``defaults-table`` markers; and the median iterations each run took against its cap (early
+stopping), written into docs/reference.md between its ``iterations-run`` markers
+(tests/unit/test_doc_figures.py measures both again at fewer trials and checks each figure).
 
-Otherwise, for every operator, every initialization is run at the operator's defaults on values drawn
-uniformly over a declared range (RGG n = 15, the given trials, seed 0), and on the paper's
-N(0, 1) values without a range. A row gives the largest leakage over the ranks the ideal world
-does not expose, whether the run is exact (every trial within 1e-9 of the aggregate, relative
-to the range), and iterations to converge. The default (``--init proposed``) must be the least
-leaky exact one.
+Otherwise, for every operator, every initialization (``--inits``) is run at the operator's defaults on
+values drawn uniformly over a declared range (RGG of each ``--n``, the given trials, seed 0), and on the
+paper's N(0, 1) values without a range. A row gives the largest leakage over the ranks the ideal world
+does not expose, whether the run is exact (every trial within 1e-9 of the aggregate, relative to the
+range), and iterations to converge. The default (``--init proposed``) must be the least leaky exact one.
 
-Run: python benchmarks/defaults_table.py --readme [--trials 1000]
-     python benchmarks/defaults_table.py [--trials 1000] [--ops max,median]
+Run: python benchmarks/defaults_table.py --readme
+     python benchmarks/defaults_table.py [--trials 1000] [--ops max,median] [--n 15,100] [--inits proposed]
+
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REFERENCE = ROOT / "docs" / "reference.md"
 README_TRIALS = 1000
+README_SIZES = {15: README_TRIALS, 100: 300}  # network size -> trials its rows are measured with
 README_HEAD = (
-    "| operator | exact trials | leakage beyond the ideal world (worst rank) | iterations (median) |\n"
-    "|---|---|---|---|"
+    "| operator | n | exact trials | leakage beyond the ideal world (worst rank) | iterations (median) |\n"
+    "|---|---|---|---|---|"
 )
 
 
@@ -53,10 +54,11 @@ class DefaultsRow:
     iterations: float | None
     ran: float | None = None  # median iterations a trial ran (every phase, early stopping)
     cap: int | None = None  # the most it may run: t_max per phase, every phase
+    n: int = 15
 
     def line(self) -> str:
         its = "-" if self.iterations is None else f"{self.iterations:.0f}"
-        return f"| {self.op} | {self.exact:.3f} | {self.leak:.3f} | {its} |"
+        return f"| {self.op} | {self.n} | {self.exact:.3f} | {self.leak:.3f} | {its} |"
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -83,25 +85,28 @@ def with_block(text: str, name: str, block: str, *, inline: bool = False) -> str
     return pattern.sub(lambda _: f"{begin}{sep}{block}{sep}{end}", text)
 
 
-def measure_defaults(op: str, trials: int, seed: int = 0) -> DefaultsRow:
-    """``nlagg sim --op OP --trials TRIALS --seed SEED`` at the defaults, as one table row."""
+def measure_defaults(op: str, trials: int, seed: int = 0, n: int = 15) -> DefaultsRow:
+    """``nlagg sim --op OP --n N --trials TRIALS --seed SEED`` at the defaults, as one table row."""
     from nlagg_node.sim import simulate
     from nlagg_node.sim.output import summarize
 
-    result = simulate(load_config(None, op=op, trials=trials, seed=seed))
+    result = simulate(load_config(None, op=op, n=n, trials=trials, seed=seed))
     s = summarize(result)
     beyond = [p for p, ideal in zip(s["leakage_probability"], s["ideal_world"], strict=True) if not ideal]
     ran = float(np.median(result.phase_iterations.sum(axis=1)))
     worst = max(beyond, default=0.0)
-    return DefaultsRow(op, s["converged_fraction"], worst, s["iterations_to_converge"], ran, result.t_total)
+    return DefaultsRow(
+        op, s["converged_fraction"], worst, s["iterations_to_converge"], ran, result.t_total, n
+    )
 
 
 def read_readme_rows(text: str) -> list[DefaultsRow]:
     """The rows the README holds between its ``defaults-table`` markers."""
     rows = []
     for line in between(text, "defaults-table").splitlines()[2:]:
-        op, exact, leak, its = (cell.strip() for cell in line.strip("|").split("|"))
-        rows.append(DefaultsRow(op, float(exact), float(leak), None if its == "-" else float(its)))
+        op, n, exact, leak, its = (cell.strip() for cell in line.strip("|").split("|"))
+        iterations = None if its == "-" else float(its)
+        rows.append(DefaultsRow(op, float(exact), float(leak), iterations, n=int(n)))
     return rows
 
 
@@ -121,25 +126,27 @@ def read_ran(text: str) -> dict[str, tuple[float, int]]:
     return {op: (float(ran), int(cap)) for op, ran, cap in found}
 
 
-def write_readme(trials: int) -> None:
+def write_readme(sizes: dict[int, int]) -> None:
     rows = []
-    for op in OPERATORS:
-        rows.append(measure_defaults(op, trials))
-        print(rows[-1].line(), flush=True)
+    for n, trials in sizes.items():
+        for op in OPERATORS:
+            rows.append(measure_defaults(op, trials, n=n))
+            print(rows[-1].line(), flush=True)
     README.write_text(with_table(README.read_text(), rows))
-    REFERENCE.write_text(with_block(REFERENCE.read_text(), "iterations-run", ran_sentence(rows), inline=True))
+    ran = ran_sentence([r for r in rows if r.n == 15])
+    REFERENCE.write_text(with_block(REFERENCE.read_text(), "iterations-run", ran, inline=True))
     print(f"wrote the table into {README} and the iterations run into {REFERENCE}")
 
 
-def per_init_table(trials: int, ops: list[str], ranges: list[str]) -> None:
+def per_init_table(trials: int, ops: list[str], ranges: list[str], n: int, inits: list[str]) -> None:
     head = "| operator | values | init | c | mu_z | exact | worst leak | iterations median / p99 |"
     print(head)
     print("|---|---|---|---|---|---|---|---|")
     for op in ops:
         for which in ranges:
             rng = (15.0, 35.0) if which == "range" else None
-            base = load_config(None, op=op, trials=trials, value_range=rng, seed=0).resolved()
-            for init in INITS:
+            base = load_config(None, op=op, n=n, trials=trials, value_range=rng, seed=0).resolved()
+            for init in inits:
                 if op in ("average", "trimmed-mean") and init in ("from-above", "from-below"):
                     continue
                 s = Setting(init, base.c_value, base.mu_z_value, base.sigma_z_value, base.t_max_value)
@@ -149,7 +156,7 @@ def per_init_table(trials: int, ops: list[str], ranges: list[str]) -> None:
                     if e.iterations_median is not None and e.iterations_p99 is not None
                     else "-"
                 )
-                label = "U[15, 35]" if rng else "N(0, 1)"
+                label = ("U[15, 35]" if rng else "N(0, 1)") + (f", n = {n}" if n != 15 else "")
                 print(
                     f"| {op} | {label} | {init} | {s.c:g} | {s.mu_z:g} | {'yes' if e.exact else 'no'}"
                     f" | {e.leak:.3f} | {its} |",
@@ -163,11 +170,14 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=README_TRIALS)
     ap.add_argument("--ops", default=",".join(OPERATORS))
     ap.add_argument("--ranges", default="range,none", help="range (uniform over [15, 35]), none (N(0, 1))")
+    ap.add_argument("--n", default="15", help="network sizes of the per-init table, comma-separated")
+    ap.add_argument("--inits", default=",".join(INITS), help="initializations, comma-separated")
     args = ap.parse_args()
     if args.readme:
-        write_readme(args.trials)
-    else:
-        per_init_table(args.trials, args.ops.split(","), args.ranges.split(","))
+        write_readme(README_SIZES)
+        return
+    for n in (int(v) for v in args.n.split(",")):
+        per_init_table(args.trials, args.ops.split(","), args.ranges.split(","), n, args.inits.split(","))
 
 
 if __name__ == "__main__":

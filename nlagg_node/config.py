@@ -19,7 +19,7 @@ from .defaults import NORMALIZED_DEFAULTS as NORMALIZED_DEFAULTS
 from .defaults import OPERATOR_DEFAULTS as OPERATOR_DEFAULTS
 from .defaults import OPERATORS as OPERATORS
 from .defaults import PROPOSED_INIT as PROPOSED_INIT
-from .defaults import STOP_WINDOW
+from .defaults import START_RISK, STOP_WINDOW, T_MAX_GROWTH
 from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import parse_document, read_input_text
@@ -142,9 +142,28 @@ class RunConfig(BaseModel):
 
     # Resolved parameters --------------------------------------------------------------
     def default(self, key: str) -> float | int:
-        """The operator's default for ``key`` (calibrated for [0, 1] when a value range is declared)."""
-        table = NORMALIZED_DEFAULTS if self.value_range is not None else OPERATOR_DEFAULTS
-        return table[self.op][key]
+        """The operator's default for ``key`` (calibrated for [0, 1] when a value range is declared).
+
+        Calibrated at n = 15; beyond, t_max grows as ``(n / 15)^(1/3)`` (:data:`T_MAX_GROWTH`), and
+        without a range mu_z grows so that the start mu_z / c stays above the largest of n N(0, 1)
+        values (:func:`start_height`).
+        """
+        table = (NORMALIZED_DEFAULTS if self.value_range is not None else OPERATOR_DEFAULTS)[self.op]
+        if key == "t_max":
+            return self._grown_t_max(int(table["t_max"]))
+        if key == "mu_z" and table["mu_z"] > 0 and self.value_range is None:
+            return table["c"] * max(table["mu_z"] / table["c"], start_height(self.n))
+        return table[key]
+
+    def _grown_t_max(self, calibrated: int) -> int:
+        """``calibrated`` grown as ``(n / 15)^(1/3)``, rounded up to 100, within the run's limit on n times
+        its iterations (:data:`~nlagg_node.limits.MAX_NODE_ITERATIONS`)."""
+        growth = max(1.0, (self.n / 15.0) ** T_MAX_GROWTH)
+        grown: int = math.ceil(calibrated * growth / 100.0 - 1e-9) * 100
+        phases = {"topk": self.k, "trimmed-mean": 2 * self.k}.get(self.op, 1)
+        average = self.avg_t_max if self.op == "trimmed-mean" else 0
+        room = (MAX_NODE_ITERATIONS // self.n - average) // phases // 100 * 100
+        return max(calibrated, min(grown, room))
 
     @property
     def c_value(self) -> float:
@@ -227,6 +246,19 @@ class RunConfig(BaseModel):
         return GraphSpec(
             kind=self.graph, n=self.n, radius=self.radius, p=self.edge_probability, path=self.graph_file
         )
+
+
+def start_height(n: int) -> float:
+    """The level the largest of n N(0, 1) values exceeds with probability ``START_RISK / n``, rounded
+    up to 0.01.
+
+    The default one-sided start without a value range is the larger of this and the calibrated 3
+    (:data:`nlagg_node.defaults.START_RISK`): 3 up to n = 15, 3.67 at n = 50, 4.01 at 100, 4.33 at
+    200, 4.99 at 1000.
+    """
+    from statistics import NormalDist
+
+    return math.ceil(100.0 * NormalDist().inv_cdf((1.0 - START_RISK / n) ** (1.0 / n))) / 100.0
 
 
 def parse_corrupt(spec: str | None, n: int, *, count: int | None = None) -> list[int]:

@@ -23,6 +23,20 @@ _OWN: dict[str, dict[str, float | int]] = {
 }
 OPERATOR_DEFAULTS: dict[str, dict[str, float | int]] = {op: dict(_OWN.get(op, _EXTREMES)) for op in _ORDER}
 
+# Without a value range the values are taken as the paper's N(0, 1), and a one-sided start mu_z / c
+# must lie above (below) every node's value, or that node refuses the run. The calibrated start 3
+# is the level the largest of 15 values exceeds with probability 2%; a larger network raises it to
+# the level the largest of n values exceeds with probability START_RISK / n (0.3% at n = 100,
+# 0.03% at n = 1000), never below 3: n <= 15 keeps the calibrated defaults (docs/reference.md,
+# "Defaults at any n").
+START_RISK = 0.31
+
+# Iterations to converge grow with n (max, RGG, seed 0, the certified stop: a median 2315 at n = 15,
+# 4393 at n = 200, 6807 at n = 1000, where t_max = 7000 left 9 of 20 trials short), so the cap t_max
+# grows as (n / 15)^(1/3), rounded up to 100: 7000 up to n = 15, 16,600 at n = 200, 28,400 at 1000.
+# Early stopping ends a phase when it is done; t_max only bounds the runs that are not.
+T_MAX_GROWTH = 1.0 / 3.0
+
 # With a declared value_range the protocol runs on values in [0, 1] (nlagg_node.valuechecks); these are
 # calibrated there (uniform values over the range, RGG n = 15; docs/experiments.md). Gaps between
 # neighbouring values are about 1/n of the range, so c is larger than for N(0, 1) values. One-sided

@@ -9,6 +9,10 @@ number of workers or on the order in which jobs finish.
 
 Each worker runs the numba kernels with ``cores // workers`` threads, so processes
 times threads never exceeds the cores.
+
+With ``scheduler="tcp://HOST:PORT"`` the jobs go to a Dask cluster instead (``pip install
+'nlagg[dask]'``, :func:`run_on_scheduler`): the same function of the same items, so the same
+results, on as many machines as the cluster's workers run on.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ def run_sweep(
     workers: int | None = None,
     description: str = "sweep",
     on_result: Callable[[int, R], None] | None = None,
+    scheduler: str | None = None,
 ) -> list[R]:
-    """``[fn(item) for item in items]``, computed on up to ``workers`` processes.
+    """``[fn(item) for item in items]``, computed on up to ``workers`` processes (or a Dask cluster).
 
     Parameters
     ----------
@@ -67,7 +72,13 @@ def run_sweep(
         Label of the progress bar (shown only when stderr is a terminal).
     on_result
         Called in this process as ``on_result(index, result)`` when a job finishes.
+    scheduler
+        A Dask scheduler's address (``tcp://HOST:PORT``): the jobs run on its workers
+        (:func:`run_on_scheduler`) and ``workers`` is ignored.
     """
+    if scheduler is not None:
+        with _progress(description, len(items)) as advance:
+            return run_on_scheduler(fn, items, scheduler, on_result=on_result, advance=advance)
     n_jobs = len(items)
     cores = available_cores()
     count = min(n_jobs, cores if workers is None else max(1, workers))
@@ -105,6 +116,60 @@ def run_sweep(
                         worker.terminate()
                     raise
     return [results[i] for i in range(n_jobs)]
+
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds to wait for a Dask scheduler to answer."""
+
+
+def run_on_scheduler(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    scheduler: str,
+    *,
+    on_result: Callable[[int, R], None] | None = None,
+    advance: Callable[[], None] = lambda: None,
+) -> list[R]:
+    """``[fn(item) for item in items]`` on the workers of the Dask scheduler at ``scheduler``.
+
+    Every job is submitted as impure (``pure=False``: two equal items are two jobs, as in the
+    process pool) and its result returned in item order; ``on_result(index, result)`` runs here
+    as each one finishes. A job's exception is raised here and cancels the jobs not finished.
+
+    Raises
+    ------
+    ConfigError
+        ``scheduler=...``: the ``distributed`` package is missing (the ``nlagg[dask]`` extra), or
+        no scheduler answered at that address within :data:`CONNECT_TIMEOUT` seconds.
+    """
+    from .errors import ConfigError
+
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError(
+            "scheduler", scheduler, "needs the Dask client: pip install 'nlagg[dask]' (distributed)"
+        ) from None
+    try:
+        client = Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)  # type: ignore[no-untyped-call]
+    except (OSError, TimeoutError) as exc:
+        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise ConfigError("scheduler", scheduler, f"no Dask scheduler answered there ({why})") from None
+    with client:
+        futures = [client.submit(fn, item, pure=False) for item in items]
+        index = {future.key: i for i, future in enumerate(futures)}
+        results: dict[int, R] = {}
+        try:
+            for future in as_completed(futures, loop=client.loop):  # type: ignore[no-untyped-call]
+                i = index[future.key]
+                results[i] = future.result()
+                if on_result is not None:
+                    on_result(i, results[i])
+                advance()
+        except BaseException:
+            client.cancel(futures)  # type: ignore[no-untyped-call]
+            raise
+    return [results[i] for i in range(len(items))]
 
 
 @contextmanager

@@ -243,11 +243,18 @@ class PanelCache:
     depend only on its configuration and seed, not on where or in which order it runs).
     """
 
-    def __init__(self, log: Log | None = None, bootstrap: int = 0, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        log: Log | None = None,
+        bootstrap: int = 0,
+        workers: int | None = None,
+        scheduler: str | None = None,
+    ) -> None:
         self.results: dict[str, PanelResult] = {}
         self.log = log
         self.bootstrap = bootstrap
         self.workers = workers
+        self.scheduler = scheduler
 
     @staticmethod
     def _key(cfg: RunConfig) -> str:
@@ -280,7 +287,14 @@ class PanelCache:
             if on_measured is not None:
                 on_measured()
 
-        run_sweep(_measure_job, jobs, workers=self.workers, description="panels", on_result=done)
+        run_sweep(
+            _measure_job,
+            jobs,
+            workers=self.workers,
+            description="panels",
+            on_result=done,
+            scheduler=self.scheduler,
+        )
 
     def has(self, cfg: RunConfig) -> bool:
         """Whether ``cfg`` is measured already."""
@@ -307,10 +321,12 @@ def run_experiment(
     log: Log | None = None,
     bootstrap: int = 0,
     workers: int | None = None,
+    scheduler: str | None = None,
 ) -> ExperimentDoc:
     """Run one experiment; write ``<name>.png``, ``<name>.pdf`` and ``<name>.json`` into ``out``.
 
-    The panels run on ``workers`` processes (default: one per core; 1: in this process).
+    The panels run on ``workers`` processes (default: one per core; 1: in this process), or on
+    the workers of the Dask scheduler at ``scheduler`` (:func:`nlagg_node.sweep.run_sweep`).
     """
     from ..reporting.plots import draw_experiment
 
@@ -321,7 +337,7 @@ def run_experiment(
     exp = EXPERIMENTS[name]
     if bootstrap == 1 or bootstrap < 0:
         raise ConfigError("bootstrap", bootstrap, "use 0 (no bands) or at least 2 resamples")
-    cache = cache if cache is not None else PanelCache(log, bootstrap, workers)
+    cache = cache if cache is not None else PanelCache(log, bootstrap, workers, scheduler)
     started = time.perf_counter()
     if log is not None:
         log(f"{name}: {exp.title} ({len(exp.panels)} panels, {trials} trials)")
@@ -374,11 +390,13 @@ def run_all(
     names: list[str] | None = None,
     bootstrap: int = 0,
     workers: int | None = None,
+    scheduler: str | None = None,
 ) -> Path:
     """Every experiment (or ``names``), sharing identical simulations; writes ``index.html``.
 
     All distinct panels are measured first, spread over ``workers`` processes (default:
-    one per core); the figures are drawn afterwards. The numbers do not depend on ``workers``.
+    one per core) or a Dask scheduler's workers; the figures are drawn afterwards. The numbers do
+    not depend on ``workers`` or ``scheduler``.
     """
     from ..report import write_index
 
@@ -391,7 +409,7 @@ def run_all(
         raise ConfigError("bootstrap", bootstrap, "use 0 (no bands) or at least 2 resamples")
     if trials < 10:
         raise ConfigError("trials", trials, "the KSG estimate needs at least 10 trials")
-    cache = PanelCache(log, bootstrap, workers)
+    cache = PanelCache(log, bootstrap, workers, scheduler)
     wanted = {
         name: [panel_config(p.params, trials, seed) for p in EXPERIMENTS[name].panels] for name in chosen
     }

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ..options.opt import SCHEDULER_HELP
 from ._app import TRANSCRIPT_HELP, ForceOpt, QuietOpt, app, claim_out
 from ._command import NlaggCommand
 
@@ -178,6 +179,7 @@ def experiment(
     seed: Annotated[int, typer.Option(help="run seed of every simulation")] = 0,
     quiet: QuietOpt = False,
     bootstrap: Annotated[int, typer.Option(help="subsamples (80% of trials) for 90% NMI bands")] = 0,
+    scheduler: Annotated[str | None, typer.Option(help=SCHEDULER_HELP, metavar="tcp://HOST:PORT")] = None,
 ) -> None:
     """Reproduce a figure of the paper (PNG + PDF + JSON); ``all`` also writes index.html."""
     import time
@@ -200,10 +202,10 @@ def experiment(
     partial_results_in(out)  # an interrupted run keeps the figures it finished
     started = time.perf_counter()
     if name == "all":
-        page = run_all(trials, out, seed=seed, log=log, bootstrap=bootstrap)
+        page = run_all(trials, out, seed=seed, log=log, bootstrap=bootstrap, scheduler=scheduler)
         print(f"wrote {page} in {time.perf_counter() - started:.0f} s")
     else:
-        doc = run_experiment(name, trials, out, seed=seed, log=log, bootstrap=bootstrap)
+        doc = run_experiment(name, trials, out, seed=seed, log=log, bootstrap=bootstrap, scheduler=scheduler)
         print(
             f"wrote {', '.join(str(out / f) for f in doc['files'])} and {out / (name + '.json')} "
             f"in {time.perf_counter() - started:.0f} s"

@@ -44,9 +44,15 @@ def tune(opts: TuneOptions) -> None:
         load_edge_list(base.graph_file, base.n)
     if not opts.quiet and not sys.stderr.isatty():  # a log gets one line; a terminal the bar
         print(f"nlagg: tune: {len(grid)} settings x {opts.trials} trials", file=sys.stderr, flush=True)
+    mapper = None
+    if opts.scheduler is not None:
+        from ..sweep import run_on_scheduler
+
+        scheduler = opts.scheduler
+        mapper = lambda fn, items: run_on_scheduler(fn, list(items), scheduler)  # noqa: E731
     result = _with_progress(
         lambda report: run_tune(
-            base, max_leak=opts.max_leak, budget=opts.budget, progress=report, epochs=plan
+            base, max_leak=opts.max_leak, budget=opts.budget, progress=report, epochs=plan, mapper=mapper
         ),
         len(grid),
         show=not opts.quiet,

@@ -98,9 +98,18 @@ def op_defaults(key: str) -> str:
     for op, d in OPERATOR_DEFAULTS.items():
         seen.setdefault(d[key], []).append(op)
     plain = "; ".join(f"{'/'.join(ops)}: {v:g}" for v, ops in seen.items())
+    if key in ("t_max", "mu_z"):  # nlagg_node.config.RunConfig.default
+        return (
+            plain
+            + " up to n = 15, more beyond (and other defaults with --value-range: see docs/reference.md)"
+        )
     return plain + " (other defaults with --value-range: see docs/cli.md)"
 
 
+SCHEDULER_HELP = (
+    "run the jobs on the Dask scheduler at tcp://HOST:PORT (pip install 'nlagg[dask]'); the results"
+    " equal a local run's"
+)
 CORRUPT_HELP = (
     "ids of the corrupted nodes, which forward their state to the adversary: 0 is node 0, 1,4 nodes 1"
     " and 4 (see --corrupt-count for the first K)"

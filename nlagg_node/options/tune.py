@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from .opt import FORCE_HELP, GRAPHS, OPERATORS, QUIET_HELP, Opt
+from .opt import FORCE_HELP, GRAPHS, OPERATORS, QUIET_HELP, SCHEDULER_HELP, Opt
 
 __all__ = ["TuneOptions"]
 
@@ -47,6 +47,7 @@ class TuneOptions:
     cold_start: Annotated[
         bool, Opt("with --epochs: start every epoch cold (default: warm starts)", flags=("--cold-start",))
     ] = False
+    scheduler: Annotated[str | None, Opt(SCHEDULER_HELP, metavar="tcp://HOST:PORT")] = None
     out: Annotated[Path, Opt("where to write the chosen run config")] = Path("run.toml")
     as_json: Annotated[bool, Opt("print the table and the choice as JSON", flags=("--json",))] = False
     force: Annotated[bool, Opt(FORCE_HELP, flags=("--force",))] = False

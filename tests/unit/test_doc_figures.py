@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.defaults_table import (
+    README_SIZES,
     README_TRIALS,
     DefaultsRow,
     measure_defaults,
@@ -34,14 +35,14 @@ def _within_binomial_error(committed: float, measured: float) -> bool:
     return abs(committed - measured) <= Z * se + 0.0005
 
 
-def test_the_readme_table_lists_every_operator_once() -> None:
+def test_the_readme_table_lists_every_operator_once_per_network_size() -> None:
     rows = read_readme_rows(README.read_text())
-    assert [r.op for r in rows] == list(OPERATORS)
+    assert [(r.n, r.op) for r in rows] == [(n, op) for n in README_SIZES for op in OPERATORS]
 
 
 def test_the_table_is_written_between_the_markers_only() -> None:
     text = README.read_text()
-    rows = [DefaultsRow(op, 1.0, 0.5, 100.0) for op in OPERATORS]
+    rows = [DefaultsRow(op, 1.0, 0.5, 100.0, n=n) for n in README_SIZES for op in OPERATORS]
     written = with_table(text, rows)
     assert read_readme_rows(written) == rows
     assert with_table(written, read_readme_rows(text)) == text
@@ -50,7 +51,7 @@ def test_the_table_is_written_between_the_markers_only() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("op", OPERATORS)
 def test_each_readme_figure_is_measured_again(op: str) -> None:
-    committed = next(r for r in read_readme_rows(README.read_text()) if r.op == op)
+    committed = next(r for r in read_readme_rows(README.read_text()) if (r.op, r.n) == (op, 15))
     measured = measure_defaults(op, TRIALS)
     assert _within_binomial_error(committed.exact, measured.exact), (committed, measured)
     assert _within_binomial_error(committed.leak, measured.leak), (committed, measured)
@@ -64,12 +65,13 @@ def test_each_readme_figure_is_measured_again(op: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("n", list(README_SIZES), ids=[f"n={n}" for n in README_SIZES])
 @pytest.mark.parametrize("op", OPERATORS)
-def test_each_readme_row_is_what_the_script_writes(op: str) -> None:
+def test_each_readme_row_is_what_the_script_writes(op: str, n: int) -> None:
     # The same seed and trials reproduce the run: a figure typed by hand ("about 0.01" where 0.019 was
     # measured) fails here even where the binomial error above is too wide to tell.
-    committed = next(r for r in read_readme_rows(README.read_text()) if r.op == op)
-    assert measure_defaults(op, README_TRIALS).line() == committed.line()
+    committed = next(r for r in read_readme_rows(README.read_text()) if (r.op, r.n) == (op, n))
+    assert measure_defaults(op, README_SIZES[n], n=n).line() == committed.line()
 
 
 def _g(x: float) -> str:
