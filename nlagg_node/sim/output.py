@@ -14,7 +14,7 @@ import numpy as np
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..inputs import make_output_dir
 from ..scale import scale_for
-from ..schedule import distance_to
+from ..schedule import Schedule, distance_to
 from ..threat import determined_by_sums
 from ..verdict import ideal_ranks
 from .departures import survivor_truth
@@ -159,8 +159,8 @@ def determined(result: SimResult) -> BoolArray:
     avg = [k for k, p in enumerate(result.phases) if p.objective.kind == "quadratic"]
     if not avg:
         return result.exposed
-    t0 = sum(p.t_len for p in result.phases[: avg[0]])
-    t1 = t0 + result.phases[avg[0]].t_len
+    schedule = Schedule.of(result.phases)
+    t0, t1 = schedule.start(avg[0]), schedule.end(avg[0])
     out = result.exposed.copy()
     n = result.config.n
     for b, edges in enumerate(result.graphs):

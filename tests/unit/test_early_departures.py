@@ -26,12 +26,13 @@ from adversary.transcript import Transcript
 from adversary.transcript.arrays import TranscriptData, first_matches, load_transcript_arrays
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components
+from nlagg_node.protocol import fields_along
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import ConfigMsg, encode, encode_x, topics
 from nlagg_node.sim import SimResult, draw_values, simulate
-from nlagg_node.termination import NO_STOP, Certificate, Fields, certificate_sign, fields_along, stop_reach
+from nlagg_node.termination import NO_STOP, Certificate, Fields, certificate_sign, stop_reach
 
 ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  # two 4-cliques through 4
 LEFT, MIDDLE, RIGHT = [0, 1, 2, 3], 4, [5, 6, 7, 8]
