@@ -74,6 +74,7 @@ __all__ = [
     "certifies",
     "csr_diameter",
     "diameter",
+    "earliest_stop",
     "halts",
     "is_certified",
     "is_quiet",
@@ -83,6 +84,7 @@ __all__ = [
     "next_quiet",
     "next_stop",
     "own_candidate",
+    "quiet_window",
     "recent",
     "stop_reach",
     "stop_threshold",
@@ -160,6 +162,19 @@ def next_stop(e_min: int, k: int, t: int, threshold: int, diam: int) -> int:
 def stop_threshold(diam: int, window: int) -> int:
     """``D + W``: a counter this high proves W quiet iterations of every node (see module docs)."""
     return diam + window
+
+
+def earliest_stop(t0: int, reach: int, window: int) -> int:
+    """The earliest stop of a phase that started at ``t0``: a proposal needs ``k >= D + W`` and the
+    counter grows by one per iteration from 0, so none comes before ``t0 + D + W - 1``, and its stop
+    lies D later. A stop claimed earlier is no honest node's (docs/protocol.md, "Bounded influence")."""
+    return t0 + 2 * reach + window - 1
+
+
+def quiet_window(e: int, reach: int, window: int) -> tuple[int, int]:
+    """``[first, last]``: the iterations at which every node within D hops of a stop ``e``'s proposer
+    was quiet, by the argument of the module docs (the proposal was made at ``e - D``)."""
+    return e - 2 * reach - window + 1, e - 2 * reach
 
 
 def stop_reach(n: int, edges: IntArray, may_depart: bool) -> int:

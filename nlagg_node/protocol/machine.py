@@ -8,6 +8,10 @@ feeds it events and acts on what it decides.
     events                                           decisions
     ------                                           ---------
     neighbour_departed(t)  (x_j^(t) never came)  ->  (remembered: i is not quiet at t + 1)
+    stop_error(j, t, e)    (j's stop claim, sent     ->  None (taken), or the refusal naming j: a stop
+        with x_j^(t-1))                                  i can contradict (before the earliest stop,
+                                                         later than a proposal made by t - 1 allows,
+                                                         or while i itself was not quiet)
     tick(t, x_i^(t), heard) (the neighbours'     ->  the fields to publish with x_i^(t):
         fields of their x^(t-1))                     (k, e, departures, cand)
                                                  ->  halts(t): the phase ends after t
@@ -27,6 +31,7 @@ The rule itself (the scalar functions: quiet counter, stop iteration, departures
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +44,7 @@ from ..termination import (
     NO_STOP,
     Certificate,
     Fields,
+    earliest_stop,
     halts,
     is_certified,
     is_quiet,
@@ -48,6 +54,7 @@ from ..termination import (
     next_quiet,
     next_stop,
     own_candidate,
+    quiet_window,
     recent,
     stop_threshold,
 )
@@ -105,6 +112,29 @@ class PhaseNode:
         self.caught: tuple[int, ...] = ()
         self.run = 0  # the pin run r_i
         self.b = NO_CANDIDATE  # the candidate b_i (signed)
+        self.loud: deque[int] = deque()  # the iterations of the last 2D + W at which it was not quiet
+        self.known_from = t0  # its quiet record starts here (later on a resumed node)
+
+    def stop_error(self, sender: int, t: int, stop: int) -> str | None:
+        """Why node i refuses the stop ``stop`` neighbour ``sender`` published with its x^(t-1) (None:
+        none it can contradict). An honest stop e was proposed at ``e - D`` by a node whose counter
+        proves every node within D hops (i among them, as e reached it by e) quiet over
+        :func:`~nlagg_node.termination.quiet_window`; so a stop before
+        :func:`~nlagg_node.termination.earliest_stop`, beyond ``t - 1 + D``, or whose window holds an
+        iteration at which i was not quiet is a false claim (docs/protocol.md, "Bounded influence").
+        A stop already behind (``stop < t``) is no claim: the rule forgets it."""
+        if stop == NO_STOP or stop < t:
+            return None
+        rule = self.rule
+        first, last = quiet_window(stop, rule.reach, rule.window)
+        why, earliest = None, earliest_stop(self.t0, rule.reach, rule.window)
+        if stop < earliest:
+            why = f"before the earliest stop of a phase started at t={self.t0}, t={earliest}"
+        elif stop > t - 1 + rule.reach:
+            why = f"later than any proposal made by t={t - 1} allows (t + D = {t - 1 + rule.reach})"
+        elif first >= self.known_from and (loud := [u for u in self.loud if first <= u <= last]):
+            why = f"it needs every node quiet over t={first}..{last}, and this node was not at t={loud[0]}"
+        return None if why is None else f"stop={stop} from node {sender} with its x^({t - 1}): {why}"
 
     def neighbour_departed(self, t: int) -> None:
         """A neighbour's x^(t) never came (it departed at t): not quiet at t + 1."""
@@ -127,10 +157,20 @@ class PhaseNode:
             self.past[slot] = x
         else:
             quiet = self._certified(x, heard)
+        self._record(t, quiet)
         self.k = next_quiet(quiet, min([self.k] + [f[0] for f in heard]))
         e_min = min([live_stop(self.e, t)] + [live_stop(f[1], t) for f in heard])
         self.e = next_stop(e_min, self.k, t, rule.threshold, rule.reach)
         return self.k, self.e, self.known, self.candidate
+
+    def _record(self, t: int, quiet: bool) -> None:
+        """Keep the iterations of the last ``2D + W`` at which the node was not quiet (what a stop's
+        quiet window may hold, :meth:`stop_error`)."""
+        loud, horizon = self.loud, t - 2 * self.rule.reach - self.rule.window
+        if not quiet:
+            loud.append(t)
+        while loud and loud[0] < horizon:
+            loud.popleft()
 
     def _certified(self, x: float, heard: Sequence[Fields]) -> bool:
         """The pin run and candidate after taking ``x``; whether the node is quiet (the certificate)."""
@@ -166,6 +206,7 @@ class PhaseNode:
         for lt_past in range(max(0, lt - window), lt):
             self.past[lt_past % window] = xs[lt_past]
         self.k, self.e, self.known, cand = sent
+        self.known_from = self.t0 + lt  # the quiet record before is lost
         if self.rule.sign is not None:
             self.run = _trailing(xs, self.value)
             self.b = NO_CANDIDATE if cand is None else self.rule.sign * cand
@@ -190,6 +231,7 @@ def fields_along(
     tolerance: float,
     departed: Mapping[int, int] | None = None,
     certificate: Certificate | None = None,
+    refusals: list[str] | None = None,
 ) -> list[list[Fields | None]]:
     """Every node's fields ``(k_i^(t), e_i^(t), departures, cand)`` along one phase's trajectory ``xs``:
     one :class:`PhaseNode` per node, fed the x's and its neighbours' fields.
@@ -200,7 +242,8 @@ def fields_along(
     the nodes publish with their x's (``e`` is :data:`~nlagg_node.termination.NO_STOP` until known),
     recomputed from the x's: the simulator's transcripts carry them. An entry is None where the node
     publishes nothing (it departed, or its component stopped). The rows end once every node has
-    stopped or departed (or at the end of ``xs``).
+    stopped or departed (or at the end of ``xs``). ``refusals`` gets every stop claim a node would
+    refuse (:meth:`PhaseNode.stop_error`; none on an honest trajectory).
     """
     n = xs.shape[1]
     gone = dict(departed or {})
@@ -221,7 +264,14 @@ def fields_along(
                 continue
             if lt and any(gone.get(j) == t - 1 for j in nbrs[i]):  # detected at the last barrier
                 nodes[i].neighbour_departed(t - 1)
-            heard = [f for j in nbrs[i] if was[j] and (f := last[j]) is not None] if lt else []
+            senders = [j for j in nbrs[i] if was[j] and last[j] is not None] if lt else []
+            heard = [f for j in senders if (f := last[j]) is not None]
+            if refusals is not None:
+                refusals += [
+                    why
+                    for j, f in zip(senders, heard, strict=True)
+                    if (why := nodes[i].stop_error(j, t, f[1]))
+                ]
             out[i] = nodes[i].tick(t, row[i], heard)
         rows.append(out)
         last = out

@@ -409,9 +409,16 @@ class Stopping:
         self.nodes[k].neighbour_departed(t)
 
     def step(self, t: int, xs: list[float]) -> list[Published]:
-        """Iteration t: each node's ``(quiet, stop, departures, cand)`` to publish with x^(t)."""
+        """Iteration t: each node's ``(quiet, stop, departures, cand)`` to publish with x^(t), after
+        refusing, named, every stop claim of a neighbour it can contradict
+        (:meth:`~nlagg_node.protocol.machine.PhaseNode.stop_error`): the claim is dropped, the rest of
+        the fields kept."""
         out: list[Published] = []
-        for node, xk, nbr in zip(self.nodes, xs, self.nbr, strict=True):
+        for m, node, xk, nbr in zip(self.members, self.nodes, xs, self.nbr, strict=True):
+            for q, f in enumerate(nbr):
+                if f[1] != NO_STOP and (why := node.stop_error(m.active[q], t, f[1])) is not None:
+                    m.reject(why)
+                    nbr[q] = (f[0], NO_STOP, f[2], f[3])
             k, e, known, cand = node.tick(t, xk, nbr)
             out.append((k, None if e == NO_STOP else e, known, cand))
         return out

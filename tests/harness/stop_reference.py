@@ -46,9 +46,9 @@ def certified_stop(
     """
     n = len(values)
     nbrs: dict[int, list[int]] = {i: [] for i in range(n)}
-    for a, b in edges:
-        nbrs[int(a)].append(int(b))
-        nbrs[int(b)].append(int(a))
+    for one, other in edges:
+        nbrs[int(one)].append(int(other))
+        nbrs[int(other)].append(int(one))
     # The state each node keeps: pin run r, candidate b (signed; -inf: none), counter k, stop e.
     r = {i: 0 for i in range(n)}
     b = {i: -math.inf for i in range(n)}
