@@ -118,12 +118,13 @@ class PhaseNode:
     def stop_error(self, sender: int, t: int, stop: int) -> str | None:
         """Why node i refuses the stop ``stop`` neighbour ``sender`` published with its x^(t-1) (None:
         none it can contradict). An honest stop e was proposed at ``e - D`` by a node whose counter
-        proves every node within D hops (i among them, as e reached it by e) quiet over
-        :func:`~nlagg_node.termination.quiet_window`; so a stop before
+        proves every node within D hops (i among them: no two nodes of a connected graph lie farther
+        apart) quiet over :func:`~nlagg_node.termination.quiet_window`; so a stop before
         :func:`~nlagg_node.termination.earliest_stop`, beyond ``t - 1 + D``, or whose window holds an
         iteration at which i was not quiet is a false claim (docs/protocol.md, "Bounded influence").
-        A stop already behind (``stop < t``) is no claim: the rule forgets it."""
-        if stop == NO_STOP or stop < t:
+        A stop ``t - 1`` is the sender's claim that it ended its phase with that x (:meth:`halts`);
+        one further behind is no claim (the rule forgets it)."""
+        if stop == NO_STOP or stop < t - 1:
             return None
         rule = self.rule
         first, last = quiet_window(stop, rule.reach, rule.window)

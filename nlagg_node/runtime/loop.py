@@ -33,7 +33,7 @@ import numpy as np
 from ..departure import departure_refusal
 from ..errors import NlaggError
 from ..init import draw_z0, perturb_value
-from ..protocol import output_error
+from ..protocol import NO_HALT, halt_span, output_error
 from ..protocol.machine import PhaseNode, StopRule
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
@@ -412,11 +412,16 @@ class Stopping:
         """Iteration t: each node's ``(quiet, stop, departures, cand)`` to publish with x^(t), after
         refusing, named, every stop claim of a neighbour it can contradict
         (:meth:`~nlagg_node.protocol.machine.PhaseNode.stop_error`): the claim is dropped, the rest of
-        the fields kept."""
+        the fields kept; a neighbour that ended its phase on a false stop (one its x's acceptance
+        took as its last, :func:`~nlagg_node.protocol.halt_span`) fails the run, named."""
         out: list[Published] = []
         for m, node, xk, nbr in zip(self.members, self.nodes, xs, self.nbr, strict=True):
             for q, f in enumerate(nbr):
                 if f[1] != NO_STOP and (why := node.stop_error(m.active[q], t, f[1])) is not None:
+                    if f[1] == t - 1 and halt_span(m.shape, t - 1, f[1], f[2]) != NO_HALT:
+                        raise NlaggError(
+                            f"node {m.id}: refused {why}; node {m.active[q]} ended its phase on it"
+                        )
                     m.reject(why)
                     nbr[q] = (f[0], NO_STOP, f[2], f[3])
             k, e, known, cand = node.tick(t, xk, nbr)

@@ -85,6 +85,19 @@ async def test_a_forged_stop_is_refused_named_and_moves_no_output(
     assert all(r.rejected == 0 for r in honest)
 
 
+async def test_a_neighbour_that_ends_its_phase_on_a_false_stop_fails_the_run_named() -> None:
+    """Node 0's x^(150) says it halts there (stop = 150, a stop the run's shape allows): its
+    neighbours stop taking its x's, and each refuses the stop (they were not quiet over its window)
+    and fails the run naming node 0, instead of waiting on it or ending its phase on it."""
+    with pytest.raises(BaseExceptionGroup) as caught:
+        await run_ring(lambda t: 150 if t == 150 else None)
+    errors = [str(e) for e in caught.value.exceptions]
+    assert errors
+    assert all("from node 0 with its x^(150)" in e and "node 0 ended its phase on it" in e for e in errors), (
+        errors
+    )
+
+
 CLAIM_CASES = [
     pytest.param({"op": "max"}, None, id="max-certified"),
     pytest.param({"op": "min", "stop_rule": "tolerance"}, None, id="min-tolerance"),
