@@ -36,7 +36,7 @@ BOUNDED = (88.0, 92.0)  # the median of the five honest values and any value nod
 Forge = Callable[[int], int | None]  # x_0^(t) -> the stop node 0 claims with it (None: the honest one)
 
 
-async def run_ring(forge: Forge | None) -> list[NodeResult]:
+async def run_ring(forge: Forge | None, cfg: RunConfig = CFG) -> list[NodeResult]:
     """The six nodes on a memory broker, node 0's x's rewritten by ``forge`` on their way out."""
     broker = MemoryBroker()
     route = broker.route
@@ -51,9 +51,9 @@ async def run_ring(forge: Forge | None) -> list[NodeResult]:
         route(topic, payload, retain)
 
     broker.route = tamper  # type: ignore[method-assign]
-    edges = run_edges(CFG)
+    edges = run_edges(cfg)
     nodes = [
-        Node(CFG, i, VALUES[i], MemoryTransport(broker, f"n{i}"), run_id=RUN, edges=edges) for i in range(6)
+        Node(cfg, i, VALUES[i], MemoryTransport(broker, f"n{i}"), run_id=RUN, edges=edges) for i in range(6)
     ]
     tasks = await run_network(nodes)
     return [task.result() for task in tasks]
@@ -85,17 +85,27 @@ async def test_a_forged_stop_is_refused_named_and_moves_no_output(
     assert all(r.rejected == 0 for r in honest)
 
 
-async def test_a_neighbour_that_ends_its_phase_on_a_false_stop_fails_the_run_named() -> None:
-    """Node 0's x^(150) says it halts there (stop = 150, a stop the run's shape allows): its
+HALTS = [
+    pytest.param("median", 150, range(150, 151), id="median-halts-at-150"),
+    pytest.param("max", 300, range(296, 301), id="max-certified-halts-at-300"),  # honest: 95 after 845
+]
+
+
+@pytest.mark.parametrize(("op", "stop", "at"), HALTS)
+async def test_a_neighbour_that_ends_its_phase_on_a_false_stop_fails_the_run_named(
+    op: str, stop: int, at: range
+) -> None:
+    """Node 0's x's carry a stop the run's shape allows, and its x^(stop) says it halts there: its
     neighbours stop taking its x's, and each refuses the stop (they were not quiet over its window)
-    and fails the run naming node 0, instead of waiting on it or ending its phase on it."""
+    and fails the run naming node 0, instead of waiting on it or ending its phase on it (issue 43:
+    a forged max stop at t = 300 made every node output 94.68)."""
+    cfg = RunConfig(op=op, n=6, graph="ring", trials=1, seed=1)
     with pytest.raises(BaseExceptionGroup) as caught:
-        await run_ring(lambda t: 150 if t == 150 else None)
+        await run_ring(lambda t: stop if t in at else None, cfg)
     errors = [str(e) for e in caught.value.exceptions]
     assert errors
-    assert all("from node 0 with its x^(150)" in e and "node 0 ended its phase on it" in e for e in errors), (
-        errors
-    )
+    assert all(f"from node 0 with its x^({stop})" in e for e in errors), errors
+    assert all("node 0 ended its phase on it" in e for e in errors), errors
 
 
 CLAIM_CASES = [
