@@ -9,6 +9,7 @@ node 0 could reach by lying about its own value).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import run_edges
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.wire import topics
+from nlagg_node.schedule import Schedule
 from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, stop_reach
 from tests.harness.signednet import run_network
 
@@ -114,24 +116,25 @@ CLAIM_CASES = [
     pytest.param({"op": "median"}, None, id="median"),
     pytest.param({"op": "max", "may_depart": True}, {4: 300}, id="max-departure"),
     pytest.param({"op": "median", "may_depart": True}, {4: 300, 9: 500}, id="median-departures"),
+    pytest.param({"op": "topk", "k": 3}, None, id="topk-three-phases"),
 ]
 
 
 @pytest.mark.parametrize(("kw", "departures"), CLAIM_CASES)
 def test_no_honest_stop_is_ever_refused(kw: dict[str, Any], departures: dict[int, int] | None) -> None:
-    """Along the simulator's trajectories, with and without departures, every stop a node hears is
-    one it cannot contradict (the refusals above never fire on an honest run)."""
+    """Along the simulator's trajectories (every phase), with and without departures, every stop a
+    node hears is one it cannot contradict (the refusals above never fire on an honest run)."""
     cfg = load_config(n=15, trials=6, seed=2, record="all", **kw)
     res = simulate(cfg, departures=departures)
-    rcfg = res.config.resolved()
+    rcfg, schedule = res.config.resolved(), Schedule.of(res.phases)
     heard = 0
-    for b in range(cfg.trials):
-        edges, gone = res.graphs[b], res.departures_of(b)
+    for b, p in itertools.product(range(cfg.trials), range(len(res.phases))):
+        edges, gone, t0 = res.graphs[b], res.departures_of(b), schedule.start(p)
         cert = Certificate(res.protocol_values[b], certificate_sign(cfg.op)) if rcfg.certified else None
         reach = stop_reach(cfg.n, edges, cfg.may_depart)
-        xs = res.recorded_x[: int(res.phase_iterations[b, 0]), b, :]
+        xs = res.recorded_x[t0 : t0 + int(res.phase_iterations[b, p]), b, :]
         refusals: list[str] = []
-        rows = fields_along(xs, edges, 0, rcfg.stop_window_value, reach, cfg.tolerance, gone, cert, refusals)
+        rows = fields_along(xs, edges, t0, rcfg.stop_window_value, reach, cfg.tolerance, gone, cert, refusals)
         assert refusals == []
         heard += sum(f is not None and f[1] != NO_STOP for row in rows for f in row)
     assert heard > 0  # stops were claimed, and each was checked
