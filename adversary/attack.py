@@ -30,6 +30,7 @@ import numpy as np
 
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.errors import ConfigError
+from nlagg_node.protocol import phase_final
 from nlagg_node.schedule import Phase
 from nlagg_node.valuemap import ValueScale
 
@@ -288,7 +289,8 @@ def _last_values(x: FloatArray, last_t: IntArray, finals: FloatArray | None) -> 
     given = np.asarray(finals, dtype=np.float64)[:, :T]
     cands[:, : given.shape[1]] = given
     at_end = cands[np.arange(n), last_t]
-    return np.where(np.isfinite(at_end), at_end, last)
+    pairs = zip(last.tolist(), at_end.tolist(), strict=True)
+    return np.array([phase_final(xi, c if c == c else None, stopped=True) for xi, c in pairs])
 
 
 def _cut_replay(replayed: Exposures, n: int, T: int) -> Exposures:

@@ -49,6 +49,7 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import z_update
+from nlagg_node.schedule import Schedule
 from nlagg_node.valuemap import ValueScale
 
 from .live import Exposures, PublicRun
@@ -253,7 +254,8 @@ def linear_attack(run: PublicRun, known: Mapping[int, float], *, early_stop: boo
     n, edges, phases = run.n, run.edges, run.phases
     cs, theta, z0, departed = run.cs, run.theta, run.z0, run.departed
     x = np.asarray(run.x, dtype=np.float64)
-    t_len = min(x.shape[1], sum(p.t_len for p in phases))
+    schedule = Schedule.of(phases)
+    t_len = min(x.shape[1], schedule.t_total)
     free = [i for i in range(n) if i not in known]
     col = {i: k for k, i in enumerate(free)}
     system = _System(len(free))
@@ -264,9 +266,9 @@ def linear_attack(run: PublicRun, known: Mapping[int, float], *, early_stop: boo
     first = np.full(n, -1, dtype=np.int64)
     ends = node_ends(phases, x[:, :t_len], edges, departed) if early_stop else None
     last = np.zeros((0, 0))  # the coefficients of the last iteration's equations
-    start = 0
     for p, phase in enumerate(phases):
-        stop = min(start + phase.t_len, t_len)
+        start = schedule.start(p)
+        stop = min(schedule.end(p), t_len)
         if ends is not None:
             stop = min(int(ends[p].max()) if n else start, t_len)
         quadratic = phase.objective.kind == "quadratic"
@@ -294,8 +296,7 @@ def linear_attack(run: PublicRun, known: Mapping[int, float], *, early_stop: boo
             if late:
                 dropped |= late
                 stepper.drop(dropped)
-        start += phase.t_len
-        if start >= t_len:
+        if schedule.end(p) >= t_len:
             break
     return _solve(n, free, system, first)
 

@@ -43,9 +43,8 @@ from nlagg_node.arrays import BoolArray, FloatArray, IntArray
 from nlagg_node.departure import drop_pairs
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.pdmm import dual_sum, linear_branch, z_update
-from nlagg_node.protocol import phase_starts
 from nlagg_node.runtime.wire import AdvStateMsg
-from nlagg_node.schedule import Phase
+from nlagg_node.schedule import Phase, Schedule
 
 from .rules import PhaseEnds
 from .spans import iterations_run, node_ends, node_iterations_run, phase_spans
@@ -167,9 +166,10 @@ class LiveReplay:
         self.phases = list(phases)
         self.cs = list(cs)
         self.theta = theta
-        self.t_total = sum(p.t_len for p in self.phases)
-        self._phase_of = np.repeat(np.arange(len(self.phases)), [p.t_len for p in self.phases])
-        self._starts = np.asarray(phase_starts(self.phases), dtype=np.int64)
+        schedule = Schedule.of(self.phases)
+        self.t_total = schedule.t_total
+        self._phase_of = np.repeat(np.arange(len(self.phases)), np.diff(schedule.starts))
+        self._starts = np.asarray(schedule.starts, dtype=np.int64)
         self.ends = ends
         self._no_ends: list[dict[int, int]] = [{} for _ in self.phases]
         self._expected_at: dict[int, int] = {}  # _expected's answers while ends are known

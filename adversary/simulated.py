@@ -21,7 +21,7 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout, neighbours
-from nlagg_node.schedule import phase_c, sealed_groups_of, secret_groups_of
+from nlagg_node.schedule import Schedule, phase_c, sealed_groups_of, secret_groups_of
 from nlagg_node.sim import SimResult
 from nlagg_node.threat import known_duals
 from nlagg_node.valuemap import scale_for
@@ -75,11 +75,10 @@ def trial_x(result: SimResult, trial: int) -> FloatArray:
     _check_trial(result, trial)
     x = np.ascontiguousarray(result.recorded_x[:, trial, :].T)
     if result.config.early_stop:
-        start = 0
-        for p, ph in enumerate(result.phases):
+        schedule = Schedule.of(result.phases)
+        for p in range(len(result.phases)):
             for i, ran in enumerate(result.node_iterations[trial, :, p].tolist()):
-                x[i, start + int(ran) : start + ph.t_len] = np.nan
-            start += ph.t_len
+                x[i, schedule.start(p) + int(ran) : schedule.end(p)] = np.nan
     return x
 
 
@@ -125,13 +124,13 @@ def _certified_finals(result: SimResult, trial: int, x: FloatArray) -> FloatArra
     phase with (its final there), NaN elsewhere; None for any other run."""
     if not result.config.certified:
         return None
-    certified: dict[tuple[int, int], float] = {}
-    for _ in _early_x(result, trial, x, certified):
+    finals: dict[tuple[int, int], float] = {}
+    for _ in _early_x(result, trial, x, finals):
         pass
     out = np.full(x.shape, np.nan)
-    offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])
-    for (i, p), cand in certified.items():
-        out[i, offsets[p] + int(result.node_iterations[trial, i, p]) - 1] = cand
+    schedule = Schedule.of(result.phases)
+    for (i, p), final in finals.items():
+        out[i, schedule.start(p) + int(result.node_iterations[trial, i, p]) - 1] = final
     return out
 
 
@@ -201,7 +200,7 @@ class _TrialMessages:
         self.gone = result.departures_of(trial)
         self.z0 = trial_z0(result, trial)
         self.x = trial_x(result, trial)
-        self.certified: dict[tuple[int, int], float] = {}  # (node, phase) -> its certified stop's output
+        self.finals: dict[tuple[int, int], float] = {}  # (node, phase) -> its final where it stopped early
 
     def write_z0(self, tr: Transcript) -> None:
         """Every z^(0) of the plain dual groups (a sealed group's never show on the wire)."""
@@ -227,7 +226,7 @@ class _TrialMessages:
         result, x, tp = self.result, self.x, self.tp
         names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
         # Early stopping: the x's of the iterations each node ran, with their fields.
-        stream = _early_x(result, self.trial, x, self.certified) if result.config.early_stop else None
+        stream = _early_x(result, self.trial, x, self.finals) if result.config.early_stop else None
         due = next(stream, None) if stream is not None else None
         for t in range(x.shape[1]):
             self._write_departures(tr, t)
@@ -265,8 +264,8 @@ class _TrialMessages:
 
         result, layout = self.result, self.layout
         starts: dict[str, int] = {}
-        for ph, t0 in zip(result.phases, np.cumsum([0] + [p.t_len for p in result.phases]), strict=False):
-            starts.setdefault(ph.group, int(t0))
+        for ph, t0 in zip(result.phases, Schedule.of(result.phases).starts, strict=False):
+            starts.setdefault(ph.group, t0)
         scale = scale_for(result.config)
         for i, s_user in corrupt.items():
             s = scale.protocol_float(s_user)  # a node forwards the value it runs the protocol on
@@ -285,7 +284,7 @@ class _TrialMessages:
         from nlagg_node.runtime.wire import StatusMsg, encode
 
         result, trial, x, gone, nbrs = self.result, self.trial, self.x, self.gone, self.nbrs
-        offsets = np.cumsum([0] + [ph.t_len for ph in result.phases])[:-1]
+        offsets = np.asarray(Schedule.of(result.phases).starts[:-1])
         ends = offsets[None, :] + result.node_iterations[trial] - 1  # (n, phases)
         iterations = result.node_iterations[trial].sum(axis=1)  # (n,) each node's
         output = np.asarray(result.output[trial], dtype=np.float64)
@@ -297,7 +296,7 @@ class _TrialMessages:
                 else StatusMsg(
                     node=i,
                     state="done",
-                    final=[self.certified.get((i, p), float(x[i, e])) for p, e in enumerate(ends[i])],
+                    final=[self.finals.get((i, p), float(x[i, e])) for p, e in enumerate(ends[i])],
                     output=[float(v) for v in np.atleast_1d(output[i])],
                     iterations=int(iterations[i]),
                     departed=final_told,
@@ -307,22 +306,17 @@ class _TrialMessages:
 
 
 def _early_x(
-    result: SimResult, trial: int, x: FloatArray, certified: dict[tuple[int, int], float]
+    result: SimResult, trial: int, x: FloatArray, finals: dict[tuple[int, int], float]
 ) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
     """Every x_i^(t) the nodes of an early-stopping run publish, encoded, as ``(t, [(i, payload)])``
     in the order of t: up to each node's stop (its component's) in each phase, before its
     departure, with the quiet counter, the stop iteration, the departures it knows of and, in a
-    certified run, the candidate (:func:`nlagg_node.termination.fields_along`). ``certified`` gets
-    ``(node, phase) -> candidate`` of every node that ended a phase on the certified stop (its final)."""
+    certified run, the candidate (:func:`nlagg_node.protocol.fields_along`). ``finals`` gets
+    ``(node, phase) -> final`` of every node that ended a phase on its stop
+    (:func:`~nlagg_node.protocol.phase_final`: at a certified stop, its candidate)."""
+    from nlagg_node.protocol import fields_along, phase_final
     from nlagg_node.runtime.wire import encode_x
-    from nlagg_node.termination import (
-        NO_STOP,
-        Certificate,
-        certificate_sign,
-        fields_along,
-        halts,
-        stop_reach,
-    )
+    from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, halts, stop_reach
 
     cfg = result.config
     edges = result.graphs[trial]
@@ -333,8 +327,7 @@ def _early_x(
         if cfg.certified
         else None
     )
-    start = 0
-    for p, phase in enumerate(result.phases):
+    for p, (phase, start) in enumerate(zip(result.phases, Schedule.of(result.phases).starts, strict=False)):
         ran = int(result.phase_iterations[trial, p])
         seg = x[:, start : start + ran].T
         rows = fields_along(
@@ -348,10 +341,9 @@ def _early_x(
                     k, e, deps, cand = fields
                     stop = None if e == NO_STOP else e
                     payloads.append((i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps, cand=cand)))
-                    if cand is not None and halts(e, t, deps, reach):
-                        certified[i, p] = cand
+                    if halts(e, t, deps, reach):
+                        finals[i, p] = phase_final(float(x[i, t]), cand, stopped=True)
             yield t, payloads
-        start += phase.t_len
 
 
 def truth_path(transcript: Path) -> Path:

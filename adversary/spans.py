@@ -15,8 +15,7 @@ import numpy as np
 
 from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.departure import components
-from nlagg_node.protocol import phase_starts
-from nlagg_node.schedule import Phase
+from nlagg_node.schedule import Phase, Schedule
 
 __all__ = ["iterations_run", "node_ends", "node_iterations_run", "phase_spans"]
 
@@ -27,11 +26,11 @@ def phase_spans(phases: Sequence[Phase], x: FloatArray) -> list[tuple[int, int]]
     ``end == start`` for a phase without any."""
     any_x = np.asarray(np.isfinite(x).any(axis=0), dtype=bool)
     spans: list[tuple[int, int]] = []
-    start = 0
-    for ph in phases:
-        seen = np.flatnonzero(any_x[start : start + ph.t_len])
+    schedule = Schedule.of(phases)
+    for p in range(len(phases)):
+        start = schedule.start(p)
+        seen = np.flatnonzero(any_x[start : schedule.end(p)])
         spans.append((start, start + int(seen[-1]) + 1 if len(seen) else start))
-        start += ph.t_len
     return spans
 
 
@@ -60,9 +59,10 @@ def node_ends(
     gone = dict(departed or {})
     finite = np.isfinite(x)
     out = np.zeros((len(phases), n), dtype=np.int64)
-    start = 0
-    for p, ph in enumerate(phases):
-        seg = finite[:, start : start + ph.t_len]
+    schedule = Schedule.of(phases)
+    for p in range(len(phases)):
+        start = schedule.start(p)
+        seg = finite[:, start : schedule.end(p)]
         width = seg.shape[1]
         has = seg.any(axis=1)
         last = width - 1 - np.argmax(seg[:, ::-1], axis=1) if width else np.zeros(n, dtype=np.int64)
@@ -75,12 +75,11 @@ def node_ends(
             for j, at in here.items():
                 end[j] = min(max(at, start), start + width)  # it ran up to T (or none of this phase)
         out[p] = end
-        start += ph.t_len
     return out
 
 
 def node_iterations_run(phases: Sequence[Phase], x: FloatArray, ends: IntArray | None = None) -> IntArray:
     """``(n,)``: the iterations each node of an early-stopping run ran (:func:`node_ends`), in all."""
     ends = node_ends(phases, x) if ends is None else ends
-    starts = np.asarray(phase_starts(phases)[: len(phases)], dtype=np.int64)
+    starts = np.asarray(Schedule.of(phases).starts[:-1], dtype=np.int64)
     return np.asarray((ends - starts[:, None]).sum(axis=0), dtype=np.int64)

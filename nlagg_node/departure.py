@@ -39,6 +39,7 @@ __all__ = [
     "check_departures",
     "components",
     "departure_defaults",
+    "departure_refusal",
     "drop_pairs",
     "kept_edges",
     "parse_departures",
@@ -81,6 +82,23 @@ def departure_defaults(
     return early_stop, True if may_depart is None else may_depart
 
 
+def departure_refusal(op: str, early_stop: bool, may_depart: bool) -> str | None:
+    """Why a run cannot go on once a node departs; None where it can (each component of the
+    survivors to its own result). The one survival rule: the planner (:func:`check_departures`),
+    the node loop (which fails the run at a departure) and the envelope of the honest x's (which
+    widens by what departures may move) all ask it.
+
+    An early-stopping run needs ``may_depart`` (its stop waits ``n - 1`` hops and a departure voids a
+    stop it could mislead, :mod:`nlagg_node.termination`); the trimmed mean's combination needs every
+    node (its n is fixed).
+    """
+    if early_stop and not may_depart:
+        return "early stopping with departures needs --may-depart (or --no-early-stop)"
+    if op == "trimmed-mean":
+        return "the trimmed mean needs every node (its n is fixed)"
+    return None
+
+
 def check_departures(
     departures: Mapping[int, int], n: int, t_total: int, op: str, early_stop: bool, may_depart: bool
 ) -> None:
@@ -89,10 +107,9 @@ def check_departures(
     shown = ",".join(f"{j}@{t}" for j, t in departures.items())
     if not departures:
         return
-    if early_stop and not may_depart:
-        raise ConfigError(
-            "depart", shown, "early stopping with departures needs --may-depart (or --no-early-stop)"
-        )
+    why = departure_refusal(op, early_stop, may_depart)
+    if why is not None:
+        raise ConfigError("depart", shown, why)
     if early_stop and op == "topk":
         raise ConfigError(
             "depart",
@@ -100,8 +117,6 @@ def check_departures(
             "planned departures in top-K need the fixed schedule (a phase that stops early would move"
             " them into the next one); add --no-early-stop",
         )
-    if op == "trimmed-mean":
-        raise ConfigError("depart", shown, "the trimmed mean needs every node (its n is fixed)")
     for j, t in departures.items():
         if not 0 <= j < n:
             raise ConfigError("depart", f"{j}@{t}", f"node must lie in 0..{n - 1}")

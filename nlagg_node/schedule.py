@@ -10,7 +10,10 @@ Iteration numbers ``t`` count across phases.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Literal
 
 import numpy as np
@@ -51,6 +54,47 @@ class Phase:
     init: DualInitSpec
     bypass: Bypass = "none"
     round_index: int = 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Where every phase of a run lies in its iterations: the one phase table every driver reads (the
+    node loop, the simulator, the replay, the transcript's rules). A phase that stops early leaves a
+    gap: the next one still starts at its usual iteration.
+
+    Attributes
+    ----------
+    starts
+        The first iteration of every phase, then the run's ``t_total``.
+    """
+
+    starts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, phases: Sequence[Phase]) -> Schedule:
+        """The schedule of ``phases`` run one after the other, each for its ``t_len``."""
+        return cls((0, *accumulate(p.t_len for p in phases)))
+
+    @property
+    def t_total(self) -> int:
+        """The iterations of the whole run (every phase to its ``t_len``)."""
+        return self.starts[-1]
+
+    def start(self, p: int) -> int:
+        """The first iteration of phase ``p``."""
+        return self.starts[p]
+
+    def end(self, p: int) -> int:
+        """The first iteration after phase ``p``."""
+        return self.starts[p + 1]
+
+    def phase_of(self, t: int) -> int:
+        """The index of the phase iteration ``t`` (``0 <= t < t_total``) belongs to."""
+        return bisect.bisect_right(self.starts, t) - 1
+
+    def phase_end(self, t: int) -> int:
+        """The first iteration after the phase of ``t``."""
+        return self.starts[self.phase_of(t) + 1]
 
 
 def _init_for(cfg: RunConfig, default: DualInit, c: float, sigma_z: float | None = None) -> DualInitSpec:

@@ -1,8 +1,9 @@
 """Distributed termination: the nodes of a phase stop together once the network has gone quiet.
 
 Pure scalar functions, called by the simulator's compiled kernel (compiled for scalars, as the
-x- and z-updates are) and meant for the networked node, so both stop at the same iteration.
-See ``docs/protocol.md`` ("Early stopping") for the rule and its proof.
+x- and z-updates are) and by the node's state machine (:class:`nlagg_node.protocol.machine.PhaseNode`,
+which keeps a node's state and which the networked node, the transcripts and the replay drive), so
+all stop at the same iteration. See ``docs/protocol.md`` ("Early stopping") for the rule and its proof.
 
 Node ``i`` keeps two small integers next to ``x_i^(t)``:
 
@@ -54,13 +55,13 @@ candidate (docs/protocol.md, "The certified stop").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .arrays import FloatArray, IntArray
+from .arrays import IntArray
 from .graphs import neighbours
 
 __all__ = [
@@ -73,7 +74,7 @@ __all__ = [
     "certifies",
     "csr_diameter",
     "diameter",
-    "fields_along",
+    "earliest_stop",
     "halts",
     "is_certified",
     "is_quiet",
@@ -83,6 +84,7 @@ __all__ = [
     "next_quiet",
     "next_stop",
     "own_candidate",
+    "quiet_window",
     "recent",
     "stop_reach",
     "stop_threshold",
@@ -162,6 +164,19 @@ def stop_threshold(diam: int, window: int) -> int:
     return diam + window
 
 
+def earliest_stop(t0: int, reach: int, window: int) -> int:
+    """The earliest stop of a phase that started at ``t0``: a proposal needs ``k >= D + W`` and the
+    counter grows by one per iteration from 0, so none comes before ``t0 + D + W - 1``, and its stop
+    lies D later. A stop claimed earlier is no honest node's (docs/protocol.md, "Bounded influence")."""
+    return t0 + 2 * reach + window - 1
+
+
+def quiet_window(e: int, reach: int, window: int) -> tuple[int, int]:
+    """``[first, last]``: the iterations at which every node within D hops of a stop ``e``'s proposer
+    was quiet, by the argument of the module docs (the proposal was made at ``e - D``)."""
+    return e - 2 * reach - window + 1, e - 2 * reach
+
+
 def stop_reach(n: int, edges: IntArray, may_depart: bool) -> int:
     """The hops ``D`` a proposal is given to reach every node: the graph's diameter, or ``n - 1``
     when nodes may depart (a departure can lengthen the survivors' distances; ``n - 1`` bounds
@@ -197,7 +212,7 @@ def halts(e: int, t: int, departures: Iterable[int], reach: int) -> bool:
 Fields = tuple[int, int, tuple[int, ...], float | None]
 """What a node publishes with ``x_i^(t)``: quiet counter, stop iteration, departures it knows of, and
 in a certified phase its candidate on the protocol's scale (None before it has one, and always
-without the certificate)."""
+without the certificate): :meth:`nlagg_node.protocol.machine.PhaseNode.tick`."""
 
 
 @dataclass(frozen=True)
@@ -207,93 +222,6 @@ class Certificate:
 
     values: Sequence[float]
     sign: float
-
-
-def fields_along(
-    xs: FloatArray,
-    edges: IntArray,
-    t0: int,
-    window: int,
-    reach: int,
-    tolerance: float,
-    departed: Mapping[int, int] | None = None,
-    certificate: Certificate | None = None,
-) -> list[list[Fields | None]]:
-    """Every node's fields ``(k_i^(t), e_i^(t), departures, cand)`` along one phase's trajectory ``xs``.
-
-    ``xs``: iterations x nodes, the x's of a phase that started at iteration ``t0``; ``reach``:
-    :func:`stop_reach`; ``departed``: ``{node: T}`` (its last x was ``x^(T-1)``); ``certificate``:
-    the phase stops on the certificate (module docs), else on ``tolerance``. What the nodes
-    publish with their x's (``e`` is :data:`NO_STOP` until known), recomputed from the x's: the
-    simulator's transcripts carry them. An entry is None where the node publishes nothing (it
-    departed, or its component stopped). The rows end once every node has stopped or departed
-    (or at the end of ``xs``).
-    """
-    n = xs.shape[1]
-    gone = dict(departed or {})
-    nbrs = neighbours(n, np.asarray(edges))
-    threshold = stop_threshold(reach, window)
-    rows: list[list[Fields | None]] = []
-    k, e = [0] * n, [NO_STOP] * n
-    known: list[frozenset[int]] = [frozenset()] * n
-    cert = _CertState(certificate, n, window) if certificate is not None else None
-    running = [gone.get(i, NO_STOP) > t0 for i in range(n)]
-    x = np.asarray(xs, dtype=np.float64).tolist()
-    for lt, row in enumerate(x):
-        t = t0 + lt
-        was = list(running)  # who published x^(t-1)
-        for i in range(n):
-            running[i] = running[i] and gone.get(i, NO_STOP) > t
-        out: list[Fields | None] = [None] * n
-        k_new, e_new, known_new = list(k), list(e), list(known)
-        b_new = list(cert.b) if cert is not None else []
-        for i in range(n):
-            if not running[i]:
-                continue
-            heard = [j for j in nbrs[i] if was[j]] if lt else []
-            caught = {gone[j] for j in nbrs[i] if gone.get(j) == t - 1 and lt}  # detected at the last barrier
-            merged = set(known[i]).union(caught, *(known[j] for j in heard))
-            known_new[i] = frozenset(d for d in merged if recent(d, t, reach))
-            if cert is not None:
-                b_new[i] = cert.step(i, row[i], heard, bool(known_new[i]))
-                quiet = not known_new[i] and is_certified(cert.signed[i], b_new[i])
-            else:
-                quiet = not caught and lt >= window and is_quiet(row[i], x[lt - window][i], tolerance)
-            k_new[i] = next_quiet(quiet, min([k[i]] + [k[j] for j in heard]))
-            e_min = min([live_stop(e[i], t)] + [live_stop(e[j], t) for j in heard])
-            e_new[i] = next_stop(e_min, k_new[i], t, threshold, reach)
-            cand = cert.published(b_new[i]) if cert is not None else None
-            out[i] = (k_new[i], e_new[i], tuple(sorted(known_new[i])), cand)
-        k, e, known = k_new, e_new, known_new
-        if cert is not None:
-            cert.b = b_new
-        rows.append(out)
-        for i in range(n):
-            if running[i] and halts(e[i], t, known[i], reach):
-                running[i] = False
-        if not any(running):
-            break
-    return rows
-
-
-class _CertState:
-    """The certified stop's state of every node along :func:`fields_along`."""
-
-    def __init__(self, certificate: Certificate, n: int, window: int) -> None:
-        self.sign, self.window = certificate.sign, window
-        self.values = [float(v) for v in certificate.values]
-        self.signed = [self.sign * v for v in self.values]
-        self.run = [0] * n
-        self.b = [NO_CANDIDATE] * n
-
-    def step(self, i: int, x: float, heard: list[int], resetting: bool) -> float:
-        """Node i's ``b_i^(t)`` after taking its ``x_i^(t)``, from the neighbours' ``b^(t-1)``."""
-        self.run[i] = next_pin_run(x, self.values[i], self.run[i])
-        own = own_candidate(self.signed[i], self.run[i], self.window)
-        return next_candidate(max([self.b[i]] + [self.b[j] for j in heard]), own, resetting)
-
-    def published(self, b: float) -> float | None:
-        return None if b == NO_CANDIDATE else self.sign * b
 
 
 def diameter(n: int, edges: IntArray) -> int:

@@ -18,7 +18,7 @@ from nlagg_node.arrays import FloatArray, IntArray
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import announced
 from nlagg_node.errors import ConfigError
-from nlagg_node.schedule import Phase
+from nlagg_node.schedule import Phase, Schedule
 from nlagg_node.valuemap import ValueScale
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
             raise ConfigError("transcript", str(p), "holds no run configuration (no config message)")
         cfg, edges = config_from_msg(msg)
         phases = plan_phases(cfg)
-        t_total = sum(ph.t_len for ph in phases)
+        t_total = Schedule.of(phases).t_total
         scale = scale_for(cfg)
         states = tr.adv_states()
         corrupted = {m.node: scale.user_float(float(m.s)) for m in states}

@@ -40,7 +40,7 @@ from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
 from ..runtime.tls import TlsSettings
 from ..runtime.wire import ConfigMsg, check_run_id, encode, topics
-from ..schedule import plan_phases, true_aggregate
+from ..schedule import Schedule, plan_phases, true_aggregate
 from ..sim.departures import survivor_truth
 from ..valuechecks import check_node_value, check_start
 from ..valuemap import scale_for
@@ -392,7 +392,7 @@ async def run_testbed(
         t_nodes = time.perf_counter()
         nodes = _Nodes(cfg, values, url, run_id, prefix, corrupt, neighbour_timeout, departures, ca_file, ids)
         if on_progress is not None:
-            cap = sum(p.t_len for p in plan_phases(cfg))
+            cap = Schedule.of(plan_phases(cfg)).t_total
             watch = RunProgress(prefix, run_id, cfg.n, cap, lambda: len(eaves.exposures), on_progress)
             follower = asyncio.create_task(watch.follow(launcher))
             stack.callback(follower.cancel)
@@ -446,9 +446,8 @@ def _checked_departures(
 ) -> bool | None:
     """The layout a run with ``departures`` takes (they kill node processes: one process per node),
     or a :class:`ConfigError` naming what cannot be."""
-    check_departures(
-        departures, cfg.n, sum(p.t_len for p in plan_phases(cfg)), cfg.op, cfg.early_stop, cfg.may_depart
-    )
+    t_total = Schedule.of(plan_phases(cfg)).t_total
+    check_departures(departures, cfg.n, t_total, cfg.op, cfg.early_stop, cfg.may_depart)
     comps = components(cfg.n, edges, departures)
     if cfg.op == "topk" and min(len(c) for c in comps) < cfg.k:
         small = min(comps, key=len)

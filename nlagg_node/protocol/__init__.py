@@ -1,9 +1,10 @@
 """The run's protocol, pure: its shape (schedule and graph) and the acceptance rule of every message.
 
 The node runtime (:mod:`nlagg_node.runtime`), the simulator and the adversary's transcript and
-replay drive the run through this package; none of them states a rule of its own. The early-stop
-rule itself is :mod:`nlagg_node.termination` (compiled into the simulator's kernel, which hashes its
-source), the departure rule :mod:`nlagg_node.departure`.
+replay drive the run through this package; none of them states a rule of its own. A node's early
+stop is a state machine (:mod:`.machine`) over the rule's scalar functions in
+:mod:`nlagg_node.termination` (compiled into the simulator's kernel, which hashes its source); the
+departure rule is :mod:`nlagg_node.departure`.
 
 The names are re-exported lazily, listed once in the ``TYPE_CHECKING`` block below
 (:mod:`nlagg_node.lazy`).
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
     from .identity import Verifier as Verifier
     from .identity import new_identity as new_identity
     from .identity import signature_error as signature_error
+    from .machine import PhaseNode as PhaseNode
+    from .machine import StopRule as StopRule
+    from .machine import fields_along as fields_along
+    from .machine import phase_final as phase_final
     from .shape import RunShape as RunShape
     from .shape import phase_starts as phase_starts
 

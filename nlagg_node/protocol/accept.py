@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, TypeVar
 
-from ..termination import NO_STOP, halts
+from ..termination import NO_STOP, earliest_stop, halts
 from .shape import RunShape
 
 __all__ = [
@@ -178,8 +178,12 @@ class Departures:
 
 def halt_span(shape: RunShape, t: int, stop: int | None, departures: Sequence[int] | None) -> tuple[int, int]:
     """``(t, end of t's phase)`` when the x^(t) with these fields is its sender's last of the phase
-    (:func:`~nlagg_node.termination.halts`), else :data:`NO_HALT`."""
+    (:func:`~nlagg_node.termination.halts`), else :data:`NO_HALT`. A stop before the phase's
+    :func:`~nlagg_node.termination.earliest_stop` is no honest node's: it ends nothing (the
+    receiver's state machine refuses the claim, named)."""
     if stop != t or not halts(stop, t, departures or (), shape.reach):
+        return NO_HALT
+    if stop < earliest_stop(shape.starts[shape.phase_of(t)], shape.reach, shape.cfg.stop_window_value):
         return NO_HALT
     return t, shape.phase_end(t)
 

@@ -27,14 +27,13 @@ run naming the neighbours whose duals pulled it there (:func:`output_error`).
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 
 from ..config import RunConfig
-from ..schedule import Phase, phase_c, value_noise
+from ..departure import departure_refusal
+from ..schedule import Phase, Schedule, phase_c, value_noise
 from ..valuemap import ValueScale
 
 __all__ = ["FAILURE", "XEnvelope", "output_error", "x_envelope"]
@@ -55,18 +54,18 @@ class XEnvelope:
     s_lo, s_hi : the values the nodes use (the declared range, widened by the DP noise's bound).
     radius : per phase, ``R_p / c_p``: how far from ``[s_lo, s_hi]`` an x of degree 1 may lie.
     scale : per node, ``1 / sqrt(d_j)`` (1 where nodes may depart: their degree may fall to 1).
-    starts : the first iteration of every phase, then ``t_total``.
+    schedule : the run's phases (:class:`~nlagg_node.schedule.Schedule`).
     """
 
     s_lo: float
     s_hi: float
     radius: tuple[float, ...]
     scale: tuple[float, ...]
-    starts: tuple[int, ...]
+    schedule: Schedule
 
     def bounds(self, node: int, t: int) -> tuple[float, float]:
         """``(lo, hi)`` of ``x_node^(t)`` (``node`` and ``t`` of the run)."""
-        r = self.radius[bisect.bisect_right(self.starts, t) - 1] * self.scale[node]
+        r = self.radius[self.schedule.phase_of(t)] * self.scale[node]
         return self.s_lo - r, self.s_hi + r
 
     def value_error(self, node: int, t: int, cand: float) -> str | None:
@@ -110,12 +109,6 @@ def _flow(phase: Phase, n: int, width: float) -> float:
     return math.sqrt(2.0 * (n - 1)) * g / 2.0
 
 
-def _may_depart(cfg: RunConfig) -> bool:
-    """Whether a run goes on when nodes depart (an early-stopping run without ``may_depart``, and
-    the trimmed mean, fail instead: :class:`~nlagg_node.runtime.loop.PdmmLoop`)."""
-    return cfg.op != "trimmed-mean" and (not cfg.early_stop or cfg.may_depart)
-
-
 def x_envelope(
     cfg: RunConfig, phases: Sequence[Phase], neighbours: Sequence[Sequence[int]]
 ) -> XEnvelope | None:
@@ -128,7 +121,7 @@ def x_envelope(
     width, root = s_hi - s_lo, math.sqrt(sum(len(nb) for nb in neighbours))  # sqrt(N), N = 2E duals
     cs = [phase_c(cfg, ph) for ph in phases]
     flows = [_flow(ph, n, width) for ph in phases]
-    departures = n - 1 if _may_depart(cfg) else 0
+    departures = n - 1 if departure_refusal(cfg.op, cfg.early_stop, cfg.may_depart) is None else 0
     moved = departures * max(c * width * root + 2.0 * f for c, f in zip(cs, flows, strict=True))
     radius: list[float] = []
     r = 0.0
@@ -143,8 +136,7 @@ def x_envelope(
             r += shift * root + flows[p - 1] + flows[p]
         radius.append((r + moved) / c)
     scale = tuple(1.0 if departures or not nb else 1.0 / math.sqrt(len(nb)) for nb in neighbours)
-    starts = (0, *accumulate(ph.t_len for ph in phases))
-    return XEnvelope(s_lo, s_hi, tuple(radius), scale, starts)
+    return XEnvelope(s_lo, s_hi, tuple(radius), scale, Schedule.of(phases))
 
 
 def output_error(

@@ -9,14 +9,13 @@ from a validated configuration; nothing in it changes during the run.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..config import RunConfig
 from ..graphs import IntArray, neighbours
-from ..schedule import Phase, plan_phases, sealed_groups_of
+from ..schedule import Phase, Schedule, plan_phases, sealed_groups_of
 from ..termination import stop_reach
 from .envelope import XEnvelope, x_envelope
 
@@ -24,12 +23,9 @@ __all__ = ["RunShape", "phase_starts"]
 
 
 def phase_starts(phases: Sequence[Phase]) -> list[int]:
-    """The first iteration of every phase, then the run's ``t_total``: the phase table every driver
-    (the node loop, the replay, the transcript's rules) reads."""
-    starts = [0]
-    for p in phases:
-        starts.append(starts[-1] + p.t_len)
-    return starts
+    """The first iteration of every phase, then the run's ``t_total``
+    (:class:`~nlagg_node.schedule.Schedule`)."""
+    return list(Schedule.of(phases).starts)
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,12 +41,14 @@ class RunShape:
     cfg: RunConfig
     edges: IntArray
     phases: list[Phase] = field(init=False)
+    schedule: Schedule = field(init=False)
     starts: list[int] = field(init=False)  # the first iteration of each phase, and t_total last
 
     def __post_init__(self) -> None:
         phases = plan_phases(self.cfg)
         object.__setattr__(self, "phases", phases)
-        object.__setattr__(self, "starts", phase_starts(phases))
+        object.__setattr__(self, "schedule", Schedule.of(phases))
+        object.__setattr__(self, "starts", list(self.schedule.starts))
 
     @property
     def n(self) -> int:
@@ -81,11 +79,11 @@ class RunShape:
 
     def phase_of(self, t: int) -> int:
         """The index of the phase iteration ``t`` (``0 <= t < t_total``) belongs to."""
-        return bisect.bisect_right(self.starts, t) - 1
+        return self.schedule.phase_of(t)
 
     def phase_end(self, t: int) -> int:
         """The first iteration after the phase of ``t``."""
-        return self.starts[self.phase_of(t) + 1]
+        return self.schedule.phase_end(t)
 
     @cached_property
     def jumps(self) -> frozenset[int]:

@@ -30,29 +30,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..departure import departure_refusal
 from ..errors import NlaggError
 from ..init import draw_z0, perturb_value
-from ..protocol import output_error
+from ..protocol import NO_HALT, halt_span, output_error
+from ..protocol.machine import PhaseNode, StopRule
 from ..rng import rng_for
 from ..schedule import bypassed, effective_values, phase_c, value_noise
-from ..termination import (
-    NO_CANDIDATE,
-    NO_STOP,
-    Certificate,
-    Fields,
-    certificate_sign,
-    halts,
-    is_certified,
-    is_quiet,
-    live_stop,
-    next_candidate,
-    next_pin_run,
-    next_quiet,
-    next_stop,
-    own_candidate,
-    recent,
-    stop_threshold,
-)
+from ..termination import NO_STOP, Fields, certificate_sign
 from ..valuemap import scale_for
 from .checkpoint import Checkpoint, Stage
 from .duals import duals_for
@@ -189,14 +174,9 @@ class PdmmLoop:
         if all(keep):
             return None
         cfg = self.cfg
-        if (cfg.early_stop and not cfg.may_depart) or cfg.op == "trimmed-mean":
+        why = departure_refusal(cfg.op, cfg.early_stop, cfg.may_depart)
+        if why is not None:
             gone = {m.id: sorted(j for j, u in m.departed.items() if u == t) for m in self.members}
-            why = (
-                "a trimmed mean cannot go on without them"
-                if cfg.op == "trimmed-mean"
-                else "this early-stopping run cannot go on without them (plan a run whose nodes may leave"
-                " for good with --may-depart, or --no-early-stop)"
-            )
             raise NlaggError(f"neighbours departed at t={t} ({gone}): {why}")
         if self.stopping is not None:
             for k, m in enumerate(self.members):
@@ -333,7 +313,7 @@ class PdmmLoop:
             duals.start([tr.ck.u_out for tr in tracks], [tr.ck.u_in for tr in tracks])  # type: ignore[union-attr]
         s_used = np.array([tr.s_used for tr in tracks])
         shape = members[0].shape
-        phase_start = shape.starts
+        schedule = shape.schedule
         for p_idx in range(p_first, len(self.phases)):
             phase = self.phases[p_idx]
             c, theta, objective = phase_c(cfg, phase), cfg.theta, phase.objective
@@ -351,16 +331,13 @@ class PdmmLoop:
             skip = bypassed(phase, s_used, identified, cfg.epsilon)
             s_eff: list[float] = effective_values(phase, s_used, skip).tolist()
             name = phase.name
-            end = phase_start[p_idx] + phase.t_len
-            cert = Certificate(s_eff, certificate_sign(cfg.op)) if cfg.certified else None
-            early = (
-                Stopping(members, self.cfg.stop_window_value, self.reach, cfg.tolerance, self.slots, cert)
-                if cfg.early_stop
-                else None
-            )
+            start, end = schedule.start(p_idx), schedule.end(p_idx)
+            sign = certificate_sign(cfg.op) if cfg.certified else None
+            rule = StopRule(cfg.stop_window_value, self.reach, cfg.tolerance, sign)
+            early = Stopping(members, rule, start, self.slots, s_eff) if cfg.early_stop else None
             stopped = False
-            if early is not None and resumed_at > phase_start[p_idx]:
-                early.restore(resumed_at - phase_start[p_idx], tracks)
+            if early is not None and resumed_at > start:
+                early.restore(resumed_at - start, tracks)
             self.stopping = early
             for t in range(t, end):  # noqa: B020 - t carries on across phases
                 if lone is not None and lone.leave_at is not None and t >= lone.leave_at:
@@ -370,7 +347,7 @@ class PdmmLoop:
                 if saving:
                     self.checkpoint("x", t, p_idx, group)
                 x_list = duals.x(objective, s_eff, c)
-                fields = early.step(t - phase_start[p_idx], t, x_list) if early is not None else None
+                fields = early.step(t, x_list) if early is not None else None
                 got_flat: list[float] = []
                 for k, m in enumerate(members):
                     tr = tracks[k]
@@ -381,7 +358,7 @@ class PdmmLoop:
                         m.outbox.send_x(t, name, x_list[k])
                     else:
                         m.outbox.send_x(t, name, x_list[k], fields[k])
-                        tr.sent = [t, early.k[k], early.e[k], *early.known[k]]  # type: ignore[union-attr]
+                        tr.sent = early.sent(k, t)  # type: ignore[union-attr]
                         tr.sent_cand = fields[k][3]
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
@@ -399,13 +376,12 @@ class PdmmLoop:
                     stopped = True
                     for m in members:
                         m.iterations_run -= end - 1 - t
-                        if end < phase_start[-1]:
+                        if end < schedule.t_total:
                             m.x_in.skip_to(end)
                     break
             t = end
             for k, tr in enumerate(tracks):
-                cand = early.final(k) if early is not None and stopped else None
-                final = tr.xs[-1] if cand is None else cand  # a certified stop outputs its candidate
+                final = tr.xs[-1] if early is None else early.nodes[k].final(tr.xs[-1], stopped)
                 tr.finals.append(final)
                 tr.identified.append(final)
         return None
@@ -417,123 +393,67 @@ unknown), departures, candidate (None: none)."""
 
 
 class Stopping:
-    """The early-stop state of the hosted nodes in one phase (:mod:`nlagg_node.termination`).
-
-    Per node: its last ``window`` x's, its quiet counter, stop iteration and the departures it knows
-    of, the neighbours' fields received with their x of the previous iteration (those still here:
-    ``slots``, shared with the loop) and the departures it detected at the last barrier. With a
-    ``certificate`` (the certified stop: each node's value as its x-update uses it, and the sign)
-    also its pin run and candidate, and the quiet test is the certificate's
-    (:func:`~nlagg_node.termination.fields_along` is the rule this follows step by step).
-    """
+    """The early stop of the hosted nodes in one phase: one state machine each
+    (:class:`~nlagg_node.protocol.machine.PhaseNode`), fed with its x and the fields its neighbours
+    still here (``slots``, shared with the loop) sent with their x of the previous iteration."""
 
     def __init__(
-        self,
-        members: list[Member],
-        window: int,
-        reach: int,
-        tolerance: float,
-        slots: list[list[int]],
-        certificate: Certificate | None = None,
+        self, members: list[Member], rule: StopRule, t0: int, slots: list[list[int]], values: list[float]
     ) -> None:
-        self.members = members
-        self.window, self.reach, self.tolerance = window, reach, tolerance
-        self.threshold = stop_threshold(reach, window)
-        self.slots = slots
-        h = len(members)
-        self.hist = [[0.0] * window for _ in range(h)]
-        self.k = [0] * h
-        self.e = [NO_STOP] * h
-        self.known: list[tuple[int, ...]] = [()] * h
-        self.caught: list[tuple[int, ...]] = [()] * h
-        self.nbr: list[list[Fields]] = [[] for _ in range(h)]
-        self.cert = certificate
-        self.values = [float(v) for v in certificate.values] if certificate is not None else []
-        self.sign = certificate.sign if certificate is not None else 1.0
-        self.signed = [self.sign * v for v in self.values]
-        self.run = [0] * h  # the pin runs r_i
-        self.b = [NO_CANDIDATE] * h  # the candidates b_i (signed)
+        self.members, self.slots = members, slots
+        self.nodes = [PhaseNode(rule, t0, v) for v in values]
+        self.nbr: list[list[Fields]] = [[] for _ in members]
 
     def detect(self, k: int, t: int) -> None:
         """Hosted node k took x^(t) and found neighbours departed at t: not quiet at t + 1."""
-        self.caught[k] = (t,)
+        self.nodes[k].neighbour_departed(t)
 
-    def step(self, lt: int, t: int, xs: list[float]) -> list[Published]:
-        """Iteration t (``lt`` within the phase): each node's ``(quiet, stop, departures, cand)`` to
-        publish with x^(t): departures merged first, then the candidate, the quiet test, k and e."""
-        slot = lt % self.window
+    def step(self, t: int, xs: list[float]) -> list[Published]:
+        """Iteration t: each node's ``(quiet, stop, departures, cand)`` to publish with x^(t), after
+        refusing, named, every stop claim of a neighbour it can contradict
+        (:meth:`~nlagg_node.protocol.machine.PhaseNode.stop_error`): the claim is dropped, the rest of
+        the fields kept; a neighbour that ended its phase on a false stop (one its x's acceptance
+        took as its last, :func:`~nlagg_node.protocol.halt_span`) fails the run, named."""
         out: list[Published] = []
-        for k, xk in enumerate(xs):
-            caught, nbr = self.caught[k], self.nbr[k]
-            if caught or self.known[k] or any(f[2] for f in nbr):
-                merged = set(self.known[k]).union(caught, *(f[2] for f in nbr))
-                self.known[k] = tuple(sorted(d for d in merged if recent(d, t, self.reach)))
-                self.caught[k] = ()
-            if self.cert is None:
-                quiet = not caught and lt >= self.window and is_quiet(xk, self.hist[k][slot], self.tolerance)
-                self.hist[k][slot] = xk
-            else:
-                quiet = self._certified(k, xk, nbr)
-            k_min = min([self.k[k]] + [f[0] for f in nbr])
-            e_min = min([live_stop(self.e[k], t)] + [live_stop(f[1], t) for f in nbr])
-            self.k[k] = next_quiet(quiet, k_min)
-            self.e[k] = next_stop(e_min, self.k[k], t, self.threshold, self.reach)
-            stop = None if self.e[k] == NO_STOP else self.e[k]
-            out.append((self.k[k], stop, self.known[k], self.final(k)))
+        for m, node, xk, nbr in zip(self.members, self.nodes, xs, self.nbr, strict=True):
+            for q, f in enumerate(nbr):
+                if f[1] != NO_STOP and (why := node.stop_error(m.active[q], t, f[1])) is not None:
+                    if f[1] == t - 1 and halt_span(m.shape, t - 1, f[1], f[2]) != NO_HALT:
+                        raise NlaggError(
+                            f"node {m.id}: refused {why}; node {m.active[q]} ended its phase on it"
+                        )
+                    m.reject(why)
+                    nbr[q] = (f[0], NO_STOP, f[2], f[3])
+            k, e, known, cand = node.tick(t, xk, nbr)
+            out.append((k, None if e == NO_STOP else e, known, cand))
         return out
 
-    def _certified(self, k: int, x: float, nbr: list[Fields]) -> bool:
-        """Node k's pin run and candidate after taking ``x``; whether it is quiet (the certificate)."""
-        sign = self.sign
-        self.run[k] = next_pin_run(x, self.values[k], self.run[k])
-        own = own_candidate(self.signed[k], self.run[k], self.window)
-        b_max = max([self.b[k]] + [sign * f[3] for f in nbr if f[3] is not None])
-        resetting = bool(self.known[k])
-        self.b[k] = next_candidate(b_max, own, resetting)
-        return not resetting and is_certified(self.signed[k], self.b[k])
-
-    def final(self, k: int) -> float | None:
-        """Node k's candidate on the protocol's scale (its output at a certified stop); None without
-        one, or without the certificate."""
-        return None if self.cert is None or self.b[k] == NO_CANDIDATE else self.sign * self.b[k]
+    def sent(self, k: int, t: int) -> list[int]:
+        """Node k's fields as a checkpoint keeps them: ``[t, quiet, stop or NO_STOP, *departures]``."""
+        node = self.nodes[k]
+        return [t, node.k, node.e, *node.known]
 
     def restore(self, lt: int, tracks: list[_Track]) -> None:
         """Resumed at phase-local iteration ``lt > 0``: the state after iteration ``lt - 1``, from the
-        x's run (the window, the pin runs), the fields last published and the neighbours' (the
-        checkpoint)."""
+        x's run, the fields last published and the neighbours' (the checkpoint)."""
         for k, tr in enumerate(tracks):
-            xs = tr.xs[len(tr.xs) - lt :]
-            for lt_past in range(max(0, lt - self.window), lt):
-                self.hist[k][lt_past % self.window] = xs[lt_past]
-            _, self.k[k], self.e[k], *known = tr.sent
-            self.known[k] = tuple(known)
+            _, quiet, stop, *known = tr.sent
+            self.nodes[k].restore(tr.xs[len(tr.xs) - lt :], (quiet, stop, tuple(known), tr.sent_cand))
             ck = tr.ck
-            quiet = ck.prev_quiet if ck is not None else []
-            cands = ck.prev_cand if ck is not None and ck.prev_cand else [None] * len(quiet)
-            self.nbr[k] = [(f[0], f[1], tuple(f[2:]), c) for f, c in zip(quiet, cands, strict=True)]
-            if self.cert is not None:
-                self.run[k] = _trailing(xs, self.values[k])
-                self.b[k] = NO_CANDIDATE if tr.sent_cand is None else self.sign * tr.sent_cand
+            prev = ck.prev_quiet if ck is not None else []
+            cands = ck.prev_cand if ck is not None and ck.prev_cand else [None] * len(prev)
+            self.nbr[k] = [(f[0], f[1], tuple(f[2:]), c) for f, c in zip(prev, cands, strict=True)]
 
     def received(self, t: int) -> bool:
         """After taking x^(t): keep the fields of the neighbours still here; whether the phase ends
         with iteration t."""
         for k, m in enumerate(self.members):
             self.nbr[k] = still_here(self.slots[k], m.take_quiet(t))
-        stops = [halts(e, t, known, self.reach) for e, known in zip(self.e, self.known, strict=True)]
+        stops = [node.halts(t) for node in self.nodes]
         if any(stops) and not all(stops):
             raise NlaggError(
-                f"hosted nodes disagree on the stop at t={t}: {self.e} (a departure split them into"
-                " components that stop apart: host them as processes of their own)"
+                f"hosted nodes disagree on the stop at t={t}: {[node.e for node in self.nodes]} (a"
+                " departure split them into components that stop apart: host them as processes of"
+                " their own)"
             )
         return stops[0]
-
-
-def _trailing(xs: list[float], value: float) -> int:
-    """How many of the last ``xs`` equal ``value`` in a row: a pin run rebuilt from the x's run."""
-    run = 0
-    for x in reversed(xs):
-        if x != value:
-            break
-        run += 1
-    return run

@@ -26,6 +26,7 @@ from ..init import DualInitSpec, draw_z0, perturb_value
 from ..rng import rng_for_each
 from ..schedule import (
     Phase,
+    Schedule,
     bypassed,
     combine,
     distance_to,
@@ -96,7 +97,7 @@ class SimResult:
 
     @property
     def t_total(self) -> int:
-        return sum(p.t_len for p in self.phases)
+        return Schedule.of(self.phases).t_total
 
     def by_rank(self, per_node: NDArray[np.generic]) -> NDArray[np.generic]:
         """Reorder the node axis (axis 1 of ``(B, n, ...)``) so that column r is rank r."""
@@ -231,7 +232,7 @@ class _Plan:
 
     @property
     def t_total(self) -> int:
-        return sum(p.t_len for p in self.phases)
+        return Schedule.of(self.phases).t_total
 
 
 def _plan(
@@ -256,7 +257,7 @@ def _plan(
         [perturb_value(v, noise, cfg.sigma_s, g) for v, g in zip(s_proto.ravel(), gens, strict=True)]
     )
     phases = plan_phases(cfg)
-    t_total = sum(p.t_len for p in phases)
+    t_total = Schedule.of(phases).t_total
     dep = SimDepartures(cfg, departures, t_total, graphs) if departures else None
     dep_sets = [dep.at] if dep is not None else [{}]
     if dep is not None and cfg.early_stop:
@@ -623,7 +624,7 @@ def _departure_outcome(
         dep.components[b] if not moot_in[b].any() else components(n, plan.graphs[b], departed_in[b])
         for b in range(B)
     ]
-    starts = np.cumsum([0] + [p.t_len for p in plan.phases])[:-1]
+    starts = np.asarray(Schedule.of(plan.phases).starts[:-1])
     for b, left in enumerate(departed_in):  # a departed node ran its phases up to its departure
         for j, t_left in left.items():
             st.node_iterations[b, j] = np.minimum(st.node_iterations[b, j], np.clip(t_left - starts, 0, None))

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..arrays import BoolArray, FloatArray, IntArray
 from ..inputs import make_output_dir
-from ..schedule import distance_to
+from ..schedule import Schedule, distance_to
 from ..threat import determined_by_sums
 from ..valuemap import scale_for
 from ..verdict import ideal_ranks
@@ -167,8 +167,8 @@ def determined(result: SimResult, corrupted: Sequence[int] = ()) -> BoolArray:
     avg = [k for k, p in enumerate(result.phases) if p.objective.kind == "quadratic"]
     if not avg:
         return known
-    t0 = sum(p.t_len for p in result.phases[: avg[0]])
-    t1 = t0 + result.phases[avg[0]].t_len
+    schedule = Schedule.of(result.phases)
+    t0, t1 = schedule.start(avg[0]), schedule.end(avg[0])
     out = known.copy()
     n = result.config.n
     for b, edges in enumerate(result.graphs):

@@ -136,10 +136,12 @@ def out_of_the_run(s: Sides) -> list[Step]:
     ]
 
 
-def after_its_stop(s: Sides) -> list[Step]:
+def impossible_stop(s: Sides) -> list[Step]:
+    """A stop at P lies before the run's earliest stop (2D + W - 1): the x is taken, its stop ends
+    nothing, so its sender's next x is taken too (the receivers' state machines refuse the claim)."""
     if not s.early:  # a stop in a fixed-schedule run is refused for its fields
         return [(s.x(1, P, honest(1, P), stop=P), "refused")]
-    return [(s.x(1, P, honest(1, P), stop=P), "taken"), (s.x(1, P + 1, 3.0), "refused")]
+    return [(s.x(1, P, honest(1, P), stop=P), "taken"), (s.x(1, P + 1, honest(1, P + 1)), "taken")]
 
 
 def status(node: int, **fields: object) -> tuple[str, bytes]:
@@ -177,7 +179,7 @@ def z0_exchange(s: Sides) -> list[Step]:
         forged_in_window,
         duplicates_and_conflicts,
         out_of_the_run,
-        after_its_stop,
+        impossible_stop,
         departure_claims,
         z0_exchange,
     ],

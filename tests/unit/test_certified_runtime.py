@@ -1,5 +1,5 @@
 """The certified stop (max and min) at the node runtime: every x's fields as
-:func:`~nlagg_node.termination.fields_along` gives them, the same stop, and the true extremum as
+:func:`~nlagg_node.protocol.fields_along` gives them, the same stop, and the true extremum as
 every node's output, bit for bit; the ``cand`` field on the wire and its acceptance."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from adversary.capture.eavesdropper import Eavesdropper
 from adversary.simulated import attack_simulation, write_sim_transcript
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
-from nlagg_node.protocol import RunShape, x_form_error
+from nlagg_node.protocol import RunShape, fields_along, x_form_error
 from nlagg_node.runtime.checkpoint import CheckpointStore
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -24,7 +24,7 @@ from nlagg_node.runtime.node import Node, NodeResult, run_edges
 from nlagg_node.runtime.public import build_config_msg
 from nlagg_node.runtime.wire import HotDecoder, WireError, XMsg, XWire, decode, encode, encode_x, topics
 from nlagg_node.sim import draw_values, simulate
-from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, fields_along, stop_reach
+from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, stop_reach
 from tests.harness.crash import crash_when
 from tests.harness.departures import RUN, run_with_departures
 

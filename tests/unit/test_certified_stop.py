@@ -8,8 +8,9 @@ import pytest
 
 from nlagg_node import load_config, simulate
 from nlagg_node.errors import ConfigError
+from nlagg_node.protocol import fields_along
 from nlagg_node.sim.multiepoch import simulate_epochs
-from nlagg_node.termination import Certificate, certificate_sign, fields_along, stop_reach
+from nlagg_node.termination import Certificate, certificate_sign, stop_reach
 
 DEPARTURES = [
     pytest.param(None, id="no-departure"),

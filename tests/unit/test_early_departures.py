@@ -26,12 +26,13 @@ from adversary.transcript import Transcript
 from adversary.transcript.arrays import TranscriptData, first_matches, load_transcript_arrays
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components
+from nlagg_node.protocol import fields_along
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.wire import ConfigMsg, encode, encode_x, topics
 from nlagg_node.sim import SimResult, draw_values, simulate
-from nlagg_node.termination import NO_STOP, Certificate, Fields, certificate_sign, fields_along, stop_reach
+from nlagg_node.termination import NO_STOP, Certificate, Fields, certificate_sign, stop_reach
 
 ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  # two 4-cliques through 4
 LEFT, MIDDLE, RIGHT = [0, 1, 2, 3], 4, [5, 6, 7, 8]
@@ -359,19 +360,21 @@ def test_an_x_with_departures_is_valid_only_where_nodes_may_depart(
 @pytest.mark.parametrize("may_depart", [False, True], ids=["diameter", "may-depart"])
 def test_an_x_after_its_nodes_stop_is_refused(tmp_path: Path, may_depart: bool) -> None:
     """A node's x that says it ends the phase (stop == t) is its last of the phase: a later one (a
-    forger's) is stored invalid, so it cannot stretch the node's phase in the offline attack."""
-    cfg = RunConfig(op="max", n=4, graph="ring", t_max=20, trials=1, may_depart=may_depart)
+    forger's) is stored invalid, so it cannot stretch the node's phase in the offline attack. The
+    stop is the earliest one the run allows (W = 1: 2D, D the reach)."""
+    cfg = RunConfig(op="max", n=4, graph="ring", t_max=20, trials=1, may_depart=may_depart, stop_window=1)
+    stop = 6 if may_depart else 4  # 2 (n - 1), or twice the ring's diameter
     tp = topics("nlagg", RUN)
     with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
         tr.add(tp.config, encode(build_config_msg(cfg, RUN, run_edges(cfg))), retained=True)
-        for t in range(3):
+        for t in range(stop + 1):
             for i in range(4):
-                assert tr.add(tp.x(i), encode_x(i, t, "max", 1.0 - t, 0, 2)) is not None
-        assert tr.add(tp.x(1), encode_x(1, 3, "max", 0.5, 0, 2)) is None
+                assert tr.add(tp.x(i), encode_x(i, t, "max", 1.0 - t, 0, stop)) is not None
+        assert tr.add(tp.x(1), encode_x(1, stop + 1, "max", 0.5, 0, stop)) is None
         [(topic, error)] = tr.rejected()
         assert topic == tp.x(1)
-        assert "node 1 ended this phase after t=2" in error
-        assert np.isnan(tr.x(4, 20)[1, 3])
+        assert f"node 1 ended this phase after t={stop}" in error
+        assert np.isnan(tr.x(4, 20)[1, stop + 1])
 
 
 @pytest.mark.parametrize("before", ["announced", "all"], ids=["up-to-the-departure", "everything"])

@@ -64,7 +64,7 @@ def test_no_honest_x_of_the_simulator_leaves_the_envelope(kw: dict[str, object])
     for b in range(res.recorded_x.shape[1]):
         env = RunShape(resolved, res.graphs[b]).envelope
         assert env is not None
-        phase = np.searchsorted(np.asarray(env.starts), res.recorded_t, side="right") - 1
+        phase = np.searchsorted(np.asarray(env.schedule.starts), res.recorded_t, side="right") - 1
         radius = np.asarray(env.radius)[phase][:, None] * np.asarray(env.scale)[None, :]
         x = res.recorded_x[:, b, :]
         beyond = np.maximum(x - env.s_hi, env.s_lo - x)  # > 0 outside the values' range

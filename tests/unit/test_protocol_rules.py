@@ -64,8 +64,11 @@ def test_the_shape_follows_the_schedule() -> None:
 
 
 def test_a_stop_ends_the_senders_phase_unless_a_departure_voids_it() -> None:
-    shape = shape_of(early_stop=True, may_depart=True)  # reach n - 1 = 5
+    shape = shape_of(early_stop=True, may_depart=True, stop_window=1)  # reach n - 1 = 5, earliest stop 10
     assert halt_span(shape, 12, 12, ()) == (12, 20)
+    assert (
+        halt_span(shape, 9, 9, ()) == NO_HALT
+    )  # before the earliest stop: no honest node's, it ends nothing
     assert halt_span(shape, 12, 13, ()) == NO_HALT
     assert halt_span(shape, 12, 12, (5,)) == NO_HALT  # 5 lies in [12 - 10, 12 - 5]: voided
 

@@ -12,8 +12,9 @@ import pytest
 from nlagg_node import load_config, simulate
 from nlagg_node.graphs import sample_graphs
 from nlagg_node.limits import MAX_ITERATIONS, MAX_NODES
+from nlagg_node.protocol import fields_along
 from nlagg_node.runtime.wire import WireError, XMsg, decode, encode, encode_x, topics
-from nlagg_node.termination import diameter, fields_along
+from nlagg_node.termination import diameter
 
 WINDOW = 20
 
@@ -45,7 +46,7 @@ def test_diameter_is_networkx_s(n: int) -> None:
 
 def _stop_from_trajectory(xs: np.ndarray, edges: np.ndarray, t0: int, tol: float) -> tuple[int, np.ndarray]:
     """The rule applied node by node to a fixed-schedule trajectory ``xs`` (T, n) of one phase
-    (:func:`~nlagg_node.termination.fields_along`, as the simulator's transcripts do).
+    (:func:`~nlagg_node.protocol.fields_along`, as the simulator's transcripts do).
 
     Returns the iterations the phase runs and every node's stop iteration ``e`` at the stop.
     """

@@ -52,7 +52,7 @@ def test_no_honest_warm_x_leaves_the_envelope_of_the_epochs_config(op: str, drif
         assert run_cfg.c_value == starts[b].c
         env = RunShape(run_cfg, res.graphs[b]).envelope
         assert env is not None
-        phase = np.searchsorted(np.asarray(env.starts), res.recorded_t, side="right") - 1
+        phase = np.searchsorted(np.asarray(env.schedule.starts), res.recorded_t, side="right") - 1
         radius = np.asarray(env.radius)[phase][:, None] * np.asarray(env.scale)[None, :]
         x = res.recorded_x[:, b, :]
         beyond = np.maximum(x - env.s_hi, env.s_lo - x)
