@@ -19,14 +19,14 @@ import numpy as np
 
 from nlagg_node.config import RunConfig
 from nlagg_node.rng import rng_for
-from nlagg_node.schedule import plan_phases
+from nlagg_node.schedule import Schedule, plan_phases
 from nlagg_node.sim import simulate
 
 
 def draw_departures(cfg: RunConfig, count: int) -> dict[int, int]:
     """``count`` distinct nodes, each leaving at a uniform iteration in the first half of the run."""
     rng = rng_for(cfg.seed, "departures", count)
-    t_total = sum(p.t_len for p in plan_phases(cfg))
+    t_total = Schedule.of(plan_phases(cfg)).t_total
     nodes = rng.choice(cfg.n, size=count, replace=False)
     return {int(j): int(rng.integers(1, t_total // 2)) for j in nodes}
 

@@ -27,7 +27,7 @@ from nlagg_node.arrays import FloatArray
 from nlagg_node.config import RunConfig, validate_config
 from nlagg_node.errors import ConfigError
 from nlagg_node.inputs import make_output_dir
-from nlagg_node.schedule import plan_phases
+from nlagg_node.schedule import Schedule, plan_phases
 
 from .panels import Experiment, ExperimentDoc, Panel, PanelDoc, PanelResult
 
@@ -175,7 +175,7 @@ def panel_config(params: dict[str, Any], trials: int, seed: int) -> RunConfig:
     """The run of one panel: the paper's setup (its fixed schedule), the panel's fields, ~300
     recorded iterations."""
     cfg = validate_config({"trials": trials, "seed": seed, "early_stop": False, **params}).resolved()
-    t_total = sum(p.t_len for p in plan_phases(cfg))
+    t_total = Schedule.of(plan_phases(cfg)).t_total
     return cfg.model_copy(update={"record": f"every:{max(1, t_total // RECORDED_POINTS)}"})
 
 
@@ -277,7 +277,7 @@ class PanelCache:
                 todo.setdefault(key, cfg)
         if not todo:
             return  # also keeps a second progress bar from starting inside the first
-        keys = sorted(todo, key=lambda k: -sum(p.t_len for p in plan_phases(todo[k])))
+        keys = sorted(todo, key=lambda k: -Schedule.of(plan_phases(todo[k])).t_total)
         jobs = [(todo[k], self.bootstrap) for k in keys]
 
         def done(i: int, r: PanelResult) -> None:

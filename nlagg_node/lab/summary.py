@@ -18,7 +18,7 @@ from ..config import RunConfig
 from ..departure import components, survivors
 from ..private import write_private
 from ..runtime.public import run_edges
-from ..schedule import distance_to, plan_phases
+from ..schedule import Schedule, distance_to, plan_phases
 from ..sim.output import Manifest, package_versions
 from ..valuemap import scale_for
 from ..verdict import Verdict, ideal_nodes, verdict
@@ -143,7 +143,7 @@ def run_outcome(
     With departures, ``results`` holds the survivors only and ``node_truth`` each node's truth
     ``(n, k)`` (its component's aggregate, :func:`~nlagg_node.sim.departures.survivor_truth`).
     """
-    planned = sum(p.t_len for p in plan_phases(cfg))  # every iteration, unless phases stopped early
+    planned = Schedule.of(plan_phases(cfg)).t_total  # every iteration, unless phases stopped early
     t_total = max((int(r.get("iterations", planned)) for r in results), default=planned)
     lo, hi = np.ravel(truth_lo[0]), np.ravel(truth_hi[0])
     outputs = {r["node"]: [float(v) for v in r["output"]] for r in results}
