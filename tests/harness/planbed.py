@@ -25,7 +25,7 @@ from nlagg_node.config import RunConfig
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
-from nlagg_node.schedule import Schedule, plan_phases
+from nlagg_node.schedule import plan_phases
 from tests.harness.verdict import Verdict, judge
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class PlanBed:
         self.capture = capture
         self.plan = build_plan(self.spec)
         self.phases = plan_phases(self.cfg)
-        self.t_total = Schedule.of(self.phases).t_total
+        self.t_total = sum(p.t_len for p in self.phases)
         self.db = self.root / "transcript.sqlite"
         self.logs = workdir / "logs"
         self.broker: BrokerHandle | None = None
