@@ -174,8 +174,15 @@ def publish_config_cmd(
     ca_file: CaFile = None,
     cert_file: CertFile = None,
     key_file: KeyFile = None,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            help="the launcher's key, which signs the run instance [default: secrets/launcher.identity.pem]"
+        ),
+    ] = None,
 ) -> None:
-    """Publish the run's public configuration as the retained P/R/config message (run from the plan dir)."""
+    """Publish the run's public configuration as the retained P/R/config message (run from the plan dir);
+    with a launcher key in run.toml, a fresh signed run instance each time (every start of the run)."""
     import asyncio
 
     from ..deploy.launcher import publish_config
@@ -183,7 +190,9 @@ def publish_config_cmd(
 
     password = read_password(password_file) or ""
     tls = tls_settings(broker, ca_file, cert_file, key_file)
-    topic = asyncio.run(publish_config(config, broker, username=username, password=password, tls=tls))
+    topic = asyncio.run(
+        publish_config(config, broker, username=username, password=password, tls=tls, signing_key=signing_key)
+    )
     print(f"published the retained run configuration on {topic}")
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..argv import eavesdrop_argv as build_eavesdrop_argv
 from ..argv import tls_args
+from .identities import identity_file
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import node_file_argv, shell_line
 from .spec import DEFAULT_PREFIX
@@ -97,6 +98,7 @@ def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
         "--password-file",
         f"secrets/{LAUNCHER_USER}.pw",
         *tls_args(**_user_tls(spec, LAUNCHER_USER)),
+        *(["--signing-key", identity_file(LAUNCHER_USER)] if spec is not None and spec.auth else []),
     ]
 
 

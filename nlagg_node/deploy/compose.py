@@ -27,6 +27,7 @@ from ..argv import tls_args
 from ..errors import ConfigError
 from ..inputs import make_output_dir
 from .commands import EPOCH_STORE_NAME, TRANSCRIPT_NAME, eavesdrop_argv, launcher_argv
+from .identities import identity_file
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import NodeFile
 from .plan import LoadedPlan
@@ -184,6 +185,9 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
     eaves, eaves_files, ready, db = _eavesdropper(plan, url, scheduled)
     launcher_files = [f"secrets/{LAUNCHER_USER}.pw", *launcher_tls.values()]
     launcher = launcher_argv(url) + tls_args(**launcher_tls)
+    if (plan.root / identity_file(LAUNCHER_USER)).is_file():  # it signs each start's run instance
+        launcher_files.append(identity_file(LAUNCHER_USER))
+        launcher += ["--signing-key", identity_file(LAUNCHER_USER)]
     corrupted = ", ".join(str(i) for i in plan.corrupted) or "none"
     first = service_names(plan)[3] if plan.nodes else "node-0"
     lines = [

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from .identity import Verifier as Verifier
     from .identity import new_identity as new_identity
     from .identity import signature_error as signature_error
+    from .instance import instance_error as instance_error
+    from .instance import new_instance as new_instance
     from .shape import RunShape as RunShape
     from .shape import phase_starts as phase_starts
 

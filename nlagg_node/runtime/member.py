@@ -106,6 +106,7 @@ class MemberSettings(TypedDict, total=False):
     first_init: DualInitSpec | None
     identities: Sequence[str] | None
     identity: Identity | None
+    instance: str | None
 
 
 class MemberOptions(MemberSettings, total=False):
@@ -117,11 +118,11 @@ class MemberOptions(MemberSettings, total=False):
     shared: bool
 
 
-_NO_KEYS = {"identities"}  # a checkpoint's fingerprint of a run without them is as before
+_NO_KEYS = {"identities", "launcher", "sig"}  # a checkpoint's fingerprint of a run without them is as before
 
 
 def _verifier(
-    identities: Sequence[str] | None, node_id: int, n: int, identity: Identity | None
+    identities: Sequence[str] | None, node_id: int, n: int, identity: Identity | None, instance: str | None
 ) -> Verifier | None:
     """The run's verifier, once this node's own identity is its entry (None: a run without)."""
     if identities is None:
@@ -132,7 +133,7 @@ def _verifier(
         raise ConfigError("signing_key", None, "the run's nodes sign their messages: give this node's key")
     if identity.public != identities[node_id]:
         raise ConfigError("signing_key", identity.public, f"is not node {node_id}'s identity in the config")
-    return Verifier(identities)
+    return Verifier(identities, instance)
 
 
 class Member:
@@ -177,14 +178,17 @@ class Member:
         self.t_total = self.shape.t_total
         self.phase_at: list[str] = self.shape.phase_at
         identities = options.get("identities")
-        self.public = build_config_msg(self.cfg, run_id, self.edges, identities)
-        self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"))
+        # The start of the run its messages bind (:mod:`nlagg_node.protocol.instance`; None: none).
+        self.instance = instance = options.get("instance")
+        self.public = build_config_msg(self.cfg, run_id, self.edges, identities, instance=instance)
+        self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"), instance)
         self.peers = Neighbours(self.neighbours)
         identity = options.get("identity") if self.verifier is not None else None
         signed, chain = transport, None
         if identity is not None:  # x's carry a key-chain element, the rest a signature
-            signed = SignedTransport(transport, identity, unsigned=self.topics.x(node_id))
-            chain = KeyChain(identity.chain_seed(f"{self.prefix}|{run_id}|{node_id}"), self.t_total)
+            signed = SignedTransport(transport, identity, unsigned=self.topics.x(node_id), instance=instance)
+            context = f"{self.prefix}|{run_id}|{node_id}" + ("" if instance is None else f"|{instance}")
+            chain = KeyChain(identity.chain_seed(context), self.t_total)
         self.outbox = Outbox(signed, self.topics, node_id, chain)
         self.tally = Tally(node_id)
         self.intake = XIntake(
@@ -225,9 +229,17 @@ class Member:
         self.resumed: Checkpoint | None = None
         self.fingerprint = ""
         if self.store is not None:
-            self.fingerprint = fingerprint(
-                run_id, node_id, self.value, self.public.model_dump(mode="json", exclude=_NO_KEYS), self.seed
+            self.fingerprint = fingerprint(  # with the instance: another start's checkpoint is not resumed
+                run_id,
+                node_id,
+                self.value,
+                self.public.model_dump(
+                    mode="json", exclude=_NO_KEYS | ({"instance"} if instance is None else set())
+                ),
+                self.seed,
             )
+            if instance is not None:  # before loading: another start's checkpoint is not resumed
+                self.store.save_instance(instance)
             self.resumed = self.store.load(self.fingerprint)
         if self.resumed is not None:
             self._restore(self.resumed)
