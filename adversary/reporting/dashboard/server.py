@@ -48,7 +48,15 @@ from ...transcript.reader import settle_file
 from .epochs import DashboardView, open_state
 from .gate import ConnectionGate, GateLimits, gated_app, gated_protocol
 
-__all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
+__all__ = [
+    "MAX_EVENT_STREAMS",
+    "Dashboard",
+    "build_app",
+    "is_loopback",
+    "parse_listen",
+    "serve_beside",
+    "serve_dashboard",
+]
 
 T = TypeVar("T")
 
@@ -60,6 +68,9 @@ CSP = (
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
 KEEPALIVE_S = 15.0
+# Event streams served at once: each holds a socket and a task for as long as its page is open, so
+# an outsider's 1100 complete requests exhausted the descriptors; past the cap, a 503.
+MAX_EVENT_STREAMS = 64
 BACKLOG = 128  # also what one turn of the event loop accepts at most, before the gate closes any
 
 
@@ -193,8 +204,12 @@ def _sse(event: str, doc: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(doc, separators=(',', ':'), allow_nan=False)}\n\n"
 
 
-def build_app(state: DashboardView, hub: _Hub, token: str | None) -> ASGIApp:
-    """The Starlette application (read-only routes), wrapped in the access guard."""
+def build_app(
+    state: DashboardView, hub: _Hub, token: str | None, max_streams: int = MAX_EVENT_STREAMS
+) -> ASGIApp:
+    """The Starlette application (read-only routes), wrapped in the access guard; at most
+    ``max_streams`` ``/api/events`` streams at once (more: 503 with ``Retry-After``)."""
+    streams = 0
 
     async def index(_request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html")
@@ -210,7 +225,21 @@ def build_app(state: DashboardView, hub: _Hub, token: str | None) -> ASGIApp:
         return JSONResponse(await asyncio.to_thread(state.nodes_at, t))
 
     async def events(request: Request) -> Response:
+        nonlocal streams
+        if streams >= max_streams:
+            why = f"{max_streams} event streams are open, the most this dashboard serves; retry later"
+            return _refuse(why, 503, {"Retry-After": str(int(KEEPALIVE_S))})
+        streams += 1
+
         async def stream() -> AsyncIterator[str]:
+            nonlocal streams
+            try:
+                async for part in updates():
+                    yield part
+            finally:
+                streams -= 1
+
+        async def updates() -> AsyncIterator[str]:
             doc = await asyncio.to_thread(state.snapshot)
             yield _sse("snapshot", doc)
             have_graph, epoch = "config" in doc, doc.get("epoch")
