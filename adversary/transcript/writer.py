@@ -36,11 +36,13 @@ The schema and the read side (the queries the analysis uses) are in :mod:`advers
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import time
 from pathlib import Path
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.private import open_private
 from nlagg_node.protocol import equivocation_error, slot_verdict
 from nlagg_node.runtime.wire import (
     ConfigMsg,
@@ -96,9 +98,10 @@ class Transcript(TranscriptReader):
         self.path = Path(path)
         if self.path.is_dir():
             raise ConfigError("transcript", str(self.path), "is a directory; give a file name")
-        try:
+        try:  # created 0600 (a corrupted node's state holds its private value); SQLite's -wal and -shm follow
+            os.close(open_private(self.path, os.O_RDWR))
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
+        except (OSError, sqlite3.Error) as exc:
             raise ConfigError("transcript", str(self.path), f"cannot open it ({exc})") from None
         try:
             check_tables(self.db, self.path, allow_empty=True)

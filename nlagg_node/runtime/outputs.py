@@ -10,7 +10,6 @@ line, 0600 (:func:`append_output`); :func:`read_outputs` reads such a file back.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -101,7 +100,17 @@ def _parse(name: str, lines: Iterable[str]) -> Iterable[EpochOutput]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            yield EpochOutput.model_validate(json.loads(line))
-        except (ValueError, ValidationError) as exc:
-            raise ConfigError("file", f"{name}:{number}", f"not a result record ({exc})") from None
+        try:  # pydantic's JSON parser bounds nesting (a deeply nested line is refused, no RecursionError)
+            yield EpochOutput.model_validate_json(line)
+        except ValidationError as exc:
+            raise ConfigError(
+                "file", f"{name}:{number}", f"not a result record ({_first_error(exc)})"
+            ) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    """The first of a validation's errors, on one line: where it is and why."""
+    first = exc.errors()[0]
+    where = ".".join(map(str, first["loc"]))
+    more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{first['msg']}{more}"

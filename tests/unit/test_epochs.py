@@ -241,6 +241,10 @@ def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "not json\n")
     with pytest.raises(ConfigError, match=r"results\.jsonl:4"):
         read_outputs(path)
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")  # a RecursionError traceback before
+    with pytest.raises(ConfigError, match=r"results\.jsonl:1.*recursion limit") as refused:
+        read_outputs(path)
+    assert "\n" not in str(refused.value)
 
 
 async def epoch_of_node(
