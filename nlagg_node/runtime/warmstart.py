@@ -9,8 +9,10 @@ public fact every node can read, the outputs of epoch k-1 published retained on 
 
 * epoch 0, ``--cold-start``, an operator without a warm start: cold;
 * otherwise every node reads the results topics from half a join window before epoch k's start
-  (:func:`read_published_output`): if some node published epoch k-1's output by the start, it runs
-  warm from their median (:func:`published_output`), its own output among them or not (restarted,
+  (:func:`read_published_output`; each record signed by its node in a deployment with identities):
+  if :func:`warm_quorum` nodes (three) published epoch k-1's output by the start, it runs warm from
+  their median (:func:`published_output`; with fewer one false record could be the median), its own
+  output among them or not (restarted,
   absent, its run failed: it runs warm beside the others; a graph split by an absent node into
   parts that each reached their own output starts alike again). If none did by the latest time a
   node may join (the start plus :attr:`~nlagg_node.runtime.epochs.EpochClock.late`), no node
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..config import RunConfig
+from ..protocol.identity import Verifier
 from ..warm import WarmStart, warm_start
 from .outputs import EpochOutput, published_record, results_filter
 from .transport import Transport
@@ -44,6 +47,7 @@ __all__ = [
     "latest_published",
     "published_output",
     "read_published_output",
+    "warm_quorum",
 ]
 
 log = logging.getLogger("nlagg.node")
@@ -122,12 +126,25 @@ def epoch_config(
     return epoch_start(cfg, epoch, held, drift).cfg
 
 
-def published_output(outputs: Sequence[float]) -> float | None:
-    """An epoch's output as its nodes published it: the median (the lower middle) of their records
-    (None: none was published). Every node's is the same up to the run's tolerance; the median
-    keeps one node's false record from moving it."""
+WARM_QUORUM = 3
+"""Records of one epoch a warm start needs: with three, one node's false record lies between two
+honest ones or beyond them, and the median (the lower middle) is never it unless it lies between
+(issue 43, break 6: with one or two records the median was the forger's)."""
+
+
+def warm_quorum(n: int) -> int:
+    """The records of one epoch a deployment of ``n`` nodes warm-starts from: :data:`WARM_QUORUM`
+    (a deployment of fewer nodes never warm-starts from records)."""
+    return WARM_QUORUM if n >= WARM_QUORUM else n + 1
+
+
+def published_output(outputs: Sequence[float], n: int) -> float | None:
+    """An epoch's output as its ``n`` nodes published it: the median (the lower middle) of their
+    (signed) records, one per node, when at least :func:`warm_quorum` came (None: fewer). Every
+    node's is the same up to the run's tolerance; with the quorum one node's false record cannot
+    move it outside the honest records' range."""
     ordered = sorted(outputs)
-    return ordered[len(ordered) // 2] if ordered else None
+    return ordered[len(ordered) // 2] if len(ordered) >= warm_quorum(n) else None
 
 
 def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
@@ -150,13 +167,21 @@ def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
 
 
 async def read_published_output(
-    transport: Transport, deployment: tuple[str, str], epoch: int, join_at: float, last: float
+    transport: Transport,
+    deployment: tuple[str, str],
+    epoch: int,
+    join_at: float,
+    last: float,
+    verifier: Verifier | None,
+    n: int,
 ) -> HeardOutput | None:
     """Read the output published before epoch ``epoch`` from the results topics of ``deployment``
     (``(P, R)``) on ``transport``: the median of the records of epoch k-1 come by ``join_at`` (unix
     seconds, epoch k's start); if none came by then, of those that come (within :data:`SETTLE` of
     the first) before ``last`` (the latest time a node may join); if none came at all, of the latest
-    earlier epoch's records held (at most :data:`WARM_GAP` back); None if there are none."""
+    earlier epoch's records held (at most :data:`WARM_GAP` back); None if there are none. Each record
+    must be signed by its node when ``verifier`` holds the deployment's keys; an epoch counts with
+    :func:`warm_quorum` of ``n`` records (:func:`latest_published`)."""
     outputs: dict[int, tuple[int, float]] = {}
     loop = asyncio.get_running_loop()
 
@@ -168,36 +193,43 @@ async def read_published_output(
         try:
             async with asyncio.timeout_at(at(last)) as deadline:
                 async for msg in transport.messages():
-                    record = _record(msg.topic, msg.payload)
+                    record = _record(msg.topic, msg.payload, verifier)
                     if record is None or not epoch - WARM_GAP <= record.epoch < epoch:
                         continue
                     if isinstance(record.output, float):
                         outputs[record.node] = (record.epoch, record.output)
-                    if record.epoch == epoch - 1:
+                    if record.epoch == epoch - 1 and _of_epoch(outputs, epoch - 1) >= warm_quorum(n):
                         deadline.reschedule(at(max(join_at, min(last, time.time() + SETTLE))))
         except TimeoutError:
             pass
-    return latest_published(outputs.values())
+    return latest_published(outputs.values(), n)
 
 
-def latest_published(records: Iterable[tuple[int, float]]) -> HeardOutput | None:
+def _of_epoch(outputs: dict[int, tuple[int, float]], epoch: int) -> int:
+    return sum(1 for k, _ in outputs.values() if k == epoch)
+
+
+def latest_published(records: Iterable[tuple[int, float]], n: int) -> HeardOutput | None:
     """The latest epoch's output among ``records`` (``(epoch, output)`` per node that published one)
-    as its nodes published it (:func:`published_output`); None: no record."""
-    records = list(records)
-    if not records:
-        return None
-    latest = max(k for k, _ in records)
-    output = published_output([o for k, o in records if k == latest])
-    assert output is not None  # one record at least is of the latest epoch
-    return HeardOutput(latest, output)
+    as its ``n`` nodes published it (:func:`published_output`), of the latest epoch with a quorum of
+    records; None: no epoch has one."""
+    by_epoch: dict[int, list[float]] = {}
+    for k, o in records:
+        by_epoch.setdefault(k, []).append(o)
+    for latest in sorted(by_epoch, reverse=True):
+        output = published_output(by_epoch[latest], n)
+        if output is not None:
+            return HeardOutput(latest, output)
+    return None
 
 
-def _record(topic: str, payload: bytes) -> EpochOutput | None:
-    """A node's published output (None: a cleared retained one, or not a record: logged)."""
+def _record(topic: str, payload: bytes, verifier: Verifier | None) -> EpochOutput | None:
+    """A node's published output (None: a cleared retained one, or not a record or not signed by its
+    node: logged)."""
     if not payload:
         return None
     try:
-        return published_record(topic, payload)
+        return published_record(topic, payload, verifier)
     except ValueError as exc:
         log.warning("%s holds no output record of its node: %s", topic, str(exc)[:200])
         return None

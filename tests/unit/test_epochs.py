@@ -14,6 +14,7 @@ import pytest
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy.epochnode import epoch_line
 from nlagg_node.errors import ConfigError, DepartedError
+from nlagg_node.protocol import Verifier, new_identity
 from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
@@ -24,6 +25,7 @@ from nlagg_node.runtime.outputs import (
     published_record,
     read_outputs,
     results_topic,
+    sign_record,
 )
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.transport import Will
@@ -381,3 +383,17 @@ def test_a_results_topic_holds_its_own_nodes_record_only(
     else:
         with pytest.raises(ValueError, match=error):
             published_record(topic, payload)
+
+
+def test_a_results_record_counts_only_signed_by_its_node() -> None:
+    ids = [new_identity() for _ in range(3)]
+    verifier = Verifier([i.public for i in ids])
+    record = EpochOutput(node=2, epoch=5, output=1.5, iterations=9, time=1.0)
+    topic = "P/R/results/2"
+    assert published_record(topic, sign_record(record, topic, ids[2]), verifier) == record
+    assert published_record(topic, sign_record(record, topic, ids[2])) == record  # a reader without keys
+    forged = record.model_copy(update={"output": 99.0})
+    with pytest.raises(ValueError, match="unsigned message"):
+        published_record(topic, forged.encode(), verifier)  # a password holder's (issue 43, break 6)
+    with pytest.raises(ValueError, match="does not verify with node 2"):
+        published_record(topic, sign_record(forged, topic, ids[0]), verifier)
