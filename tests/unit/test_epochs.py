@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.deploy import epochnode
 from nlagg_node.deploy.epochnode import epoch_line
-from nlagg_node.errors import ConfigError, DepartedError
+from nlagg_node.errors import ConfigError, DepartedError, NlaggError
 from nlagg_node.protocol import Verifier, new_identity
 from nlagg_node.runtime.epochs import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -397,3 +402,32 @@ def test_a_results_record_counts_only_signed_by_its_node() -> None:
         published_record(topic, forged.encode(), verifier)  # a password holder's (issue 43, break 6)
     with pytest.raises(ValueError, match="does not verify with node 2"):
         published_record(topic, sign_record(forged, topic, ids[0]), verifier)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "fails"),
+    [([None, None], True), ([None, 3.0], False), ([], False)],
+    ids=["every-epoch-missed", "one-epoch-missed", "none-ran"],
+)
+async def test_a_node_with_no_output_in_any_epoch_fails_with_error_records(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    outputs: list[float | None],
+    fails: bool,
+) -> None:
+    async def epochs(_start: object, _stop: object) -> AsyncIterator[dict[str, Any]]:
+        for k, out in enumerate(outputs):
+            report: dict[str, Any] = {"node": 0, "epoch": k, "output": out, "start": "cold"}
+            if out is None:
+                report.update(missed="session taken over", error=f"epoch {k}: no output")
+            yield report
+
+    monkeypatch.setattr(epochnode, "run_node_epochs", epochs)
+    start = SimpleNamespace(opts=SimpleNamespace(id=0))
+    if fails:  # issue 43, break 5: every node exited 0 with output null
+        with pytest.raises(NlaggError, match=r"no output in any of its 2 epoch\(s\) \[0, 1\]"):
+            await epochnode.print_epochs(start, as_json=True)  # type: ignore[arg-type]
+    else:
+        await epochnode.print_epochs(start, as_json=True)  # type: ignore[arg-type]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [("error" in r) for r in lines] == [o is None for o in outputs]
