@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .envelope import x_envelope as x_envelope
     from .equivocation import EquivocationError as EquivocationError
     from .equivocation import equivocation_error as equivocation_error
+    from .equivocation import x_conflict_error as x_conflict_error
     from .identity import Identity as Identity
     from .identity import Verifier as Verifier
     from .identity import new_identity as new_identity

@@ -2,8 +2,8 @@
 
 The rule and the primitives are the protocol's (:mod:`nlagg_node.protocol.identity`); this module
 only puts them on a connection. :class:`SignedTransport` signs every payload a node's outbox
-publishes with the node's identity (its statuses, z^(0), key and a corrupted node's states; its
-x's carry a key-chain element instead, :mod:`nlagg_node.protocol.chain`;
+publishes with the node's identity (its statuses, z^(0), key, a corrupted node's states and its
+x's, which also carry a key-chain element, :mod:`nlagg_node.protocol.chain`;
 what it sends again after a broker crash is signed again, to the same bytes: Ed25519 is
 deterministic); :func:`signed_will` signs the last will the broker publishes for it. The router
 checks every message it decodes with :func:`~nlagg_node.protocol.identity.signature_error`, as the
@@ -23,8 +23,8 @@ __all__ = ["SignedTransport", "signed_will"]
 
 
 class SignedTransport(Transport):
-    """``inner`` with every published payload signed by ``identity`` but those on ``unsigned`` (the
-    node's x topic: its x's carry a key-chain element instead, :mod:`nlagg_node.protocol.chain`)."""
+    """``inner`` with every published payload signed by ``identity`` (for the run ``instance``) but
+    those on ``unsigned`` (a topic left unsigned; none in a node: its x's are signed as well)."""
 
     def __init__(
         self, inner: Transport, identity: Identity, unsigned: str = "", instance: str | None = None

@@ -185,8 +185,8 @@ class Member:
         self.peers = Neighbours(self.neighbours)
         identity = options.get("identity") if self.verifier is not None else None
         signed, chain = transport, None
-        if identity is not None:  # x's carry a key-chain element, the rest a signature
-            signed = SignedTransport(transport, identity, unsigned=self.topics.x(node_id), instance=instance)
+        if identity is not None:  # every message signed; x's also carry a key-chain element
+            signed = SignedTransport(transport, identity, instance=instance)  # x's too: a pair proves
             context = f"{self.prefix}|{run_id}|{node_id}" + ("" if instance is None else f"|{instance}")
             chain = KeyChain(identity.chain_seed(context), self.t_total)
         self.outbox = Outbox(signed, self.topics, node_id, chain)
