@@ -166,7 +166,10 @@ def truth_cmd(
 @deploy_app.command("publish-config")
 def publish_config_cmd(
     config: Annotated[Path, typer.Option(help="the plan's public run.toml")] = Path("run.toml"),
-    broker: Annotated[str, typer.Option(help="the run's broker, mqtt://host[:port]")] = DEFAULT_BROKER,
+    broker: Annotated[
+        list[str] | None,
+        typer.Option(help="the run's broker, mqtt://host[:port]; repeat for site brokers (one instance)"),
+    ] = None,
     username: Annotated[str, typer.Option(help="broker user allowed to write the config")] = "launcher",
     password_file: Annotated[Path, typer.Option(help="file holding that user's password")] = Path(
         "secrets/launcher.pw"
@@ -189,9 +192,12 @@ def publish_config_cmd(
     from ..deploy.start import read_password
 
     password = read_password(password_file) or ""
-    tls = tls_settings(broker, ca_file, cert_file, key_file)
+    brokers = broker or [DEFAULT_BROKER]
+    tls = tls_settings(brokers[0], ca_file, cert_file, key_file)
     topic = asyncio.run(
-        publish_config(config, broker, username=username, password=password, tls=tls, signing_key=signing_key)
+        publish_config(
+            config, brokers, username=username, password=password, tls=tls, signing_key=signing_key
+        )
     )
     print(f"published the retained run configuration on {topic}")
 

@@ -6,6 +6,7 @@ every node of it is done; in a testbed the launcher publishes it, in a deploymen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import load_config
@@ -46,7 +47,7 @@ def launcher_identity(config: Path, signing_key: Path | None) -> Identity | None
 
 async def publish_config(
     config: Path,
-    broker: str,
+    broker: str | Sequence[str],
     *,
     username: str | None,
     password: str | None,
@@ -59,7 +60,8 @@ async def publish_config(
     In a plan with a launcher key (``[identities] launcher``) the config carries a fresh run
     instance and is signed with that key (``signing_key``; :mod:`nlagg_node.protocol.instance`).
     Relative paths in the file (``graph_file``) are resolved against the current directory,
-    which the caller sets to the plan directory.
+    which the caller sets to the plan directory. Several brokers (a plan's site brokers) each get
+    the same document, one instance.
     """
     import asyncio
 
@@ -81,14 +83,15 @@ async def publish_config(
     )
     topic = topics(prefix, run_id).config
     payload = encode(msg) if launcher is None else launcher.sign(topic, encode(msg))
-    transport = MqttTransport(
-        broker,
-        client_id=f"nlagg-{run_id}-launcher",
-        username=username,
-        password=password,
-        clean_session=True,
-        tls=tls,
-    )
-    async with asyncio.timeout(within), transport:
-        await transport.publish(topic, payload, qos=1, retain=True)
+    for url in [broker] if isinstance(broker, str) else broker:
+        transport = MqttTransport(
+            url,
+            client_id=f"nlagg-{run_id}-launcher",
+            username=username,
+            password=password,
+            clean_session=True,
+            tls=tls,
+        )
+        async with asyncio.timeout(within), transport:
+            await transport.publish(topic, payload, qos=1, retain=True)
     return topic

@@ -566,7 +566,9 @@ def test_plan_with_sites_writes_one_broker_per_site(
     ]
     (eaves,) = [ln for ln in lines if ln.startswith("nlagg eavesdrop")]
     assert [f"mqtt://10.0.0.1:{1883 + s}" in eaves for s in range(3)] == [True] * 3
-    assert sum(ln.startswith("nlagg deploy publish-config") for ln in lines) == 3
+    (launcher,) = [ln for ln in lines if ln.startswith("nlagg deploy publish-config")]
+    # One launcher for every site: one signed config, one run instance the sites' nodes share.
+    assert [f"--broker mqtt://10.0.0.1:{1883 + s}" in launcher for s in range(3)] == [True] * 3
     site_of = tomllib.loads((out / "plan.toml").read_text())["plan"]["sites"]["site_of"]
     for i in range(24):
         node = tomllib.loads((out / "nodes" / f"{i}.toml").read_text())
