@@ -147,7 +147,7 @@ def x_key_error(
             f"x_{sender}^({t}) carries {'k' if k is not None else 'sig'} in a run without identities; refused"
         )
     if sig is None:
-        return f"x_{sender}^({t}) carries no signature: this run's x's are signed; refused"
+        return f"x_{sender}^({t}) is unsigned: this run's x's are signed; refused"
     if check is None:
         return f"x_{sender}^({t}) before a signed status of node {sender} announced its key chain; refused"
     why = check.check(t, k)

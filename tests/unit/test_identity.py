@@ -205,7 +205,7 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
         assert tr.add(TP.x(4), x(4, 1, 0.5)) is not None
         assert tr.add(TP.x(2), x(2, 1, 0.5)) is not None
         assert tr.add(TP.x(3), x(3, 1, 0.5, key=2)) is None
-    assert "carries no signature" in reasons[0]
+    assert "is unsigned" in reasons[0]
     assert "not on the sender's key chain" in reasons[1]
     assert "x_1^(1) conflicts with the one taken and is not node 1's" in reasons[2]
     assert "node 1 equivocated: two different x_1^(1), both signed" in reasons[3]
