@@ -13,7 +13,9 @@ rebinding). On any other address every request needs the token printed at start,
 Bearer``. The page's Content-Security-Policy allows only its own origin: nothing is fetched from
 a CDN, and nothing on the page can reach elsewhere. A refused request's connection is closed
 after the answer, and connections without a request under way are bounded per source, in all
-and in time (:mod:`.gate`), so an outsider's idle sockets cannot exhaust the descriptors.
+and in time (:mod:`.gate`), so an outsider's idle sockets cannot exhaust the descriptors; complete
+``/api/events`` streams are capped at :data:`MAX_EVENT_STREAMS` at once (more: 503 with
+``Retry-After``), as 1100 of them exhausted a loopback dashboard's descriptors (issue 43).
 """
 
 from __future__ import annotations
