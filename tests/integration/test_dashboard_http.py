@@ -103,6 +103,15 @@ async def test_event_streams_are_capped_with_a_503(finished: Path) -> None:
             assert f"{MAX_EVENT_STREAMS} event streams are open".encode() in body
             # The page's other routes still answer.
             assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{dash.port}/api/state"))[0] == 200
+            # A closed stream gives its slot back (once the server has seen it go).
+            held.pop().close()
+            async with asyncio.timeout(60):
+                while True:
+                    _, writer, status = await _open_stream(dash.port)
+                    held.append(writer)
+                    if b" 200 " in status:
+                        break
+                    await asyncio.sleep(0.2)
         finally:
             for w in held:
                 w.close()

@@ -202,6 +202,21 @@ class _Hub:
             self.changed.notify_all()
 
 
+class _EventStream(StreamingResponse):
+    """An ``/api/events`` stream that gives its slot back however it ends (finished, the client gone,
+    cancelled before its first byte)."""
+
+    def __init__(self, parts: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(parts, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 def _sse(event: str, doc: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(doc, separators=(',', ':'), allow_nan=False)}\n\n"
 
@@ -233,13 +248,9 @@ def build_app(
             return _refuse(why, 503, {"Retry-After": str(int(KEEPALIVE_S))})
         streams += 1
 
-        async def stream() -> AsyncIterator[str]:
+        def release() -> None:
             nonlocal streams
-            try:
-                async for part in updates():
-                    yield part
-            finally:
-                streams -= 1
+            streams -= 1
 
         async def updates() -> AsyncIterator[str]:
             doc = await asyncio.to_thread(state.snapshot)
@@ -263,9 +274,7 @@ def build_app(
                 yield _sse("snapshot", doc)
                 have_graph, epoch = "config" in doc, doc.get("epoch")
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
-        )
+        return _EventStream(updates(), release)
 
     app = Starlette(
         routes=[
