@@ -229,20 +229,19 @@ class Member:
         self.resumed: Checkpoint | None = None
         self.fingerprint = ""
         if self.store is not None:
-            self.fingerprint = fingerprint(  # with the instance: another start's checkpoint is not resumed
-                run_id,
-                node_id,
-                self.value,
-                self.public.model_dump(
-                    mode="json", exclude=_NO_KEYS | ({"instance"} if instance is None else set())
-                ),
-                self.seed,
-            )
-            if instance is not None:  # before loading: another start's checkpoint is not resumed
-                self.store.save_instance(instance)
-            self.resumed = self.store.load(self.fingerprint)
+            self.fingerprint, self.resumed = self._load(self.store)
         if self.resumed is not None:
             self._restore(self.resumed)
+
+    def _load(self, store: CheckpointStore) -> tuple[str, Checkpoint | None]:
+        """The checkpoint's fingerprint (of the run instance too) and the checkpoint to resume, if
+        any: one of another start of the run is discarded, not resumed."""
+        exclude = _NO_KEYS | ({"instance"} if self.instance is None else set())
+        public = self.public.model_dump(mode="json", exclude=exclude)
+        digest = fingerprint(self.run_id, self.id, self.value, public, self.seed)
+        if self.instance is not None:  # before loading
+            store.save_instance(self.instance)
+        return digest, store.load(digest)
 
     def _restore(self, ck: Checkpoint) -> None:
         """Before any message flows: the barriers' positions and the z^(0) sent, from the checkpoint."""
