@@ -168,7 +168,10 @@ def publish_config_cmd(
     config: Annotated[Path, typer.Option(help="the plan's public run.toml")] = Path("run.toml"),
     broker: Annotated[
         list[str] | None,
-        typer.Option(help="the run's broker, mqtt://host[:port]; repeat for site brokers (one instance)"),
+        typer.Option(
+            help="the run's broker, mqtt://host[:port]; repeat for site brokers (one instance)"
+            f" [default: {DEFAULT_BROKER}]"
+        ),
     ] = None,
     username: Annotated[str, typer.Option(help="broker user allowed to write the config")] = "launcher",
     password_file: Annotated[Path, typer.Option(help="file holding that user's password")] = Path(
