@@ -45,9 +45,10 @@ from nlagg_node.deploy.sites import (
     read_sites_file,
 )
 from nlagg_node.errors import ConfigError
+from nlagg_node.protocol import Verifier
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.outputs import EpochOutput, results_filter, results_topic
+from nlagg_node.runtime.outputs import published_record, results_filter, results_topic
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import topic_matches
 from nlagg_node.runtime.wire import encode_x, topics
@@ -473,6 +474,7 @@ async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_pa
             codes = [proc.returncode for proc in bed.nodes.values()]
             await bed.wait_eavesdropper(detail)
         heard: dict[int, set[int]] = {}  # site -> the nodes whose retained output it holds
+        verifier = Verifier([identity.public for identity in bed.plan.identities])
         for s, url in enumerate(bed.site_urls):
             async with MqttTransport(
                 url, client_id=f"op{s}", username="launcher", password=bed.password("launcher")
@@ -481,7 +483,7 @@ async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_pa
                 got: set[int] = heard.setdefault(s, set())
                 async with asyncio.timeout(10):
                     async for msg in t.messages():
-                        got.add(EpochOutput.model_validate_json(msg.payload).node)
+                        got.add(published_record(msg.topic, msg.payload, verifier).node)  # signed
                         if len(got) == 5:
                             break
     assert codes == [0] * 5, (reports, bed.report())
