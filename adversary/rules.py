@@ -244,7 +244,7 @@ def _verifier(config: ConfigMsg) -> Verifier | None:
         return None
     if len(config.identities) != config.n:
         raise ValueError(f"identities: {len(config.identities)} keys for {config.n} nodes")
-    return Verifier(config.identities)
+    return Verifier(config.identities, config.instance)  # the start of the run its signatures bind
 
 
 def rules_for(config: ConfigMsg) -> tuple[RunRules | None, str | None]:

@@ -32,6 +32,7 @@ from .warm import WARM_OPERATORS, WarmStart, warm_start
 
 __all__ = [
     "WARM_GAP",
+    "WARM_QUORUM",
     "EpochStart",
     "HeardOutput",
     "Starter",
@@ -42,6 +43,7 @@ __all__ = [
     "shell_uniforms",
     "used_values",
     "walk_values",
+    "warm_quorum",
     "warms",
     "warms_at",
 ]
@@ -74,9 +76,12 @@ class EpochStart:
 def warms(cfg: RunConfig) -> bool:
     """Whether a multi-epoch run of ``cfg`` warm-starts: an operator of
     :data:`~nlagg_node.warm.WARM_OPERATORS` with its private initialization (``--init proposed``, or
-    the one it means: the warm start continues it). Any other ``--init`` (a baseline) runs every
-    epoch as configured."""
-    return cfg.op in WARM_OPERATORS and cfg.init in ("proposed", PROPOSED_INIT[cfg.op])
+    the one it means: the warm start continues it), on at least :data:`WARM_QUORUM` nodes (fewer
+    never publish a quorum of records). Any other ``--init`` (a baseline) runs every epoch as
+    configured."""
+    return (
+        cfg.op in WARM_OPERATORS and cfg.init in ("proposed", PROPOSED_INIT[cfg.op]) and cfg.n >= WARM_QUORUM
+    )
 
 
 def warms_at(cfg: RunConfig, epoch: int, drift: float | None) -> bool:
@@ -147,12 +152,25 @@ def _describing(cfg: RunConfig, ws: WarmStart, last_output: float) -> RunConfig:
     return cfg.model_copy(update={"mu_z": max(cfg.mu_z_value, need)})
 
 
-def published_output(outputs: Sequence[float]) -> float | None:
-    """An epoch's output as its nodes published it: the median (the lower middle) of their records
-    (None: none was published). Every node's is the same up to the run's tolerance; the median
-    keeps one node's false record from moving it."""
+WARM_QUORUM = 3
+"""Records of one epoch a warm start needs: with three, one node's false record lies between two
+honest ones or beyond them, and the median (the lower middle) is never it unless it lies between
+(issue 43, break 6: with one or two records the median was the forger's)."""
+
+
+def warm_quorum(n: int) -> int:
+    """The records of one epoch a deployment of ``n`` nodes warm-starts from: :data:`WARM_QUORUM`
+    (a deployment of fewer nodes never warm-starts from records)."""
+    return WARM_QUORUM if n >= WARM_QUORUM else n + 1
+
+
+def published_output(outputs: Sequence[float], n: int) -> float | None:
+    """An epoch's output as its ``n`` nodes published it: the median (the lower middle) of their
+    (signed) records, one per node, when at least :func:`warm_quorum` came (None: fewer). Every
+    node's is the same up to the run's tolerance; with the quorum one node's false record cannot
+    move it outside the honest records' range."""
     ordered = sorted(outputs)
-    return ordered[len(ordered) // 2] if ordered else None
+    return ordered[len(ordered) // 2] if len(ordered) >= warm_quorum(n) else None
 
 
 def epoch_seed(seed: int | None, epoch: int, *, rerun: bool = False) -> int | None:

@@ -173,9 +173,7 @@ def load_edge_list(path: Path, expected_n: int | None = None) -> tuple[int, IntA
     """
     from .inputs import read_input_text
 
-    if path.is_file() and path.stat().st_size > MAX_GRAPH_FILE_BYTES:
-        raise ConfigError("graph_file", str(path), f"larger than {MAX_GRAPH_FILE_BYTES} bytes")
-    text = read_input_text(path, "graph_file")
+    text = read_input_text(path, "graph_file", MAX_GRAPH_FILE_BYTES)  # size checked before reading
     n: int | None = None
     raw: list[list[int]] = []
     if path.suffix.lower() == ".json":

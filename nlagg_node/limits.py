@@ -12,7 +12,10 @@ bound                    value        what it limits
 ``MAX_ITERATIONS``       10 000 000   iterations of a whole run (every phase), ``t`` on the wire
 ``MAX_NODE_ITERATIONS``  100 000 000  n times the run's iterations: the eavesdropper's x array
                                       (800 MB of float64 at the bound)
-``MAX_GRAPH_FILE_BYTES`` 64 MiB       a graph file read from disk
+``MAX_GRAPH_FILE_BYTES`` 4 MiB        a graph file read from disk: checked before it is read, as
+                                      every run publishes its edge list in its retained config
+                                      (1 MiB, at least 6 bytes an edge): 4x that for the file's
+                                      own spelling (CSV or JSON, spaces, CRLF)
 =======================  ===========  =====================================================
 """
 
@@ -30,4 +33,4 @@ MAX_NODES = 10_000
 MAX_T_MAX = 1_000_000
 MAX_ITERATIONS = 10_000_000
 MAX_NODE_ITERATIONS = 100_000_000
-MAX_GRAPH_FILE_BYTES = 64 << 20
+MAX_GRAPH_FILE_BYTES = 4 << 20

@@ -53,6 +53,7 @@ from pydantic import ValidationError
 from nlagg_node.epochplan import WARM_GAP, HeardOutput
 from nlagg_node.errors import ConfigError
 from nlagg_node.lifetime import on_stop_signal
+from nlagg_node.protocol.identity import Verifier
 from nlagg_node.runtime.mqtt import accepts_anonymous
 from nlagg_node.runtime.outputs import published_record
 from nlagg_node.runtime.transport import Message, Subscriber
@@ -307,13 +308,20 @@ class EpochCapture:
         """The latest output before epoch ``k`` as its nodes published it, as the nodes read it
         (:func:`~nlagg_node.runtime.warmstart.latest_published`; None: none published)."""
         recent = [(r.epoch, r.output) for r in self.store.results(since=k - WARM_GAP, until=k)]
-        return latest_published(recent)
+        assert self.configs is not None
+        return latest_published(recent, self.configs.cfg.n)
+
+    def _verifier(self) -> Verifier | None:
+        """The deployment's public keys once its config is known: a record its node did not sign is
+        refused, as the nodes refuse it (None: a deployment without identities)."""
+        keys = None if self.configs is None else self.configs.identities
+        return None if keys is None else Verifier(keys)
 
     def _result(self, topic: str, payload: bytes) -> None:
         """A node's :class:`~nlagg_node.runtime.outputs.EpochOutput`; a top-K output is stored by its
         first (largest) value."""
         try:
-            msg = published_record(topic, payload)
+            msg = published_record(topic, payload, self._verifier())
             if msg.epoch > MAX_EPOCH:
                 raise ValueError(f"epoch {msg.epoch} beyond {MAX_EPOCH}")
         except ValueError as exc:

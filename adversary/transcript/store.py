@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import sqlite3
 import time
@@ -34,6 +35,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from nlagg_node.errors import ConfigError
+from nlagg_node.private import open_private, private_dir
 from nlagg_node.runtime.wire import WireError, check_prefix, check_run_id
 
 from .reader import connect_read_only, create_tables, settle
@@ -135,7 +137,8 @@ class EpochStore:
                 raise ConfigError("transcript", str(self.folder), f"not an epoch store: no {STORE_FILE}")
             self.db = connect_read_only(self.folder / STORE_FILE)
         else:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            private_dir(self.folder)  # 0700, its files 0600: the epochs' transcripts hold private values
+            os.close(open_private(self.folder / STORE_FILE, os.O_RDWR))
             self.db = sqlite3.connect(self.folder / STORE_FILE, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             create_tables(self.db, SCHEMA)

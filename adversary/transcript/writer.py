@@ -36,12 +36,14 @@ The schema and the read side (the queries the analysis uses) are in :mod:`advers
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import time
 from pathlib import Path
 
 from nlagg_node.errors import ConfigError
-from nlagg_node.protocol import equivocation_error, slot_verdict
+from nlagg_node.private import open_private
+from nlagg_node.protocol import equivocation_error, slot_verdict, x_conflict_error
 from nlagg_node.runtime.wire import (
     ConfigMsg,
     Decoded,
@@ -96,9 +98,10 @@ class Transcript(TranscriptReader):
         self.path = Path(path)
         if self.path.is_dir():
             raise ConfigError("transcript", str(self.path), "is a directory; give a file name")
-        try:
+        try:  # created 0600 (a corrupted node's state holds its private value); SQLite's -wal and -shm follow
+            os.close(open_private(self.path, os.O_RDWR))
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
+        except (OSError, sqlite3.Error) as exc:
             raise ConfigError("transcript", str(self.path), f"cannot open it ({exc})") from None
         try:
             check_tables(self.db, self.path, allow_empty=True)
@@ -131,6 +134,7 @@ class Transcript(TranscriptReader):
         # the valid x/z0/adv message that holds that slot.
         self._seen: dict[str, bool] | None = None  # digest -> stored as valid
         self._slots: dict[tuple[str, str, object], str] = {}
+        self._x_payloads: dict[int, dict[int, bytes]] = {}  # recent x's holding their slots (signed runs)
         self._early: EarlySlots | None = None  # with the rules: when each node subscribed
         self._quota: Quota | None = None  # with the rules: bytes stored per node
         self._values: dict[tuple[str, str, object], float | None] = {}  # the number each slot holds
@@ -171,6 +175,7 @@ class Transcript(TranscriptReader):
         self._rows = []
         self._seen = None
         self._slots = {}
+        self._x_payloads = {}
         self._early = None
         self._quota = None
         self._values = {}
@@ -261,7 +266,7 @@ class Transcript(TranscriptReader):
             why = self.rules.reject(msg) or self._forged(topic, info, msg, payload)
             if why is not None:
                 return why
-        clash = self._claim(key, topic, info, fields)
+        clash = self._claim(key, topic, info, fields, payload)
         if clash is None and self.rules is not None:
             self.rules.accepted(msg)
             if early is not None and info.kind == "status" and info.node is not None:
@@ -330,7 +335,12 @@ class Transcript(TranscriptReader):
             self._early.flush(self.db)
 
     def _claim(
-        self, key: str, topic: str, info: TopicInfo, fields: tuple[int | None, str | None, float | None]
+        self,
+        key: str,
+        topic: str,
+        info: TopicInfo,
+        fields: tuple[int | None, str | None, float | None],
+        payload: bytes,
     ) -> str | None:
         """Why a valid x/z0/adv message must not count (another payload for its topic and iteration).
 
@@ -345,9 +355,12 @@ class Transcript(TranscriptReader):
         held = self._slots.get(slot)
         verdict = slot_verdict(held, key)  # the first message of a slot wins ...
         early = self._early
+        verifier = self.rules.verifier if self.rules is not None else None
         if verdict == "new":
             self._slots[slot] = key
             self._values[slot] = value
+            if info.kind == "x" and verifier is not None and t is not None:
+                self._keep_x(int(info.node or 0), t, payload)
             if early is not None and len(early.subscribed) < early.n:
                 early.take(slot, info.kind, t)
             return None
@@ -373,8 +386,19 @@ class Transcript(TranscriptReader):
             if info.kind == "z0"
             else f"{info.kind}_{info.node}^({t})"
         )
-        signed = self.rules is not None and self.rules.verifier is not None and info.kind != "x"
-        return f"{why}: {equivocation_error(int(info.node or 0), named, signed)}"
+        if info.kind == "x" and verifier is not None and t is not None:  # as the nodes decide
+            j = int(info.node or 0)
+            first = self._x_payloads.get(j, {}).get(t)
+            return f"{why}: {x_conflict_error(verifier, topic, j, t, first, payload)}"
+        return f"{why}: {equivocation_error(int(info.node or 0), named, verifier is not None)}"
+
+    def _keep_x(self, j: int, t: int, payload: bytes) -> None:
+        """Keep the payload of the x that holds slot x_j^(t), a few iterations back, for a conflict's
+        proof (:func:`~nlagg_node.protocol.x_conflict_error`)."""
+        held = self._x_payloads.setdefault(j, {})
+        held[t] = payload
+        if len(held) > 8:
+            del held[min(held)]
 
     def _quota_for(self, rules: RunRules) -> Quota:
         """The run's per-node storage quota (:mod:`adversary.transcript.quota`), with what the file

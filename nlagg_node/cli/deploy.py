@@ -166,7 +166,13 @@ def truth_cmd(
 @deploy_app.command("publish-config", cls=NlaggCommand)
 def publish_config_cmd(
     config: Annotated[Path, typer.Option(help="the plan's public run.toml")] = Path("run.toml"),
-    broker: Annotated[str, typer.Option(help="the run's broker, mqtt://host[:port]")] = DEFAULT_BROKER,
+    broker: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="the run's broker, mqtt://host[:port]; repeat for site brokers (one instance)"
+            f" [default: {DEFAULT_BROKER}]"
+        ),
+    ] = None,
     username: Annotated[str, typer.Option(help="broker user allowed to write the config")] = "launcher",
     password_file: Annotated[Path, typer.Option(help="file holding that user's password")] = Path(
         "secrets/launcher.pw"
@@ -174,16 +180,28 @@ def publish_config_cmd(
     ca_file: CaFile = None,
     cert_file: CertFile = None,
     key_file: KeyFile = None,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            help="the launcher's key, which signs the run instance [default: secrets/launcher.identity.pem]"
+        ),
+    ] = None,
 ) -> None:
-    """Publish the run's public configuration as the retained P/R/config message (run from the plan dir)."""
+    """Publish the run's public configuration as the retained P/R/config message (run from the plan dir);
+    with a launcher key in run.toml, a fresh signed run instance each time (every start of the run)."""
     import asyncio
 
     from ..deploy.launcher import publish_config
     from ..deploy.start import read_password
 
     password = read_password(password_file) or ""
-    tls = tls_settings(broker, ca_file, cert_file, key_file)
-    topic = asyncio.run(publish_config(config, broker, username=username, password=password, tls=tls))
+    brokers = broker or [DEFAULT_BROKER]
+    tls = tls_settings(brokers[0], ca_file, cert_file, key_file)
+    topic = asyncio.run(
+        publish_config(
+            config, brokers, username=username, password=password, tls=tls, signing_key=signing_key
+        )
+    )
     print(f"published the retained run configuration on {topic}")
 
 

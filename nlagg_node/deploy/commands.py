@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..argv import eavesdrop_argv as build_eavesdrop_argv
 from ..argv import tls_args
+from .identities import identity_file
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import node_file_argv, shell_line
 from .spec import DEFAULT_PREFIX
@@ -82,21 +83,23 @@ def eavesdrop_argv(
     )
 
 
-def launcher_argv(broker: str, spec: PlanSpec | None = None) -> list[str]:
-    """The ``nlagg deploy publish-config`` argument vector (credentials from secrets/launcher.pw)."""
+def launcher_argv(broker: str | Sequence[str], spec: PlanSpec | None = None) -> list[str]:
+    """The ``nlagg deploy publish-config`` argument vector (credentials from secrets/launcher.pw);
+    several brokers (a plan's sites) get one config, one run instance."""
+    brokers = [broker] if isinstance(broker, str) else list(broker)
     return [
         "nlagg",
         "deploy",
         "publish-config",
         "--config",
         "run.toml",
-        "--broker",
-        broker,
+        *(arg for url in brokers for arg in ("--broker", url)),
         "--username",
         LAUNCHER_USER,
         "--password-file",
         f"secrets/{LAUNCHER_USER}.pw",
         *tls_args(**_user_tls(spec, LAUNCHER_USER)),
+        *(["--signing-key", identity_file(LAUNCHER_USER)] if spec is not None and spec.auth else []),
     ]
 
 
@@ -136,9 +139,11 @@ def commands_text(
             cold_start=sched.cold_start,
         )
         lines.append(shell_line(argv))
-    lines.append("# launcher: publish the public run configuration (retained; the eavesdropper needs it)")
-    for url in urls:
-        lines.append(shell_line(launcher_argv(url, spec)))
+    lines.append(
+        "# launcher: publish the public run configuration (retained; a fresh signed run instance each"
+        " time: run it again before the nodes to run the plan again)"
+    )
+    lines.append(shell_line(launcher_argv(urls, spec)))
     for node in nodes:
         where = f", site {site_of[node.id]}" if len(urls) > 1 else ""
         lines.append(f"# node {node.id}" + (" (corrupted)" if node.corrupt else "") + where)

@@ -27,6 +27,7 @@ from ..argv import tls_args
 from ..errors import ConfigError
 from ..inputs import make_output_dir
 from .commands import EPOCH_STORE_NAME, TRANSCRIPT_NAME, eavesdrop_argv, launcher_argv
+from .identities import identity_file
 from .mosquitto_auth import EAVESDROPPER_USER, LAUNCHER_USER
 from .nodefile import NodeFile
 from .plan import LoadedPlan
@@ -160,6 +161,16 @@ def _eavesdropper(
     return argv, [*files, "run.toml", "graph.json"], store_ready_check(db), db
 
 
+def _launcher(plan: LoadedPlan, url: str, tls: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The launcher's command and the plan files it mounts (its key signs each start's instance)."""
+    files = [f"secrets/{LAUNCHER_USER}.pw", *tls.values()]
+    argv = launcher_argv(url) + tls_args(**tls)
+    if (plan.root / identity_file(LAUNCHER_USER)).is_file():
+        files.append(identity_file(LAUNCHER_USER))
+        argv += ["--signing-key", identity_file(LAUNCHER_USER)]
+    return argv, files
+
+
 def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
     """The docker-compose YAML of a plan; ``compose_dir`` is where the file will live (default: cwd)."""
     if not (plan.root / "broker" / "mosquitto-docker.conf").is_file():
@@ -182,8 +193,7 @@ def compose_yaml(plan: LoadedPlan, *, compose_dir: Path | None = None) -> str:
     launcher_tls = client_tls(plan, LAUNCHER_USER)
     url = COMPOSE_TLS_BROKER_URL if client_tls(plan, EAVESDROPPER_USER) else COMPOSE_BROKER_URL
     eaves, eaves_files, ready, db = _eavesdropper(plan, url, scheduled)
-    launcher_files = [f"secrets/{LAUNCHER_USER}.pw", *launcher_tls.values()]
-    launcher = launcher_argv(url) + tls_args(**launcher_tls)
+    launcher, launcher_files = _launcher(plan, url, launcher_tls)
     corrupted = ", ".join(str(i) for i in plan.corrupted) or "none"
     first = service_names(plan)[3] if plan.nodes else "node-0"
     lines = [

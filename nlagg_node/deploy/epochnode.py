@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NlaggError
 from ..options import NodeOptions
 from .start import NodeStart
 
@@ -129,6 +129,8 @@ async def run_node_epochs(
             report["skipped"] = out.skipped
         if out.missed is not None:
             report["missed"] = out.missed
+        if out.output is None:  # an error record, never a silent null (issue 43, break 5)
+            report["error"] = f"epoch {out.epoch}: no output ({out.missed or 'the node did not finish it'})"
         if out.read is not None:
             report.update(read=out.read.output, read_epoch=out.read.epoch)
         yield report
@@ -154,7 +156,13 @@ async def print_epochs(start: NodeStart, as_json: bool) -> None:
     stop = asyncio.Event()
     with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    ran, missed = 0, []
     async for report in run_node_epochs(start, stop):
         print(json.dumps(report) if as_json else epoch_line(report), flush=True)
+        ran += 1
+        if report["output"] is None and not str(report.get("missed", "")).startswith("left at"):
+            missed.append(report["epoch"])
     over = "stopped" if stop.is_set() else "the deployment's epochs are over"
     print(f"node {start.opts.id}: {over}", file=sys.stderr)
+    if ran and len(missed) == ran:  # not one output: a failure, not exit 0 with outputs null
+        raise NlaggError(f"node {start.opts.id}: no output in any of its {ran} epoch(s) {missed}")

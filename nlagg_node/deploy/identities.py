@@ -1,5 +1,7 @@
 """The nodes' signing identities in a plan: generated once, the private keys in the nodes' bundles,
-the public keys in the public run.toml (``[identities] ed25519 = [...]``, index = node id).
+the public keys in the public run.toml (``[identities] ed25519 = [...]``, index = node id), and the
+operator's launcher key, which signs each start's run instance (``[identities] launcher``,
+:mod:`nlagg_node.protocol.instance`).
 
 A run.toml with that table is a run whose nodes sign every message and check every signature
 (:mod:`nlagg_node.protocol.identity`); the launcher publishes the keys in the retained run
@@ -15,7 +17,7 @@ from ..errors import ConfigError
 from ..inputs import parse_document, read_input_text
 from ..protocol.identity import Identity, Verifier
 
-__all__ = ["identity_file", "load_identity", "run_identities"]
+__all__ = ["identity_file", "load_identity", "run_identities", "run_launcher"]
 
 
 def identity_file(user: str) -> str:
@@ -50,3 +52,23 @@ def load_identity(path: Path) -> Identity:
         return Identity.from_pem(read_input_text(path, "signing_key").encode("ascii"))
     except (ValueError, TypeError, UnicodeEncodeError) as exc:
         raise ConfigError("signing_key", str(path), f"not an Ed25519 private key in PEM ({exc})") from None
+
+
+def run_launcher(config: Path) -> str | None:
+    """The ``[identities] launcher`` public key of a run.toml (None: the run has no run instance)."""
+    if config.suffix.lower() != ".toml":
+        return None
+    doc = parse_document(read_input_text(config, "config"), "TOML", "config", config)
+    table = doc.get("identities") if isinstance(doc, dict) else None
+    key = table.get("launcher") if isinstance(table, dict) else None
+    if key is None:
+        return None
+    try:
+        if not isinstance(key, str):
+            raise ValueError("not a string")
+        Verifier([key])
+    except ValueError as exc:
+        raise ConfigError(
+            "identities.launcher", key, f"not an Ed25519 public key ({exc}) (in {config})"
+        ) from None
+    return key

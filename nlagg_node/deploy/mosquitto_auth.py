@@ -36,13 +36,20 @@ __all__ = [
     "new_password",
     "node_user",
     "password_file_text",
+    "plan_packet_bytes",
     "security_lines",
+    "service_limits_text",
     "verify_password",
 ]
 
 PBKDF2_ITERATIONS = 101  # what mosquitto_passwd 2.0 writes
 # A publish at the payload cap, with its topic (at most a few hundred bytes) and MQTT headers.
 MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + (64 << 10)
+# The smallest packet cap of a plan (:func:`plan_packet_bytes`): every message of a small run fits.
+MIN_PACKET_BYTES = 64 << 10
+# The descriptor limit the plan's service files give the broker: above DEFAULT_MAX_CONNECTIONS, so
+# the listener's max_connections is what refuses sockets, never the file limit (at 1024 it was).
+BROKER_NOFILE = 8192
 # Sockets one listener accepts: a plan's own clients are n + 2 (nodes, eavesdropper, launcher); the
 # rest is headroom for reconnects whose old session the broker has not yet timed out.
 DEFAULT_MAX_CONNECTIONS = 4000
@@ -194,16 +201,40 @@ class BrokerPaths:
     log_dest: str = "stderr"
 
 
-def security_lines(password_file: str, acl_file: str) -> list[str]:
+def plan_packet_bytes(config_bytes: int) -> int:
+    """The broker's ``max_packet_size`` for a plan whose signed retained config is ``config_bytes``.
+
+    Mosquitto reads a packet into a buffer of the size its header announces, before login: 300
+    unauthenticated sockets each sending 1 MB of an unfinished CONNECT took it from 9 MB to 303 MB
+    under the protocol-wide cap (:data:`MAX_PACKET_BYTES`). A plan knows its largest message: the
+    config, or a message whose size grows with a node's degree (a corrupted node's state, a status
+    listing departures), each below eight times the config, whose edge list holds every degree. So
+    the cap is that, at least :data:`MIN_PACKET_BYTES`, at most :data:`MAX_PACKET_BYTES`.
+    """
+    return min(MAX_PACKET_BYTES, max(MIN_PACKET_BYTES, 8 * config_bytes + (16 << 10)))
+
+
+def service_limits_text(nofile: int = BROKER_NOFILE) -> str:
+    """A systemd drop-in for Debian's ``mosquitto.service`` that raises its descriptor limit above
+    the plan's ``max_connections`` (the unit's default soft limit is 1024)."""
+    return (
+        "# Install: sudo mkdir -p /etc/systemd/system/mosquitto.service.d &&\n"
+        "#   sudo cp broker/mosquitto-limits.conf /etc/systemd/system/mosquitto.service.d/ &&\n"
+        "#   sudo systemctl daemon-reload && sudo systemctl restart mosquitto\n"
+        f"[Service]\nLimitNOFILE={nofile}\n"
+    )
+
+
+def security_lines(password_file: str, acl_file: str, max_packet: int = MAX_PACKET_BYTES) -> list[str]:
     """The lines that lock a Mosquitto listener down to the generated users and ACL.
 
     ``use_username_as_clientid true`` binds every session to its user: a credential holder that
     connects with another node's client id gets its own session (named after its own user), so it
     can neither take over nor disconnect that node's. ``message_size_limit`` drops any payload the
     wire protocol could not carry (larger than ``MAX_PAYLOAD_BYTES``) at the broker.
-    ``max_packet_size`` closes, before login, a connection whose packet announces more than the
-    largest legitimate message (a payload at the cap, its topic and headers): a CONNECT header
-    announcing 256 MB then costs the broker nothing, where without it Mosquitto allocated it.
+    ``max_packet_size`` (``max_packet``: a plan's own, :func:`plan_packet_bytes`) closes, before
+    login, a connection whose packet announces more than the largest legitimate message: a CONNECT
+    header announcing 256 MB then costs the broker nothing, where without it Mosquitto allocated it.
     """
     return [
         "allow_anonymous false",
@@ -211,7 +242,7 @@ def security_lines(password_file: str, acl_file: str) -> list[str]:
         f"acl_file {acl_file}",
         "use_username_as_clientid true",
         f"message_size_limit {MAX_PAYLOAD_BYTES}",
-        f"max_packet_size {MAX_PACKET_BYTES}",
+        f"max_packet_size {max_packet}",
     ]
 
 
@@ -224,6 +255,7 @@ def mosquitto_conf(
     require_certificate: bool = False,
     header: str = "",
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_packet: int = MAX_PACKET_BYTES,
 ) -> str:
     """A complete ``mosquitto.conf``: one explicit listener, no anonymous access, password file, ACL.
 
@@ -273,5 +305,5 @@ def mosquitto_conf(
         lines.append(
             "# TLS off: passwords cross the network in clear text (nlagg deploy plan --tls turns it on)."
         )
-    lines += ["", *security_lines(paths.password_file, paths.acl_file)]
+    lines += ["", *security_lines(paths.password_file, paths.acl_file, max_packet)]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..inputs import read_input_text
 from ..lifetime import run_stoppable
 from ..options import NodeOptions
-from .identities import load_identity, run_identities
+from .identities import load_identity, run_identities, run_launcher
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -38,6 +38,7 @@ __all__ = [
     "prepare_node",
     "read_password",
     "result_lines",
+    "run_instance",
     "run_node",
     "start_node",
     "tls_settings",
@@ -103,6 +104,7 @@ class NodeStart:
     seed: int | None
     identities: list[str] | None = None  # the run's public identities: its messages are signed
     identity: Identity | None = None  # this node's signing key
+    launcher: str | None = None  # the launcher's key: the run has a signed instance per start
 
 
 def prepare_node(opts: NodeOptions) -> NodeStart:
@@ -151,10 +153,70 @@ def prepare_node(opts: NodeOptions) -> NodeStart:
         seed=seed,
         identities=identities,
         identity=identity if identities is not None else None,
+        launcher=run_launcher(config) if identities is not None else None,
     )
 
 
-def _node(start: NodeStart) -> Node:
+async def run_instance(start: NodeStart) -> str | None:
+    """This start's run instance (:mod:`nlagg_node.protocol.instance`), None in a run without one.
+
+    A node resuming an unfinished checkpoint resumes the start the checkpoint is of (its session on
+    the broker holds what its neighbours sent meanwhile); otherwise the node reads
+    the broker's retained configuration, before it connects for the run (its last will binds the
+    instance), with a clean session of its own user: what the broker kept for it is of an earlier
+    start. It waits ``startup_timeout`` seconds for the launcher's configuration.
+    """
+    from ..errors import NlaggError
+    from ..protocol.instance import instance_error
+    from ..runtime.checkpoint import CheckpointStore
+    from ..runtime.mqtt import MqttTransport
+    from ..runtime.public import build_config_msg, config_mismatch, run_edges
+    from ..runtime.wire import ConfigMsg, WireError, decode, topics
+
+    o = start.opts
+    if start.launcher is None:
+        return None
+    if o.state_dir is not None:
+        saved = CheckpointStore(Path(o.state_dir), start.run_id, o.id).saved_instance(unfinished=True)
+        if saved is not None:
+            return saved
+    topic = topics(start.prefix, start.run_id).config
+    transport = MqttTransport(
+        o.broker,
+        client_id=f"nlagg-{start.run_id}-node-{o.id}",
+        username=o.username,
+        password=start.password,
+        tls=start.tls,
+        clean_session=True,
+    )
+    mine = build_config_msg(
+        start.cfg, start.run_id, run_edges(start.cfg), start.identities, launcher=start.launcher
+    )
+    try:
+        async with asyncio.timeout(o.startup_timeout), transport:
+            await transport.subscribe(topic)
+            async for raw in transport.messages():
+                _, msg = decode(raw.topic, raw.payload, start.prefix, start.run_id)
+                assert isinstance(msg, ConfigMsg)
+                why = instance_error(topic, raw.payload, start.launcher, msg.instance)
+                mismatch = config_mismatch(mine, msg)
+                if mismatch is not None:
+                    raise mismatch
+                if why is not None:
+                    raise NlaggError(f"node {o.id}: {why}")
+                assert msg.instance is not None
+                return msg.instance
+    except TimeoutError:
+        raise NlaggError(
+            f"node {o.id}: no run configuration retained on {topic} within {o.startup_timeout:g} s "
+            "(start the run with nlagg deploy publish-config first)"
+        ) from None
+    except WireError as exc:
+        raise NlaggError(f"node {o.id}: the retained configuration on {topic} is refused ({exc})") from None
+    raise NlaggError(f"node {o.id}: the broker closed the connection before the run configuration came")
+
+
+def _node(start: NodeStart, instance: str | None) -> Node:
     from ..runtime.checkpoint import CheckpointStore
     from ..runtime.mqtt import MqttTransport
     from ..runtime.node import Node, node_will
@@ -163,7 +225,7 @@ def _node(start: NodeStart) -> Node:
     transport = MqttTransport(
         o.broker,
         client_id=f"nlagg-{start.run_id}-node-{o.id}",
-        will=node_will(start.prefix, start.run_id, o.id, start.identity),
+        will=node_will(start.prefix, start.run_id, o.id, start.identity, instance=instance),
         username=o.username,
         password=start.password,
         tls=start.tls,
@@ -185,13 +247,14 @@ def _node(start: NodeStart) -> Node:
         leave_quietly=o.leave_by == "kill",
         identities=start.identities,
         identity=start.identity,
+        instance=instance,
     )
 
 
 async def run_node(start: NodeStart) -> NodeReport:
     """Connect, run the protocol to its end (or leave, as asked) and report in the user's units."""
     o = start.opts
-    async with _node(start) as nd:
+    async with _node(start, await run_instance(start)) as nd:
         if nd.resumed is not None:
             print(
                 f"node {o.id}: resuming from the checkpoint in {o.state_dir} "

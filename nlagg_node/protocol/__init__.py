@@ -38,10 +38,13 @@ if TYPE_CHECKING:
     from .envelope import x_envelope as x_envelope
     from .equivocation import EquivocationError as EquivocationError
     from .equivocation import equivocation_error as equivocation_error
+    from .equivocation import x_conflict_error as x_conflict_error
     from .identity import Identity as Identity
     from .identity import Verifier as Verifier
     from .identity import new_identity as new_identity
     from .identity import signature_error as signature_error
+    from .instance import instance_error as instance_error
+    from .instance import new_instance as new_instance
     from .machine import PhaseNode as PhaseNode
     from .machine import StopRule as StopRule
     from .machine import fields_along as fields_along

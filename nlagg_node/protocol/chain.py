@@ -9,10 +9,10 @@ the anchor ``K^(-1)``, which it announces in its signed statuses (``"chain"``). 
 hashes several times across iterations it did not see): one hash per x.
 
 ``K^(t)`` is unknown to anyone but node j until x_j^(t) is published, so an x that carries it and
-comes first is node j's. A copy made from the published element (another value, the same key)
-reaches every subscriber after the real x, which each has taken already: a conflict, which ends
-the run (:mod:`nlagg_node.protocol.equivocation`), never a value some receivers use and others do
-not. Unlike a signed pair, such a conflict does not prove that node j equivocated.
+comes first is node j's. Each x is also signed (issue 43: two conflicting x's must be a proof), but
+a receiver verifies that signature only when a second x for the same slot comes: a copy made from
+the published element (another value, the same key) fails it and is refused as a forgery, and two
+x's that both verify prove that node j equivocated (:mod:`nlagg_node.protocol.equivocation`).
 
 The chain is a pure function of the node's identity, the prefix, the run id and its length, so a
 node that restarts from its checkpoint publishes the same x's, byte for byte.
@@ -136,7 +136,9 @@ def x_key_error(
 
     ``authenticated``: the run has identities; ``check``: the sender's chain as far as this receiver
     has followed it (None: no signed anchor of the sender yet). The nodes and the transcript both
-    decide with this function.
+    decide with this function. The x's signature must be there but is not verified here (one hash,
+    not one Ed25519 verification, per x): it is verified when a second x for the slot comes
+    (:func:`~nlagg_node.protocol.equivocation.x_conflict_error`).
     """
     if not authenticated:
         if k is None and sig is None:
@@ -144,8 +146,8 @@ def x_key_error(
         return (
             f"x_{sender}^({t}) carries {'k' if k is not None else 'sig'} in a run without identities; refused"
         )
-    if sig is not None:
-        return f"x_{sender}^({t}) is signed: this run's x's carry a key-chain element instead; refused"
+    if sig is None:
+        return f"x_{sender}^({t}) is unsigned: this run's x's are signed; refused"
     if check is None:
         return f"x_{sender}^({t}) before a signed status of node {sender} announced its key chain; refused"
     why = check.check(t, k)

@@ -7,10 +7,14 @@ last field of the JSON object::
 
     {"v":1,"node":3,"t":7,"phase":"max","x":0.5,"sig":"<base64 of 64 bytes>"}
 
-and signs the topic and the message without it: ``topic + b"\\0" + body``, where ``body`` is the
-payload with its last ``,"sig":"..."`` removed (the exact bytes of the unsigned message, so a
-run without identities is byte for byte what it was). The topic binds the prefix, the run id and
-the sender; a message replayed from another run or another topic does not verify.
+and signs the topic, the run instance and the message without it:
+``topic + b"\\0" + instance + b"\\0" + body``, where ``body`` is the payload with its last
+``,"sig":"..."`` removed (the exact bytes of the unsigned message, so a run without identities is
+byte for byte what it was). The topic binds the prefix, the run id and the sender; the instance
+(:mod:`nlagg_node.protocol.instance`: a nonce the operator's launcher signs at every start of a
+plan) binds this start of the run, so a message replayed from another run, another topic or an
+earlier start of the same run id does not verify. A run without an instance (the lab testbed,
+whose identities are new at every run) signs ``topic + b"\\0" + body``.
 
 Ed25519 signatures are publicly verifiable: the nodes and the eavesdropper apply the same check
 (:func:`signature_error`), so a broker password alone forges nothing a node would use or the
@@ -44,6 +48,7 @@ __all__ = [
     "public_b64",
     "sign_payload",
     "signature_error",
+    "signed_bytes",
     "split_signed",
 ]
 
@@ -77,9 +82,10 @@ class Identity:
         raw = self.key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         return hashlib.blake2b(context.encode(), key=raw, digest_size=32, person=b"nlagg-chainseed").digest()
 
-    def sign(self, topic: str, payload: bytes) -> bytes:
-        """``payload`` (an unsigned JSON object) with its signature for ``topic`` appended."""
-        return sign_payload(self.key, topic, payload)
+    def sign(self, topic: str, payload: bytes, instance: str | None = None) -> bytes:
+        """``payload`` (an unsigned JSON object) with its signature for ``topic`` (and the run
+        ``instance``, None: a run without one) appended."""
+        return sign_payload(self.key, topic, payload, instance)
 
 
 def new_identity() -> Identity:
@@ -92,9 +98,16 @@ def public_b64(key: Ed25519PublicKey) -> str:
     return base64.b64encode(key.public_bytes(Encoding.Raw, PublicFormat.Raw)).decode("ascii")
 
 
-def sign_payload(key: Ed25519PrivateKey, topic: str, payload: bytes) -> bytes:
+def signed_bytes(topic: str, body: bytes, instance: str | None) -> bytes:
+    """What a signature covers: the topic, the run instance (when the run has one) and the body."""
+    if instance is None:
+        return topic.encode() + b"\0" + body
+    return topic.encode() + b"\0" + instance.encode() + b"\0" + body
+
+
+def sign_payload(key: Ed25519PrivateKey, topic: str, payload: bytes, instance: str | None = None) -> bytes:
     """``payload`` with ``,"sig":"<base64>"`` inserted before its closing brace."""
-    sig = key.sign(topic.encode() + b"\0" + payload)
+    sig = key.sign(signed_bytes(topic, payload, instance))
     return payload[:-1] + SIG_FIELD + base64.b64encode(sig) + b'"}'
 
 
@@ -113,9 +126,11 @@ def split_signed(payload: bytes) -> tuple[bytes, bytes] | None:
 
 
 class Verifier:
-    """The public keys of a run's nodes (base64, index = node id), ready to check signatures."""
+    """The public keys of a run's nodes (base64, index = node id), ready to check signatures made
+    for the run ``instance`` (None: a run without one)."""
 
-    def __init__(self, identities: Sequence[str]) -> None:
+    def __init__(self, identities: Sequence[str], instance: str | None = None) -> None:
+        self.instance = instance
         keys = []
         for i, text in enumerate(identities):
             try:
@@ -135,9 +150,14 @@ class Verifier:
             return f"unsigned message on {topic}: this run's nodes sign everything they publish"
         body, sig = parts
         try:
-            self.keys[node].verify(sig, topic.encode() + b"\0" + body)
+            self.keys[node].verify(sig, signed_bytes(topic, body, self.instance))
         except InvalidSignature:
-            return f"signature on {topic} does not verify with node {node}'s identity; refused"
+            if self.instance is None:
+                return f"signature on {topic} does not verify with node {node}'s identity; refused"
+            return (
+                f"signature on {topic} does not verify with node {node}'s identity for run instance "
+                f"{self.instance} (forged, or replayed from another start of the run); refused"
+            )
         return None
 
 

@@ -2,8 +2,8 @@
 
 The rule and the primitives are the protocol's (:mod:`nlagg_node.protocol.identity`); this module
 only puts them on a connection. :class:`SignedTransport` signs every payload a node's outbox
-publishes with the node's identity (its statuses, z^(0), key and a corrupted node's states; its
-x's carry a key-chain element instead, :mod:`nlagg_node.protocol.chain`;
+publishes with the node's identity (its statuses, z^(0), key, a corrupted node's states and its
+x's, which also carry a key-chain element, :mod:`nlagg_node.protocol.chain`;
 what it sends again after a broker crash is signed again, to the same bytes: Ed25519 is
 deterministic); :func:`signed_will` signs the last will the broker publishes for it. The router
 checks every message it decodes with :func:`~nlagg_node.protocol.identity.signature_error`, as the
@@ -23,16 +23,19 @@ __all__ = ["SignedTransport", "signed_will"]
 
 
 class SignedTransport(Transport):
-    """``inner`` with every published payload signed by ``identity`` but those on ``unsigned`` (the
-    node's x topic: its x's carry a key-chain element instead, :mod:`nlagg_node.protocol.chain`)."""
+    """``inner`` with every published payload signed by ``identity`` (for the run ``instance``) but
+    those on ``unsigned`` (a topic left unsigned; none in a node: its x's are signed as well)."""
 
-    def __init__(self, inner: Transport, identity: Identity, unsigned: str = "") -> None:
+    def __init__(
+        self, inner: Transport, identity: Identity, unsigned: str = "", instance: str | None = None
+    ) -> None:
         self.inner = inner
         self.identity = identity
         self.unsigned = unsigned
+        self.instance = instance  # the run instance every signature binds (None: a run without one)
 
     def _signed(self, topic: str, payload: bytes) -> bytes:
-        return payload if topic == self.unsigned else self.identity.sign(topic, payload)
+        return payload if topic == self.unsigned else self.identity.sign(topic, payload, self.instance)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
         await self.inner.publish(topic, self._signed(topic, payload), qos=qos, retain=retain)
@@ -65,8 +68,9 @@ class SignedTransport(Transport):
         await self.inner.__aexit__(exc_type, exc, tb)
 
 
-def signed_will(will: Will, identity: Identity | None) -> Will:
-    """``will`` with its payload signed by ``identity`` (unchanged without one)."""
+def signed_will(will: Will, identity: Identity | None, instance: str | None = None) -> Will:
+    """``will`` with its payload signed by ``identity`` for the run ``instance`` (unchanged without one)."""
     if identity is None:
         return will
-    return Will(will.topic, identity.sign(will.topic, will.payload), retain=will.retain, qos=will.qos)
+    payload = identity.sign(will.topic, will.payload, instance)
+    return Will(will.topic, payload, retain=will.retain, qos=will.qos)

@@ -112,6 +112,24 @@ class CheckpointStore:
         self.writes = 0
         self._logged = 0  # x's already in the .xlog file
 
+    def saved_instance(self, unfinished: bool = False) -> str | None:
+        """The run instance this node's checkpoint is of (:mod:`nlagg_node.protocol.instance`; None:
+        no checkpoint, a run without one, or with ``unfinished`` a checkpoint of a finished run)."""
+        try:
+            instance = self.path.with_suffix(".instance").read_text(encoding="ascii").strip()
+            stage = json.loads(self.path.read_text(encoding="utf-8")).get("stage")
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+        return None if not instance or (unfinished and stage == "done") else instance
+
+    def save_instance(self, instance: str) -> None:
+        """Record the run instance the checkpoints are of; a checkpoint of another instance (an
+        earlier start of the run, finished or not) is discarded: this start begins afresh."""
+        if self.saved_instance() not in (None, instance):
+            for path in (self.path, self.xlog):
+                path.unlink(missing_ok=True)
+        write_private(self.path.with_suffix(".instance"), instance + "\n")
+
     def load(self, expected_fingerprint: str) -> Checkpoint | None:
         """The stored checkpoint, None if there is none; ConfigError if it belongs to another run."""
         try:

@@ -61,10 +61,11 @@ from ..epochplan import (
     warms_at,
 )
 from ..errors import ConfigError, DepartedError, EpochStopped, NeighbourTimeoutError, NlaggError
+from ..protocol.identity import Verifier
 from ..warm import WarmStart
 from .loop import run_members
 from .member import Member, MemberOptions, MemberSettings, Seat
-from .outputs import EpochOutput, epoch_run_id, results_topic
+from .outputs import EpochOutput, epoch_run_id, results_topic, sign_record
 from .patience import check_not_finished
 from .public import run_edges
 from .result import NodeResult
@@ -271,7 +272,9 @@ async def run_epoch(
         out = record(result)
         if out is None:
             return result, None, member.absent
-        await transport.publish(results_topic(prefix, run_id, node_id), out.encode(), qos=1, retain=True)
+        topic = results_topic(prefix, run_id, node_id)
+        payload = sign_record(out, topic, options.get("identity") if member.verifier is not None else None)
+        await transport.publish(topic, payload, qos=1, retain=True)
     return result, out, member.absent
 
 
@@ -392,7 +395,11 @@ class _Epoch:
         (:func:`~nlagg_node.runtime.warmstart.read_published_output`)."""
         transport = await self.transport_for(self.k, epoch_run_id(self.k))
         start = self.clock.start(self.k)
-        reading = read_published_output(transport, self.deployment, self.k, start, start + self.clock.late)
+        keys = self.options.get("identities")
+        verifier = None if keys is None else Verifier(keys)
+        reading = read_published_output(
+            transport, self.deployment, self.k, start, start + self.clock.late, verifier, self.cfg.n
+        )
         return await _unless_stopped(reading, self.stop)
 
 

@@ -106,6 +106,7 @@ class MemberSettings(TypedDict, total=False):
     first_init: DualInitSpec | None
     identities: Sequence[str] | None
     identity: Identity | None
+    instance: str | None
 
 
 class MemberOptions(MemberSettings, total=False):
@@ -117,11 +118,11 @@ class MemberOptions(MemberSettings, total=False):
     shared: bool
 
 
-_NO_KEYS = {"identities"}  # a checkpoint's fingerprint of a run without them is as before
+_NO_KEYS = {"identities", "launcher", "sig"}  # a checkpoint's fingerprint of a run without them is as before
 
 
 def _verifier(
-    identities: Sequence[str] | None, node_id: int, n: int, identity: Identity | None
+    identities: Sequence[str] | None, node_id: int, n: int, identity: Identity | None, instance: str | None
 ) -> Verifier | None:
     """The run's verifier, once this node's own identity is its entry (None: a run without)."""
     if identities is None:
@@ -132,7 +133,7 @@ def _verifier(
         raise ConfigError("signing_key", None, "the run's nodes sign their messages: give this node's key")
     if identity.public != identities[node_id]:
         raise ConfigError("signing_key", identity.public, f"is not node {node_id}'s identity in the config")
-    return Verifier(identities)
+    return Verifier(identities, instance)
 
 
 class Member:
@@ -177,14 +178,17 @@ class Member:
         self.t_total = self.shape.t_total
         self.phase_at: list[str] = self.shape.phase_at
         identities = options.get("identities")
-        self.public = build_config_msg(self.cfg, run_id, self.edges, identities)
-        self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"))
+        # The start of the run its messages bind (:mod:`nlagg_node.protocol.instance`; None: none).
+        self.instance = instance = options.get("instance")
+        self.public = build_config_msg(self.cfg, run_id, self.edges, identities, instance=instance)
+        self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"), instance)
         self.peers = Neighbours(self.neighbours)
         identity = options.get("identity") if self.verifier is not None else None
         signed, chain = transport, None
-        if identity is not None:  # x's carry a key-chain element, the rest a signature
-            signed = SignedTransport(transport, identity, unsigned=self.topics.x(node_id))
-            chain = KeyChain(identity.chain_seed(f"{self.prefix}|{run_id}|{node_id}"), self.t_total)
+        if identity is not None:  # every message signed; x's also carry a key-chain element
+            signed = SignedTransport(transport, identity, instance=instance)  # x's too: a pair proves
+            context = f"{self.prefix}|{run_id}|{node_id}" + ("" if instance is None else f"|{instance}")
+            chain = KeyChain(identity.chain_seed(context), self.t_total)
         self.outbox = Outbox(signed, self.topics, node_id, chain)
         self.tally = Tally(node_id)
         self.intake = XIntake(
@@ -225,12 +229,19 @@ class Member:
         self.resumed: Checkpoint | None = None
         self.fingerprint = ""
         if self.store is not None:
-            self.fingerprint = fingerprint(
-                run_id, node_id, self.value, self.public.model_dump(mode="json", exclude=_NO_KEYS), self.seed
-            )
-            self.resumed = self.store.load(self.fingerprint)
+            self.fingerprint, self.resumed = self._load(self.store)
         if self.resumed is not None:
             self._restore(self.resumed)
+
+    def _load(self, store: CheckpointStore) -> tuple[str, Checkpoint | None]:
+        """The checkpoint's fingerprint (of the run instance too) and the checkpoint to resume, if
+        any: one of another start of the run is discarded, not resumed."""
+        exclude = _NO_KEYS | ({"instance"} if self.instance is None else set())
+        public = self.public.model_dump(mode="json", exclude=exclude)
+        digest = fingerprint(self.run_id, self.id, self.value, public, self.seed)
+        if self.instance is not None:  # before loading
+            store.save_instance(self.instance)
+        return digest, store.load(digest)
 
     def _restore(self, ck: Checkpoint) -> None:
         """Before any message flows: the barriers' positions and the z^(0) sent, from the checkpoint."""

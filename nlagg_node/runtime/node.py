@@ -47,13 +47,20 @@ log = logging.getLogger("nlagg.node")
 
 
 def node_will(
-    prefix: str, run_id: str, node_id: int, identity: Identity | None = None, *, shared: bool = False
+    prefix: str,
+    run_id: str,
+    node_id: int,
+    identity: Identity | None = None,
+    *,
+    shared: bool = False,
+    instance: str | None = None,
 ) -> Will:
-    """The last will of node ``node_id``: retained ``offline`` status (signed with ``identity``);
-    ``shared``: an epoch's, on the status topic every epoch shares (:class:`~.wire.topics`)."""
+    """The last will of node ``node_id``: retained ``offline`` status (signed with ``identity`` for
+    the run ``instance``); ``shared``: an epoch's, on the status topic every epoch shares
+    (:class:`~.wire.topics`)."""
     t = topics(prefix, run_id, shared=shared)
     payload = encode(StatusMsg(node=node_id, state="offline", run=t.named))
-    return signed_will(Will(t.status(node_id), payload, retain=True, qos=1), identity)
+    return signed_will(Will(t.status(node_id), payload, retain=True, qos=1), identity, instance)
 
 
 T = TypeVar("T")

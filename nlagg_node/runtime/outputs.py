@@ -4,13 +4,16 @@ A node of a continuous deployment (prefix ``P``, run id ``R``) publishes the out
 it finished as :class:`EpochOutput`, retained, on ``P/R/results/{i}`` (:func:`results_topic`): the
 latest epoch stays readable by a late subscriber (the operator's ``nlagg results``, the
 eavesdropper). The output is public in the paper's model (every node holds it), so the topic holds
-nothing private. The node also appends each record to its local results file, one JSON object a
+nothing private. In a deployment with identities the record is signed by its node and every reader
+checks the signature (:func:`published_record`): one node's password forges no record, and one
+node's whole bundle signs one record only, which the warm-start rule's quorum keeps from steering
+(:func:`~nlagg_node.runtime.warmstart.published_output`). The node also appends each record to its local
+results file, one JSON object a
 line, 0600 (:func:`append_output`); :func:`read_outputs` reads such a file back.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +25,7 @@ from ..errors import ConfigError
 from ..inputs import read_input_text
 from ..limits import MAX_ITERATIONS
 from ..private import open_private
+from ..protocol.identity import Identity, Verifier, split_signed
 from .wire import Finite, NodeId, check_prefix, check_run_id
 
 __all__ = [
@@ -32,6 +36,7 @@ __all__ = [
     "read_outputs",
     "results_filter",
     "results_topic",
+    "sign_record",
 ]
 
 
@@ -71,15 +76,32 @@ def results_filter(prefix: str, run_id: str) -> str:
     return results_topic(prefix, run_id, "+")
 
 
-def published_record(topic: str, payload: bytes) -> EpochOutput:
+def published_record(topic: str, payload: bytes, verifier: Verifier | None = None) -> EpochOutput:
     """The record published on node i's results topic ``P/R/results/{i}``, as every reader takes it
     (the nodes' warm starts, ``nlagg results``, the eavesdropper's capture). Raises ValueError
-    (pydantic's ValidationError is one) for a payload that is not a record or is another node's."""
-    record = EpochOutput.model_validate_json(payload)
+    (pydantic's ValidationError is one) for a payload that is not a record or is another node's.
+
+    In a deployment with identities a node signs its record (:func:`sign_record`) and ``verifier``
+    (the deployment's public keys) refuses one node i did not sign, named; a reader without the
+    keys (``nlagg results`` without ``--config``) takes the record without its signature.
+    """
     node = topic.rpartition("/")[2]
+    if verifier is not None:
+        if not node.isdigit():
+            raise ValueError(f"{topic!r} is not a node's results topic")
+        why = verifier.check(topic, int(node), payload)
+        if why is not None:
+            raise ValueError(why)
+    parts = split_signed(payload)
+    record = EpochOutput.model_validate_json(payload if parts is None else parts[0])
     if node != str(record.node):
         raise ValueError(f"node {record.node}'s record on the results topic of node {node!r}")
     return record
+
+
+def sign_record(record: EpochOutput, topic: str, identity: Identity | None) -> bytes:
+    """The payload of ``record`` on ``topic``: signed by the node's ``identity`` (none: unsigned)."""
+    return record.encode() if identity is None else identity.sign(topic, record.encode())
 
 
 def append_output(path: Path, record: EpochOutput) -> None:
@@ -101,7 +123,17 @@ def _parse(name: str, lines: Iterable[str]) -> Iterable[EpochOutput]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            yield EpochOutput.model_validate(json.loads(line))
-        except (ValueError, ValidationError) as exc:
-            raise ConfigError("file", f"{name}:{number}", f"not a result record ({exc})") from None
+        try:  # pydantic's JSON parser bounds nesting (a deeply nested line is refused, no RecursionError)
+            yield EpochOutput.model_validate_json(line)
+        except ValidationError as exc:
+            raise ConfigError(
+                "file", f"{name}:{number}", f"not a result record ({_first_error(exc)})"
+            ) from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    """The first of a validation's errors, on one line: where it is and why."""
+    first = exc.errors()[0]
+    where = ".".join(map(str, first["loc"]))
+    more = f" and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{first['msg']}{more}"

@@ -64,6 +64,12 @@ def config_mismatch(mine: ConfigMsg, retained: ConfigMsg) -> ConfigMismatchError
         return ConfigMismatchError(
             "config.identities", _keys(mine.identities), f"{where} has {_keys(retained.identities)}"
         )
+    if mine.launcher is not None and mine.launcher != retained.launcher:
+        return ConfigMismatchError("config.launcher", mine.launcher, f"{where} has {retained.launcher!r}")
+    if mine.instance is not None and mine.instance != retained.instance:
+        return ConfigMismatchError(
+            "config.instance", mine.instance, f"{where} is of another start of the run: {retained.instance!r}"
+        )
     if mine.phases != retained.phases:
         return ConfigMismatchError(
             "config.phases", [p["name"] for p in mine.phases], f"{where} has another schedule"
@@ -84,10 +90,17 @@ _PRIVATE_FIELDS = {"seed", "trials", "record", "graph_file", "values_file"}
 
 
 def build_config_msg(
-    cfg: RunConfig, run_id: str, edges: IntArray, identities: Sequence[str] | None = None
+    cfg: RunConfig,
+    run_id: str,
+    edges: IntArray,
+    identities: Sequence[str] | None = None,
+    *,
+    instance: str | None = None,
+    launcher: str | None = None,
 ) -> ConfigMsg:
     """The public ``P/R/config`` document: resolved parameters, the edge list, the phase schedule,
-    and the nodes' public identities when they sign (:mod:`nlagg_node.protocol.identity`).
+    and the nodes' public identities when they sign (:mod:`nlagg_node.protocol.identity`), with the
+    run ``instance`` and the ``launcher`` key that signs it (:mod:`nlagg_node.protocol.instance`).
 
     Leaves out the seed (it would reveal every node's z^(0)), the values file, the graph file's
     folder and simulator-only fields. The value range is public: the eavesdropper maps what it
@@ -112,7 +125,16 @@ def build_config_msg(
     ]
     pairs = [[int(a), int(b)] for a, b in np.asarray(edges).tolist()]
     keys = None if identities is None else list(identities)
-    return ConfigMsg(run_id=run_id, n=cfg.n, edges=pairs, run=run, phases=phases, identities=keys)
+    return ConfigMsg(
+        run_id=run_id,
+        n=cfg.n,
+        edges=pairs,
+        run=run,
+        phases=phases,
+        identities=keys,
+        instance=instance,
+        launcher=launcher,
+    )
 
 
 def config_from_msg(msg: ConfigMsg) -> tuple[RunConfig, IntArray]:

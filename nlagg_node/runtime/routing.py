@@ -28,6 +28,7 @@ from collections.abc import Callable
 from ..errors import NlaggError
 from ..protocol import NO_HALT, halt_span, x_form_error, x_value_error
 from ..protocol.chain import ChainCheck, chain_check, x_key_error
+from ..protocol.equivocation import x_conflict_error
 from ..protocol.identity import signature_error
 from ..termination import NO_STOP
 from .barrier import Outcome
@@ -48,6 +49,8 @@ from .wire import (
 __all__ = ["Router"]
 
 log = logging.getLogger("nlagg.node")
+
+_KEPT_X = 8  # iterations of x payloads kept per sender for a conflict's proof
 
 
 class Router:
@@ -78,6 +81,7 @@ class Router:
         self.decode = HotDecoder(self.prefix, self.run_id).decode
         self.verifier = first.verifier  # None: a run without identities (and no message may be signed)
         self.chains: dict[int, ChainCheck] = {}  # each sender's x key chain, from its signed anchor
+        self.x_payloads: dict[int, dict[int, bytes]] = {}  # each sender's recent x's taken (signed runs)
         self.shape = first.shape
         self.far = {t: t + 1 for t in self.shape.jumps}  # a phase start may follow a long skip
         self.by_id = {m.id: m for m in members}
@@ -101,6 +105,18 @@ class Router:
     def _unrouted(self, why: str) -> None:
         if self.on_unrouted is not None:
             self.on_unrouted(why)
+
+    def _keep_x(self, j: int, t: int, payload: bytes) -> None:
+        """Keep x_j^(t)'s payload as taken (the first one of its slot) for a conflict's proof, a few
+        iterations back (the barrier's window is two)."""
+        held = self.x_payloads.setdefault(j, {})
+        if t not in held:
+            held[t] = payload
+            if len(held) > _KEPT_X:
+                del held[min(held)]
+
+    def _taken_x(self, j: int, t: int) -> bytes | None:
+        return self.x_payloads.get(j, {}).get(t)
 
     def _forged(self, raw: Message, sender: int | None, sig: str | None) -> bool:
         """Whether a message fails the run's signature rule (then it is rejected here)."""
@@ -136,6 +152,15 @@ class Router:
             j, x, quiet = msg.node, msg.x, msg.quiet
             for m, put, slot in routes:
                 outcome = put(t, slot, x)
+                if outcome == "conflict" and self.verifier is not None:
+                    # Only now is an x's signature verified: a copy is refused, an equivocation proven.
+                    verdict = x_conflict_error(
+                        self.verifier, raw.topic, j, t, self._taken_x(j, t), raw.payload
+                    )
+                    if isinstance(verdict, str):
+                        self.on_reject(raw.topic, WireError("sig", j, verdict))
+                        return
+                    raise verdict
                 if outcome != "new":
                     m.count_x(outcome, j, t, x)
                 elif quiet is not None:
@@ -144,6 +169,8 @@ class Router:
                     m.keep_quiet(t, slot, fields)
                     if stop == t and (span := halt_span(self.shape, t, stop, deps)) != NO_HALT:
                         m.x_in.halted(slot, span)  # its last x of the phase: a later one is refused
+            if self.verifier is not None:
+                self._keep_x(j, t, raw.payload)
         elif self._forged(raw, info.node, getattr(msg, "sig", None)):
             return
         elif isinstance(msg, Z0Msg | SealedZ0Msg):

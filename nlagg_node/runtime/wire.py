@@ -146,6 +146,11 @@ class ConfigMsg(_Msg):
     phases: list[dict[str, Any]]  # name, group, t_len, c, objective: the schedule every node follows
     # The nodes' Ed25519 public keys (base64, index = node id) in a run whose nodes sign their messages.
     identities: list[Annotated[str, _b64_of(32)]] | None = None
+    # The run instance (a fresh nonce per start of a plan, :mod:`nlagg_node.protocol.instance`), the
+    # launcher's public key that signs it, and that signature.
+    instance: Annotated[str, _b64_of(16)] | None = None
+    launcher: Annotated[str, _b64_of(32)] | None = None
+    sig: Annotated[str, _b64_of(64)] | None = None
 
 
 class Z0Msg(_Signed):
@@ -436,7 +441,7 @@ def encode(msg: WireMessage) -> bytes:
         body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
         if isinstance(msg, StatusMsg) and msg.departed is None:
             del body["departed"]  # statuses of a run without departures are as before
-        for key in ("sig", "identities", "chain", "run"):  # a single run without identities is as before
+        for key in ("sig", "identities", "chain", "run", "instance", "launcher"):  # as before without them
             if body.get(key, 0) is None:
                 del body[key]
         text = json.dumps(body, allow_nan=False, separators=(",", ":"))

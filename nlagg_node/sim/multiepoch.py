@@ -172,7 +172,7 @@ def _warm_epoch(
     published output (:func:`~nlagg_node.epochplan.published_output`), as the nodes start it
     (:func:`~nlagg_node.epochplan.epoch_start`, shell values from
     :func:`~nlagg_node.epochplan.shell_uniforms`)."""
-    held = [HeardOutput(k - 1, published_output([float(y) for y in row])) for row in last]
+    held = [HeardOutput(k - 1, published_output([float(y) for y in row], cfg.n)) for row in last]
     plans = [epoch_start(cfg, k, h, drift, starter) for h in held]
     starts = [p.warm for p in plans]
     assert all(ws is not None for ws in starts)  # warms(cfg) and every trial holds an output

@@ -250,6 +250,27 @@ class PlanBed:
                 site = f"site{self.plan.site_of[i]}"
                 self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log", site)
 
+    async def relaunch(self) -> None:
+        """A second start of the plan on the same brokers: the launcher's commands.txt line again
+        (then :meth:`start_nodes`); the first start's nodes must have ended."""
+        assert all(p.returncode is not None for p in self.nodes.values())
+        self.nodes = {}
+        for k, launcher in enumerate(self._lines("deploy")):
+            proc = await self._start(launcher, f"relaunch{k}.log")
+            assert await proc.wait() == 0, (self.logs / f"relaunch{k}.log").read_text()
+
+    async def outcomes(self, within: float = 240.0) -> dict[int, tuple[int, dict[str, Any] | None]]:
+        """Each started node's exit status and, when it exited 0, its JSON result (no eavesdropper)."""
+        out: dict[int, tuple[int, dict[str, Any] | None]] = {}
+        async with asyncio.timeout(within):
+            for i, proc in self.nodes.items():
+                stdout, _ = await proc.communicate()
+                lines = stdout.decode().strip().splitlines()
+                rc = proc.returncode
+                assert rc is not None
+                out[i] = (rc, json.loads(lines[-1]) if rc == 0 and lines else None)
+        return out
+
     def current_t(self) -> int:
         """The latest iteration with a valid x in the transcript."""
         if not self.db.exists():

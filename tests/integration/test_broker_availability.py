@@ -8,6 +8,7 @@ broker's descriptors nor lock the plan's own clients out.
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.mosquitto_auth import DEFAULT_MAX_CONNECTIONS
 from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
 from tests.harness.epochsoak import rss_kib
+from tests.harness.planbed import PlanBed
 
 pytestmark = pytest.mark.mosquitto
 
@@ -69,14 +71,14 @@ async def broker(tmp_path: Path, file_limit: None) -> AsyncIterator[tuple[Broker
         yield handle, password
 
 
-def _node_connects(handle: BrokerHandle, password: str) -> int:
+def _node_connects(handle: BrokerHandle, password: str, run_id: str = "avail") -> int:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="node0")
     client.username_pw_set("node0", password)
     try:
         client.connect(handle.host, handle.port)
         client.loop_start()
-        client.subscribe("nlagg/avail/config", qos=1)
-        info = client.publish("nlagg/avail/node/0/x", b"x", qos=1)
+        client.subscribe(f"nlagg/{run_id}/config", qos=1)
+        info = client.publish(f"nlagg/{run_id}/node/0/x", b"x", qos=1)
         info.wait_for_publish(timeout=10)
         return 0 if info.is_published() else 1
     finally:
@@ -129,3 +131,54 @@ def test_outsiders_before_login_lock_nobody_out(broker: tuple[BrokerHandle, str]
             assert grown_kib < 64 << 10, f"broker grew {grown_kib} KiB (4 CONNECTs announced 1 GiB)"
         finally:
             outsider.stdin.close()
+
+
+UNFINISHED = 300  # sockets, each sending 1 MB of a CONNECT it never finishes (issue 43, break 7)
+UNFINISHED_OUTSIDER = """
+import socket, sys
+host, port, count, announce = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+header = bytes.fromhex(sys.argv[5])
+held = []
+for _ in range(count):
+    s = socket.create_connection((host, port))
+    s.settimeout(5)
+    try:
+        s.sendall(header + bytes(announce - (len(header) - 4) - 1))
+    except (ConnectionResetError, BrokenPipeError, TimeoutError):
+        pass
+    held.append(s)
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_unfinished_connects_cost_a_plans_broker_almost_nothing(tmp_path: Path) -> None:
+    run = load_config(None, op="max", n=6, graph="ring")
+    async with PlanBed(run, tmp_path, run_id="preauth", capture=False) as bed:
+        broker = bed.broker
+        assert broker is not None
+        assert broker.pid is not None
+        rss_before = _rss_kib(broker.pid)
+        announce = 1 << 20  # within the protocol's packet cap, far above the plan's
+        header = b"\x10" + _remaining_length(announce) + b"\x00\x04MQTT\x04\xc2\x00\x3c"
+        argv = [broker.host, broker.port, UNFINISHED, announce, header.hex()]
+        outsider = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            UNFINISHED_OUTSIDER,
+            *map(str, argv),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert outsider.stdout is not None
+        assert outsider.stdin is not None
+        try:
+            assert int(await outsider.stdout.readline()) == UNFINISHED
+            # Mosquitto has read what it will of every socket once a later client is served.
+            assert await asyncio.to_thread(_node_connects, broker, bed.password("node0"), "preauth") == 0
+            grown_kib = _rss_kib(broker.pid) - rss_before
+        finally:
+            outsider.stdin.close()
+            await outsider.wait()
+    # 300 MB announced and sent; the plan's max_packet_size cuts each off at its header (was +303 MB).
+    assert grown_kib < 32 << 10, f"broker grew {grown_kib} KiB under {UNFINISHED} unfinished CONNECTs"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from adversary.reporting.dashboard import Dashboard
+from adversary.reporting.dashboard.server import MAX_EVENT_STREAMS
 from tests.harness.transcripts import finished_max_run
 
 
@@ -72,3 +73,45 @@ async def test_events_stream_starts_with_a_snapshot(finished: Path) -> None:
         doc = json.loads(data.removeprefix("data: "))
         assert doc["run_id"] == dash.state.run_id
         assert len(doc["positions"]) == 8
+
+
+async def _open_stream(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A GET /api/events; its status line, and the stream read up to its first snapshot if 200."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    await writer.drain()
+    status = await reader.readline()
+    if b" 200 " in status:
+        while (line := await reader.readline()) != b"event: snapshot\n":
+            assert line
+    return reader, writer, status
+
+
+async def test_event_streams_are_capped_with_a_503(finished: Path) -> None:
+    async with Dashboard(finished, "127.0.0.1", 0) as dash:
+        held = []
+        try:
+            async with asyncio.timeout(120):
+                for _ in range(MAX_EVENT_STREAMS):
+                    reader, writer, status = await _open_stream(dash.port)
+                    assert b" 200 " in status, status
+                    held.append(writer)
+                reader, writer, status = await _open_stream(dash.port)
+                body = await reader.read()
+            writer.close()
+            assert b" 503 " in status, status
+            assert f"{MAX_EVENT_STREAMS} event streams are open".encode() in body
+            # The page's other routes still answer.
+            assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{dash.port}/api/state"))[0] == 200
+            # A closed stream gives its slot back (once the server has seen it go).
+            held.pop().close()
+            async with asyncio.timeout(60):
+                while True:
+                    _, writer, status = await _open_stream(dash.port)
+                    held.append(writer)
+                    if b" 200 " in status:
+                        break
+                    await asyncio.sleep(0.2)
+        finally:
+            for w in held:
+                w.close()

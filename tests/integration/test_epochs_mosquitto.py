@@ -14,12 +14,20 @@ import pytest
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.deploy.identities import run_identities
 from nlagg_node.epochplan import HeardOutput, epoch_start
 from nlagg_node.lab.children import Child, log_tail
 from nlagg_node.lab.epochtestbed import epoch_values, run_epoch_testbed
+from nlagg_node.protocol import Verifier
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.outputs import EpochOutput, read_outputs, results_filter, results_topic
+from nlagg_node.runtime.outputs import (
+    EpochOutput,
+    published_record,
+    read_outputs,
+    results_filter,
+    results_topic,
+)
 from nlagg_node.sim.multiepoch import simulate_epochs
 from tests.harness.load import contention, stretched
 
@@ -106,12 +114,15 @@ async def test_a_plan_with_every_runs_two_epochs_under_its_acl(tmp_path: Path) -
         codes = await asyncio.gather(*(p.wait() for p in procs))
         assert codes == [0] * run.n, [log_tail(tmp_path / f"node-{i}.log") for i in range(run.n)]
         heard: dict[int, EpochOutput] = {}
+        keys = run_identities(root / "run.toml")
+        assert keys is not None
+        verifier = Verifier(keys)
         operator = (root / "secrets" / "launcher.pw").read_text().strip()
         async with MqttTransport(broker.url, client_id="op", username="launcher", password=operator) as t:
             await t.subscribe(results_filter("nlagg", "green"))
             async with asyncio.timeout(10):
                 async for msg in t.messages():
-                    r = EpochOutput.model_validate_json(msg.payload)
+                    r = published_record(msg.topic, msg.payload, verifier)  # signed by its node
                     heard[r.node] = r
                     if len(heard) == run.n:
                         break

@@ -57,7 +57,9 @@ async def test_padded_payloads_leave_the_transcript_small(tmp_path: Path) -> Non
     async with PlanBed(CFG, tmp_path) as bed:
         # Before the nodes start: mid-run, the insider's connection would take node 1's session
         # (sessions are bound to users) and node 1 would take it back, cutting the flood short.
-        await Insider.with_password_of(bed, 1).flood_padded(300, 1_000_000)
+        # 60 kB each: the plan's broker cuts a packet above its max_packet_size (64 KiB for this
+        # plan, broker/README.md), so 1 MB payloads no longer reach anyone.
+        await Insider.with_password_of(bed, 1).flood_padded(300, 60_000)
         await bed.start_nodes()
         verdict = await bed.finish()
     assert verdict.completed, (verdict.detail, bed.report())
@@ -68,6 +70,6 @@ async def test_padded_payloads_leave_the_transcript_small(tmp_path: Path) -> Non
         stored = sum("not-a-phase" in why for why in refused)
         messages = tr.dropped().get(1, (0, 0))[0]
     assert stored + messages == 300, (stored, messages)
-    assert stored * (MAX_INVALID_PAYLOAD + 64) < 4 * 1_000_000  # bounded by node 1's quota
+    assert stored * (MAX_INVALID_PAYLOAD + 64) < 4 * 1_000_000  # bounded by node 1's quota (18 MB sent)
     size = sum(p.stat().st_size for p in bed.db.parent.glob("transcript.sqlite*"))
     assert size < 20_000_000, size

@@ -44,9 +44,10 @@ from nlagg_node.deploy.sites import (
     read_sites_file,
 )
 from nlagg_node.errors import ConfigError
+from nlagg_node.protocol import Verifier
 from nlagg_node.runtime.brokers import start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.outputs import EpochOutput, results_filter, results_topic
+from nlagg_node.runtime.outputs import published_record, results_filter, results_topic
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import topic_matches
 from nlagg_node.runtime.wire import encode_x, topics
@@ -475,6 +476,7 @@ async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_pa
             codes = [proc.returncode for proc in bed.nodes.values()]
             await bed.wait_eavesdropper(detail)
         heard: dict[int, set[int]] = {}  # site -> the nodes whose retained output it holds
+        verifier = Verifier([identity.public for identity in bed.plan.identities])
         for s, url in enumerate(bed.site_urls):
             async with MqttTransport(
                 url, client_id=f"op{s}", username="launcher", password=bed.password("launcher")
@@ -483,7 +485,7 @@ async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_pa
                 got: set[int] = heard.setdefault(s, set())
                 async with asyncio.timeout(10):
                     async for msg in t.messages():
-                        got.add(EpochOutput.model_validate_json(msg.payload).node)
+                        got.add(published_record(msg.topic, msg.payload, verifier).node)  # signed
                         if len(got) == 5:
                             break
     assert codes == [0] * 5, (reports, bed.report())
@@ -568,7 +570,9 @@ def test_plan_with_sites_writes_one_broker_per_site(
     ]
     (eaves,) = [ln for ln in lines if ln.startswith("nlagg eavesdrop")]
     assert [f"mqtt://10.0.0.1:{1883 + s}" in eaves for s in range(3)] == [True] * 3
-    assert sum(ln.startswith("nlagg deploy publish-config") for ln in lines) == 3
+    (launcher,) = [ln for ln in lines if ln.startswith("nlagg deploy publish-config")]
+    # One launcher for every site: one signed config, one run instance the sites' nodes share.
+    assert [f"--broker mqtt://10.0.0.1:{1883 + s}" in launcher for s in range(3)] == [True] * 3
     site_of = tomllib.loads((out / "plan.toml").read_text())["plan"]["sites"]["site_of"]
     for i in range(24):
         node = tomllib.loads((out / "nodes" / f"{i}.toml").read_text())

@@ -159,11 +159,13 @@ def test_commands_start_every_part_without_passwords(tmp_path: Path) -> None:
         "listener 1883",
         "use_username_as_clientid true",
         "message_size_limit 1048576",
-        "max_packet_size 1114112",
+        "max_packet_size 65536",  # the plan's own (its config is a few KB), not the protocol's 1114112
         "max_connections 4000",
     ):
         assert line in conf
     assert not any(line.startswith(("cafile", "certfile", "keyfile")) for line in conf)
+    limits = (out / "broker" / "mosquitto-limits.conf").read_text()
+    assert "LimitNOFILE=8192" in limits.splitlines()  # above max_connections 4000
 
 
 @pytest.mark.parametrize(

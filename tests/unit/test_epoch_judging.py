@@ -93,8 +93,9 @@ def test_the_deployments_retained_config_gives_every_epoch_its_derived_config(tm
         capture.handle("P/R/config", encode(build_config_msg(cfg, "R", edges)), True)
         assert capture.current.config is not None  # derived now: epoch 0 runs cold, with cfg itself
         assert capture.current.config.run["c"] == cfg.c_value
-        doc = {"v": 1, "node": 0, "epoch": 0, "output": 50.0, "iterations": 90, "time": 1.0e9}
-        capture.handle("P/R/results/0", json.dumps(doc).encode())
+        for i in range(3):  # a quorum of records (WARM_QUORUM): one or two would leave epoch 1 cold
+            doc = {"v": 1, "node": i, "epoch": 0, "output": 50.0, "iterations": 90, "time": 1.0e9}
+            capture.handle(f"P/R/results/{i}", json.dumps(doc).encode())
         capture.handle("P/R/e1/node/0/status", status)
         warm = capture.current.config
         assert warm is not None  # epoch 1 warm from epoch 0's published output: a prior at it

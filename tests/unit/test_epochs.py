@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.deploy import epochnode
 from nlagg_node.deploy.epochnode import epoch_line
-from nlagg_node.errors import ConfigError, DepartedError
+from nlagg_node.errors import ConfigError, DepartedError, NlaggError
+from nlagg_node.protocol import Verifier, new_identity
 from nlagg_node.runtime.epochdriver import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
@@ -24,6 +30,7 @@ from nlagg_node.runtime.outputs import (
     published_record,
     read_outputs,
     results_topic,
+    sign_record,
 )
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.transport import Will
@@ -241,6 +248,10 @@ def test_results_file_is_private_and_read_back(tmp_path: Path) -> None:
     path.write_text(path.read_text() + "not json\n")
     with pytest.raises(ConfigError, match=r"results\.jsonl:4"):
         read_outputs(path)
+    path.write_text("[" * 100_000 + "]" * 100_000 + "\n")  # a RecursionError traceback before
+    with pytest.raises(ConfigError, match=r"results\.jsonl:1.*recursion limit") as refused:
+        read_outputs(path)
+    assert "\n" not in str(refused.value)
 
 
 async def epoch_of_node(
@@ -377,3 +388,46 @@ def test_a_results_topic_holds_its_own_nodes_record_only(
     else:
         with pytest.raises(ValueError, match=error):
             published_record(topic, payload)
+
+
+def test_a_results_record_counts_only_signed_by_its_node() -> None:
+    ids = [new_identity() for _ in range(3)]
+    verifier = Verifier([i.public for i in ids])
+    record = EpochOutput(node=2, epoch=5, output=1.5, iterations=9, time=1.0)
+    topic = "P/R/results/2"
+    assert published_record(topic, sign_record(record, topic, ids[2]), verifier) == record
+    assert published_record(topic, sign_record(record, topic, ids[2])) == record  # a reader without keys
+    forged = record.model_copy(update={"output": 99.0})
+    with pytest.raises(ValueError, match="unsigned message"):
+        published_record(topic, forged.encode(), verifier)  # a password holder's (issue 43, break 6)
+    with pytest.raises(ValueError, match="does not verify with node 2"):
+        published_record(topic, sign_record(forged, topic, ids[0]), verifier)
+
+
+@pytest.mark.parametrize(
+    ("outputs", "fails"),
+    [([None, None], True), ([None, 3.0], False), ([], False)],
+    ids=["every-epoch-missed", "one-epoch-missed", "none-ran"],
+)
+async def test_a_node_with_no_output_in_any_epoch_fails_with_error_records(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    outputs: list[float | None],
+    fails: bool,
+) -> None:
+    async def epochs(_start: object, _stop: object) -> AsyncIterator[dict[str, Any]]:
+        for k, out in enumerate(outputs):
+            report: dict[str, Any] = {"node": 0, "epoch": k, "output": out, "start": "cold"}
+            if out is None:
+                report.update(missed="session taken over", error=f"epoch {k}: no output")
+            yield report
+
+    monkeypatch.setattr(epochnode, "run_node_epochs", epochs)
+    start = SimpleNamespace(opts=SimpleNamespace(id=0))
+    if fails:  # issue 43, break 5: every node exited 0 with output null
+        with pytest.raises(NlaggError, match=r"no output in any of its 2 epoch\(s\) \[0, 1\]"):
+            await epochnode.print_epochs(start, as_json=True)  # type: ignore[arg-type]
+    else:
+        await epochnode.print_epochs(start, as_json=True)  # type: ignore[arg-type]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [("error" in r) for r in lines] == [o is None for o in outputs]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nlagg_node import ConfigError, EdgeLayout, GraphSpec, load_edge_list, normalize_edges, rng_for
+from nlagg_node.limits import MAX_GRAPH_FILE_BYTES
 
 KINDS = ["rgg", "ring", "complete", "grid", "erdos-renyi", "star"]
 
@@ -86,3 +87,11 @@ def test_edge_layout_orders_each_nodes_out_edges_by_neighbour() -> None:
         out = layout.dst[layout.src == g]
         assert np.all(np.diff(out) > 0)
     assert np.array_equal(layout.sign, np.where(layout.src < layout.dst, 1.0, -1.0))
+
+
+def test_a_graph_file_over_the_cap_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "big.csv"
+    with path.open("wb") as f:
+        f.truncate(MAX_GRAPH_FILE_BYTES + 1)  # sparse: nothing to parse, only its size counts
+    with pytest.raises(ConfigError, match=f"graph_file=.*larger than the {MAX_GRAPH_FILE_BYTES}-byte cap"):
+        load_edge_list(path)

@@ -23,8 +23,16 @@ from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.errors import ConfigError, EquivocationError
-from nlagg_node.protocol import Identity, Verifier, new_identity, signature_error
+from nlagg_node.protocol import (
+    Identity,
+    Verifier,
+    instance_error,
+    new_identity,
+    new_instance,
+    signature_error,
+)
 from nlagg_node.protocol.chain import ChainCheck, KeyChain, key_b64
+from nlagg_node.runtime.checkpoint import CheckpointStore
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
@@ -111,11 +119,11 @@ def _neighbours(i: int) -> set[int]:
 
 
 def _other(topic: str, payload: bytes, signed: bool) -> bytes:
-    """The same message with another number: an x keeps its key-chain element, a z^(0) is signed anew."""
+    """The same message with another number (an x keeps its key-chain element), signed anew by node 3."""
     body = json.loads(payload)
     field = "x" if "x" in body else "z"
     body[field] += 1.0
-    if not signed or field == "x":
+    if not signed:
         return json.dumps(body, separators=(",", ":")).encode()
     del body["sig"]
     return IDS[3].sign(topic, json.dumps(body, separators=(",", ":")).encode())
@@ -124,7 +132,7 @@ def _other(topic: str, payload: bytes, signed: bool) -> bytes:
 @pytest.mark.parametrize(
     ("kind", "signed"),
     [("x", True), ("x", False), ("z0", True)],
-    ids=["x-identities", "x-lab-no-identities", "z0-signed-proof"],
+    ids=["x-signed-proof", "x-lab-no-identities", "z0-signed-proof"],
 )
 async def test_an_equivocating_node_ends_the_run_naming_it(kind: str, signed: bool) -> None:
     broker = MemoryBroker()
@@ -145,7 +153,26 @@ async def test_an_equivocating_node_ends_the_run_naming_it(kind: str, signed: bo
     assert {e.node for e in errors} == {3}
     slot = "x_3^(10)" if kind == "x" else "z0 3->"
     assert all(slot in str(e) for e in errors)
-    assert all(("node 3 equivocated" in str(e)) == (kind == "z0") for e in errors)  # proof: signed pairs
+    assert all(("node 3 equivocated" in str(e)) == signed for e in errors)  # proof: signed pairs
+
+
+async def test_a_copied_x_with_another_number_is_refused_and_the_run_goes_on() -> None:
+    """The element of node 3's real x^(10) on another number, its signature kept: a copy (before x's
+    were signed every node stopped the run for it, and nothing proved who sent which)."""
+    broker = MemoryBroker()
+    route = broker.route
+
+    def copy(topic: str, payload: bytes, retain: bool) -> None:
+        route(topic, payload, retain)
+        if topic == TP.x(3) and json.loads(payload).get("t") == 10:
+            body = json.loads(payload)
+            body["x"] += 1.0
+            route(topic, json.dumps(body, separators=(",", ":")).encode(), retain)
+
+    broker.route = copy  # type: ignore[method-assign]
+    results = [task.result() for task in await run_network(memory_network(CFG, broker, RUN, IDS))]
+    assert np.array_equal(np.array([r.x for r in results]).T, simulate(CFG).recorded_x[:, 0, :])
+    assert all(results[i].rejected >= 1 for i in _neighbours(3))
 
 
 def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Path) -> None:
@@ -153,8 +180,9 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
     edges = run_edges(cfg)
     chains = [KeyChain(IDS[k].chain_seed(f"nlagg|{RUN}|{k}"), 60) for k in range(cfg.n)]
 
-    def x(k: int, t: int, value: float, key: int | None = None) -> bytes:
-        return encode_x(k, t, "median", value, k=key_b64(chains[k].key(t if key is None else key)))
+    def x(k: int, t: int, value: float, key: int | None = None, signer: int | None = None) -> bytes:
+        body = encode_x(k, t, "median", value, k=key_b64(chains[k].key(t if key is None else key)))
+        return IDS[k if signer is None else signer].sign(TP.x(k), body)
 
     with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
         tr.add(TP.config, encode(build_config_msg(cfg, RUN, edges, KEYS)), retained=True)
@@ -165,7 +193,8 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
         assert tr.add(TP.x(1), encode_x(1, 1, "median", 9.0)) is None  # a broker password's forgery
         assert tr.add(TP.x(1), x(1, 1, 9.0, key=2)) is None  # another iteration's element
         assert tr.add(TP.x(1), x(1, 1, 0.5)) is not None
-        assert tr.add(TP.x(1), x(1, 1, 0.75)) is None  # the same element, another number
+        assert tr.add(TP.x(1), x(1, 1, 0.75, signer=2)) is None  # the same element, not signed by 1: a copy
+        assert tr.add(TP.x(1), x(1, 1, 0.875)) is None  # node 1's own signature: proof
         z0 = encode(Z0Msg.model_validate({"from": 1, "to": 0, "group": "median", "z": 1.5}))
         assert tr.add(TP.z0(1, 0), IDS[1].sign(TP.z0(1, 0), z0)) is not None
         assert tr.add(TP.z0(1, 0), z0) is None  # unsigned
@@ -176,11 +205,12 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
         assert tr.add(TP.x(4), x(4, 1, 0.5)) is not None
         assert tr.add(TP.x(2), x(2, 1, 0.5)) is not None
         assert tr.add(TP.x(3), x(3, 1, 0.5, key=2)) is None
-    assert "no key-chain element" in reasons[0]
+    assert "is unsigned" in reasons[0]
     assert "not on the sender's key chain" in reasons[1]
-    assert "two different x_1^(1) on node 1's topic" in reasons[2]
-    assert "unsigned message" in reasons[3]
-    assert "node 1 equivocated: two different z0 1->0 (median)" in reasons[4]
+    assert "x_1^(1) conflicts with the one taken and is not node 1's" in reasons[2]
+    assert "node 1 equivocated: two different x_1^(1), both signed" in reasons[3]
+    assert "unsigned message" in reasons[4]
+    assert "node 1 equivocated: two different z0 1->0 (median)" in reasons[5]
 
 
 def test_a_plan_gives_every_node_an_identity(tmp_path: Path) -> None:
@@ -215,3 +245,45 @@ def test_a_status_replayed_on_another_node_topic_is_refused() -> None:
     before = node.rejected
     node.feed(Message(TP.status(other), payload.replace(b'"node":%d' % nbr, b'"node":%d' % other)))
     assert node.rejected == before + 1
+
+
+def test_a_message_of_another_run_instance_is_refused_by_name() -> None:
+    first, second = new_instance(), new_instance()
+    body = encode(StatusMsg(node=1, state="online"))
+    old = IDS[1].sign(TP.status(1), body, first)
+    assert Verifier(KEYS, first).check(TP.status(1), 1, old) is None
+    why = Verifier(KEYS, second).check(TP.status(1), 1, old)
+    assert why is not None
+    assert "replayed from another start of the run" in why
+    assert Verifier(KEYS, second).check(TP.status(1), 1, IDS[1].sign(TP.status(1), body, second)) is None
+    # Without an instance (the lab testbed) the signed bytes are as before.
+    assert Verifier(KEYS).check(TP.status(1), 1, IDS[1].sign(TP.status(1), body)) is None
+
+
+def test_a_plans_launcher_signs_a_fresh_instance_the_nodes_check(tmp_path: Path) -> None:
+    run = load_config(None, op="max", n=4, graph="ring")
+    plan = build_plan(PlanSpec(run=run, run_id="r1", seed=7))
+    write_plan(plan, tmp_path / "plan")
+    table = tomllib.loads((tmp_path / "plan" / "run.toml").read_text())["identities"]
+    launcher = Identity.from_pem((tmp_path / "plan" / "secrets" / "launcher.identity.pem").read_bytes())
+    assert table["launcher"] == launcher.public
+    topic = topics("nlagg", "r1").config
+    instance = new_instance()
+    msg = build_config_msg(run, "r1", run_edges(run), KEYS, instance=instance, launcher=launcher.public)
+    signed = launcher.sign(topic, encode(msg))
+    assert instance_error(topic, signed, launcher.public, instance) is None
+    assert "not signed" in str(instance_error(topic, encode(msg), launcher.public, instance))
+    forged = new_identity().sign(topic, encode(msg))
+    assert "does not verify" in str(instance_error(topic, forged, launcher.public, instance))
+    assert "no run instance" in str(instance_error(topic, signed, launcher.public, None))
+
+
+def test_a_checkpoint_of_another_start_is_discarded(tmp_path: Path) -> None:
+    first, second = new_instance(), new_instance()
+    store = CheckpointStore(tmp_path, "r1", 0)
+    store.save_instance(first)
+    store.path.write_text('{"stage": "x"}')
+    assert store.saved_instance(unfinished=True) == first
+    store.save_instance(second)  # a new start: the earlier start's checkpoint goes
+    assert not store.path.exists()
+    assert store.saved_instance() is None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from adversary.transcript import EpochStore, Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.private import write_private
 from nlagg_node.runtime.checkpoint import CheckpointStore
@@ -69,3 +70,13 @@ def test_write_private_creates_every_missing_folder_0700(tmp_path: Path) -> None
     path = write_private(tmp_path / "a" / "b" / "key", b"\x00\x01")
     assert path.read_bytes() == b"\x00\x01"
     assert [mode(p) for p in (tmp_path / "a", tmp_path / "a" / "b", path)] == [0o700, 0o700, 0o600]
+
+
+def test_a_transcript_and_an_epoch_store_are_0600(tmp_path: Path) -> None:
+    with Transcript(tmp_path / "transcript.sqlite", run_id=RUN, prefix="nlagg"):
+        pass
+    assert mode(tmp_path / "transcript.sqlite") == 0o600
+    with EpochStore(tmp_path / "store", prefix="nlagg", run_id=RUN):
+        pass
+    assert mode(tmp_path / "store") == 0o700
+    assert all(mode(p) == 0o600 for p in (tmp_path / "store").iterdir())

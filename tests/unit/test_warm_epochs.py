@@ -265,10 +265,17 @@ def test_an_epoch_no_node_finished_is_bridged_warm_from_the_one_before() -> None
 
 @pytest.mark.parametrize(
     ("published", "output"),
-    [([], None), ([3.0], 3.0), ([3.0, 3.0 + 1e-12, 3.0], 3.0), ([3.0, 99.0, 3.0 - 1e-12], 3.0)],
-    ids=["none", "one", "within-tolerance", "one-false-record"],
+    [
+        ([], None),
+        ([3.0], None),  # one record: it could be a forger's (issue 43, break 6), cold
+        ([3.0, -99.0], None),  # two: the lower middle would be the forger's, cold
+        ([3.0, 3.0 + 1e-12, 3.0], 3.0),
+        ([3.0, 99.0, 3.0 - 1e-12], 3.0),
+        ([3.0, -99.0, 3.0 + 1e-12], 3.0),
+    ],
+    ids=["none", "one", "two", "within-tolerance", "one-false-record-above", "one-false-record-below"],
 )
-def test_the_published_output_is_the_median_of_the_records(
+def test_the_published_output_is_the_median_of_a_quorum_of_records(
     published: list[float], output: float | None
 ) -> None:
-    assert published_output(published) == output
+    assert published_output(published, n=6) == output

@@ -13,7 +13,9 @@ rebinding). On any other address every request needs the token printed at start,
 Bearer``. The page's Content-Security-Policy allows only its own origin: nothing is fetched from
 a CDN, and nothing on the page can reach elsewhere. A refused request's connection is closed
 after the answer, and connections without a request under way are bounded per source, in all
-and in time (:mod:`.gate`), so an outsider's idle sockets cannot exhaust the descriptors.
+and in time (:mod:`.gate`), so an outsider's idle sockets cannot exhaust the descriptors; complete
+``/api/events`` streams are capped at :data:`MAX_EVENT_STREAMS` at once (more: 503 with
+``Retry-After``), as 1100 of them exhausted a loopback dashboard's descriptors (issue 43).
 """
 
 from __future__ import annotations
@@ -48,7 +50,15 @@ from ...transcript.reader import settle_file
 from .epochs import DashboardView, open_state
 from .gate import ConnectionGate, GateLimits, gated_app, gated_protocol
 
-__all__ = ["Dashboard", "build_app", "is_loopback", "parse_listen", "serve_beside", "serve_dashboard"]
+__all__ = [
+    "MAX_EVENT_STREAMS",
+    "Dashboard",
+    "build_app",
+    "is_loopback",
+    "parse_listen",
+    "serve_beside",
+    "serve_dashboard",
+]
 
 T = TypeVar("T")
 
@@ -60,6 +70,9 @@ CSP = (
     "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
 KEEPALIVE_S = 15.0
+# Event streams served at once: each holds a socket and a task for as long as its page is open, so
+# an outsider's 1100 complete requests exhausted the descriptors; past the cap, a 503.
+MAX_EVENT_STREAMS = 64
 BACKLOG = 128  # also what one turn of the event loop accepts at most, before the gate closes any
 
 
@@ -189,12 +202,31 @@ class _Hub:
             self.changed.notify_all()
 
 
+class _EventStream(StreamingResponse):
+    """An ``/api/events`` stream that gives its slot back however it ends (finished, the client gone,
+    cancelled before its first byte)."""
+
+    def __init__(self, parts: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(parts, media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
 def _sse(event: str, doc: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(doc, separators=(',', ':'), allow_nan=False)}\n\n"
 
 
-def build_app(state: DashboardView, hub: _Hub, token: str | None) -> ASGIApp:
-    """The Starlette application (read-only routes), wrapped in the access guard."""
+def build_app(
+    state: DashboardView, hub: _Hub, token: str | None, max_streams: int = MAX_EVENT_STREAMS
+) -> ASGIApp:
+    """The Starlette application (read-only routes), wrapped in the access guard; at most
+    ``max_streams`` ``/api/events`` streams at once (more: 503 with ``Retry-After``)."""
+    streams = 0
 
     async def index(_request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html")
@@ -210,7 +242,17 @@ def build_app(state: DashboardView, hub: _Hub, token: str | None) -> ASGIApp:
         return JSONResponse(await asyncio.to_thread(state.nodes_at, t))
 
     async def events(request: Request) -> Response:
-        async def stream() -> AsyncIterator[str]:
+        nonlocal streams
+        if streams >= max_streams:
+            why = f"{max_streams} event streams are open, the most this dashboard serves; retry later"
+            return _refuse(why, 503, {"Retry-After": str(int(KEEPALIVE_S))})
+        streams += 1
+
+        def release() -> None:
+            nonlocal streams
+            streams -= 1
+
+        async def updates() -> AsyncIterator[str]:
             doc = await asyncio.to_thread(state.snapshot)
             yield _sse("snapshot", doc)
             have_graph, epoch = "config" in doc, doc.get("epoch")
@@ -232,9 +274,7 @@ def build_app(state: DashboardView, hub: _Hub, token: str | None) -> ASGIApp:
                 yield _sse("snapshot", doc)
                 have_graph, epoch = "config" in doc, doc.get("epoch")
 
-        return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"}
-        )
+        return _EventStream(updates(), release)
 
     app = Starlette(
         routes=[
