@@ -159,7 +159,7 @@ def test_the_attack_sizes_its_arrays_by_what_the_transcript_holds(tmp_path: Path
     from nlagg_node.runtime.node import build_config_msg, run_edges
     from nlagg_node.runtime.wire import XMsg, encode, topics
 
-    cfg = RunConfig(op="max", n=10_000, graph="ring", trials=1, early_stop=False)
+    cfg = RunConfig(op="max", n=10_000, graph="ring", trials=1, early_stop=False, t_max=7000)
     tp = topics("nlagg", "big")
     path = tmp_path / "t.sqlite"
     with Transcript(path, run_id="big") as tr:

@@ -150,7 +150,7 @@ def test_an_eavesdropper_that_never_connects_leaves_no_transcript(
     args = ["eavesdrop", "--broker", dead, "--run-id", "r1", "--timeout", "0.5", "--no-live"]
     code, _, err = run_cli([*args, "--transcript", str(tmp_path / name), *extra], capsys, monkeypatch)
     assert code == 1
-    assert "no connection to broker" in _one_error_line(err)
+    assert "cannot connect to broker" in _one_error_line(err)
     assert list(tmp_path.iterdir()) == []
 
 
