@@ -57,7 +57,7 @@ def test_tune_on_the_scheduler_equals_the_local_run(tmp_path: Path, scheduler: s
     remote = runner.invoke(app, [*args, "--out", str(tmp_path / "dask.toml"), "--scheduler", scheduler])
     assert local.exit_code == 0, local.output
     assert remote.exit_code == 0, remote.output
-    a, b = json.loads(local.output), json.loads(remote.output)
+    a, b = json.loads(local.stdout), json.loads(remote.stdout)  # stderr says what it is doing
     assert [_numbers(e) for e in a["evaluated"]] == [_numbers(e) for e in b["evaluated"]]
     assert (tmp_path / "local.toml").read_text() == (tmp_path / "dask.toml").read_text()
 
