@@ -161,13 +161,17 @@ def _eavesdropper(
     return argv, [*files, "run.toml", "graph.json"], store_ready_check(db), db
 
 
+def _launcher_key(plan: LoadedPlan) -> str | None:
+    """The launcher's signing key in the plan (it signs each start's instance), None without one."""
+    key = identity_file(LAUNCHER_USER)
+    return key if (plan.root / key).is_file() else None
+
+
 def _launcher(plan: LoadedPlan, url: str, tls: dict[str, str]) -> tuple[list[str], list[str]]:
-    """The launcher's command and the plan files it mounts (its key signs each start's instance)."""
-    files = [f"secrets/{LAUNCHER_USER}.pw", *tls.values()]
-    argv = launcher_argv(url) + tls_args(**tls)
-    if (plan.root / identity_file(LAUNCHER_USER)).is_file():
-        files.append(identity_file(LAUNCHER_USER))
-        argv += ["--signing-key", identity_file(LAUNCHER_USER)]
+    """The launcher's command and the plan files it mounts."""
+    key = _launcher_key(plan)
+    files = [f"secrets/{LAUNCHER_USER}.pw", *tls.values(), *([key] if key else [])]
+    argv = launcher_argv(url) + tls_args(**tls) + (["--signing-key", key] if key else [])
     return argv, files
 
 
@@ -296,6 +300,8 @@ def _hand_to_container(plan: LoadedPlan) -> tuple[int, int]:
         return os.getuid(), os.getgid()
     files = {"run.toml", "graph.json", f"secrets/{EAVESDROPPER_USER}.pw", f"secrets/{LAUNCHER_USER}.pw"}
     files.update(client_tls(plan, EAVESDROPPER_USER).values(), client_tls(plan, LAUNCHER_USER).values())
+    if (key := _launcher_key(plan)) is not None:
+        files.add(key)
     for node in plan.nodes:
         files.update(node_mounts(node))
     for rel in sorted(files):

@@ -97,6 +97,18 @@ def test_deploy_compose_writes_a_fresh_gitignored_project(
     env = dict(line.split("=", 1) for line in (a / ".env").read_text().splitlines() if "=" in line)
     owner = (a / "plan/secrets/node0.pw").stat()
     assert (int(env["NLAGG_UID"]), int(env["NLAGG_GID"])) == (owner.st_uid, owner.st_gid)
+    # Every plan file an nlagg service mounts is readable by the user it runs as (the launcher's
+    # signing key included: without it the config is never published and no node starts).
+    services = _services((a / "docker-compose.yml").read_text())
+    mounted = {
+        m.split(":")[0].removeprefix("./")
+        for name, service in services.items()
+        if name != "broker"
+        for m in _mounts(service)
+        if m.startswith("./plan/")
+    }
+    assert "plan/secrets/launcher.identity.pem" in mounted
+    assert {f: (a / f).stat().st_uid for f in mounted} == dict.fromkeys(mounted, owner.st_uid)
     code, text = run_cli([*args, "--out", str(a)], capsys, monkeypatch)
     assert code == 2
     assert "--force" in text
