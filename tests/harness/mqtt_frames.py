@@ -28,6 +28,7 @@ __all__ = [
     "encode_frame",
     "puback_frame",
     "publish_frame",
+    "remaining_length",
 ]
 
 CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, PINGREQ, DISCONNECT = 1, 2, 3, 4, 8, 12, 14
@@ -43,14 +44,19 @@ class Publish(NamedTuple):
     packet_id: int
 
 
-def encode_frame(first_byte: int, body: bytes) -> bytes:
-    """A whole control packet: first byte, remaining length (1 to 4 digits), body."""
-    n, digits = len(body), bytearray()
+def remaining_length(n: int) -> bytes:
+    """MQTT's variable-length encoding (1 to 4 digits) of a packet's remaining length ``n``."""
+    digits = bytearray()
     while True:
         digit, n = n & 0x7F, n >> 7
         digits.append(digit | 0x80 if n else digit)
         if not n:
-            return bytes((first_byte,)) + bytes(digits) + body
+            return bytes(digits)
+
+
+def encode_frame(first_byte: int, body: bytes) -> bytes:
+    """A whole control packet: first byte, remaining length, body."""
+    return bytes((first_byte,)) + remaining_length(len(body)) + body
 
 
 def _string(value: str) -> bytes:

@@ -24,6 +24,7 @@ from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
 from nlagg_node.deploy.mosquitto_auth import DEFAULT_MAX_CONNECTIONS
 from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
 from tests.harness.epochsoak import rss_kib
+from tests.harness.mqtt_frames import remaining_length
 from tests.harness.planbed import PlanBed
 
 pytestmark = pytest.mark.mosquitto
@@ -31,16 +32,6 @@ pytestmark = pytest.mark.mosquitto
 IDLE_SOCKETS = 1100
 OVERSIZED = 4
 FILE_LIMIT = 4096  # what the test raises its own (and so the broker's) soft descriptor limit to
-
-
-def _remaining_length(n: int) -> bytes:
-    """MQTT's variable-length encoding of a packet's remaining length."""
-    out = bytearray()
-    while True:
-        n, digit = divmod(n, 128)
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _rss_kib(pid: int) -> int:
@@ -116,7 +107,7 @@ def test_outsiders_before_login_lock_nobody_out(broker: tuple[BrokerHandle, str]
     handle, password = broker
     assert handle.pid is not None
     rss_before = _rss_kib(handle.pid)
-    header = b"\x10" + _remaining_length(256 << 20) + b"\x00\x04MQTT\x04\xc2\x00\x3c"
+    header = b"\x10" + remaining_length(256 << 20) + b"\x00\x04MQTT\x04\xc2\x00\x3c"
     argv = [str(a) for a in (handle.host, handle.port, IDLE_SOCKETS, OVERSIZED, header.hex())]
     with subprocess.Popen(
         [sys.executable, "-c", OUTSIDER, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -160,7 +151,7 @@ async def test_unfinished_connects_cost_a_plans_broker_almost_nothing(tmp_path: 
         assert broker.pid is not None
         rss_before = _rss_kib(broker.pid)
         announce = 1 << 20  # within the protocol's packet cap, far above the plan's
-        header = b"\x10" + _remaining_length(announce) + b"\x00\x04MQTT\x04\xc2\x00\x3c"
+        header = b"\x10" + remaining_length(announce) + b"\x00\x04MQTT\x04\xc2\x00\x3c"
         argv = [broker.host, broker.port, UNFINISHED, announce, header.hex()]
         outsider = await asyncio.create_subprocess_exec(
             sys.executable,
