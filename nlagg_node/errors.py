@@ -26,11 +26,11 @@ __all__ = [
     "ConfigError",
     "ConfigMismatchError",
     "DepartedError",
-    "EpochStopped",
     "EquivocationError",
     "NeighbourTimeoutError",
     "NlaggError",
     "SealError",
+    "StopRequested",
     "StoppedBySignal",
     "TestbedError",
     "WireError",
@@ -136,8 +136,9 @@ class DepartedError(NlaggError):
     """This node came back after its neighbours had counted it as departed: refused for the run."""
 
 
-class EpochStopped(NlaggError):  # noqa: N818 - a reason to stop, not a fault
-    """A continuous node was told to stop (a SIGTERM) while it waited for an epoch's start."""
+class StopRequested(NlaggError):  # noqa: N818 - a reason to stop, not a fault
+    """A node was told to stop (a SIGTERM) where it has nothing to leave cleanly: while it waited for
+    an epoch's start, or before it published its first x (it is stopped outright)."""
 
 
 class EquivocationError(NlaggError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoppedBySignal, StopRequested
 from ..inputs import read_input_text
 from ..lifetime import run_stoppable
 from ..options import NodeOptions
@@ -261,9 +261,13 @@ async def run_node(start: NodeStart) -> NodeReport:
                 f"(stage {nd.resumed.stage}, t = {nd.resumed.t})",
                 flush=True,
             )
+        stop = asyncio.Event()  # SIGTERM: leave before the next x, or stop before the first
         with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals off the main thread
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, nd.leave)
-        r = await nd.run()
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        try:
+            r = await nd.run(stop)
+        except StopRequested:
+            raise StoppedBySignal(signal.SIGTERM) from None
         if r.left_at is not None and o.leave_by == "kill":
             print(json.dumps({"node": r.node, "left_at": r.left_at}), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)  # inside the connection: the broker sends the will

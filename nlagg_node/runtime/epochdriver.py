@@ -60,7 +60,7 @@ from ..epochplan import (
     used_values,
     warms_at,
 )
-from ..errors import ConfigError, DepartedError, EpochStopped, NeighbourTimeoutError, NlaggError
+from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError, StopRequested
 from ..protocol.identity import Verifier
 from ..warm import WarmStart
 from .loop import run_members
@@ -257,16 +257,13 @@ async def run_epoch(
     router = Router([member], undecodable, member.reject)
     async with transport:
         await transport.subscribe(*router.subscriptions())
-        leaving = asyncio.ensure_future(_leave_on(stop, member))
         try:
-            (result,) = await run_members([member], router, transport)
+            (result,) = await run_members([member], router, transport, stop)
         except DepartedError:
             # Counted as departed by a neighbour (it came too late): the others must not wait for us.
             gone = StatusMsg(node=node_id, state="offline", run=member.topics.named)
             await transport.publish(member.topics.status(node_id), encode(gone), qos=1, retain=True)
             raise
-        finally:
-            leaving.cancel()
         if result.left_at is not None:
             return result, None, member.absent
         out = record(result)
@@ -276,12 +273,6 @@ async def run_epoch(
         payload = sign_record(out, topic, options.get("identity") if member.verifier is not None else None)
         await transport.publish(topic, payload, qos=1, retain=True)
     return result, out, member.absent
-
-
-async def _leave_on(stop: asyncio.Event | None, member: Member) -> None:
-    if stop is not None:
-        await stop.wait()
-        member.leave()
 
 
 async def _sleep_until(when: float, stop: asyncio.Event | None) -> bool:
@@ -298,7 +289,7 @@ async def _sleep_until(when: float, stop: asyncio.Event | None) -> bool:
 
 
 async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event | None) -> _T:
-    """Await ``work``, or cancel it and raise :class:`EpochStopped` once ``stop`` is set (a SIGTERM)."""
+    """Await ``work``, or cancel it and raise :class:`StopRequested` once ``stop`` is set (a SIGTERM)."""
     task = asyncio.ensure_future(work)
     if stop is None:
         return await task
@@ -311,7 +302,7 @@ async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event | None) -> _T
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        raise EpochStopped
+        raise StopRequested
     return task.result()
 
 
@@ -374,7 +365,7 @@ class _Epoch:
                 "node %d: epoch %d starts in %.2f s", self.node_id, k, self.clock.start(k) - time.time()
             )
             if await _sleep_until(self.clock.start(k), self.stop):
-                raise EpochStopped
+                raise StopRequested
         return await run_epoch(
             start.cfg,
             self.node_id,
@@ -482,7 +473,7 @@ async def run_epochs(
         try:
             # Read the sensor and prepare the connection just before the start, then connect at it.
             outcome = await _one_epoch(ep, await value_for(k), held, drift)
-        except EpochStopped:
+        except StopRequested:
             return
         except (NlaggError, OSError) as exc:
             log.warning("node %d: epoch %d: %s", node_id, k, exc)

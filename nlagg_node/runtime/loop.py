@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..departure import departure_refusal
-from ..errors import NlaggError
+from ..errors import NlaggError, StopRequested
 from ..init import draw_z0, perturb_value
 from ..protocol import NO_HALT, halt_span, output_error
 from ..protocol.machine import PhaseNode, StopRule
@@ -70,8 +70,15 @@ async def gather_first_error(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
     return [t.result() for t in tasks]
 
 
-async def run_members(members: list[Member], router: Router, transport: Transport) -> list[NodeResult]:
-    """Read ``transport`` through ``router`` while the members run every phase; their results in order."""
+async def run_members(
+    members: list[Member], router: Router, transport: Transport, stop: asyncio.Event | None = None
+) -> list[NodeResult]:
+    """Read ``transport`` through ``router`` while the members run every phase; their results in order.
+
+    ``stop`` set (a SIGTERM to a lone node): the member leaves before its next x (:meth:`Member.leave`);
+    one that has published no x yet has nothing to leave, and the run ends with
+    :class:`~nlagg_node.errors.StopRequested` at once, whatever it was waiting for.
+    """
     if any(m.store is not None for m in members):
         loops = [PdmmLoop([m]) for m in members]  # resume is per node
     else:
@@ -88,17 +95,26 @@ async def run_members(members: list[Member], router: Router, transport: Transpor
     try:
         async with asyncio.TaskGroup() as tg:
             reader = tg.create_task(router.read(transport))
+            leaving = None if stop is None else tg.create_task(_leave_on(stop, members))
             try:
                 done = await gather_first_error([lp.run() for lp in loops])
                 await gather_first_error([m.outbox.settle() for m in members])
             finally:
                 reader.cancel()
+                if leaving is not None:
+                    leaving.cancel()
                 for m in members:
                     m.close()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
     results = {r.node: r for rs in done for r in rs}
     return [results[m.id] for m in members]
+
+
+async def _leave_on(stop: asyncio.Event, members: list[Member]) -> None:
+    await stop.wait()
+    if not all([m.leave() for m in members]):
+        raise StopRequested("told to stop before the first x: nothing to leave")
 
 
 def still_here(slots: list[int], values: list[T]) -> list[T]:

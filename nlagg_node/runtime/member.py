@@ -451,10 +451,17 @@ class Member:
             departed=dict(self.departed),
         )
 
-    def leave(self) -> None:
-        """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output."""
+    def leave(self) -> bool:
+        """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output.
+
+        False, and nothing changes, while this node has published no x: it has nothing to leave
+        (announcing, or in its first z^(0) exchange) and its runtime stops it outright.
+        """
+        if not self.outbox.sent_x:
+            return False
         if self.leave_at is None:
             self.leave_at = 0
+        return True
 
     def left(self, t: int) -> NodeResult:
         """This node has left the run cleanly at t: no output."""

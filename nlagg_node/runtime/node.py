@@ -17,6 +17,7 @@ reproduces ``simulate(cfg, trials=1)`` bit for bit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from types import TracebackType
 from typing import Generic, Self, TypeVar, Unpack, cast
@@ -110,9 +111,10 @@ class Node:
     resumed = _OfMember[Checkpoint | None]("resumed")
     store = _OfMember[CheckpointStore | None]("store")
 
-    def leave(self) -> None:
-        """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output."""
-        self.member.leave()
+    def leave(self) -> bool:
+        """Leave the run cleanly before the next x (a SIGTERM): publish ``leaving``, no output;
+        False before the node's first x, when there is nothing to leave (:meth:`Member.leave`)."""
+        return self.member.leave()
 
     def left(self, t: int) -> NodeResult:
         """This node has left the run cleanly at t: no output."""
@@ -140,9 +142,13 @@ class Node:
         if self.own_transport:
             await self.transport.__aexit__(exc_type, exc, tb)
 
-    async def run(self) -> NodeResult:
-        """Announce, wait for the neighbours, run every phase, publish ``done``; return the result."""
+    async def run(self, stop: asyncio.Event | None = None) -> NodeResult:
+        """Announce, wait for the neighbours, run every phase, publish ``done``; return the result.
+
+        ``stop`` set (a SIGTERM): the node leaves before its next x, or raises
+        :class:`~nlagg_node.errors.StopRequested` before its first one (:func:`run_members`).
+        """
         if not self.own_transport:
             raise NlaggError(f"node {self.id}: a node without its own transport is run by host_nodes")
-        (result,) = await run_members([self.member], self.router, self.transport)
+        (result,) = await run_members([self.member], self.router, self.transport, stop)
         return result

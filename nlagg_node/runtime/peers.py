@@ -103,6 +103,11 @@ class Outbox:
         self.history.append((self.x_topic, payload))
         self.transport.publish_nowait(self.x_topic, payload, qos=1)
 
+    @property
+    def sent_x(self) -> bool:
+        """Whether an x has been published (or restored from a checkpoint for a republish)."""
+        return bool(self.x)
+
     def send_adv(self, payload: bytes) -> None:
         self.adv = payload
         self.history.append((self.adv_topic, payload))

@@ -13,7 +13,7 @@ from adversary.attack import attack_transcript
 from nlagg_node.cli import main
 from nlagg_node.config import RunConfig
 from nlagg_node.departure import components, kept_edges, parse_departures
-from nlagg_node.errors import ConfigError, DepartedError
+from nlagg_node.errors import ConfigError, DepartedError, StopRequested
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
 from nlagg_node.runtime.wire import topics
@@ -251,6 +251,26 @@ async def test_a_node_told_to_leave_mid_run_says_leaving_and_the_rest_match_the_
     here = [r for r in results if r.node != 3]
     assert np.array_equal(np.array([r.x for r in here]).T, sim.recorded_x[:, 0, [r.node for r in here]])
     assert all(r.departed.get(3) == t_left for r in here if 3 in neighbours_of(edges, r.node))
+
+
+async def test_a_node_told_to_leave_before_its_first_x_stops_at_once() -> None:
+    """A SIGTERM while the node waits for neighbours that never come online (their launcher was
+    killed): it has published no x, so there is nothing to leave; it stops at once with
+    StopRequested instead of waiting out its startup timeout."""
+    cfg = RunConfig(early_stop=False, op="max", n=4, trials=1, t_max=50, seed=5)
+    edges = run_edges(cfg)
+    node = Node(cfg, 0, 1.0, MemoryTransport(MemoryBroker(), "node-0"), run_id=RUN, edges=edges,
+                startup_timeout=600.0)  # fmt: skip
+    assert node.leave() is False  # nothing published yet: nothing to leave
+    stop = asyncio.Event()
+    async with node:
+        running = asyncio.ensure_future(node.run(stop))
+        await asyncio.sleep(0.05)  # announcing, waiting for its neighbours
+        assert not running.done()
+        stop.set()
+        async with asyncio.timeout(5):
+            with pytest.raises(StopRequested, match="nothing to leave"):
+                await running
 
 
 def neighbours_of(edges: np.ndarray, i: int) -> set[int]:
