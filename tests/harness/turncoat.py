@@ -16,12 +16,15 @@ The node itself goes on with its honest state: only what it tells the others is 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["ENTRY", "ENV", "Forge", "main"]
+from nlagg_node.config import RunConfig
+
+__all__ = ["ENTRY", "ENV", "Forge", "bounded_influence", "main"]
 
 ENV = "NLAGG_TURNCOAT"
 """The environment variable holding the forge (JSON of :class:`Forge`)."""
@@ -80,6 +83,36 @@ class Forge:
     @classmethod
     def from_environment(cls) -> Forge:
         return replace(cls(0, -1), **json.loads(os.environ[ENV]))
+
+
+def bounded_influence(cfg: RunConfig, honest: Sequence[float]) -> tuple[float, float]:
+    """The outputs (user units) one node may cause by claiming any value a node of the run ``cfg``
+    may hold (:func:`~nlagg_node.protocol.value_bounds`) beside the ``honest`` values: the ideal
+    world with one lying participant. Max, min and the median are monotone in the claim, so the
+    interval runs from the claim at the bottom to the claim at the top (the median of an even count
+    anywhere between its middle pair, as PDMM's median does)."""
+    from nlagg_node.protocol import value_bounds
+    from nlagg_node.valuemap import scale_for
+
+    bounds = value_bounds(cfg.resolved())
+    scale = scale_for(cfg)
+    claims = (
+        (-math.inf, math.inf)
+        if bounds is None
+        else (scale.user_float(bounds.lo), scale.user_float(bounds.hi))
+    )
+    ends: list[float] = []
+    for claim in claims:
+        values = sorted([*honest, claim])
+        if cfg.op == "max":
+            ends += [values[-1]]
+        elif cfg.op == "min":
+            ends += [values[0]]
+        elif cfg.op == "median":
+            ends += [values[(len(values) - 1) // 2], values[len(values) // 2]]
+        else:
+            raise ValueError(f"op={cfg.op!r}: no bounded-influence interval here")
+    return min(ends), max(ends)
 
 
 def install(forge: Forge) -> None:

@@ -27,7 +27,6 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ from nlagg_node.runtime.wire import topics
 from tests.harness.hostile import Intruder
 from tests.harness.mqtt_frames import publish_frame
 from tests.harness.planbed import PlanBed
-from tests.harness.turncoat import Forge
+from tests.harness.turncoat import Forge, bounded_influence
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
@@ -54,19 +53,10 @@ START = 2.99  # max's from-above start without a range at n = 6 (mu_z / c = 3, l
 LATE = 10**6  # the forge's last iteration: every x from its first on
 
 
-Bounded = Callable[[Sequence[float]], tuple[float, float]]  # honest values -> the outputs node 0 may cause
-
-
-def max_bound(top: float) -> Bounded:
-    """Max: node 0 may claim any value up to ``top``, so the output lies in [honest max, top]."""
-    return lambda honest: (max(honest), top)
-
-
 CASES = [
     pytest.param(
         {"op": "median", "seed": 1},
         Forge(10, 15, stop=15),
-        lambda honest: (88.0, 92.0),  # the middle pair of the five honest values and any sixth one
         "stop=15 from node 0 with its x^(",
         True,
         id="break1-forged-stop-median",
@@ -74,7 +64,6 @@ CASES = [
     pytest.param(
         {"op": "max", "seed": 4, "values_file": None},
         Forge(20, LATE, cand=1e6),
-        max_bound(START),
         f"cand of x_0^(20)=1000000.0: not below the from-above start {START}",
         False,
         id="break3-cand-1e6-without-range",
@@ -82,7 +71,6 @@ CASES = [
     pytest.param(
         {"op": "max", "seed": 4, "value_range": (0.0, 100.0)},
         Forge(20, LATE, cand=1.5),  # protocol scale: 150 in the values' units
-        max_bound(100.0),
         "cand of x_0^(20)=1.5: outside [0, 1]",
         False,
         id="break3-cand-outside-range",
@@ -90,9 +78,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("kw", "forge", "bounded", "refusal", "completes"), CASES)
+@pytest.mark.parametrize(("kw", "forge", "refusal", "completes"), CASES)
 async def test_an_insider_with_node_0s_bundle_moves_no_output_beyond_bounded_influence(
-    tmp_path: Path, kw: dict[str, Any], forge: Forge, bounded: Bounded, refusal: str, completes: bool
+    tmp_path: Path, kw: dict[str, Any], forge: Forge, refusal: str, completes: bool
 ) -> None:
     values = tmp_path / "values.txt"
     values.write_text(VALUES)
@@ -100,8 +88,9 @@ async def test_an_insider_with_node_0s_bundle_moves_no_output_beyond_bounded_inf
     async with PlanBed(cfg, tmp_path, run_id="insider-bundle") as bed:
         await bed.start_nodes(extra=["--neighbour-timeout", "20"], turncoat=(0, forge))
         outcomes = await bed.outcomes()
-    honest = [v for i, v in bed.plan.values.items() if i != 0]
-    lo, hi = bounded(honest)
+    # Median: the middle pair of the five honest values and any sixth one, [88, 92]; max: from the
+    # honest max to the top of what a node may hold (the range's, or the start without one).
+    lo, hi = bounded_influence(bed.cfg, [v for i, v in bed.plan.values.items() if i != 0])
     slack = 1e-6 * (hi - lo)
     beyond = {
         i: result["output"]
