@@ -22,7 +22,9 @@ with the initialization's z^(0) distribution (:mod:`nlagg_node.init`) bound ever
 
 A forged x outside the envelope is refused by the protocol's acceptance rule
 (:func:`nlagg_node.protocol.x_value_error`); an output outside the values' range fails the node's
-run naming the neighbours whose duals pulled it there (:func:`output_error`).
+run naming the neighbours whose duals pulled it there (:func:`output_error`). The certified stop's
+candidates are node values, bounded where every value is (:func:`value_bounds`: the range, or
+without one the protected side of a one-sided start), with or without an envelope.
 """
 
 from __future__ import annotations
@@ -117,10 +119,10 @@ def value_bounds(cfg: RunConfig) -> ValueBounds | None:
     from ..valuechecks import one_sided_starts
 
     starts = one_sided_starts(cfg)
-    above = [start for kind, start in starts if kind == "from-above"]
-    below = [start for kind, start in starts if kind == "from-below"]
     if not starts:
         return None
+    above = [start for kind, start in starts if kind == "from-above"]
+    below = [start for kind, start in starts if kind == "from-below"]
     lo = math.nextafter(max(below), math.inf) if below else -math.inf
     hi = math.nextafter(min(above), -math.inf) if above else math.inf
     sides = ([f"below the from-above start {min(above):.6g}"] if above else []) + (
