@@ -189,8 +189,7 @@ class RunRules:
     def _x(self, msg: XMsg | XWire) -> str | None:
         i, t = msg.node, msg.t
         why = x_form_error(self.shape, i, t, msg.phase, msg.quiet, msg.stop, msg.departures, msg.cand)
-        if why is None and self.shape.envelope is not None:
-            why = x_value_error(self.shape, i, t, msg.x, msg.cand)
+        why = why or x_value_error(self.shape, i, t, msg.x, msg.cand)
         if why is not None:
             return why
         halt = self._halt(i, t)

@@ -33,8 +33,10 @@ if TYPE_CHECKING:
     from .accept import x_form_error as x_form_error
     from .accept import x_value_error as x_value_error
     from .accept import z0_error as z0_error
+    from .envelope import ValueBounds as ValueBounds
     from .envelope import XEnvelope as XEnvelope
     from .envelope import output_error as output_error
+    from .envelope import value_bounds as value_bounds
     from .envelope import x_envelope as x_envelope
     from .equivocation import EquivocationError as EquivocationError
     from .equivocation import equivocation_error as equivocation_error

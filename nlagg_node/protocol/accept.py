@@ -9,7 +9,8 @@ An x ``x_j^(t)`` passes three checks, in order:
    iteration, the early-stop fields exactly where the run stops early, departures only where its
    nodes may depart, a candidate (``cand``) only where it stops on the certificate; and its
    *value* (:func:`x_value_error`): with a declared value range, inside the envelope every honest
-   x lies in (:mod:`.envelope`), its candidate inside the values' range;
+   x lies in (:mod:`.envelope`); its candidate where the run's values lie (the declared range, or
+   without one the protected side of a one-sided start);
 2. its *sender* and *window* (:func:`admit`): refused once the sender has departed (``gone``: from
    its departure iteration on), after the sender ended the phase (``stopped``: an x whose fields
    say it halts is the sender's last of the phase, :func:`halt_span`), and ahead of the receiver's
@@ -223,11 +224,14 @@ def x_form_error(
 def x_value_error(shape: RunShape, node: int, t: int, x: float, cand: float | None = None) -> str | None:
     """Why the value of x_node^(t) (passed by :func:`x_form_error`) is no honest x: outside the
     envelope the run's declared value range and initialization allow (:mod:`.envelope`), or with a
-    certified stop's candidate ``cand`` outside the values' range (a candidate is a node's value)."""
+    certified stop's candidate ``cand`` where no value of the run lies (a candidate is a node's value:
+    inside the declared range; without one, on the protected side of a one-sided start,
+    :func:`~.envelope.value_bounds`)."""
     envelope = shape.envelope
-    if envelope is None:
-        return None
-    return envelope.error(node, t, x) or (None if cand is None else envelope.value_error(node, t, cand))
+    why = None if envelope is None else envelope.error(node, t, x)
+    if why is None and cand is not None and (bounds := shape.value_bounds) is not None:
+        why = bounds.cand_error(node, t, cand)
+    return why
 
 
 def z0_error(shape: RunShape, sender: int, to: int, group: str, sealed: bool) -> str | None:

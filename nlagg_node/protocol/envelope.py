@@ -22,7 +22,9 @@ with the initialization's z^(0) distribution (:mod:`nlagg_node.init`) bound ever
 
 A forged x outside the envelope is refused by the protocol's acceptance rule
 (:func:`nlagg_node.protocol.x_value_error`); an output outside the values' range fails the node's
-run naming the neighbours whose duals pulled it there (:func:`output_error`).
+run naming the neighbours whose duals pulled it there (:func:`output_error`). The certified stop's
+candidates are node values, bounded where every value is (:func:`value_bounds`: the range, or
+without one the protected side of a one-sided start), with or without an envelope.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ..departure import departure_refusal
 from ..schedule import Phase, Schedule, phase_c, value_noise
 from ..valuemap import ValueScale
 
-__all__ = ["FAILURE", "XEnvelope", "output_error", "x_envelope"]
+__all__ = ["FAILURE", "ValueBounds", "XEnvelope", "output_error", "value_bounds", "x_envelope"]
 
 FAILURE = 1e-12
 """The probability that one random draw of a run (a dual group's z^(0), the DP baselines' value
@@ -68,16 +70,6 @@ class XEnvelope:
         r = self.radius[self.schedule.phase_of(t)] * self.scale[node]
         return self.s_lo - r, self.s_hi + r
 
-    def value_error(self, node: int, t: int, cand: float) -> str | None:
-        """Why the candidate ``cand`` that ``x_node^(t)`` carries is no value of the run (the certified
-        stop's candidates are node values: inside ``[s_lo, s_hi]``; None: it may be one)."""
-        if self.s_lo <= cand <= self.s_hi:
-            return None
-        return (
-            f"cand of x_{node}^({t})={cand!r}: outside [{self.s_lo:.6g}, {self.s_hi:.6g}], where every"
-            " value of this run lies (value_range; docs/protocol.md, 'Bounded influence')"
-        )
-
     def error(self, node: int, t: int, x: float) -> str | None:
         """Why ``x_node^(t) = x`` is no honest x of the run (None: it may be one)."""
         lo, hi = self.bounds(node, t)
@@ -87,6 +79,57 @@ class XEnvelope:
             f"x_{node}^({t})={x!r}: outside [{lo:.6g}, {hi:.6g}], where every honest x of this run lies"
             " (value_range; docs/protocol.md, 'Bounded influence')"
         )
+
+
+@dataclass(frozen=True)
+class ValueBounds:
+    """Where every value of a run lies, as its public configuration states it (protocol scale): the
+    certified stop's candidates are node values, so one outside is no honest candidate.
+
+    Attributes
+    ----------
+    lo, hi : the bounds, both included (``-inf``/``inf`` where the configuration sets none).
+    where : the refusal's reason: what states the bounds.
+    """
+
+    lo: float
+    hi: float
+    where: str
+
+    def cand_error(self, node: int, t: int, cand: float) -> str | None:
+        """Why the candidate ``cand`` that ``x_node^(t)`` carries is no value of the run (None: it may
+        be one)."""
+        if self.lo <= cand <= self.hi:
+            return None
+        return f"cand of x_{node}^({t})={cand!r}: {self.where} (docs/protocol.md, 'Bounded influence')"
+
+
+def value_bounds(cfg: RunConfig) -> ValueBounds | None:
+    """Where every value of the run ``cfg`` (resolved) lies; None: anywhere (a run without a range whose
+    initialization is not one-sided).
+
+    With a declared range, ``[s_lo, s_hi]`` (:func:`_value_bounds`). Without one, a node refuses a
+    value its one-sided start does not lie beyond (:func:`~nlagg_node.valuechecks.start_problem`):
+    every value lies below a from-above start (max's), above a from-below one (min's)."""
+    if cfg.value_range is not None:
+        lo, hi = _value_bounds(cfg)
+        return ValueBounds(
+            lo, hi, f"outside [{lo:.6g}, {hi:.6g}], where every value of this run lies (value_range)"
+        )
+    from ..valuechecks import one_sided_starts
+
+    starts = one_sided_starts(cfg)
+    if not starts:
+        return None
+    above = [start for kind, start in starts if kind == "from-above"]
+    below = [start for kind, start in starts if kind == "from-below"]
+    lo = math.nextafter(max(below), math.inf) if below else -math.inf
+    hi = math.nextafter(min(above), -math.inf) if above else math.inf
+    sides = ([f"below the from-above start {min(above):.6g}"] if above else []) + (
+        [f"above the from-below start {max(below):.6g}"] if below else []
+    )
+    where = f"not {' and '.join(sides)}, where every value of this run lies (check_start refuses any other)"
+    return ValueBounds(lo, hi, where)
 
 
 def _value_bounds(cfg: RunConfig) -> tuple[float, float]:

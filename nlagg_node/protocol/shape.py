@@ -17,7 +17,7 @@ from ..config import RunConfig
 from ..graphs import IntArray, neighbours
 from ..schedule import Phase, Schedule, plan_phases, sealed_groups_of
 from ..termination import stop_reach
-from .envelope import XEnvelope, x_envelope
+from .envelope import ValueBounds, XEnvelope, value_bounds, x_envelope
 
 __all__ = ["RunShape", "phase_starts"]
 
@@ -125,6 +125,12 @@ class RunShape:
     def envelope(self) -> XEnvelope | None:
         """Where every honest x lies (:mod:`.envelope`); None without a declared value range."""
         return x_envelope(self.cfg, self.phases, self.neighbours)
+
+    @cached_property
+    def value_bounds(self) -> ValueBounds | None:
+        """Where every value, hence every certified stop's candidate, lies (:func:`.envelope.value_bounds`);
+        None: anywhere."""
+        return value_bounds(self.cfg)
 
     @cached_property
     def directed(self) -> frozenset[tuple[int, int]]:

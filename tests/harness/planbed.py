@@ -26,6 +26,8 @@ from nlagg_node.deploy import PlanSpec, build_plan, write_plan
 from nlagg_node.deploy.continuous import Schedule
 from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.schedule import plan_phases
+from tests.harness.turncoat import ENTRY as TURNCOAT
+from tests.harness.turncoat import Forge
 from tests.harness.verdict import Verdict, judge
 
 if TYPE_CHECKING:
@@ -149,14 +151,20 @@ class PlanBed:
         """``argv`` as run in host ``role`` of the bed's ``net`` (unchanged without one)."""
         return argv if self.net is None else self.net.argv(role, argv)
 
-    async def _start(self, argv: list[str], log: str, role: str = "eaves") -> asyncio.subprocess.Process:
+    async def _start(
+        self, argv: list[str], log: str, role: str = "eaves", forge: Forge | None = None
+    ) -> asyncio.subprocess.Process:
+        """``argv`` (an ``nlagg`` line) in ``role``'s host; ``forge``: as a turncoat (its x's lie)."""
         assert argv[0] == "nlagg"
+        entry = ENTRY if forge is None else [sys.executable, *TURNCOAT]
+        env = None if forge is None else os.environ | forge.environment()
         with (self.logs / log).open("wb") as err:
             return await asyncio.create_subprocess_exec(
-                *self._in(role, [*ENTRY, *argv[1:]]),
+                *self._in(role, [*entry, *argv[1:]]),
                 cwd=self.root,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
+                env=env,
             )
 
     async def __aenter__(self) -> Self:
@@ -243,12 +251,20 @@ class PlanBed:
                         break
                     await asyncio.sleep(0.05)
 
-    async def start_nodes(self, skip: frozenset[int] = frozenset()) -> None:
-        """Start every node's commands.txt line but those in ``skip`` (run elsewhere, e.g. on a Pi)."""
+    async def start_nodes(
+        self,
+        skip: frozenset[int] = frozenset(),
+        extra: Sequence[str] = (),
+        turncoat: tuple[int, Forge] | None = None,
+    ) -> None:
+        """Start every node's commands.txt line (with ``extra`` options) but those in ``skip`` (run
+        elsewhere, e.g. on a Pi); ``turncoat``: ``(j, forge)``, node j's line run by an insider
+        holding its whole bundle whose x's carry ``forge``'s fields (:mod:`tests.harness.turncoat`)."""
         for i, argv in enumerate(self._lines("node")):
             if i not in skip:
                 site = f"site{self.plan.site_of[i]}"
-                self.nodes[i] = await self._start([*argv, "--json"], f"node{i}.log", site)
+                forge = turncoat[1] if turncoat is not None and turncoat[0] == i else None
+                self.nodes[i] = await self._start([*argv, *extra, "--json"], f"node{i}.log", site, forge)
 
     async def relaunch(self) -> None:
         """A second start of the plan on the same brokers: the launcher's commands.txt line again

@@ -136,18 +136,45 @@ async def test_a_node_and_the_transcript_refuse_a_forged_x_outside_the_envelope(
         assert tr.add(tp.x(1), real) is not None
 
 
-@pytest.mark.parametrize(("cand", "refused"), [(1.0, False), (0.0, False), (1.5, True), (-0.2, True)])
-def test_a_certified_candidate_outside_the_values_range_is_refused(cand: float, refused: bool) -> None:
-    """A candidate is some node's value: one outside the range (protocol scale [0, 1]) would make
-    every node pass its certificate and output it, so nodes and transcript refuse it alike."""
-    cfg = RunConfig(op="max", n=8, graph="ring", t_max=300, trials=1, value_range=RANGE)
+CANDIDATES = [
+    pytest.param("max", RANGE, 1.0, None, id="range-top"),
+    pytest.param("max", RANGE, 0.0, None, id="range-bottom"),
+    pytest.param("max", RANGE, 1.5, "outside [0, 1]", id="range-above"),
+    pytest.param("max", RANGE, -0.2, "outside [0, 1]", id="range-below"),
+    pytest.param("max", None, 2.98, None, id="no-range-max-below-start"),
+    pytest.param("max", None, 1e6, "not below the from-above start 2.99", id="no-range-max-1e6"),
+    pytest.param("max", None, 2.99, "not below the from-above start 2.99", id="no-range-max-at-start"),
+    pytest.param("min", None, -1e6, "not above the from-below start -2.99", id="no-range-min-minus-1e6"),
+    pytest.param("min", None, 1e6, None, id="no-range-min-high"),
+]
+
+
+@pytest.mark.parametrize(("op", "value_range", "cand", "why"), CANDIDATES)
+def test_a_certified_candidate_where_no_value_lies_is_refused(
+    op: str, value_range: tuple[float, float] | None, cand: float, why: str | None
+) -> None:
+    """A candidate is some node's value: one where no value of the run lies would make every node
+    pass its certificate and output it, so nodes and transcript refuse it alike. With a range
+    (protocol scale [0, 1]) that is outside it; without one, beyond the one-sided start, which a
+    node refuses a value beyond (check_start; issue 43, break 3: a candidate 1e6 became every
+    output)."""
+    cfg = RunConfig(op=op, n=8, graph="ring", t_max=300, trials=1, value_range=value_range)
     rules = RunRules(build_config_msg(cfg, "cert", run_edges(cfg)))
-    msg = XMsg(node=3, t=0, phase="max", x=0.5, quiet=0, cand=cand)
-    why = x_value_error(rules.shape, 3, 0, 0.5, cand)
-    assert rules.reject(msg) == why
-    assert (why is not None) == refused
-    if refused:
-        assert f"cand of x_3^(0)={cand!r}: outside [0, 1]" in str(why)
+    msg = XMsg(node=3, t=0, phase=op, x=0.5, quiet=0, cand=cand)
+    refusal = x_value_error(rules.shape, 3, 0, 0.5, cand)
+    assert rules.reject(msg) == refusal
+    if why is None:
+        assert refusal is None
+    else:
+        assert f"cand of x_3^(0)={cand!r}: {why}" in str(refusal)
+
+
+def test_without_a_range_or_a_one_sided_start_a_candidate_is_any_value() -> None:
+    """Max from a symmetric start without a range: a node's value may be any number, so may a
+    candidate (a forged one is then exactly node 3 claiming it as its own value)."""
+    shape = shape_of(op="max", n=8, graph="ring", init="symmetric")
+    assert shape.value_bounds is None
+    assert x_value_error(shape, 3, 0, 0.5, 1e300) is None
 
 
 def test_the_transcript_rules_and_the_node_rule_are_one() -> None:

@@ -1,0 +1,135 @@
+"""Insider soak: deployed plans whose node 0 is run by an insider holding its whole bundle (issue 43).
+
+Every run is a plan as ``nlagg deploy plan`` writes it (its Mosquitto configuration, ACL, identities,
+launcher; ``tests/harness/planbed.py``), a ring of 6, trial 0 of its own seed; node 0's own process
+publishes its own signed x's with forged early-stop fields (``tests/harness/turncoat.py``), one
+forgery per run, the kinds in turn (:data:`KINDS`), the forged iterations drawn at random:
+
+* ``stop-early``: a stop before the phase's earliest (median);
+* ``stop-plausible``: stops ``t + 3`` proposed while the nodes were still moving (median);
+* ``stop-halt``: node 0 claims it ended its phase on a stop at t = 300 (max, certified);
+* ``quiet-high`` / ``quiet-zero``: a quiet counter of 10^6, or 0, over 50 iterations (max, median);
+* ``cand-1e6``, ``cand-min``: a certified candidate beyond the one-sided start (max 1e6, min -1e6);
+* ``cand-range``: a candidate outside the declared range (150 in [0, 100]);
+* ``cand-in-bound``: a candidate just short of the start (2.98): taken, and as far as it goes;
+* ``cand-low``: a candidate below every value (max: no effect).
+
+A run passes when no honest node (1-5) exits 0 with an output beyond bounded influence (what node 0
+could cause by claiming any value a node may hold: ``bounded_influence``), and every forgery a node
+refuses is named in node 0's neighbours' logs (nodes 1 and 5). Forged results records are the
+deployed test's (``tests/integration/test_insider_bundle.py``, break 6), not this soak's.
+
+    python benchmarks/insider_soak.py [--runs 20] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nlagg_node.config import RunConfig
+from nlagg_node.rng import rng_for
+from nlagg_node.runtime.brokers import mosquitto_binary
+
+# The harness is a test fixture (tests/harness/), not part of the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.harness.planbed import PlanBed
+from tests.harness.turncoat import Forge, bounded_influence
+
+LATE = 10**6
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One forgery: the run's options, the forge from the drawn iteration, the refusal named (None:
+    the forgery is taken, within bounded influence)."""
+
+    kw: dict[str, Any]
+    forge: Callable[[int], Forge]
+    refusal: str | None
+
+
+KINDS: dict[str, Kind] = {
+    "stop-early": Kind({"op": "median"}, lambda t: Forge(t, t + 5, stop=t + 5), "before the earliest stop"),
+    "stop-plausible": Kind({"op": "median"}, lambda t: Forge(t + 140, t + 142, stop_ahead=3), "from node 0"),
+    "stop-halt": Kind({"op": "max"}, lambda t: Forge(296, 300, stop=300), "node 0 ended its phase on it"),
+    "quiet-high": Kind({"op": "max"}, lambda t: Forge(t, t + 50, quiet=10**6), None),
+    "quiet-zero": Kind({"op": "median"}, lambda t: Forge(t + 100, t + 150, quiet=0), None),
+    "cand-1e6": Kind({"op": "max"}, lambda t: Forge(t, LATE, cand=1e6), "not below the from-above start"),
+    "cand-min": Kind({"op": "min"}, lambda t: Forge(t, LATE, cand=-1e6), "not above the from-below start"),
+    "cand-range": Kind(
+        {"op": "max", "value_range": (-5.0, 5.0)}, lambda t: Forge(t, LATE, cand=1.5), "outside [0, 1]"
+    ),
+    "cand-in-bound": Kind({"op": "max"}, lambda t: Forge(t, LATE, cand=2.98), None),
+    "cand-low": Kind({"op": "max"}, lambda t: Forge(t, LATE, cand=-1e6), None),
+}
+
+
+async def one_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, str]:
+    cfg = RunConfig(n=6, graph="ring", trials=1, seed=seed, **kind.kw)
+    forge = kind.forge(t)
+    async with PlanBed(cfg, workdir, run_id=f"insider-{seed}") as bed:
+        await bed.start_nodes(extra=["--neighbour-timeout", "20"], turncoat=(0, forge))
+        outcomes = await bed.outcomes(within=600.0)
+    lo, hi = bounded_influence(bed.cfg, [v for i, v in bed.plan.values.items() if i != 0])
+    slack = 1e-6 * (hi - lo)
+    outputs = {i: r["output"][0] for i, (rc, r) in outcomes.items() if rc == 0 and r is not None}
+    beyond = {i: o for i, o in outputs.items() if i != 0 and not lo - slack <= o <= hi + slack}
+    logs = [(bed.logs / f"node{i}.log").read_text() for i in (1, 5)]
+    refused = sum(log.count("from node 0") + log.count("cand of x_0^(") for log in logs)
+    named = kind.refusal is None or any(kind.refusal in log for log in logs)
+    codes = "".join(str(rc) if rc < 10 else "x" for rc, _ in outcomes.values())
+    node1 = outputs.get(1)
+    what = (
+        f"exit codes {codes}, node 1 output {'-' if node1 is None else f'{node1:.6g}'}"
+        f" in [{lo:.6g}, {hi:.6g}], refusals named at nodes 1/5: {refused}"
+    )
+    if beyond:
+        what += f"; BEYOND: {beyond}"
+    if not named:
+        what += f"; refusal {kind.refusal!r} not named"
+    return not beyond and named, what
+
+
+async def soak(runs: int, seed: int) -> int:
+    rng = rng_for(seed, "insider-soak")
+    names = [list(KINDS)[k % len(KINDS)] for k in range(runs)]
+    ok_runs = 0
+    started = time.perf_counter()
+    print(f"insider soak: {runs} runs, ring of 6, node 0's whole bundle, kinds {', '.join(KINDS)}")
+    with tempfile.TemporaryDirectory(prefix="nlagg-insider-soak-") as tmp:
+        for k, name in enumerate(names):
+            run_seed, t = seed + k, int(rng.integers(5, 40))
+            t0 = time.perf_counter()
+            ok, what = await one_run(KINDS[name], run_seed, t, Path(tmp) / f"run-{k}")
+            ok_runs += ok
+            print(
+                f"run {k + 1:2d} {name:14s} seed {run_seed:3d} t={t:2d}: {'ok' if ok else 'FAIL'}  {what}"
+                f"  {time.perf_counter() - t0:5.1f} s",
+                flush=True,
+            )
+    print(f"runs within bounded influence, every refusal named: {ok_runs}/{runs}")
+    print(f"wall time: {time.perf_counter() - started:.0f} s")
+    return 0 if ok_runs == runs else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if mosquitto_binary() is None:
+        print("insider soak: the mosquitto binary is needed (apt-get install mosquitto)", file=sys.stderr)
+        return 2
+    return asyncio.run(soak(args.runs, args.seed))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
