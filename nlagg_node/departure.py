@@ -19,6 +19,13 @@ that remain connected to them: one result per connected component of the survivi
 (:func:`components`). A survivor whose neighbours have all departed is a component of its own;
 its x is its value (``c d_i = 0``: both runtimes take ``s_i`` instead of dividing by zero).
 
+In a continuous deployment a neighbour is also counted departed for the epoch when its session
+flaps (:data:`FLAP_LIMIT`, :func:`flapped`): its last will has come that many times in one epoch's
+run (its broker session taken over again and again by a holder of its password, issue 43, break 5).
+Waiting for it would let one stolen password stall every epoch; counting it absent costs what its
+own silence would (bounded influence), and it rejoins at the next epoch. A one-shot run does not
+apply the rule (a departure there is for the whole run, and a few lost connections are survived).
+
 Early stopping handles departures in a run with ``may_depart`` (:mod:`nlagg_node.termination`:
 each component stops on its own, and a departure voids a stop it could have misled). The trimmed
 mean (whose combination needs the number of nodes) does not handle departures.
@@ -35,16 +42,30 @@ from .errors import ConfigError
 from .graphs import EdgeLayout
 
 __all__ = [
+    "FLAP_LIMIT",
     "announced",
     "check_departures",
     "components",
     "departure_defaults",
     "departure_refusal",
     "drop_pairs",
+    "flapped",
     "kept_edges",
     "parse_departures",
     "survivors",
 ]
+
+
+FLAP_LIMIT = 3
+"""Last wills of one neighbour within one epoch's run after which it departs for the epoch: a lost
+connection or two (Wi-Fi, a broker restart) are waited for; a session taken over every few tenths
+of a second reaches this within a second."""
+
+
+def flapped(wills: int, limit: int | None) -> bool:
+    """Whether a neighbour whose last will has come ``wills`` times in this run departs for flapping
+    (``limit``: :data:`FLAP_LIMIT` in an epoch of a continuous deployment, None: never)."""
+    return limit is not None and wills >= limit
 
 
 def parse_departures(spec: str | None, field: str = "depart") -> dict[int, int]:

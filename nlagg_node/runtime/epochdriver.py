@@ -13,7 +13,11 @@ epochs run (Mosquitto never frees a topic level it made). Each epoch a node
    :class:`~nlagg_node.runtime.member.Member`; the seed helper's OS-entropy path);
 3. waits for its neighbours until the join window closes: a neighbour not online by then is
    *absent* and departs at t = 0 of this epoch (:mod:`nlagg_node.departure`: its edges are dropped
-   at the first z-update, the others aggregate among themselves); it rejoins the next epoch;
+   at the first z-update, the others aggregate among themselves); it rejoins the next epoch. So
+   does a neighbour whose session flaps (its last will came
+   :data:`~nlagg_node.departure.FLAP_LIMIT` times in the epoch, before it starts or during it): it
+   departs at the first x it has not delivered. Where the run cannot survive a departure
+   (:func:`~nlagg_node.departure.departure_refusal`) the epoch fails, named, with an error record;
 4. runs the protocol (early stop as configured) and publishes its output on the results topic
    (its status and key stay retained until the next epoch's overwrite them: nothing to clear).
 
@@ -50,6 +54,7 @@ from typing import Literal, TypeVar, Unpack
 import numpy as np
 
 from ..config import RunConfig
+from ..departure import FLAP_LIMIT
 from ..epochplan import (
     EpochStart,
     HeardOutput,
@@ -146,10 +151,13 @@ def rerun_run_id(epoch: int) -> str:
 class EpochMember(Member):
     """A :class:`Member` of one epoch (its :data:`Seat` and options are a member's): a neighbour
     not online when the join window closes (``join_by``, ``time.time()`` seconds) departs at
-    t = 0 instead of failing the run; with every neighbour absent the node misses the epoch
+    t = 0 instead of failing the run, and one whose session flaps (its will came
+    :data:`~nlagg_node.departure.FLAP_LIMIT` times, :class:`~nlagg_node.runtime.watch.DepartureWatch`)
+    departs for the epoch at once; with every neighbour absent the node misses the epoch
     (:class:`NeighbourTimeoutError`) rather than publish its own value as the output."""
 
     def __init__(self, *seat: *Seat, join_by: float, **options: Unpack[MemberOptions]) -> None:
+        options.setdefault("flap_limit", FLAP_LIMIT)
         super().__init__(*seat, **options)
         self.join_by = join_by
         self.absent: list[int] = []
@@ -173,11 +181,15 @@ class EpochMember(Member):
             )
             for j in self.absent:
                 self.watch.depart(j, 0)
-            if self.keys is not None:  # a sealed exchange waits for the keys of those here only
-                self.keys.neighbours = [j for j in self.neighbours if j not in self.departed]
-                if not self.keys.missing():
-                    self.keys.complete.set()
+        self._keys_of_those_here()
         check_not_finished(self.id, self.run_id, self.peers.state, self.neighbours)
+
+    def _keys_of_those_here(self) -> None:
+        """A sealed exchange waits for the keys of the neighbours not departed only."""
+        if self.keys is not None and self.departed:
+            self.keys.neighbours = [j for j in self.neighbours if j not in self.departed]
+            if not self.keys.missing():
+                self.keys.complete.set()
 
     async def status(self, state: Literal["online", "running", "done", "leaving"], **extra: object) -> None:
         if state == "running" and self.departed:  # the absent: said with the first 'running'
@@ -185,9 +197,11 @@ class EpochMember(Member):
         await super().status(state, **extra)
 
     async def exchange_z0(self, group: str, z_out: list[float]) -> list[float]:
-        """The exchange without the absent neighbours (a sealed one needs no key of theirs)."""
-        if not self.absent:
+        """The exchange without the departed neighbours (absent, or flapping: a sealed one needs
+        no key of theirs)."""
+        if not self.departed:
             return await super().exchange_z0(group, z_out)
+        self._keys_of_those_here()
         here = [(j, z) for j, z in zip(self.active, z_out, strict=True) if j not in self.departed]
         if group in self.sealed and self.keys is not None:
             try:

@@ -84,6 +84,9 @@ class MemberSettings(TypedDict, total=False):
     checkpoint : where to keep the local checkpoint; a node restarted with the same store resumes.
     departure_timeout : seconds a neighbour's will must stay before it departs (3/4 of the neighbour
         timeout by default).
+    flap_limit : a neighbour whose will has come this many times departs at once (its session
+        flaps, :func:`~nlagg_node.departure.flapped`); None (default): never. An epoch of a
+        continuous deployment sets :data:`~nlagg_node.departure.FLAP_LIMIT`.
     leave_after : publish x^(0) .. x^(T-1), then leave the run cleanly (status ``leaving``).
     leave_quietly : instead of ``leaving``, return once every neighbour has published x^(T).
     first_init : draw the first dual group's z^(0) from this distribution instead of the phase's
@@ -101,6 +104,7 @@ class MemberSettings(TypedDict, total=False):
     startup_timeout: float
     checkpoint: CheckpointStore | None
     departure_timeout: float | None
+    flap_limit: int | None
     leave_after: int | None
     leave_quietly: bool
     first_init: DualInitSpec | None
@@ -224,6 +228,7 @@ class Member:
             self.tally.reject,
             timeout=0.75 * neighbour_timeout if departure_timeout is None else departure_timeout,
             neighbour_timeout=neighbour_timeout,
+            flap_limit=options.get("flap_limit"),
         )
         self.iterations_run = self.t_total
         self.resumed: Checkpoint | None = None

@@ -1,7 +1,9 @@
 """A node's departure watch: which neighbours have left the run for good (:mod:`nlagg_node.departure`).
 
-A neighbour departs when it says so (status ``leaving`` with its departure iteration) or when its
-last will (``offline``) has stayed longer than ``timeout`` once the run has begun. Either way the
+A neighbour departs when it says so (status ``leaving`` with its departure iteration), when its
+last will (``offline``) has stayed longer than ``timeout`` once the run has begun, or, in an epoch of
+a continuous deployment, when its will has come :data:`~nlagg_node.departure.FLAP_LIMIT` times
+(:func:`~nlagg_node.departure.flapped`: its session flaps, before the run begins or during it). Either way the
 node stops waiting for the x's (and z^(0)) it has not delivered, from the first one it has not
 delivered (every neighbour of the departed node waits for the same one), and announces the
 departure in its status before it publishes the next x.
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 
+from ..departure import flapped
 from ..errors import ConfigError, NlaggError
 from .barrier import Barrier
 from .peers import Neighbours, Outbox
@@ -34,6 +38,7 @@ class DepartureWatch:
     outbox : where its status goes.
     reject : how a refused message is counted.
     timeout : seconds a will must stay; ``neighbour_timeout`` bounds it.
+    flap_limit : wills of one neighbour after which it departs at once (None: never, a one-shot run).
     """
 
     def __init__(
@@ -46,6 +51,7 @@ class DepartureWatch:
         *,
         timeout: float,
         neighbour_timeout: float,
+        flap_limit: int | None = None,
     ) -> None:
         if not 0 < timeout < neighbour_timeout:
             raise ConfigError(
@@ -61,6 +67,8 @@ class DepartureWatch:
         self.reject = reject
         self.timeout = timeout
         self.departed: dict[int, int] = {}
+        self.flap_limit = flap_limit
+        self.wills: Counter[int] = Counter()  # the wills of each neighbour after it was live
         self.running = False
         self._expiry: dict[int, asyncio.TimerHandle] = {}
 
@@ -71,10 +79,22 @@ class DepartureWatch:
             self.watch(j, state, None)
 
     def watch(self, j: int, state: str, before: str | None) -> None:
-        """Arm (offline) or disarm (back) the departure timer of neighbour j."""
+        """Arm (offline) or disarm (back) the departure timer of neighbour j; depart it at once
+        when its will has come :attr:`flap_limit` times since it was live."""
         timer = self._expiry.pop(j, None)
         if timer is not None:
             timer.cancel()
+        if state == "offline" and before in ("online", "running"):
+            self.wills[j] += 1
+            if flapped(self.wills[j], self.flap_limit):
+                log.warning(
+                    "node %d: neighbour %d's session was lost %d times: absent for this run",
+                    self.node,
+                    j,
+                    self.wills[j],
+                )
+                self.depart(j, None)
+                return
         if state == "offline" and before != "done" and self.running:
             loop = asyncio.get_running_loop()
             self._expiry[j] = loop.call_later(self.timeout, self._expired, j)
@@ -85,7 +105,10 @@ class DepartureWatch:
             self.depart(j, None)
 
     def depart(self, j: int, at: int | None) -> None:
-        """Neighbour j has left at ``at`` (None: the x it has not delivered); tell the other neighbours."""
+        """Neighbour j has left at ``at`` (None: the x it has not delivered); tell the other neighbours.
+        A neighbour departs once: later word of it changes nothing."""
+        if j in self.departed:
+            return
         slot = self.slot[j]
         end = self.x_in.end
         if at is not None and at >= end:

@@ -65,10 +65,16 @@ def _string(value: str) -> bytes:
 
 
 def connect_frame(
-    client_id: str, *, keepalive: int = 0, username: str | None = None, password: str | None = None
+    client_id: str,
+    *,
+    keepalive: int = 0,
+    username: str | None = None,
+    password: str | None = None,
+    clean: bool = False,
 ) -> bytes:
-    """CONNECT, protocol level 4, persistent session (the password only with a user name)."""
-    flags, payload = 0, _string(client_id)
+    """CONNECT, protocol level 4, persistent session unless ``clean`` (the password only with a user
+    name)."""
+    flags, payload = 0x02 if clean else 0, _string(client_id)
     if username is not None:
         flags |= 0x80
         payload += _string(username)

@@ -33,7 +33,7 @@ from tests.harness.verdict import Verdict, judge
 if TYPE_CHECKING:
     from tests.harness.netns import Net
 
-__all__ = ["PlanBed"]
+__all__ = ["PlanBed", "listening"]
 
 ENTRY = [sys.executable, "-c", "from nlagg_node.cli import main; main()"]
 
@@ -234,7 +234,7 @@ class PlanBed:
             )
         self._stack.push_async_callback(_terminate, proc)
         async with asyncio.timeout(within):
-            while not _listening(proc.pid, self.port):
+            while not listening(proc.pid, self.port):
                 assert proc.returncode is None, log.read_text(errors="replace")
                 await asyncio.sleep(0.05)
         host = self.net.address(f"site{s}")
@@ -367,7 +367,7 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
             await proc.wait()
 
 
-def _listening(pid: int, port: int) -> bool:
+def listening(pid: int, port: int) -> bool:
     """Whether TCP ``port`` listens (IPv4) in the network namespace of process ``pid``: its
     /proc/<pid>/net/tcp shows that namespace's sockets, seen from here without entering it."""
     try:

@@ -9,6 +9,8 @@ broker's descriptors nor lock the plan's own clients out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import resource
 import subprocess
 import sys
@@ -21,11 +23,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
-from nlagg_node.deploy.mosquitto_auth import DEFAULT_MAX_CONNECTIONS
-from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
+from nlagg_node.deploy.mosquitto_auth import DEFAULT_MAX_CONNECTIONS, node_user
+from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
 from tests.harness.epochsoak import rss_kib
-from tests.harness.mqtt_frames import remaining_length
-from tests.harness.planbed import PlanBed
+from tests.harness.mqtt_frames import CONNACK, connack_code, connect_frame, remaining_length
+from tests.harness.planbed import PlanBed, listening
 
 pytestmark = pytest.mark.mosquitto
 
@@ -173,3 +175,107 @@ async def test_unfinished_connects_cost_a_plans_broker_almost_nothing(tmp_path: 
             await outsider.wait()
     # 300 MB announced and sent; the plan's max_packet_size cuts each off at its header (was +303 MB).
     assert grown_kib < 32 << 10, f"broker grew {grown_kib} KiB under {UNFINISHED} unfinished CONNECTs"
+
+
+PINGREQ_FRAME, PINGRESP_FRAME = b"\xc0\x00", b"\xd0\x00"
+CAP = 20  # the plan's max_connections, rewritten from DEFAULT_MAX_CONNECTIONS for the test
+OVER = 5  # outsider sockets beyond it
+
+
+@contextlib.asynccontextmanager
+async def plans_own_mosquitto(root: Path, port: int) -> AsyncIterator[Path]:
+    """``mosquitto -c broker/mosquitto.conf`` in the plan directory ``root``, as commands.txt
+    starts it (plus ``user root`` when run as root); its log file, once it listens on ``port``.
+    Readiness is read from the kernel's socket table, not probed: Mosquitto 2.0.11 counts a
+    connection closed before its CONNECT off its listener twice, and each probe would raise the limit
+    by one."""
+    conf = root / "broker" / "mosquitto.conf"
+    if os.geteuid() == 0:  # otherwise it drops to its own user, which cannot enter pytest's 0700 dirs
+        conf.write_text(conf.read_text() + "user root\n")
+    log = root / "mosquitto.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            mosquitto_binary() or "mosquitto", "-c", "broker/mosquitto.conf", cwd=root, stdout=out, stderr=out
+        )
+    try:
+        async with asyncio.timeout(20):
+            while not listening(proc.pid, port):
+                assert proc.returncode is None, log.read_text()
+                await asyncio.sleep(0.05)  # polled: nothing announces a listener (its log says it at info)
+        yield log
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def mqtt_login(
+    port: int, user: str, password: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection of ``user`` whose CONNECT the broker accepted (CONNACK 0)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(connect_frame(user, username=user, password=password))
+    head = await reader.readexactly(4)
+    assert (head[0] >> 4, connack_code(head[2:])) == (CONNACK, 0), head
+    return reader, writer
+
+
+async def closed_by_broker(reader: asyncio.StreamReader) -> bool:
+    """Wait until the broker closes this connection (True) or sends something (False)."""
+    try:
+        return await reader.read(4) == b""
+    except ConnectionError:
+        return True
+
+
+async def test_the_plans_max_connections_refuses_sockets_beyond_it_and_keeps_its_nodes(
+    tmp_path: Path,
+) -> None:
+    # Issue 43, break 7: "max_connections 4000 was not enforced". The plan writes it in its listener's
+    # block (after ``listener``, where Mosquitto 2 reads it as that listener's). Rewritten to 20, the
+    # plan's own broker with its 6 nodes logged in refuses outsider sockets beyond the limit and a
+    # new login while they are held, keeps serving its nodes, and lets a client in once they leave.
+    port = free_port()
+    root = tmp_path / "plan"
+    run = load_config(None, op="max", n=6, graph="ring")
+    spec = PlanSpec(run=run, run_id="cap", seed=1, listen_host="127.0.0.1", listen_port=port)
+    write_plan(build_plan(spec), root)
+    conf = root / "broker" / "mosquitto.conf"
+    lines = conf.read_text().splitlines()
+    limit = f"max_connections {DEFAULT_MAX_CONNECTIONS}"
+    assert lines.index(limit) > lines.index(f"listener {port} 127.0.0.1")  # a listener option
+    conf.write_text("\n".join(f"max_connections {CAP}" if ln == limit else ln for ln in lines) + "\n")
+    password = {
+        u: (root / "secrets" / f"{u}.pw").read_text().strip() for u in (*map(node_user, range(6)), "launcher")
+    }
+    async with plans_own_mosquitto(root, port) as log, contextlib.AsyncExitStack() as held:
+        nodes = [await mqtt_login(port, node_user(i), password[node_user(i)]) for i in range(run.n)]
+        outsiders = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CAP + OVER)]
+        for _, writer in nodes + outsiders:
+            held.callback(writer.close)
+        # Those beyond the limit are closed at once; the others wait, idle, for a CONNECT.
+        waits = [asyncio.ensure_future(closed_by_broker(reader)) for reader, _ in outsiders]
+        async with asyncio.timeout(30):
+            while sum(w.done() for w in waits) < OVER:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        assert all(w.result() for w in waits if w.done())
+        refused = await asyncio.open_connection("127.0.0.1", port)  # a login while they are held
+        refused[1].write(connect_frame("launcher", username="launcher", password=password["launcher"]))
+        async with asyncio.timeout(30):
+            assert await closed_by_broker(refused[0])  # no CONNACK: closed
+        refused[1].close()
+        for reader, writer in nodes:  # every node's connection still served
+            writer.write(PINGREQ_FRAME)
+            assert await reader.readexactly(2) == PINGRESP_FRAME
+        for _, writer in outsiders:
+            writer.close()
+        async with asyncio.timeout(30):
+            while True:  # the broker frees their slots as it reads their close
+                with contextlib.suppress(AssertionError, ConnectionError, asyncio.IncompleteReadError):
+                    _, launcher = await mqtt_login(port, "launcher", password["launcher"])
+                    held.callback(launcher.close)
+                    break
+                await asyncio.sleep(0.05)
+        for w in waits:
+            w.cancel()
+        denied = log.read_text(errors="replace").count("denied: max_connections exceeded")
+    assert denied >= OVER + 1, denied

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.departure import FLAP_LIMIT
 from nlagg_node.deploy import epochnode
 from nlagg_node.deploy.epochnode import epoch_line
 from nlagg_node.errors import ConfigError, DepartedError, NlaggError
@@ -431,3 +432,64 @@ async def test_a_node_with_no_output_in_any_epoch_fails_with_error_records(
         await epochnode.print_epochs(start, as_json=True)  # type: ignore[arg-type]
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [("error" in r) for r in lines] == [o is None for o in outputs]
+
+
+class Flapping(MemoryBroker):
+    """A broker on which node ``node``'s session is taken over ``times`` times once it has published
+    x^(3): each time the broker publishes its last will, and the node, back, its status again."""
+
+    def __init__(self, node: int, times: int) -> None:
+        super().__init__()
+        self.will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), node, shared=True)
+        self.x_topic = f"{PREFIX}/{RUN}/e0/node/{node}/x"
+        self.times, self.sent = times, 0
+        self.status: bytes | None = None
+
+    def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        super().route(topic, payload, retain)
+        if topic == self.will.topic and payload != self.will.payload:
+            self.status = payload
+        elif topic == self.x_topic:
+            self.sent += 1
+            if self.sent == 4 and self.status is not None:
+                for _ in range(self.times):
+                    super().route(self.will.topic, self.will.payload, True)
+                    super().route(self.will.topic, self.status, True)
+
+
+@pytest.mark.parametrize(
+    ("times", "may_depart"),
+    [(FLAP_LIMIT - 1, True), (FLAP_LIMIT, True), (FLAP_LIMIT, False)],
+    ids=["below-the-limit", "flapping", "flapping-without-may-depart"],
+)
+def test_a_neighbour_whose_session_flaps_departs_for_the_epoch(times: int, may_depart: bool) -> None:
+    """Issue 43, break 5: a session taken over again and again is absence; the others finish (or,
+    where the run cannot survive a departure, fail the epoch, named)."""
+    cfg = CFG.model_copy(update={"may_depart": may_depart})
+    values = values_of(0, cfg.n)
+    flapper = int(np.argmax(values))
+    broker = Flapping(flapper, times)
+
+    async def epoch() -> list[tuple[NodeResult, list[int]] | BaseException]:
+        join_by = time.time() + 0.5
+        nodes = (epoch_of_node(cfg, broker, i, 0, join_by) for i in range(cfg.n))
+        return list(await asyncio.gather(*nodes, return_exceptions=True))
+
+    runs = asyncio.run(epoch())
+    done = {i: run[0] for i, run in enumerate(runs) if isinstance(run, tuple)}
+    failed = {i: run for i, run in enumerate(runs) if isinstance(run, BaseException)}
+    tol = cfg.tolerance * 10
+    if times < FLAP_LIMIT:  # a lost connection or two are waited out
+        assert not failed, failed
+        assert [r.output[0] for r in done.values()] == pytest.approx([values.max()] * cfg.n, abs=tol)
+        assert [r.departed for r in done.values()] == [{}] * cfg.n
+        return
+    assert isinstance(failed.pop(flapper, None), DepartedError), runs[flapper]
+    if may_depart:  # the others finish without it: the max of the rest
+        assert not failed, failed
+        truth = float(np.delete(values, flapper).max())
+        assert [r.output[0] for r in done.values()] == pytest.approx([truth] * (cfg.n - 1), abs=tol)
+        assert all(flapper in r.departed for r in done.values())
+    else:  # early stopping cannot survive a departure without --may-depart: named, never silent
+        assert not done, done
+        assert all("needs --may-depart" in str(e) for e in failed.values()), failed
