@@ -40,11 +40,11 @@ from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import (
-    X_TYPES,
     AdvStateMsg,
     ConfigMsg,
-    Decoded,
     StatusMsg,
+    WireMessage,
+    XMsg,
     Z0Msg,
     check_prefix,
     check_run_id,
@@ -273,7 +273,7 @@ class Eavesdropper:
         self._check_finished()
         return handled
 
-    def handle(self, topic: str, payload: bytes, retained: bool = False) -> Decoded | None:
+    def handle(self, topic: str, payload: bytes, retained: bool = False) -> WireMessage | None:
         """Store one message, then update the views and the live replay; the message if valid.
 
         The transcript stores whatever arrives (as invalid, with the reason, when the nodes would
@@ -293,14 +293,14 @@ class Eavesdropper:
             log.exception("message on %s stored, but updating the live view failed", topic)
         return parsed[1]
 
-    def _update(self, msg: Decoded) -> None:
+    def _update(self, msg: WireMessage) -> None:
         if isinstance(msg, ConfigMsg):
             self._on_config(msg)
         elif isinstance(msg, Z0Msg):
             if self.replay is not None:
                 self.replay.set_z0(msg.group, msg.from_, msg.to, msg.z)
                 self._advance()  # the iteration it completes may already hold every x
-        elif isinstance(msg, X_TYPES):
+        elif isinstance(msg, XMsg):
             v = self.view(msg.node)
             v.iterations = max(v.iterations, msg.t + 1)
             # Its stop fields are in the rules' record (PhaseEnds) already: the transcript accepted it.
@@ -421,6 +421,7 @@ class Eavesdropper:
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
             early = bool(self.config.run.get("early_stop", False))
+            rules = self.transcript.rules
             missing = self.transcript.complete(
                 self.config.n,
                 self.replay.t_total,

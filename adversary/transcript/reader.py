@@ -29,14 +29,13 @@ from nlagg_node.arrays import FloatArray
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.runtime.wire import (
-    X_TYPES,
     AdvStateMsg,
     ConfigMsg,
-    Decoded,
     SealedZ0Msg,
     StatusMsg,
     TopicInfo,
     WireMessage,
+    XMsg,
     Z0Msg,
     decode,
 )
@@ -96,8 +95,8 @@ def create_tables(db: sqlite3.Connection, schema: str) -> None:
 NO_FIELDS = (None, None, None, None, None, None)  # kind, node, peer, t, phase, value of an invalid row
 
 
-def row_fields(info: TopicInfo, msg: Decoded) -> tuple[int | None, str | None, float | None]:
-    if isinstance(msg, X_TYPES):
+def row_fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | None, float | None]:
+    if isinstance(msg, XMsg):
         return msg.t, msg.phase, msg.x
     if isinstance(msg, Z0Msg):
         return None, msg.group, msg.z
