@@ -430,6 +430,7 @@ class Eavesdropper:
                 early_stop=early,
                 phases=self.replay.phases if early else None,
                 departed=gone,
+                known=rules.ends.by_phase if early and rules is not None else None,  # halting x's read
             )
             self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config, early_stop=early)
             # A corrupted node's forwarded states count too: after a lost session the nodes

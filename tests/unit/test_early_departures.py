@@ -255,6 +255,8 @@ def test_node_ends_are_each_components_and_a_lost_last_x_is_a_gap(tmp_path: Path
     lost[0, int(ran[0]) - 1] = np.nan  # the capture lost node 0's last x: its half still ran there
     assert node_ends(sim.phases, lost, edges, DEPARTURES).tolist() == [ran.tolist()]
     assert node_ends(sim.phases, lost)[0, 0] == ran[0] - 1  # its own x's alone end one earlier
+    halted = [{0: int(ran[0]) - 1}]  # the rules' record (PhaseEnds.by_phase): it halted with that x
+    assert node_ends(sim.phases, lost, known=halted)[0, 0] == ran[0]  # the record's end, not the x's
     assert components(9, edges, DEPARTURES) == [LEFT, RIGHT]
 
 
