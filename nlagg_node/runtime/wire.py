@@ -271,6 +271,7 @@ def _x_writer() -> Callable[[XMsg], bytes]:
         if optional:
             lines.append(f"    if m.{info.name} is not None:\n        text += f',{item}'")
         else:
+            assert not lines, f"{info.name}: a required field after an optional one"  # their text comes first
             text += ("," if text != "{" else "") + item
     source = "\n".join(
         ["def encode_x(m):", f"    text = f'{{{text}'", *lines, "    return (text + '}').encode()"]
