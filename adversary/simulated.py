@@ -221,7 +221,7 @@ class _TrialMessages:
     def write_x(self, tr: Transcript) -> None:
         """Every x the nodes publish, in time order, with a departure's will and its neighbours'
         statuses before their next x (with early stopping, each x with its stop fields)."""
-        from nlagg_node.runtime.wire import XMsg, encode_x
+        from nlagg_node.runtime.wire import encode_x
 
         result, x, tp = self.result, self.x, self.tp
         names = np.repeat([ph.name for ph in result.phases], [ph.t_len for ph in result.phases])
@@ -241,7 +241,7 @@ class _TrialMessages:
                     continue  # departed
                 tr.add(
                     tp.x(i),
-                    encode_x(XMsg(node=i, t=t, phase=str(names[t]), x=float(x[i, t]))),
+                    encode_x(node=i, t=t, phase=str(names[t]), x=float(x[i, t])),
                     received=float(t),
                 )
 
@@ -319,7 +319,7 @@ def _early_x(
     ``(node, phase) -> final`` of every node that ended a phase on its stop
     (:func:`~nlagg_node.protocol.phase_final`: at a certified stop, its candidate)."""
     from nlagg_node.protocol import fields_along, phase_final
-    from nlagg_node.runtime.wire import XMsg, encode_x
+    from nlagg_node.runtime.wire import encode_x
     from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, halts, stop_reach
 
     cfg = result.config
@@ -344,17 +344,9 @@ def _early_x(
                 if fields is not None:  # None: node i publishes nothing at t
                     k, e, deps, cand = fields
                     stop = None if e == NO_STOP else e
-                    msg = XMsg(
-                        node=i,
-                        t=t,
-                        phase=phase.name,
-                        x=float(x[i, t]),
-                        quiet=k,
-                        stop=stop,
-                        departures=deps or None,
-                        cand=cand,
+                    payloads.append(
+                        (i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps or None, cand))
                     )
-                    payloads.append((i, encode_x(msg)))
                     if halts(e, t, deps, reach):
                         finals[i, p] = phase_final(float(x[i, t]), cand, stopped=True)
             yield t, payloads

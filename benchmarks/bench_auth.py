@@ -24,14 +24,14 @@ from nlagg_node.protocol import Verifier, new_identity
 from nlagg_node.protocol.chain import ChainCheck, KeyChain, key_b64
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, run_edges
-from nlagg_node.runtime.wire import XMsg, encode_x, topics
+from nlagg_node.runtime.wire import encode_x, topics
 
 
 def primitives(count: int = 3000) -> tuple[float, float, float]:
     """Microseconds of CPU per signature, per verification, and per key-chain check of an x."""
     identity = new_identity()
     topic = topics("nlagg", "bench").x(3)
-    body = encode_x(XMsg(node=3, t=1210, phase="max", x=0.8123456789, quiet=0, stop=1497))
+    body = encode_x(node=3, t=1210, phase="max", x=0.8123456789, quiet=0, stop=1497)
     start = time.process_time()
     for _ in range(count):
         signed = identity.sign(topic, body)

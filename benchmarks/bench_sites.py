@@ -40,7 +40,7 @@ from nlagg_node.deploy import PlanSpec, build_plan
 from nlagg_node.deploy.sites import bridge_address, bridge_conf_lines, cut_edges, delivery_model
 from nlagg_node.runtime.brokers import BrokerHandle, free_port, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.wire import XMsg, encode_x, topics
+from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import plan_phases
 
 RUN = "bench"
@@ -162,7 +162,7 @@ async def run_layout(
             remaining[0] = sum(target)
             for i in range(n):
                 pubs[layout.site_of[i]].publish_nowait(
-                    t.x(i), encode_x(XMsg(node=i, t=r, phase=phase, x=1.0 + i * 1e-3)), qos=1
+                    t.x(i), encode_x(node=i, t=r, phase=phase, x=1.0 + i * 1e-3), qos=1
                 )
             async with asyncio.timeout(300):
                 await done.wait()

@@ -6,8 +6,8 @@
   :func:`~nlagg_node.runtime.wire.decode` (topic classified too), size limit, every field bound and
   the node/topic agreement included, against the standard library's ``json.loads`` of the same
   payload (no validation at all);
-* encode: ``encode_x(XMsg(...))`` (construction, its checks and the bytes) against ``json.dumps``
-  of the same fields, the bytes it must equal.
+* encode: :func:`~nlagg_node.runtime.wire.encode_x` (its checks and the bytes; what a node calls)
+  against ``json.dumps`` of the same fields, the bytes it must equal.
 
 Each is timed in CPU time (``time.process_time``) ``--repeat`` times, interleaved, and the best of
 each compared (the machine is shared). Prints one JSON line per case: microseconds per message
@@ -22,7 +22,7 @@ import time
 import timeit
 from collections.abc import Callable
 
-from nlagg_node.runtime.wire import HotDecoder, XMsg, decode, encode_x, topics
+from nlagg_node.runtime.wire import HotDecoder, decode, encode_x, topics
 
 
 def _best(fns: dict[str, Callable[[], object]], number: int, repeat: int) -> dict[str, float]:
@@ -38,7 +38,7 @@ def _case(
 ) -> dict[str, dict[str, float]]:
     node, t, phase, x, quiet, stop = fields
     topic = topics("nlagg", "bench").x(node)
-    payload = encode_x(XMsg(node=node, t=t, phase=phase, x=x, quiet=quiet, stop=stop))
+    payload = encode_x(node, t, phase, x, quiet, stop)
     body = {k: v for k, v in json.loads(payload).items() if v is not None}
     assert json.dumps(body, separators=(",", ":")).encode() == payload
     decode_hot = HotDecoder("nlagg", "bench").decode
@@ -49,7 +49,7 @@ def _case(
         "json": lambda: json.loads(payload),
     }
     enc = {
-        "hot": lambda: encode_x(XMsg(node=node, t=t, phase=phase, x=x, quiet=quiet, stop=stop)),
+        "hot": lambda: encode_x(node, t, phase, x, quiet, stop),
         "json": lambda: json.dumps(body, separators=(",", ":")).encode(),
     }
     return {"decode": _best(dec, number, repeat), "encode": _best(enc, number, repeat)}

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from ..errors import NlaggError
 from ..protocol.chain import KeyChain, key_b64
 from .transport import Transport
-from .wire import XMsg, encode_x, topics
+from .wire import encode_x, topics
 
 __all__ = ["HISTORY", "LIVE", "RESEND_AFTER", "Neighbours", "Outbox"]
 
@@ -97,11 +97,7 @@ class Outbox:
         candidate (None: none, or not a certified run)."""
         k = None if self.chain is None else key_b64(self.chain.key(t))
         quiet, stop, departures, cand = (None, None, (), None) if fields is None else fields
-        deps = tuple(departures) or None
-        msg = XMsg(
-            node=self.node, t=t, phase=phase, x=x, quiet=quiet, stop=stop, departures=deps, cand=cand, k=k
-        )
-        payload = encode_x(msg)
+        payload = encode_x(self.node, t, phase, x, quiet, stop, tuple(departures) or None, cand, k)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))

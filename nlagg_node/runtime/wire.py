@@ -31,6 +31,7 @@ at import) both come from it (``benchmarks/bench_wire.py`` measures them).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
@@ -39,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from math import isfinite as _isfinite
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, ParamSpec, cast
 
 import msgspec
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -99,6 +100,7 @@ Finite = Annotated[float, AfterValidator(_finite)]
 NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
 NodeKey = Annotated[str, AfterValidator(_node_key)]  # a node id as a JSON object's key: str(j)
 Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
+P = ParamSpec("P")  # what a struct's constructor takes: its encoder takes the same
 _B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _SIG_PATTERN = "^[A-Za-z0-9+/]{86}==$"  # base64 of a 64-byte Ed25519 signature
 _K_PATTERN = "^[A-Za-z0-9+/]{22}==$"  # base64 of a 16-byte key-chain element
@@ -192,7 +194,7 @@ def _strictly_up(values: Sequence[int]) -> bool:
     return len(values) < 2 or all(a < b for a, b in itertools.pairwise(values))  # mostly one
 
 
-class XMsg(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, gc=False):
+class XMsg(msgspec.Struct, tag_field="v", tag=1, frozen=True, forbid_unknown_fields=True, gc=False):
     """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases; the x message's one schema.
 
     With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
@@ -204,14 +206,15 @@ class XMsg(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True
     sender's key-chain element (a run with identities, :mod:`nlagg_node.protocol.chain`); ``sig``
     its signature where the run signs x's (:mod:`nlagg_node.protocol.identity` appends it last).
 
-    The fields are in wire order: :func:`encode_x` writes them so, leaving out a None. Decoding
-    checks every bound below and :meth:`__post_init__`; constructing one checks
-    :meth:`__post_init__` only (finite numbers, ascending departures), as encoding always did.
+    ``"v": 1`` is the struct's tag: written first, optional when read, any other value refused.
+    The fields are in wire order: :func:`encode_x`, compiled from them, takes what the constructor
+    takes and writes them so, leaving out a None. Decoding checks every bound below; decoding and
+    encoding check :func:`_check_x` too (finite numbers, ascending departures); constructing one
+    checks nothing (a struct is only built from what a decoder took, or to be encoded).
     Untracked by the garbage collector (``gc=False``): it holds only numbers and strings, so it
-    cannot be part of a cycle, and one is allocated per x sent or received.
+    cannot be part of a cycle, and one is allocated per x received.
     """
 
-    v: Literal[1] = 1
     node: Annotated[int, msgspec.Meta(ge=0, lt=MAX_NODES)]
     t: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS)]
     phase: str  # a phase name, [a-z0-9-]: written without JSON escaping
@@ -229,60 +232,70 @@ class XMsg(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True
     k: Annotated[str, msgspec.Meta(min_length=24, max_length=24, pattern=_K_PATTERN)] | None = None
     sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
 
-    def __post_init__(self) -> None:
-        """What the field types cannot say; raises :class:`WireError` (decoding and constructing alike)."""
-        if not _isfinite(self.x):
-            raise WireError("x", self.x, "must be a finite number")
-        if self.cand is not None and not _isfinite(self.cand):
-            raise WireError("cand", self.cand, "must be a finite number")
-        deps = self.departures
-        if deps is not None and not (deps and _strictly_up(deps)):
-            raise WireError("departures", deps, "must be strictly ascending, and absent when empty")
+
+def _check_x(x: float, cand: float | None, departures: tuple[int, ...] | None) -> None:
+    """What :class:`XMsg`'s field types cannot say, checked by every decoder and the encoder:
+    raises :class:`WireError` naming the field and the value. (Not ``__post_init__``: a decoded
+    struct would pay for the call, and the encoder builds none.)"""
+    if not _isfinite(x):
+        raise WireError("x", x, "must be a finite number")
+    if cand is not None and not _isfinite(cand):
+        raise WireError("cand", cand, "must be a finite number")
+    if departures is not None and not (departures and _strictly_up(departures)):
+        raise WireError("departures", departures, "must be strictly ascending, and absent when empty")
 
 
-def _x_writer() -> Callable[[XMsg], bytes]:
-    """:class:`XMsg`'s JSON encoder, compiled from its fields (as :mod:`dataclasses` writes ``__init__``).
+def _x_writer(schema: Callable[P, XMsg]) -> Callable[P, bytes]:
+    """The encoder of ``schema`` (:class:`XMsg`), compiled from its fields (as :mod:`dataclasses`
+    writes ``__init__``): a function taking what the struct's constructor takes, without building it.
 
-    One f-string per field, in the struct's order: an int as ``str``, a float as ``repr`` (what
+    It runs :func:`_check_x` on its arguments, then writes the tag and one f-string per field in
+    the struct's order: an int as ``str``, a float as the ``repr`` of the Python float (what
     :func:`json.dumps` writes: the exact double), a string quoted (the struct's strings need no
     escaping), a tuple of ints as a list; a field that may be None is left out when it is, as
     :func:`encode` leaves out None. msgspec's own encoder spells floats differently (``1e16``
     for ``1e+16``), so it is not used to write.
     """
-    lines, text = [], "{"
-    for info in msgspec.inspect.type_info(XMsg).fields:  # type: ignore[attr-defined]
-        optional = isinstance(info.type, msgspec.inspect.UnionType)
-        kind = info.type.types[0] if optional else info.type
-        value = f"m.{info.name}"
-        if isinstance(kind, msgspec.inspect.FloatType):
-            value = f"{{{value}!r}}"
+    info = msgspec.inspect.type_info(schema)
+    assert isinstance(info, msgspec.inspect.StructType), info
+    assert isinstance(info.tag, int), info  # "v":1
+    params, lines, text = [], [], f'"{info.tag_field}":{info.tag}'
+    for field in info.fields:
+        kind = field.type
+        optional = isinstance(kind, msgspec.inspect.UnionType)
+        if isinstance(kind, msgspec.inspect.UnionType):
+            kind = kind.types[0]
+        value = field.name
+        if isinstance(kind, msgspec.inspect.FloatType):  # float(): a numpy float's repr is np.float64(...)
+            value = f"{{float({value})!r}}"
         elif isinstance(kind, msgspec.inspect.StrType):
             value = f'"{{{value}}}"'
         elif isinstance(kind, msgspec.inspect.VarTupleType):
             value = f'[{{",".join(map(str, {value}))}}]'
-        elif isinstance(kind, msgspec.inspect.LiteralType):  # one value: a constant ("v":1)
-            (constant,) = kind.values
-            assert isinstance(constant, int), kind
-            value = str(constant)
         else:
             assert isinstance(kind, msgspec.inspect.IntType), kind
             value = f"{{{value}}}"
-        item = f'"{info.name}":{value}'
+        item = f',"{field.name}":{value}'
         if optional:
-            lines.append(f"    if m.{info.name} is not None:\n        text += f',{item}'")
+            assert field.default is None, field  # left out when None: its default
+            params.append(f"{field.name}=None")
+            lines.append(f"    if {field.name} is not None:\n        text += f'{item}'")
         else:
-            assert not lines, f"{info.name}: a required field after an optional one"  # their text comes first
-            text += ("," if text != "{" else "") + item
-    source = "\n".join(
-        ["def encode_x(m):", f"    text = f'{{{text}'", *lines, "    return (text + '}').encode()"]
-    )
-    namespace: dict[str, Any] = {}
-    exec(source, namespace)  # the source is built above from XMsg's own field names and types
-    return namespace["encode_x"]  # type: ignore[no-any-return]
+            assert not lines, f"{field.name}: a required field after an optional one"
+            params.append(field.name)
+            text += item
+    checked = ", ".join(inspect.signature(_check_x).parameters)
+    head = [f"def encode_x({', '.join(params)}):", f"    _check_x({checked})", f"    text = f'{{{{{text}'"]
+    source = "\n".join([*head, *lines, "    return (text + '}').encode()"])
+    namespace: dict[str, Any] = {"_check_x": _check_x}
+    exec(source, namespace)  # the source is built above from the struct's own field names and types
+    return cast("Callable[P, bytes]", namespace["encode_x"])
 
 
-encode_x = _x_writer()
-encode_x.__doc__ = """``encode(msg)`` of an x (hot path): fields in order, floats as ``repr``, no None."""
+encode_x = _x_writer(XMsg)
+encode_x.__doc__ = (
+    """``encode(XMsg(...))`` without building the struct (hot path): the same arguments, the same bytes."""
+)
 
 
 class StatusMsg(_Signed):
@@ -429,7 +442,7 @@ def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
 def encode(msg: WireMessage) -> bytes:
     """UTF-8 JSON with shortest round-trip floats; raises :class:`WireError` on NaN/inf."""
     if isinstance(msg, XMsg):
-        return encode_x(msg)
+        return encode_x(*msgspec.structs.astuple(msg))
     try:
         body = msg.model_dump(by_alias=True)
         if isinstance(msg, StatusMsg) and msg.departed is None:
@@ -506,6 +519,7 @@ def _decode_x(info: TopicInfo, topic: str, payload: bytes) -> XMsg:
         msg = _X_DECODE(payload)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError is a DecodeError
         raise _x_error(payload, exc) from None
+    _check_x(msg.x, msg.cand, msg.departures)
     if msg.node != info.node:
         raise WireError("node", msg.node, f"disagrees with topic {topic}")
     return msg
@@ -524,8 +538,9 @@ def _x_error(payload: bytes, exc: Exception) -> WireError:
         body = None
     if isinstance(body, dict):
         try:
-            msgspec.convert(body, XMsg)
-        except WireError as error:  # XMsg.__post_init__'s
+            msg = msgspec.convert(body, XMsg)
+            _check_x(msg.x, msg.cand, msg.departures)
+        except WireError as error:
             return error
         except msgspec.ValidationError as error:
             exc = error
@@ -563,6 +578,7 @@ class HotDecoder:
             except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
                 pass  # decode() below says why, in the same words
             else:
+                _check_x(msg.x, msg.cand, msg.departures)
                 if msg.node == info.node:
                     return info, msg
         info, full = decode(topic, payload, self.prefix, self.run_id)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from nlagg_node.protocol import Identity, new_identity
 from nlagg_node.protocol.chain import KeyChain, key_b64
-from nlagg_node.runtime.wire import NodeState, StatusMsg, XMsg, encode, encode_x, topics
+from nlagg_node.runtime.wire import NodeState, StatusMsg, encode, encode_x, topics
 from tests.harness.hostile import Intruder
 from tests.harness.mqtt_frames import publish_frame
 
@@ -74,11 +74,11 @@ def forged_xs(
     out: list[tuple[int, bytes]] = []
     for t in ts:
         phase = phase_at(t)
-        out.append((t, encode_x(XMsg(node=node, t=t, phase=phase, x=value))))
-        out.append((t, encode_x(XMsg(node=node, t=t, phase=phase, x=value, k=key_b64(random_k())))))
+        out.append((t, encode_x(node=node, t=t, phase=phase, x=value)))
+        out.append((t, encode_x(node=node, t=t, phase=phase, x=value, k=key_b64(random_k()))))
         if copied is not None and copied[0] != t:
-            out.append((t, encode_x(XMsg(node=node, t=t, phase=phase, x=value, k=copied[1]))))
-        chained = encode_x(XMsg(node=node, t=t, phase=phase, x=value, k=key_b64(own[1].key(t))))
+            out.append((t, encode_x(node=node, t=t, phase=phase, x=value, k=copied[1])))
+        chained = encode_x(node=node, t=t, phase=phase, x=value, k=key_b64(own[1].key(t)))
         out += [(t, chained), (t, own[0].sign(topic, chained))]
     return out
 

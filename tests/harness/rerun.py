@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.wire import XMsg, encode_x, topics
+from nlagg_node.runtime.wire import encode_x, topics
 
 __all__ = ["FirstStart", "Impostor"]
 
@@ -99,7 +99,7 @@ class Impostor:
                 await asyncio.gather(*z0)
                 for t in sorted(self.first.chain):
                     x = encode_x(
-                        XMsg(node=self.node, t=t, phase=self.phase_at[t], x=self.value, k=self.first.chain[t])
+                        node=self.node, t=t, phase=self.phase_at[t], x=self.value, k=self.first.chain[t]
                     )
                     while len(self.seen.get(t, ())) < len(self.neighbours):
                         await transport.publish(tp.x(self.node), x)

@@ -22,7 +22,7 @@ from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
 from nlagg_node.protocol import new_identity
 from nlagg_node.runtime.seal import new_key, public_bytes
-from nlagg_node.runtime.wire import KeyMsg, XMsg, encode, encode_x, topics
+from nlagg_node.runtime.wire import KeyMsg, encode, encode_x, topics
 from tests.harness.hostile import Intruder
 from tests.harness.mqtt_frames import publish_frame
 from tests.harness.planbed import PlanBed
@@ -52,18 +52,12 @@ async def test_forged_x_in_the_window_are_refused_by_every_node_and_the_transcri
         x1 = topics("nlagg", bed.run_id).x(1)
         own_key = new_identity()  # signed, but not with node 1's identity
         frames = [
-            publish_frame(
-                x1, encode_x(XMsg(node=1, t=t_now + 1, phase=bed.phase_at(t_now + 1), x=FORGED[0]))
-            ),
+            publish_frame(x1, encode_x(node=1, t=t_now + 1, phase=bed.phase_at(t_now + 1), x=FORGED[0])),
             publish_frame(
                 x1,
-                own_key.sign(
-                    x1, encode_x(XMsg(node=1, t=t_now + 2, phase=bed.phase_at(t_now + 2), x=FORGED[1]))
-                ),
+                own_key.sign(x1, encode_x(node=1, t=t_now + 2, phase=bed.phase_at(t_now + 2), x=FORGED[1])),
             ),
-            publish_frame(
-                x1, encode_x(XMsg(node=1, t=t_now + 3, phase=bed.phase_at(t_now + 3), x=FORGED[2]))
-            ),
+            publish_frame(x1, encode_x(node=1, t=t_now + 3, phase=bed.phase_at(t_now + 3), x=FORGED[2])),
         ]
         await spy.send(frames)
         verdict = await bed.finish()

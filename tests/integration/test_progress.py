@@ -17,7 +17,7 @@ from nlagg_node.lab.progress import RunProgress, Snapshot
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.pace import Pace
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import StatusMsg, XMsg, encode, encode_x, topics
+from nlagg_node.runtime.wire import StatusMsg, encode, encode_x, topics
 
 T = topics("nlagg", "p1")
 
@@ -26,7 +26,7 @@ def test_run_progress_follows_node_zero_and_the_statuses() -> None:
     seen: list[Snapshot] = []
     watch = RunProgress("nlagg", "p1", 3, 500, lambda: 2, seen.append, every=0.0)
     for t in range(5):
-        watch.feed(Message(T.x(0), encode_x(XMsg(node=0, t=t, phase="max", x=1.5, quiet=t))))
+        watch.feed(Message(T.x(0), encode_x(node=0, t=t, phase="max", x=1.5, quiet=t)))
     watch.feed(Message(T.x(0), b"not json"))  # ignored
     for i in range(3):
         watch.feed(Message(T.status(i), encode(StatusMsg(node=i, state="done", iterations=5))))

@@ -50,7 +50,7 @@ from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.outputs import published_record, results_filter, results_topic
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import topic_matches
-from nlagg_node.runtime.wire import XMsg, encode_x, topics
+from nlagg_node.runtime.wire import encode_x, topics
 from nlagg_node.schedule import phase_targets, plan_phases, sealed_groups_of
 from nlagg_node.sim import simulate
 from tests.harness.load import contention, stretched
@@ -511,7 +511,7 @@ async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_ord
     t = topics("nlagg", "two")
 
     def x(i: int, step: int) -> tuple[str, bytes]:
-        return t.x(i), encode_x(XMsg(node=i, t=step, phase=phase, x=1.0 + i))
+        return t.x(i), encode_x(node=i, t=step, phase=phase, x=1.0 + i)
 
     async with start_mosquitto() as a, start_mosquitto() as b:
         subs = [MqttTransport(h.url, client_id="eve", manual_ack=True, connect_within=10) for h in (a, b)]

@@ -21,7 +21,7 @@ from nlagg_node.errors import EquivocationError
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import StatusMsg, XMsg, Z0Msg, encode, encode_x, topics
+from nlagg_node.runtime.wire import StatusMsg, Z0Msg, encode, encode_x, topics
 
 RUN = "acc"
 TP = topics("nlagg", RUN)
@@ -44,9 +44,7 @@ class Sides:
     kept: set[tuple[str, bytes]] = field(default_factory=set)  # what the transcript stored as valid
 
     def x(self, i: int, t: int, x: float, phase: str = "max", stop: int | None = None) -> tuple[str, bytes]:
-        return TP.x(i), encode_x(
-            XMsg(node=i, t=t, phase=phase, x=x, quiet=0 if self.early else None, stop=stop)
-        )
+        return TP.x(i), encode_x(node=i, t=t, phase=phase, x=x, quiet=0 if self.early else None, stop=stop)
 
     def node_decides(self, node: Node, topic: str, payload: bytes) -> str:
         rejected, duplicates = node.rejected, node.duplicates

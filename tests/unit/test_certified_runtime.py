@@ -74,16 +74,14 @@ def expected_payloads(
                 k, e, deps, cand = fields
                 stop = None if e == NO_STOP else e
                 want[i, t] = encode_x(
-                    XMsg(
-                        node=i,
-                        t=t,
-                        phase=cfg.op,
-                        x=float(xs[t, i]),
-                        quiet=k,
-                        stop=stop,
-                        departures=deps or None,
-                        cand=cand,
-                    )
+                    node=i,
+                    t=t,
+                    phase=cfg.op,
+                    x=float(xs[t, i]),
+                    quiet=k,
+                    stop=stop,
+                    departures=deps or None,
+                    cand=cand,
                 )
                 if cand is not None:
                     cands[i] = cand
@@ -201,7 +199,7 @@ def test_a_simulated_certified_run_is_attacked_with_its_exact_output(tmp_path: P
 
 @pytest.mark.parametrize("cand", [0.1 + 0.2, -3.5e-300, 1e300, 5.0], ids=["repr", "tiny", "huge", "integral"])
 def test_cand_round_trips_exactly_and_encodes_as_json_dumps(cand: float) -> None:
-    payload = encode_x(XMsg(node=2, t=700, phase="max", x=0.75, quiet=31, stop=740, cand=cand))
+    payload = encode_x(node=2, t=700, phase="max", x=0.75, quiet=31, stop=740, cand=cand)
     body = {"v": 1, "node": 2, "t": 700, "phase": "max", "x": 0.75, "quiet": 31, "stop": 740, "cand": cand}
     assert payload == json.dumps(body, separators=(",", ":")).encode()
     topic = topics("nlagg", "r").x(2)
@@ -216,7 +214,7 @@ def test_cand_round_trips_exactly_and_encodes_as_json_dumps(cand: float) -> None
 
 def test_messages_without_cand_are_unchanged() -> None:
     assert (
-        encode_x(XMsg(node=1, t=3, phase="max", x=0.5, quiet=0))
+        encode_x(node=1, t=3, phase="max", x=0.5, quiet=0)
         == b'{"v":1,"node":1,"t":3,"phase":"max","x":0.5,"quiet":0}'
     )
 
@@ -224,7 +222,7 @@ def test_messages_without_cand_are_unchanged() -> None:
 @pytest.mark.parametrize("cand", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_a_cand_that_is_not_finite_is_refused(cand: float) -> None:
     with pytest.raises(WireError, match="cand"):
-        encode_x(XMsg(node=0, t=3, phase="max", x=1.0, quiet=0, cand=cand))
+        encode_x(node=0, t=3, phase="max", x=1.0, quiet=0, cand=cand)
     body = b'{"v":1,"node":0,"t":3,"phase":"max","x":1.0,"quiet":0,"cand":1e999}'
     with pytest.raises(WireError, match="cand"):
         HotDecoder("nlagg", "r").decode(topics("nlagg", "r").x(0), body)

@@ -30,7 +30,7 @@ from nlagg_node.protocol import fields_along
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will
 from nlagg_node.runtime.public import build_config_msg, run_edges
-from nlagg_node.runtime.wire import ConfigMsg, XMsg, encode, encode_x, topics
+from nlagg_node.runtime.wire import ConfigMsg, encode, encode_x, topics
 from nlagg_node.sim import SimResult, draw_values, simulate
 from nlagg_node.termination import NO_STOP, Certificate, Fields, certificate_sign, stop_reach
 
@@ -161,16 +161,14 @@ def test_the_transcript_holds_what_the_nodes_publish_in_time_order(tmp_path: Pat
             k, e, _, cand = want[(i, t)]
             stop = None if e == NO_STOP else e
             assert payload == encode_x(
-                XMsg(
-                    node=i,
-                    t=t,
-                    phase=sim.phases[0].name,
-                    x=float(xs[t, i]),
-                    quiet=k,
-                    stop=stop,
-                    departures=deps or None,
-                    cand=cand,
-                )
+                node=i,
+                t=t,
+                phase=sim.phases[0].name,
+                x=float(xs[t, i]),
+                quiet=k,
+                stop=stop,
+                departures=deps or None,
+                cand=cand,
             )
             order.setdefault((f"x{t}", i), row_id)
         elif topic.endswith("/status"):
@@ -357,13 +355,8 @@ def test_an_x_with_departures_is_valid_only_where_nodes_may_depart(
         tr.add(tp.config, encode(build_config_msg(cfg, RUN, run_edges(cfg))), retained=True)
         for t in range(3):
             for i in range(4):
-                assert (
-                    tr.add(tp.x(i), encode_x(XMsg(node=i, t=t, phase="max", x=1.0 - t, quiet=quiet)))
-                    is not None
-                )
-        stored = tr.add(
-            tp.x(1), encode_x(XMsg(node=1, t=3, phase="max", x=0.5, quiet=quiet, departures=(2,)))
-        )
+                assert tr.add(tp.x(i), encode_x(node=i, t=t, phase="max", x=1.0 - t, quiet=quiet)) is not None
+        stored = tr.add(tp.x(1), encode_x(node=1, t=3, phase="max", x=0.5, quiet=quiet, departures=(2,)))
         assert (stored is not None) == (why is None)
         if why is not None:
             [(topic, error)] = tr.rejected()
@@ -388,13 +381,10 @@ def test_an_x_after_its_nodes_stop_is_refused(tmp_path: Path, may_depart: bool) 
         for t in range(stop + 1):
             for i in range(4):
                 assert (
-                    tr.add(tp.x(i), encode_x(XMsg(node=i, t=t, phase="max", x=1.0 - t, quiet=0, stop=stop)))
+                    tr.add(tp.x(i), encode_x(node=i, t=t, phase="max", x=1.0 - t, quiet=0, stop=stop))
                     is not None
                 )
-        assert (
-            tr.add(tp.x(1), encode_x(XMsg(node=1, t=stop + 1, phase="max", x=0.5, quiet=0, stop=stop)))
-            is None
-        )
+        assert tr.add(tp.x(1), encode_x(node=1, t=stop + 1, phase="max", x=0.5, quiet=0, stop=stop)) is None
         [(topic, error)] = tr.rejected()
         assert topic == tp.x(1)
         assert f"node 1 ended this phase after t={stop}" in error

@@ -36,7 +36,7 @@ from nlagg_node.runtime.checkpoint import CheckpointStore
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import StatusMsg, XMsg, Z0Msg, decode, encode, encode_x, topics
+from nlagg_node.runtime.wire import StatusMsg, Z0Msg, decode, encode, encode_x, topics
 from nlagg_node.sim import simulate
 from tests.harness.signednet import memory_network, run_network
 
@@ -102,7 +102,7 @@ async def test_a_signed_network_is_the_simulator_and_refuses_forgeries() -> None
     def forge(topic: str, payload: bytes, retain: bool) -> None:
         if topic == TP.x(1) and not forged:  # node 1's password, not its key: one forgery first
             t = json.loads(payload)["t"]
-            forged.append(encode_x(XMsg(node=1, t=t, phase="median", x=1e6)))
+            forged.append(encode_x(node=1, t=t, phase="median", x=1e6))
             route(topic, forged[0], retain)
         route(topic, payload, retain)
 
@@ -182,7 +182,7 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
 
     def x(k: int, t: int, value: float, key: int | None = None, signer: int | None = None) -> bytes:
         body = encode_x(
-            XMsg(node=k, t=t, phase="median", x=value, k=key_b64(chains[k].key(t if key is None else key)))
+            node=k, t=t, phase="median", x=value, k=key_b64(chains[k].key(t if key is None else key))
         )
         return IDS[k if signer is None else signer].sign(TP.x(k), body)
 
@@ -193,7 +193,7 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
             assert tr.add(TP.status(k), IDS[k].sign(TP.status(k), online)) is not None
         assert all(tr.add(TP.x(k), x(k, 0, 0.5)) is not None for k in range(cfg.n))
         assert (
-            tr.add(TP.x(1), encode_x(XMsg(node=1, t=1, phase="median", x=9.0))) is None
+            tr.add(TP.x(1), encode_x(node=1, t=1, phase="median", x=9.0)) is None
         )  # a broker password's forgery
         assert tr.add(TP.x(1), x(1, 1, 9.0, key=2)) is None  # another iteration's element
         assert tr.add(TP.x(1), x(1, 1, 0.5)) is not None
