@@ -27,7 +27,8 @@ from it once validated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Self
 
 from nlagg_node.protocol import (
     NO_HALT,
@@ -101,6 +102,13 @@ class PhaseEnds:
     def last(self, node: int, t: int) -> int | None:
         """The last iteration ``node`` ran in t's phase, None while it runs."""
         return self.by_phase[self.shape.phase_of(t)].get(node)
+
+    def note_stops(self, stops: Mapping[tuple[int, int], tuple[int, Sequence[int] | None]]) -> Self:
+        """:meth:`note` every ``(node, t) -> (stop, departures)`` of a transcript's x's
+        (:meth:`~adversary.transcript.reader.TranscriptReader.x_stops`); returns itself."""
+        for (node, t), (stop, departures) in stops.items():
+            self.note(node, t, stop, departures)
+        return self
 
 
 class RunRules:

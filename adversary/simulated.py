@@ -26,7 +26,7 @@ from nlagg_node.sim import SimResult
 from nlagg_node.threat import known_duals
 from nlagg_node.valuemap import scale_for
 
-from .attack import AttackReport, attack_arrays, score
+from .attack import AttackReport, Halted, attack_arrays, score
 
 if TYPE_CHECKING:
     from nlagg_node.runtime.wire import topics
@@ -109,7 +109,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         scale=scale_for(cfg),
         departed=result.departures_of(trial),
         early_stop=cfg.early_stop,
-        finals=_certified_finals(result, trial, x),
+        halted=Halted(finals=_certified_finals(result, trial, x)),
     )
     return score(
         report,

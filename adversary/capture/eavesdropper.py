@@ -364,8 +364,7 @@ class Eavesdropper:
         x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
         stops = self.transcript.x_stops(cfg.n, self.replay.t_total) if cfg.early_stop else {}
         if ends is not None:  # what a transcript continued after a restart held (noted once)
-            for (i, t), (stop, deps) in stops.items():
-                ends.note(i, t, stop, deps)
+            ends.note_stops(stops)
         for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):
             self.replay.add_x(int(i), int(t), float(x[i, t]))
         self._advance()

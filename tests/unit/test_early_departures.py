@@ -53,6 +53,7 @@ def public_run(data: TranscriptData) -> PublicRun:
         data["z0"],
         data["x"],
         data["departed"],
+        data["ends"],
     )
 
 
@@ -226,6 +227,7 @@ def test_the_live_replay_reaches_the_offline_exposures(tmp_path: Path, op: str) 
         assert not replay.advance(force=True)  # ... and steps nothing after it
         assert replay.t_next == ran.max()
         data = load_transcript_arrays(db)
+        assert data["ends"] == replay.halted  # the rules' record, read again from the file
         offline = replay_exposures(public_run(data), early_stop=True)
         live = replay.result()
         assert np.array_equal(live.first, offline.first)
