@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .analysis.mi import nmi_with_bootstrap as nmi_with_bootstrap
     from .analysis.mi import self_information as self_information
     from .attack import AttackReport as AttackReport
+    from .attack import Halted as Halted
     from .attack import NodeFinding as NodeFinding
     from .attack import attack_arrays as attack_arrays
     from .attack import attack_transcript as attack_transcript

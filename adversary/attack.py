@@ -52,6 +52,25 @@ SOLVED_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
+class Halted:
+    """What the x's the nodes ended their phases with said, where they were read (a transcript).
+
+    Attributes
+    ----------
+    ends : with early stopping, per phase, node -> the last iteration it ran
+        (:attr:`adversary.rules.PhaseEnds.by_phase`); the others are inferred from the x's
+        (:func:`~adversary.spans.node_ends`).
+    finals : ``(n, T'')``, a run that stops on the certificate: the candidate published with the x
+        at which a node ended its phase, NaN elsewhere
+        (:func:`~adversary.transcript.reader.certified_finals`). There it is the node's final, not
+        its last x (the output: exactly the extremum).
+    """
+
+    ends: Sequence[Mapping[int, int]] | None = None
+    finals: FloatArray | None = None
+
+
+@dataclass(frozen=True)
 class NodeFinding:
     """What the transcript proves about one node.
 
@@ -193,7 +212,7 @@ def attack_arrays(
     departed: Mapping[int, int] | None = None,
     scale: ValueScale | None = None,
     early_stop: bool = False,
-    finals: FloatArray | None = None,
+    halted: Halted | None = None,
 ) -> AttackReport:
     """Run the attack on one transcript given as arrays.
 
@@ -227,12 +246,11 @@ def attack_arrays(
     early_stop
         The run stops phases early (its public config says so): the iterations a phase skipped
         are skipped by the replay too (:func:`~adversary.live.replay_exposures`).
-    finals
-        ``(n, T'')``, a run that stops on the certificate: the candidate published with the x at
-        which a node ended its phase, NaN elsewhere
-        (:func:`~adversary.transcript.reader.certified_finals`). There it is the node's final,
-        not its last x (the output: exactly the extremum).
+    halted
+        Where the nodes ended their phases and, at a certified stop, with which candidate, as the x's
+        they halted with said (:class:`Halted`); None: inferred from ``x`` alone.
     """
+    ends, finals = (None, None) if halted is None else (halted.ends, halted.finals)
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] != n:
         raise ConfigError("x", f"shape {x.shape}", f"expected (n={n}, T)")
@@ -240,7 +258,7 @@ def attack_arrays(
     bad = [i for i in corrupt if not 0 <= i < n]
     if bad:
         raise ConfigError("corrupted", bad, f"node ids must lie in 0..{n - 1}")
-    run = PublicRun(n, edges, phases, cs, theta, z0, x, departed)
+    run = PublicRun(n, edges, phases, cs, theta, z0, x, departed, ends)
     if replayed is None:
         rep = replay_exposures(run, early_stop=early_stop)
     else:
@@ -248,7 +266,7 @@ def attack_arrays(
     T = rep.branch.shape[1]
     # With early stopping a phase's final x is where it stopped, not at the end of its t_len; where
     # departures split the graph, each node's is where its component stopped.
-    own_ends = node_ends(phases, x[:, :T], edges, departed) if early_stop else None
+    own_ends = node_ends(phases, x[:, :T], edges, departed, ends) if early_stop else None
     lower, upper, last_t, final_t = _branch_bounds(phases, x[:, :T], rep, epsilon, own_ends, early_stop)
     sc = scale or ValueScale()
     lin = attack_linear(replace(run, x=x[:, :T]), rep, corrupt, sc, early_stop)
@@ -480,7 +498,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
         scale=data["scale"],
         departed=data["departed"],
         early_stop=cfg.early_stop,
-        finals=data["finals"],
+        halted=Halted(data["ends"], data["finals"]),
     )
     report.extra["run_id"] = data["run_id"]
     if not cfg.early_stop and data["x"].shape[1] < data["t_total"]:
@@ -493,7 +511,7 @@ def attack_transcript(path: str | Path, truth: Path | None = None) -> AttackRepo
     report.extra["expected_x"] = (
         int(
             node_iterations_run(
-                data["phases"], x, node_ends(data["phases"], x, data["edges"], data["departed"])
+                data["phases"], x, node_ends(data["phases"], x, data["edges"], data["departed"], data["ends"])
             ).sum()
         )
         if cfg.early_stop

@@ -264,7 +264,7 @@ def linear_attack(run: PublicRun, known: Mapping[int, float], *, early_stop: boo
     gone = dict(departed or {})
     dropped: set[int] = set()
     first = np.full(n, -1, dtype=np.int64)
-    ends = node_ends(phases, x[:, :t_len], edges, departed) if early_stop else None
+    ends = node_ends(phases, x[:, :t_len], edges, departed, run.ends) if early_stop else None
     last = np.zeros((0, 0))  # the coefficients of the last iteration's equations
     for p, phase in enumerate(phases):
         start = schedule.start(p)

@@ -80,6 +80,9 @@ class PublicRun:
     x : ``(n, T)`` published x's (``Transcript.x``), NaN where not captured; T may be shorter than
         the schedule (the replay stops there).
     departed : ``{node: T}`` departures (:func:`nlagg_node.departure.announced` of the statuses).
+    ends : early stopping, per phase, node -> the last iteration it ran where the x it halted with
+        was read (:attr:`adversary.rules.PhaseEnds.by_phase`; :func:`~adversary.spans.node_ends`
+        infers the others).
     """
 
     n: int
@@ -90,6 +93,7 @@ class PublicRun:
     z0: Mapping[str, FloatArray]
     x: FloatArray
     departed: Mapping[int, int] | None = None
+    ends: Sequence[Mapping[int, int]] | None = None
 
 
 UNKNOWN, LOW, HIGH, VALUE, SOLVED = -1, 0, 1, 2, 3
@@ -462,7 +466,7 @@ def replay_exposures(run: PublicRun, *, early_stop: bool = False) -> Exposures:
             replay.t_next = t
             replay._step(t)
     else:
-        ends = node_ends(phases, x[:, :t_len], edges, departed)
+        ends = node_ends(phases, x[:, :t_len], edges, departed, run.ends)
         for p, start in enumerate(replay._starts[: len(phases)].tolist()):
             end = ends[p]
             for t in range(start, min(int(end.max()), t_len) if n else start):

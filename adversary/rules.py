@@ -27,7 +27,8 @@ from it once validated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Self
 
 from nlagg_node.protocol import (
     NO_HALT,
@@ -51,15 +52,13 @@ from nlagg_node.protocol import (
 from nlagg_node.protocol.chain import ChainCheck, chain_check, x_key_error
 from nlagg_node.runtime.public import config_from_msg, config_mismatch
 from nlagg_node.runtime.wire import (
-    X_TYPES,
     AdvStateMsg,
     ConfigMsg,
-    Decoded,
     KeyMsg,
     SealedZ0Msg,
     StatusMsg,
+    WireMessage,
     XMsg,
-    XWire,
     Z0Msg,
     stale_run,
 )
@@ -104,6 +103,13 @@ class PhaseEnds:
         """The last iteration ``node`` ran in t's phase, None while it runs."""
         return self.by_phase[self.shape.phase_of(t)].get(node)
 
+    def note_stops(self, stops: Mapping[tuple[int, int], tuple[int, Sequence[int] | None]]) -> Self:
+        """:meth:`note` every ``(node, t) -> (stop, departures)`` of a transcript's x's
+        (:meth:`~adversary.transcript.reader.TranscriptReader.x_stops`); returns itself."""
+        for (node, t), (stop, departures) in stops.items():
+            self.note(node, t, stop, departures)
+        return self
+
 
 class RunRules:
     """The nodes' acceptance rules for one run, with the state the window needs.
@@ -138,10 +144,10 @@ class RunRules:
         """The name of the phase iteration ``t`` (``0 <= t < t_total``) belongs to."""
         return self.shape.phase_at[t]
 
-    def reject(self, msg: Decoded) -> str | None:
+    def reject(self, msg: WireMessage) -> str | None:
         """Why a node would not use ``msg`` (None: it would, when first for its slot)."""
         shape = self.shape
-        if isinstance(msg, X_TYPES):
+        if isinstance(msg, XMsg):
             return self._x(msg)
         if isinstance(msg, Z0Msg | SealedZ0Msg):
             return z0_error(shape, msg.from_, msg.to, msg.group, isinstance(msg, SealedZ0Msg))
@@ -159,21 +165,21 @@ class RunRules:
                 return f"a second run configuration ({mismatch}); the first one is kept"
         return None
 
-    def forged(self, topic: str, node: int | None, payload: bytes, msg: Decoded) -> str | None:
+    def forged(self, topic: str, node: int | None, payload: bytes, msg: WireMessage) -> str | None:
         """Why a message's authentication refuses it, as the nodes decide: in a run with identities
         an x carries its sender's key-chain element (:func:`~nlagg_node.protocol.chain.x_key_error`),
         every other message of a node its signature (:func:`~nlagg_node.protocol.signature_error`)."""
-        if isinstance(msg, X_TYPES):
+        if isinstance(msg, XMsg):
             auth = self.verifier is not None
             return x_key_error(auth, self.chains.get(msg.node), msg.node, msg.t, msg.k, msg.sig)
         return signature_error(self.verifier, topic, node, payload, getattr(msg, "sig", None) is not None)
 
-    def resume(self, msg: Decoded) -> None:
+    def resume(self, msg: WireMessage) -> None:
         """A message the transcript already holds as valid (a restarted eavesdropper): a status's
         key-chain anchor, an x's place on its sender's chain."""
         if isinstance(msg, StatusMsg):
             self._anchor(msg)
-        elif isinstance(msg, X_TYPES) and msg.k is not None and msg.node in self.chains:
+        elif isinstance(msg, XMsg) and msg.k is not None and msg.node in self.chains:
             self.chains[msg.node].follow(msg.t, msg.k)
 
     def _anchor(self, msg: StatusMsg) -> None:
@@ -186,7 +192,7 @@ class RunRules:
         last = self.ends.last(node, t)
         return NO_HALT if last is None else (last, self.shape.phase_end(t))
 
-    def _x(self, msg: XMsg | XWire) -> str | None:
+    def _x(self, msg: XMsg) -> str | None:
         i, t = msg.node, msg.t
         why = x_form_error(self.shape, i, t, msg.phase, msg.quiet, msg.stop, msg.departures, msg.cand)
         why = why or x_value_error(self.shape, i, t, msg.x, msg.cand)
@@ -208,18 +214,18 @@ class RunRules:
         x^(t) (:func:`~nlagg_node.protocol.lowest_position`)."""
         return lowest_position(self.latest, self.departures.receivers(node, t))
 
-    def waits(self, msg: Decoded) -> bool:
+    def waits(self, msg: WireMessage) -> bool:
         """Whether ``msg`` is an x of the run whose window is not open yet (a neighbour not yet seen
         at t-1). Captured from one broker that x is out of its window for good; captured from
         several bridged brokers, the x's before it may still be on their way over another one."""
-        if not isinstance(msg, X_TYPES) or not self.inside(msg.node, msg.t) or self._resync:
+        if not isinstance(msg, XMsg) or not self.inside(msg.node, msg.t) or self._resync:
             return False
         position = self.position(msg.node, msg.t)
         return admit(msg.t, position, self.t_total, NO_HALT, X_WINDOW, self.shape.jumps) == "ahead"
 
-    def accepted(self, msg: Decoded) -> None:
+    def accepted(self, msg: WireMessage) -> None:
         """Record a message stored as valid (the window moves on)."""
-        if isinstance(msg, X_TYPES):
+        if isinstance(msg, XMsg):
             self.saw_x(msg.node, msg.t)
             self.ends.note(msg.node, msg.t, msg.stop, msg.departures)
         elif isinstance(msg, StatusMsg):

@@ -26,7 +26,7 @@ from nlagg_node.sim import SimResult
 from nlagg_node.threat import known_duals
 from nlagg_node.valuemap import scale_for
 
-from .attack import AttackReport, attack_arrays, score
+from .attack import AttackReport, Halted, attack_arrays, score
 
 if TYPE_CHECKING:
     from nlagg_node.runtime.wire import topics
@@ -109,7 +109,7 @@ def attack_simulation(result: SimResult, trial: int = 0, corrupted: Sequence[int
         scale=scale_for(cfg),
         departed=result.departures_of(trial),
         early_stop=cfg.early_stop,
-        finals=_certified_finals(result, trial, x),
+        halted=Halted(finals=_certified_finals(result, trial, x)),
     )
     return score(
         report,
@@ -239,7 +239,11 @@ class _TrialMessages:
             for i in range(result.config.n):
                 if np.isnan(x[i, t]):
                     continue  # departed
-                tr.add(tp.x(i), encode_x(i, t, str(names[t]), float(x[i, t])), received=float(t))
+                tr.add(
+                    tp.x(i),
+                    encode_x(node=i, t=t, phase=str(names[t]), x=float(x[i, t])),
+                    received=float(t),
+                )
 
     def _write_departures(self, tr: Transcript, t: int) -> None:
         """The wills of the nodes that departed at ``t - 1`` and their neighbours' statuses naming
@@ -340,7 +344,9 @@ def _early_x(
                 if fields is not None:  # None: node i publishes nothing at t
                     k, e, deps, cand = fields
                     stop = None if e == NO_STOP else e
-                    payloads.append((i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps, cand=cand)))
+                    payloads.append(
+                        (i, encode_x(i, t, phase.name, float(x[i, t]), k, stop, deps or None, cand))
+                    )
                     if halts(e, t, deps, reach):
                         finals[i, p] = phase_final(float(x[i, t]), cand, stopped=True)
             yield t, payloads

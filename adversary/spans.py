@@ -44,9 +44,16 @@ def node_ends(
     x: FloatArray,
     edges: IntArray | None = None,
     departed: Mapping[int, int] | None = None,
+    known: Sequence[Mapping[int, int]] | None = None,
 ) -> IntArray:
     """``(phases, n)``: where each node's part of each phase of an early-stopping run ended
     (exclusive; the phase's start where the node ran none of it), from its ``(n, T)`` x's.
+
+    ``known``: per phase, node -> the last iteration it ran, where the x it halted with was read
+    (:attr:`adversary.rules.PhaseEnds.by_phase`: its stop fields through the protocol's
+    :func:`~nlagg_node.protocol.halt_span`, the rule itself). Such an end is the node's; the rest
+    of this function infers the others from the x's alone (a run whose fields were not kept, or a
+    node whose halting x the capture lost).
 
     A node ends a phase after its last x there. With ``edges`` a node's end is its connected
     component's: the nodes of a component stop together (:mod:`nlagg_node.termination`), so an x
@@ -67,6 +74,8 @@ def node_ends(
         has = seg.any(axis=1)
         last = width - 1 - np.argmax(seg[:, ::-1], axis=1) if width else np.zeros(n, dtype=np.int64)
         end = np.where(has, start + last + 1, start).astype(np.int64)
+        for i, halted in (known[p] if known is not None else {}).items():
+            end[i] = halted + 1
         if edges is not None:
             span_end = int(end.max()) if n else start
             here = {j: at for j, at in gone.items() if 0 <= j < n and at <= max(span_end - 1, start)}

@@ -31,7 +31,7 @@ def primitives(count: int = 3000) -> tuple[float, float, float]:
     """Microseconds of CPU per signature, per verification, and per key-chain check of an x."""
     identity = new_identity()
     topic = topics("nlagg", "bench").x(3)
-    body = encode_x(3, 1210, "max", 0.8123456789, 0, 1497)
+    body = encode_x(node=3, t=1210, phase="max", x=0.8123456789, quiet=0, stop=1497)
     start = time.process_time()
     for _ in range(count):
         signed = identity.sign(topic, body)

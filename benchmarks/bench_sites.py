@@ -161,7 +161,9 @@ async def run_layout(
             done.clear()
             remaining[0] = sum(target)
             for i in range(n):
-                pubs[layout.site_of[i]].publish_nowait(t.x(i), encode_x(i, r, phase, 1.0 + i * 1e-3), qos=1)
+                pubs[layout.site_of[i]].publish_nowait(
+                    t.x(i), encode_x(node=i, t=r, phase=phase, x=1.0 + i * 1e-3), qos=1
+                )
             async with asyncio.timeout(300):
                 await done.wait()
         elapsed = time.perf_counter() - started

@@ -40,11 +40,11 @@ from nlagg_node.runtime.public import config_from_msg
 from nlagg_node.runtime.tls import TlsSettings
 from nlagg_node.runtime.transport import Message, Subscriber
 from nlagg_node.runtime.wire import (
-    X_TYPES,
     AdvStateMsg,
     ConfigMsg,
-    Decoded,
     StatusMsg,
+    WireMessage,
+    XMsg,
     Z0Msg,
     check_prefix,
     check_run_id,
@@ -273,7 +273,7 @@ class Eavesdropper:
         self._check_finished()
         return handled
 
-    def handle(self, topic: str, payload: bytes, retained: bool = False) -> Decoded | None:
+    def handle(self, topic: str, payload: bytes, retained: bool = False) -> WireMessage | None:
         """Store one message, then update the views and the live replay; the message if valid.
 
         The transcript stores whatever arrives (as invalid, with the reason, when the nodes would
@@ -293,14 +293,14 @@ class Eavesdropper:
             log.exception("message on %s stored, but updating the live view failed", topic)
         return parsed[1]
 
-    def _update(self, msg: Decoded) -> None:
+    def _update(self, msg: WireMessage) -> None:
         if isinstance(msg, ConfigMsg):
             self._on_config(msg)
         elif isinstance(msg, Z0Msg):
             if self.replay is not None:
                 self.replay.set_z0(msg.group, msg.from_, msg.to, msg.z)
                 self._advance()  # the iteration it completes may already hold every x
-        elif isinstance(msg, X_TYPES):
+        elif isinstance(msg, XMsg):
             v = self.view(msg.node)
             v.iterations = max(v.iterations, msg.t + 1)
             # Its stop fields are in the rules' record (PhaseEnds) already: the transcript accepted it.
@@ -364,8 +364,7 @@ class Eavesdropper:
         x = self.transcript.x(cfg.n, self.replay.t_total)  # sized by the validated config only
         stops = self.transcript.x_stops(cfg.n, self.replay.t_total) if cfg.early_stop else {}
         if ends is not None:  # what a transcript continued after a restart held (noted once)
-            for (i, t), (stop, deps) in stops.items():
-                ends.note(i, t, stop, deps)
+            ends.note_stops(stops)
         for i, t in zip(*np.nonzero(~np.isnan(x)), strict=True):
             self.replay.add_x(int(i), int(t), float(x[i, t]))
         self._advance()
@@ -421,6 +420,7 @@ class Eavesdropper:
         if done == self.config.n:
             groups = {str(p["group"]) for p in self.config.phases}
             early = bool(self.config.run.get("early_stop", False))
+            rules = self.transcript.rules
             missing = self.transcript.complete(
                 self.config.n,
                 self.replay.t_total,
@@ -429,6 +429,7 @@ class Eavesdropper:
                 early_stop=early,
                 phases=self.replay.phases if early else None,
                 departed=gone,
+                known=rules.ends.by_phase if early and rules is not None else None,  # halting x's read
             )
             self.missing = excuse_departed(missing, gone, self.replay.t_total, self.config, early_stop=early)
             # A corrupted node's forwarded states count too: after a lost session the nodes

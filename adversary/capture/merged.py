@@ -21,7 +21,12 @@ from typing import Protocol, runtime_checkable
 from nlagg_node.errors import ConfigError
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.transport import Inbox, Message, Subscriber
-from nlagg_node.runtime.wire import X_TYPES, Decoded, WireError, decode
+from nlagg_node.runtime.wire import (
+    WireError,
+    WireMessage,
+    XMsg,
+    decode,
+)
 
 from ..transcript.writer import Transcript
 
@@ -165,14 +170,14 @@ class CausalOrder:
             _, msg = decode(raw.topic, raw.payload, self.transcript.prefix, self.transcript.run_id)
         except WireError:
             return False
-        if not isinstance(msg, X_TYPES) or not rules.waits(msg):
+        if not isinstance(msg, XMsg) or not rules.waits(msg):
             return False
         self._parked.setdefault(msg.t - 1, []).append((raw, time.monotonic()))
         return True
 
-    def released(self, stored: Decoded | None) -> list[Message]:
+    def released(self, stored: WireMessage | None) -> list[Message]:
         """What waited for ``stored`` (the message just handled) to be offered again."""
-        if not isinstance(stored, X_TYPES):
+        if not isinstance(stored, XMsg):
             return []
         return [raw for raw, _ in self._parked.pop(stored.t, [])]
 

@@ -45,6 +45,7 @@ class TranscriptData(TypedDict):
     departed: dict[int, int]  # node -> the iteration it left at (its neighbours' statuses)
     scale: ValueScale  # the run's public value range (x and z0 are on the protocol's scale)
     finals: FloatArray | None  # a certified run: each candidate its node ended a phase with (n, T), else None
+    ends: list[dict[int, int]] | None  # early stopping: per phase, node -> its last iteration (PhaseEnds)
 
 
 def load_transcript_arrays(path: str | Path) -> TranscriptData:
@@ -55,6 +56,7 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
     from nlagg_node.valuemap import scale_for
 
     from ..live import forwarded_z0
+    from ..rules import PhaseEnds
     from .writer import Transcript
 
     p = Path(path)
@@ -70,6 +72,9 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
         corrupted = {m.node: scale.user_float(float(m.s)) for m in states}
         # What the wire showed, what the config fixes, and what the corrupted nodes forwarded.
         z0 = forwarded_z0(cfg.n, edges, phases, public_z0(cfg, edges, phases, tr.z0(cfg.n, edges)), states)
+        shape = RunShape(cfg, edges)
+        # Where the x's a node halted with say it ended each phase: the rules' record, read again.
+        ends = PhaseEnds(shape).note_stops(tr.x_stops(cfg.n, t_total)).by_phase if cfg.early_stop else None
         return {
             "scale": scale,
             "cfg": cfg,
@@ -85,7 +90,8 @@ def load_transcript_arrays(path: str | Path) -> TranscriptData:
             "corrupted": corrupted,
             "statuses": (statuses := tr.statuses()),
             "departed": announced(st.departed for st in statuses.values()),
-            "finals": tr.x_finals(cfg.n, t_total, RunShape(cfg, edges).reach) if cfg.certified else None,
+            "finals": tr.x_finals(cfg.n, t_total, shape.reach) if cfg.certified else None,
+            "ends": ends,
         }
 
 

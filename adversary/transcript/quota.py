@@ -18,7 +18,7 @@ import json
 import logging
 
 from nlagg_node.limits import MAX_NODES
-from nlagg_node.runtime.wire import X_TYPES, Decoded, WireError, encode, encode_x
+from nlagg_node.runtime.wire import WireError, WireMessage, encode
 
 __all__ = ["QUOTA_FACTOR", "Quota", "compact", "node_budget"]
 
@@ -112,15 +112,11 @@ class Quota:
             self.dropped[int(k)] = [int(d["messages"]), int(d["bytes"])]
 
 
-def compact(payload: bytes, msg: Decoded) -> bytes:
+def compact(payload: bytes, msg: WireMessage) -> bytes:
     """A valid message's payload as the nodes write it (canonical JSON) when that is shorter: the
     same fields, without padding (whitespace the JSON allows)."""
     try:
-        if isinstance(msg, X_TYPES):
-            deps = msg.departures or ()
-            canon = encode_x(msg.node, msg.t, msg.phase, msg.x, msg.quiet, msg.stop, deps, cand=msg.cand)
-        else:
-            canon = encode(msg)
+        canon = encode(msg)
     except WireError:
         return payload
     return canon if len(canon) < len(payload) else payload

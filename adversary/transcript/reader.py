@@ -29,14 +29,13 @@ from nlagg_node.arrays import FloatArray
 from nlagg_node.errors import ConfigError
 from nlagg_node.graphs import EdgeLayout
 from nlagg_node.runtime.wire import (
-    X_TYPES,
     AdvStateMsg,
     ConfigMsg,
-    Decoded,
     SealedZ0Msg,
     StatusMsg,
     TopicInfo,
     WireMessage,
+    XMsg,
     Z0Msg,
     decode,
 )
@@ -96,8 +95,8 @@ def create_tables(db: sqlite3.Connection, schema: str) -> None:
 NO_FIELDS = (None, None, None, None, None, None)  # kind, node, peer, t, phase, value of an invalid row
 
 
-def row_fields(info: TopicInfo, msg: Decoded) -> tuple[int | None, str | None, float | None]:
-    if isinstance(msg, X_TYPES):
+def row_fields(info: TopicInfo, msg: WireMessage) -> tuple[int | None, str | None, float | None]:
+    if isinstance(msg, XMsg):
         return msg.t, msg.phase, msg.x
     if isinstance(msg, Z0Msg):
         return None, msg.group, msg.z
@@ -233,18 +232,20 @@ class TranscriptReader:
         early_stop: bool = False,
         phases: Sequence[Phase] | None = None,
         departed: Mapping[int, int] | None = None,
+        known: Sequence[Mapping[int, int]] | None = None,
     ) -> tuple[int, int]:
         """Missing ``(x, z0)`` of a run: x_i^(t) for i < n, t < t_total, and z_{i|j}^(0) for both
         directions of every edge and every dual group. Valid-looking messages outside the run
         (another node, group or edge) do not count. With ``early_stop`` the phases may end early,
         so only the iterations of which some x was captured are expected; given the run's
         ``phases`` (and its ``departed`` nodes), only each node's own: those of its phases up to
-        where its connected component stopped (:func:`adversary.spans.node_ends`), a departed node's
-        up to its departure."""
+        where it stopped: where the x it halted with says (``known``, the transcript's record
+        :attr:`adversary.rules.PhaseEnds.by_phase`), else where its connected component stopped
+        (:func:`adversary.spans.node_ends`), a departed node's up to its departure."""
         if early_stop and phases is not None:
             x = self.x(n, t_total)
             pairs = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-            ends = node_ends(phases, x, pairs, departed)
+            ends = node_ends(phases, x, pairs, departed, known)
             expected_x = int(node_iterations_run(phases, x, ends).sum())
             return expected_x - int(np.isfinite(x).sum()), self._missing_z0(edges, groups)
         if early_stop:

@@ -46,10 +46,10 @@ from nlagg_node.private import open_private
 from nlagg_node.protocol import equivocation_error, slot_verdict, x_conflict_error
 from nlagg_node.runtime.wire import (
     ConfigMsg,
-    Decoded,
     HotDecoder,
     TopicInfo,
     WireError,
+    WireMessage,
     check_prefix,
     check_run_id,
     decode,
@@ -72,7 +72,7 @@ from .reader import (
 
 __all__ = ["MAX_INVALID_PAYLOAD", "Captured", "Transcript", "captured_count"]
 
-Captured = tuple[TopicInfo, Decoded] | None
+Captured = tuple[TopicInfo, WireMessage] | None
 
 
 class Transcript(TranscriptReader):
@@ -234,7 +234,7 @@ class Transcript(TranscriptReader):
         who = quota.topic_node(topic) if node is None else node
         return quota.admit(who, len(topic) + min(len(payload), MAX_INVALID_PAYLOAD), len(payload))
 
-    def _forged(self, topic: str, info: TopicInfo, msg: Decoded, payload: bytes) -> str | None:
+    def _forged(self, topic: str, info: TopicInfo, msg: WireMessage, payload: bytes) -> str | None:
         """Why ``msg``'s signature refuses it (:meth:`adversary.rules.RunRules.forged`)."""
         if self.rules is None:
             return None
@@ -248,7 +248,7 @@ class Transcript(TranscriptReader):
         key: str,
         topic: str,
         info: TopicInfo,
-        msg: Decoded,
+        msg: WireMessage,
         fields: tuple[int | None, str | None, float | None],
         payload: bytes,
     ) -> str | None:

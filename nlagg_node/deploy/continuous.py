@@ -22,15 +22,16 @@ from ..runtime.wire import WireError, parse_topic, topics
 from .mosquitto_auth import node_user
 from .nodefile import NodeFile
 
-__all__ = ["Schedule", "continuous_acl", "schedule_of", "scheduled"]
+__all__ = ["EpochTimetable", "continuous_acl", "schedule_of", "scheduled"]
 
 ORIGIN_LEAD = 60.0
 """A plan's default origin: the first whole minute at least this many seconds after planning."""
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """When a continuous deployment's epochs start: ``origin + k * every``, k < ``epochs``."""
+class EpochTimetable:
+    """When a continuous deployment's epochs start, ``origin + k * every`` for k < ``epochs``, and how (warm
+    starts' drift, cold start). Not the phase schedule of one run (:class:`nlagg_node.schedule.Schedule`)."""
 
     every: float
     origin: float
@@ -45,7 +46,7 @@ def schedule_of(
     origin: float | None,
     drift: float | None = None,
     cold_start: bool = False,
-) -> Schedule | None:
+) -> EpochTimetable | None:
     """The schedule of ``--every/--epochs/--origin`` and the warm starts' ``--drift/--cold-start``
     (None without ``--every``); errors name the option."""
     if every is None:
@@ -57,10 +58,10 @@ def schedule_of(
         raise ConfigError("every", every, "must be a positive number of seconds")
     if origin is None:
         origin = math.ceil((time.time() + ORIGIN_LEAD) / 60.0) * 60.0
-    return Schedule(every, origin, epochs, drift, cold_start)
+    return EpochTimetable(every, origin, epochs, drift, cold_start)
 
 
-def scheduled(nodes: list[NodeFile], schedule: Schedule | None) -> list[NodeFile]:
+def scheduled(nodes: list[NodeFile], schedule: EpochTimetable | None) -> list[NodeFile]:
     """The node files with the schedule written in (unchanged without one)."""
     if schedule is None:
         return nodes

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..config import DEFAULT_BROKER, RunConfig
 from ..options import PlanRunOptions, option_fields
 from ..valuesource import ValueSource
-from .continuous import Schedule
+from .continuous import EpochTimetable
 from .mosquitto_auth import TlsFiles
 
 __all__ = ["DEFAULT_PREFIX", "PlanSpec", "plan_spec"]
@@ -59,7 +59,7 @@ class PlanSpec:
     sites: int = 1
     site_of: tuple[int, ...] | None = None
     site_brokers: tuple[str, ...] = ()
-    schedule: Schedule | None = None
+    schedule: EpochTimetable | None = None
     auth: bool = True
 
     @property

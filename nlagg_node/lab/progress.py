@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..runtime.transport import Message, Transport
-from ..runtime.wire import X_TYPES, HotDecoder, StatusMsg, WireError, topics
+from ..runtime.wire import (
+    HotDecoder,
+    StatusMsg,
+    WireError,
+    XMsg,
+    topics,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -90,7 +96,7 @@ class RunProgress:
         if isinstance(msg, StatusMsg):
             if msg.state == "done":
                 self.done.add(msg.node)
-        elif isinstance(msg, X_TYPES):
+        elif isinstance(msg, XMsg):
             self.t, self.phase = msg.t, msg.phase
             if self.first is None:
                 self.first = (now, self.t)

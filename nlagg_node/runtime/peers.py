@@ -97,7 +97,7 @@ class Outbox:
         candidate (None: none, or not a certified run)."""
         k = None if self.chain is None else key_b64(self.chain.key(t))
         quiet, stop, departures, cand = (None, None, (), None) if fields is None else fields
-        payload = encode_x(self.node, t, phase, x, quiet, stop, departures, k, cand)
+        payload = encode_x(self.node, t, phase, x, quiet, stop, tuple(departures) or None, cand, k)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))

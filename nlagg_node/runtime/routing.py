@@ -35,13 +35,13 @@ from .barrier import Outcome
 from .member import Member
 from .transport import Message, Transport
 from .wire import (
-    X_TYPES,
     ConfigMsg,
     HotDecoder,
     KeyMsg,
     SealedZ0Msg,
     StatusMsg,
     WireError,
+    XMsg,
     Z0Msg,
     stale_run,
 )
@@ -132,7 +132,7 @@ class Router:
         except WireError as exc:
             self.on_reject(raw.topic, exc)
             return
-        if isinstance(msg, X_TYPES):
+        if isinstance(msg, XMsg):
             t, stop = msg.t, msg.stop
             why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures, msg.cand)
             why = why or x_value_error(self.shape, msg.node, t, msg.x, msg.cand)

@@ -23,23 +23,24 @@ initialization (``"v": 2``, :mod:`nlagg_node.runtime.seal`): the key and the sea
 i.e. with Python's shortest round-trip ``repr``, so a transcript holds the exact doubles;
 NaN and infinities are refused on both sides.
 
-The pydantic models are the validation boundary. The x messages, the only per-iteration traffic,
-are read on the hot path by :class:`HotDecoder` with msgspec (:class:`XWire`, the same fields and
-bounds); a payload msgspec does not take goes through :func:`decode`, so a hot-path error is
-:func:`decode`'s error, word for word (``benchmarks/bench_wire.py`` measures the two).
+The models are the validation boundary: pydantic for every message but the x, the only
+per-iteration traffic, whose one schema is the msgspec struct :class:`XMsg`. Its decoder (:func:`decode`
+and :class:`HotDecoder` alike) and its encoder (:func:`encode_x`, written from the struct's fields
+at import) both come from it (``benchmarks/bench_wire.py`` measures them).
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from math import isfinite as _isfinite
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, ParamSpec, cast
 
 import msgspec
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -50,7 +51,6 @@ from ..limits import MAX_ITERATIONS, MAX_NODES
 __all__ = [
     "MAX_PAYLOAD_BYTES",
     "PROTOCOL_VERSION",
-    "X_TYPES",
     "AdvStateMsg",
     "ConfigMsg",
     "Decoded",
@@ -62,7 +62,6 @@ __all__ = [
     "WireError",
     "WireMessage",
     "XMsg",
-    "XWire",
     "Z0Msg",
     "check_run_id",
     "decode",
@@ -101,6 +100,7 @@ Finite = Annotated[float, AfterValidator(_finite)]
 NodeId = Annotated[int, Field(ge=0, lt=MAX_NODES)]
 NodeKey = Annotated[str, AfterValidator(_node_key)]  # a node id as a JSON object's key: str(j)
 Iteration = Annotated[int, Field(ge=0, lt=MAX_ITERATIONS)]  # SQLite-safe, bounded by every run
+P = ParamSpec("P")  # what a struct's constructor takes: its encoder takes the same
 _B64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _SIG_PATTERN = "^[A-Za-z0-9+/]{86}==$"  # base64 of a 64-byte Ed25519 signature
 _K_PATTERN = "^[A-Za-z0-9+/]{22}==$"  # base64 of a 16-byte key-chain element
@@ -191,52 +191,34 @@ class SealedZ0Msg(_Msg2):
 
 
 def _strictly_up(values: Sequence[int]) -> bool:
-    return all(a < b for a, b in itertools.pairwise(values))
+    return len(values) < 2 or all(a < b for a, b in itertools.pairwise(values))  # mostly one
 
 
-def _ascending(values: list[int]) -> list[int]:
-    if not _strictly_up(values):
-        raise ValueError("must be strictly ascending")
-    return values
-
-
-Departures = Annotated[list[Iteration], Field(min_length=1, max_length=MAX_NODES), AfterValidator(_ascending)]
-
-
-class XMsg(_Signed):
-    """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases.
+class XMsg(msgspec.Struct, tag_field="v", tag=1, frozen=True, forbid_unknown_fields=True, gc=False):
+    """``P/R/node/{i}/x``: ``x_i^(t)``, t counted across phases; the x message's one schema.
 
     With early stopping (:mod:`nlagg_node.termination`) it also carries the node's quiet counter
     ``quiet`` and, once one is known, the phase's stop iteration ``stop``; without, neither. In a
     run whose nodes may depart, ``departures`` lists the recent departure iterations of the phase
     the node knows of (ascending; absent when none). In a run that stops on the certificate
     (``RunConfig.certified``), ``cand`` is the node's candidate for the output once it has one
-    (:mod:`nlagg_node.termination`, "the certified stop"); absent in every other run.
-    """
+    (:mod:`nlagg_node.termination`, "the certified stop"); absent in every other run. ``k``: the
+    sender's key-chain element (a run with identities, :mod:`nlagg_node.protocol.chain`); ``sig``
+    its signature where the run signs x's (:mod:`nlagg_node.protocol.identity` appends it last).
 
-    node: NodeId
-    t: Iteration
-    phase: str
-    x: Finite
-    quiet: Annotated[int, Field(ge=0, le=MAX_ITERATIONS)] | None = None
-    stop: Annotated[int, Field(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
-    departures: Departures | None = None
-    cand: Finite | None = None  # the certified stop's candidate, protocol scale (a certified run only)
-    k: Annotated[str, _b64_of(16)] | None = None  # the sender's key-chain element (a run with identities)
-
-
-class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
-    """:class:`XMsg` as :class:`HotDecoder` reads it: the same fields, types and bounds, in msgspec.
-
-    Untracked by the garbage collector (``gc=False``): it holds only numbers and a string, so it
-    cannot be part of a cycle, and one is allocated per received x.
+    ``"v": 1`` is the struct's tag: written first, optional when read, any other value refused.
+    The fields are in wire order: :func:`encode_x`, compiled from them, takes what the constructor
+    takes and writes them so, leaving out a None. Decoding checks every bound below; decoding and
+    encoding check :func:`_check_x` too (finite numbers, ascending departures); constructing one
+    checks nothing (a struct is only built from what a decoder took, or to be encoded).
+    Untracked by the garbage collector (``gc=False``): it holds only numbers and strings, so it
+    cannot be part of a cycle, and one is allocated per x received.
     """
 
     node: Annotated[int, msgspec.Meta(ge=0, lt=MAX_NODES)]
     t: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS)]
-    phase: str
-    x: float  # msgspec refuses NaN tokens and out-of-range numbers; HotDecoder checks finiteness too
-    v: Literal[1] = 1
+    phase: str  # a phase name, [a-z0-9-]: written without JSON escaping
+    x: float
     quiet: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] | None = None
     stop: Annotated[int, msgspec.Meta(ge=0, lt=MAX_ITERATIONS + MAX_NODES)] | None = None
     departures: (
@@ -245,13 +227,75 @@ class XWire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
             msgspec.Meta(min_length=1, max_length=MAX_NODES),
         ]
         | None
-    ) = None  # HotDecoder checks the order
-    cand: float | None = None  # HotDecoder checks finiteness
-    sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
+    ) = None
+    cand: float | None = None  # the certified stop's candidate, protocol scale (a certified run only)
     k: Annotated[str, msgspec.Meta(min_length=24, max_length=24, pattern=_K_PATTERN)] | None = None
+    sig: Annotated[str, msgspec.Meta(min_length=88, max_length=88, pattern=_SIG_PATTERN)] | None = None
 
 
-_decode_x = msgspec.json.Decoder(XWire).decode
+def _check_x(x: float, cand: float | None, departures: tuple[int, ...] | None) -> None:
+    """What :class:`XMsg`'s field types cannot say, checked by every decoder and the encoder:
+    raises :class:`WireError` naming the field and the value. (Not ``__post_init__``: a decoded
+    struct would pay for the call, and the encoder builds none.)"""
+    if not _isfinite(x):
+        raise WireError("x", x, "must be a finite number")
+    if cand is not None and not _isfinite(cand):
+        raise WireError("cand", cand, "must be a finite number")
+    if departures is not None and not (departures and _strictly_up(departures)):
+        raise WireError("departures", departures, "must be strictly ascending, and absent when empty")
+
+
+def _x_writer(schema: Callable[P, XMsg]) -> Callable[P, bytes]:
+    """The encoder of ``schema`` (:class:`XMsg`), compiled from its fields (as :mod:`dataclasses`
+    writes ``__init__``): a function taking what the struct's constructor takes, without building it.
+
+    It runs :func:`_check_x` on its arguments, then writes the tag and one f-string per field in
+    the struct's order: an int as ``str``, a float as the ``repr`` of the Python float (what
+    :func:`json.dumps` writes: the exact double), a string quoted (the struct's strings need no
+    escaping), a tuple of ints as a list; a field that may be None is left out when it is, as
+    :func:`encode` leaves out None. msgspec's own encoder spells floats differently (``1e16``
+    for ``1e+16``), so it is not used to write.
+    """
+    info = msgspec.inspect.type_info(schema)
+    assert isinstance(info, msgspec.inspect.StructType), info
+    assert isinstance(info.tag, int), info  # "v":1
+    params, lines, text = [], [], f'"{info.tag_field}":{info.tag}'
+    for field in info.fields:
+        kind = field.type
+        optional = isinstance(kind, msgspec.inspect.UnionType)
+        if isinstance(kind, msgspec.inspect.UnionType):
+            kind = kind.types[0]
+        value = field.name
+        if isinstance(kind, msgspec.inspect.FloatType):  # float(): a numpy float's repr is np.float64(...)
+            value = f"{{float({value})!r}}"
+        elif isinstance(kind, msgspec.inspect.StrType):
+            value = f'"{{{value}}}"'
+        elif isinstance(kind, msgspec.inspect.VarTupleType):
+            value = f'[{{",".join(map(str, {value}))}}]'
+        else:
+            assert isinstance(kind, msgspec.inspect.IntType), kind
+            value = f"{{{value}}}"
+        item = f',"{field.name}":{value}'
+        if optional:
+            assert field.default is None, field  # left out when None: its default
+            params.append(f"{field.name}=None")
+            lines.append(f"    if {field.name} is not None:\n        text += f'{item}'")
+        else:
+            assert not lines, f"{field.name}: a required field after an optional one"
+            params.append(field.name)
+            text += item
+    checked = ", ".join(inspect.signature(_check_x).parameters)
+    head = [f"def encode_x({', '.join(params)}):", f"    _check_x({checked})", f"    text = f'{{{{{text}'"]
+    source = "\n".join([*head, *lines, "    return (text + '}').encode()"])
+    namespace: dict[str, Any] = {"_check_x": _check_x}
+    exec(source, namespace)  # the source is built above from the struct's own field names and types
+    return cast("Callable[P, bytes]", namespace["encode_x"])
+
+
+encode_x = _x_writer(XMsg)
+encode_x.__doc__ = (
+    """``encode(XMsg(...))`` without building the struct (hot path): the same arguments, the same bytes."""
+)
 
 
 class StatusMsg(_Signed):
@@ -284,12 +328,10 @@ class AdvStateMsg(_Signed):
 
 
 WireMessage = ConfigMsg | Z0Msg | SealedZ0Msg | XMsg | StatusMsg | AdvStateMsg | KeyMsg
-Decoded = WireMessage | XWire  # what :class:`HotDecoder` returns: an x may come as either
-X_TYPES = (XWire, XMsg)  # a tuple: isinstance with it is faster than with the union, per message
-_MODELS: dict[str, type[_Msg]] = {
+Decoded = WireMessage  # what :func:`decode` and :class:`HotDecoder` return
+_MODELS: dict[str, type[_Msg]] = {  # the pydantic ones; an x is :class:`XMsg`'s
     "config": ConfigMsg,
     "z0": Z0Msg,
-    "x": XMsg,
     "status": StatusMsg,
     "adv": AdvStateMsg,
     "key": KeyMsg,
@@ -397,48 +439,12 @@ def parse_topic(topic: str, prefix: str, run_id: str) -> TopicInfo:
     raise WireError("topic", topic, "not a topic of wire protocol v1 or v2")
 
 
-def encode_x(
-    node: int,
-    t: int,
-    phase: str,
-    x: float,
-    quiet: int | None = None,
-    stop: int | None = None,
-    departures: Sequence[int] = (),
-    k: str | None = None,
-    cand: float | None = None,
-) -> bytes:
-    """``encode(XMsg(node=node, t=t, phase=phase, x=x, ...))`` without building the model (hot path).
-
-    The caller guarantees ``phase`` needs no JSON escaping (phase names are ``[a-z0-9-]``);
-    ``float.__repr__`` is what :func:`json.dumps` writes, so the bytes are identical. ``quiet``
-    and ``stop`` (early stopping) are written only when given, as :func:`encode` leaves out None,
-    ``departures`` (ascending) only when not empty, ``cand`` (the certified stop's candidate) when
-    given, and ``k`` (the key-chain element of a run with identities, :mod:`nlagg_node.protocol.chain`)
-    last, when given.
-    """
-    if not math.isfinite(x):
-        raise WireError("x", x, "must be a finite number")
-    text = f'{{"v":1,"node":{node},"t":{t},"phase":"{phase}","x":{x!r}'
-    if quiet is not None:
-        text += f',"quiet":{quiet}'
-    if stop is not None:
-        text += f',"stop":{stop}'
-    if departures:
-        text += ',"departures":[' + ",".join(str(int(d)) for d in departures) + "]"
-    if cand is not None:
-        if not math.isfinite(cand):
-            raise WireError("cand", cand, "must be a finite number")
-        text += f',"cand":{float(cand)!r}'
-    if k is not None:
-        text += f',"k":"{k}"'
-    return (text + "}").encode()
-
-
 def encode(msg: WireMessage) -> bytes:
     """UTF-8 JSON with shortest round-trip floats; raises :class:`WireError` on NaN/inf."""
+    if isinstance(msg, XMsg):
+        return encode_x(*msgspec.structs.astuple(msg))
     try:
-        body = msg.model_dump(by_alias=True, exclude_none=isinstance(msg, XMsg))  # no early-stop fields
+        body = msg.model_dump(by_alias=True)
         if isinstance(msg, StatusMsg) and msg.departed is None:
             del body["departed"]  # statuses of a run without departures are as before
         for key in ("sig", "identities", "chain", "run", "instance", "launcher"):  # as before without them
@@ -484,6 +490,8 @@ def stale_run(msg: Decoded, run_id: str) -> str | None:
 def _decode_on(info: TopicInfo, topic: str, payload: bytes) -> WireMessage:
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise WireError("payload", f"<{len(payload)} bytes>", f"larger than {MAX_PAYLOAD_BYTES} bytes")
+    if info.kind == "x":
+        return _decode_x(info, topic, payload)
     model = _MODELS[info.kind]
     if info.kind == "z0" and _V2.search(payload):  # the sealed z^(0) of protocol v2
         model = SealedZ0Msg
@@ -502,13 +510,59 @@ def _decode_on(info: TopicInfo, topic: str, payload: bytes) -> WireMessage:
     return msg
 
 
-class HotDecoder:
-    """:func:`decode` for one run, with x messages read by msgspec into :class:`XWire` (the hot path).
+_X_DECODE = msgspec.json.Decoder(XMsg).decode
 
-    ``decode(topic, payload)`` accepts what :func:`decode` accepts, with the same values: an x
-    payload msgspec does not take, or that disagrees with its topic, is handed to :func:`decode`,
-    which raises its own :class:`WireError` or returns the pydantic model; every other kind is
-    :func:`decode`'s. The x topics already seen are remembered (at most :data:`MAX_NODES`).
+
+def _decode_x(info: TopicInfo, topic: str, payload: bytes) -> XMsg:
+    """``payload`` as an :class:`XMsg` of node ``info.node``, else the :class:`WireError` saying why not."""
+    try:
+        msg = _X_DECODE(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError is a DecodeError
+        raise _x_error(payload, exc) from None
+    _check_x(msg.x, msg.cand, msg.departures)
+    if msg.node != info.node:
+        raise WireError("node", msg.node, f"disagrees with topic {topic}")
+    return msg
+
+
+def _x_error(payload: bytes, exc: Exception) -> WireError:
+    """The field and value an x payload msgspec refused is wrong in (the error path only).
+
+    msgspec names the field (``$.t``) but not the value, and refuses a NaN or infinity as bad JSON:
+    the payload is read again by :func:`json.loads`, which takes both, and converted to
+    :class:`XMsg` by the same schema, so a non-finite x is an error of field ``x``.
+    """
+    try:
+        body = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict):
+        try:
+            msg = msgspec.convert(body, XMsg)
+            _check_x(msg.x, msg.cand, msg.departures)
+        except WireError as error:
+            return error
+        except msgspec.ValidationError as error:
+            exc = error
+    reason, _, at = str(exc).partition(" - at `$")
+    path = [p for p in re.split(r"[.\[\]]", at.rstrip("`")) if p]
+    named = re.search(r"field `(.+)`$", reason)  # a missing or unknown field, named at the top
+    if named:
+        path.append(named.group(1))
+    if not isinstance(body, dict) or not path:
+        return WireError("payload", payload[:60], f"not a JSON object of protocol v1/v2 ({reason})")
+    value: Any = body
+    for part in path:
+        value = value[int(part)] if isinstance(value, list) else value.get(part)
+    return WireError(".".join(p[:24] for p in path), value, reason)  # a 5000-digit key is not a name
+
+
+class HotDecoder:
+    """:func:`decode` for one run, remembering the x topics already seen (at most :data:`MAX_NODES`).
+
+    ``decode(topic, payload)`` returns what :func:`decode` returns and raises what it raises: an x
+    goes to the same :class:`XMsg` decoder without classifying its topic again, and one it refuses
+    to :func:`decode`, which says why.
     """
 
     def __init__(self, prefix: str, run_id: str) -> None:
@@ -520,17 +574,12 @@ class HotDecoder:
         info = self._x_topics.get(topic)
         if info is not None and len(payload) <= MAX_PAYLOAD_BYTES:
             try:
-                msg = _decode_x(payload)
+                msg = _X_DECODE(payload)
             except (msgspec.DecodeError, UnicodeDecodeError):  # ValidationError is a DecodeError
-                pass
+                pass  # decode() below says why, in the same words
             else:
-                deps, cand = msg.departures, msg.cand
-                if (
-                    msg.node == info.node
-                    and _isfinite(msg.x)
-                    and (deps is None or _strictly_up(deps))
-                    and (cand is None or _isfinite(cand))
-                ):
+                _check_x(msg.x, msg.cand, msg.departures)
+                if msg.node == info.node:
                     return info, msg
         info, full = decode(topic, payload, self.prefix, self.run_id)
         if info.kind == "x" and len(self._x_topics) < MAX_NODES:
@@ -544,7 +593,7 @@ def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:
             raise WireError("from/to", (msg.from_, msg.to), f"disagrees with topic {topic}")
         if msg.from_ == msg.to:
             raise WireError("to", msg.to, "a node has no edge to itself")
-    elif isinstance(msg, XMsg | StatusMsg | AdvStateMsg | KeyMsg):
+    elif isinstance(msg, StatusMsg | AdvStateMsg | KeyMsg):
         if msg.node != info.node:
             raise WireError("node", msg.node, f"disagrees with topic {topic}")
         if isinstance(msg, StatusMsg | KeyMsg) and (msg.run is None) == info.shared:

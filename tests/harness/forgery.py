@@ -74,11 +74,11 @@ def forged_xs(
     out: list[tuple[int, bytes]] = []
     for t in ts:
         phase = phase_at(t)
-        out.append((t, encode_x(node, t, phase, value)))
-        out.append((t, encode_x(node, t, phase, value, k=key_b64(random_k()))))
+        out.append((t, encode_x(node=node, t=t, phase=phase, x=value)))
+        out.append((t, encode_x(node=node, t=t, phase=phase, x=value, k=key_b64(random_k()))))
         if copied is not None and copied[0] != t:
-            out.append((t, encode_x(node, t, phase, value, k=copied[1])))
-        chained = encode_x(node, t, phase, value, k=key_b64(own[1].key(t)))
+            out.append((t, encode_x(node=node, t=t, phase=phase, x=value, k=copied[1])))
+        chained = encode_x(node=node, t=t, phase=phase, x=value, k=key_b64(own[1].key(t)))
         out += [(t, chained), (t, own[0].sign(topic, chained))]
     return out
 

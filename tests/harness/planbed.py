@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
-from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.deploy.continuous import EpochTimetable
 from nlagg_node.runtime.brokers import BrokerHandle, free_port, mosquitto_binary, start_mosquitto
 from nlagg_node.schedule import plan_phases
 from tests.harness.turncoat import ENTRY as TURNCOAT
@@ -74,7 +74,7 @@ class PlanBed:
         capture: bool = True,
         net: Net | None = None,
         auth: bool = True,
-        schedule: Schedule | None = None,
+        schedule: EpochTimetable | None = None,
         eavesdrop_args: Sequence[str] = (),
     ) -> None:
         self.cfg = cfg.resolved().model_copy(update={"trials": 1})

@@ -98,7 +98,9 @@ class Impostor:
                 z0 = [transport.publish(topic, payload) for topic, payload in self.first.z0.items()]
                 await asyncio.gather(*z0)
                 for t in sorted(self.first.chain):
-                    x = encode_x(self.node, t, self.phase_at[t], self.value, k=self.first.chain[t])
+                    x = encode_x(
+                        node=self.node, t=t, phase=self.phase_at[t], x=self.value, k=self.first.chain[t]
+                    )
                     while len(self.seen.get(t, ())) < len(self.neighbours):
                         await transport.publish(tp.x(self.node), x)
                         self.sent += 1

@@ -13,7 +13,7 @@ import pytest
 
 from nlagg_node.config import RunConfig, load_config
 from nlagg_node.deploy import PlanSpec, build_plan, security_lines, write_plan
-from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.deploy.continuous import EpochTimetable
 from nlagg_node.deploy.identities import run_identities
 from nlagg_node.epochplan import HeardOutput, epoch_start
 from nlagg_node.lab.children import Child, log_tail
@@ -98,7 +98,9 @@ async def test_a_plan_with_every_runs_two_epochs_under_its_acl(tmp_path: Path) -
     run = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0))
     load = contention()  # a busy machine gets longer epochs, not skipped ones
     origin = time.time() + stretched(12.0, load)  # the node processes start meanwhile
-    spec = PlanSpec(run=run, run_id="green", seed=5, schedule=Schedule(stretched(10.0, load), origin, 2))
+    spec = PlanSpec(
+        run=run, run_id="green", seed=5, schedule=EpochTimetable(stretched(10.0, load), origin, 2)
+    )
     root = tmp_path / "plan"
     write_plan(build_plan(spec), root)
     lines = security_lines(str(root / "broker" / "passwd"), str(root / "broker" / "acl"))

@@ -52,9 +52,12 @@ async def test_forged_x_in_the_window_are_refused_by_every_node_and_the_transcri
         x1 = topics("nlagg", bed.run_id).x(1)
         own_key = new_identity()  # signed, but not with node 1's identity
         frames = [
-            publish_frame(x1, encode_x(1, t_now + 1, bed.phase_at(t_now + 1), FORGED[0])),
-            publish_frame(x1, own_key.sign(x1, encode_x(1, t_now + 2, bed.phase_at(t_now + 2), FORGED[1]))),
-            publish_frame(x1, encode_x(1, t_now + 3, bed.phase_at(t_now + 3), FORGED[2])),
+            publish_frame(x1, encode_x(node=1, t=t_now + 1, phase=bed.phase_at(t_now + 1), x=FORGED[0])),
+            publish_frame(
+                x1,
+                own_key.sign(x1, encode_x(node=1, t=t_now + 2, phase=bed.phase_at(t_now + 2), x=FORGED[1])),
+            ),
+            publish_frame(x1, encode_x(node=1, t=t_now + 3, phase=bed.phase_at(t_now + 3), x=FORGED[2])),
         ]
         await spy.send(frames)
         verdict = await bed.finish()

@@ -278,7 +278,7 @@ EVERY = 20.0  # seconds between epochs: an emulated arm64 node needs a few per e
 def _continuous_bundle(workdir: Path, values_file: Path, dest: Path, every: float) -> Path:
     """A continuous plan (3 epochs, ``every`` s apart) of N nodes; node PI's bundle reads the DS18B20."""
     from nlagg_node.deploy import PlanSpec, build_plan
-    from nlagg_node.deploy.continuous import Schedule
+    from nlagg_node.deploy.continuous import EpochTimetable
 
     run = RunConfig(
         op="max",
@@ -293,7 +293,7 @@ def _continuous_bundle(workdir: Path, values_file: Path, dest: Path, every: floa
         values_file=values_file,
     )
     root = workdir / "continuous-plan"
-    schedule = Schedule(every, time.time() + 3600.0, len(EPOCH_READINGS))  # the origin is set later
+    schedule = EpochTimetable(every, time.time() + 3600.0, len(EPOCH_READINGS))  # the origin is set later
     write_plan(build_plan(PlanSpec(run=run, run_id="pi-epochs", seed=SEED, schedule=schedule)), root)
     node_file = root / "nodes" / f"{PI}.toml"
     node = load_node_file(node_file)

@@ -26,7 +26,7 @@ def test_run_progress_follows_node_zero_and_the_statuses() -> None:
     seen: list[Snapshot] = []
     watch = RunProgress("nlagg", "p1", 3, 500, lambda: 2, seen.append, every=0.0)
     for t in range(5):
-        watch.feed(Message(T.x(0), encode_x(0, t, "max", 1.5, t, None)))
+        watch.feed(Message(T.x(0), encode_x(node=0, t=t, phase="max", x=1.5, quiet=t)))
     watch.feed(Message(T.x(0), b"not json"))  # ignored
     for i in range(3):
         watch.feed(Message(T.status(i), encode(StatusMsg(node=i, state="done", iterations=5))))

@@ -35,7 +35,7 @@ from adversary.transcript.store import EpochStore
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, write_plan
-from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.deploy.continuous import EpochTimetable
 from nlagg_node.deploy.sites import (
     cut_edges,
     delivery_model,
@@ -115,7 +115,7 @@ def _sender(topic: str) -> int:
 
 
 def test_a_continuous_plans_bridges_carry_every_epoch_and_every_result_once() -> None:
-    plan = build_plan(dataclasses.replace(_plan(), schedule=Schedule(10.0, 0.0, 2)))
+    plan = build_plan(dataclasses.replace(_plan(), schedule=EpochTimetable(10.0, 0.0, 2)))
     site_of, deployment = plan.site_of, f"nlagg/{RUN}"
     shared = topics(deployment, "e0", shared=True)  # every epoch's status and key topics
 
@@ -465,7 +465,7 @@ async def test_a_continuous_plan_runs_two_epochs_across_two_bridged_sites(tmp_pa
     cfg = load_config(None, op="median", n=5, graph="complete", value_range=(0.0, 100.0), seed=5)
     load = contention()  # a busy machine gets longer epochs, not skipped ones
     # the brokers, bridges and captures start before the origin
-    schedule = Schedule(stretched(10.0, load), time.time() + stretched(20.0, load), 2)
+    schedule = EpochTimetable(stretched(10.0, load), time.time() + stretched(20.0, load), 2)
     async with PlanBed(cfg, tmp_path, sites=2, schedule=schedule, eavesdrop_args=["--epochs", "2"]) as bed:
         ((bridge_in, bridge_out),) = [(b.in_topics, b.out_topics) for b in bed.plan.bridges]
         assert any("/+/node/" in topic for topic in bridge_in + bridge_out)
@@ -511,7 +511,7 @@ async def test_one_capture_of_two_brokers_stores_each_message_once_in_causal_ord
     t = topics("nlagg", "two")
 
     def x(i: int, step: int) -> tuple[str, bytes]:
-        return t.x(i), encode_x(i, step, phase, 1.0 + i)
+        return t.x(i), encode_x(node=i, t=step, phase=phase, x=1.0 + i)
 
     async with start_mosquitto() as a, start_mosquitto() as b:
         subs = [MqttTransport(h.url, client_id="eve", manual_ack=True, connect_within=10) for h in (a, b)]

@@ -44,7 +44,7 @@ class Sides:
     kept: set[tuple[str, bytes]] = field(default_factory=set)  # what the transcript stored as valid
 
     def x(self, i: int, t: int, x: float, phase: str = "max", stop: int | None = None) -> tuple[str, bytes]:
-        return TP.x(i), encode_x(i, t, phase, x, 0 if self.early else None, stop)
+        return TP.x(i), encode_x(node=i, t=t, phase=phase, x=x, quiet=0 if self.early else None, stop=stop)
 
     def node_decides(self, node: Node, topic: str, payload: bytes) -> str:
         rejected, duplicates = node.rejected, node.duplicates

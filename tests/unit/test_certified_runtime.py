@@ -22,7 +22,7 @@ from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, run_edges
 from nlagg_node.runtime.public import build_config_msg
-from nlagg_node.runtime.wire import HotDecoder, WireError, XMsg, XWire, decode, encode, encode_x, topics
+from nlagg_node.runtime.wire import HotDecoder, WireError, XMsg, decode, encode, encode_x, topics
 from nlagg_node.sim import draw_values, simulate
 from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, stop_reach
 from tests.harness.crash import crash_when
@@ -73,7 +73,16 @@ def expected_payloads(
             if fields is not None:
                 k, e, deps, cand = fields
                 stop = None if e == NO_STOP else e
-                want[i, t] = encode_x(i, t, cfg.op, float(xs[t, i]), k, stop, deps, cand=cand)
+                want[i, t] = encode_x(
+                    node=i,
+                    t=t,
+                    phase=cfg.op,
+                    x=float(xs[t, i]),
+                    quiet=k,
+                    stop=stop,
+                    departures=deps or None,
+                    cand=cand,
+                )
                 if cand is not None:
                     cands[i] = cand
     return want, len(rows), cands
@@ -190,26 +199,30 @@ def test_a_simulated_certified_run_is_attacked_with_its_exact_output(tmp_path: P
 
 @pytest.mark.parametrize("cand", [0.1 + 0.2, -3.5e-300, 1e300, 5.0], ids=["repr", "tiny", "huge", "integral"])
 def test_cand_round_trips_exactly_and_encodes_as_json_dumps(cand: float) -> None:
-    payload = encode_x(2, 700, "max", 0.75, 31, 740, (), cand=cand)
-    assert payload == encode(XMsg(node=2, t=700, phase="max", x=0.75, quiet=31, stop=740, cand=cand))
+    payload = encode_x(node=2, t=700, phase="max", x=0.75, quiet=31, stop=740, cand=cand)
+    body = {"v": 1, "node": 2, "t": 700, "phase": "max", "x": 0.75, "quiet": 31, "stop": 740, "cand": cand}
+    assert payload == json.dumps(body, separators=(",", ":")).encode()
     topic = topics("nlagg", "r").x(2)
     _, msg = decode(topic, payload, "nlagg", "r")
     hot = HotDecoder("nlagg", "r")
     hot.decode(topic, payload)  # learns the topic
     _, fast = hot.decode(topic, payload)
     assert isinstance(msg, XMsg)
-    assert isinstance(fast, XWire)
+    assert isinstance(fast, XMsg)
     assert msg.cand == fast.cand == cand
 
 
 def test_messages_without_cand_are_unchanged() -> None:
-    assert encode_x(1, 3, "max", 0.5, 0, None) == b'{"v":1,"node":1,"t":3,"phase":"max","x":0.5,"quiet":0}'
+    assert (
+        encode_x(node=1, t=3, phase="max", x=0.5, quiet=0)
+        == b'{"v":1,"node":1,"t":3,"phase":"max","x":0.5,"quiet":0}'
+    )
 
 
 @pytest.mark.parametrize("cand", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_a_cand_that_is_not_finite_is_refused(cand: float) -> None:
     with pytest.raises(WireError, match="cand"):
-        encode_x(0, 3, "max", 1.0, 0, None, cand=cand)
+        encode_x(node=0, t=3, phase="max", x=1.0, quiet=0, cand=cand)
     body = b'{"v":1,"node":0,"t":3,"phase":"max","x":1.0,"quiet":0,"cand":1e999}'
     with pytest.raises(WireError, match="cand"):
         HotDecoder("nlagg", "r").decode(topics("nlagg", "r").x(0), body)

@@ -11,11 +11,11 @@ import yaml
 from nlagg_node.cli import main
 from nlagg_node.config import load_config
 from nlagg_node.deploy import PlanSpec, build_plan, compose_yaml, load_plan, write_plan
-from nlagg_node.deploy.continuous import Schedule, schedule_of
+from nlagg_node.deploy.continuous import EpochTimetable, schedule_of
 from nlagg_node.deploy.nodefile import load_node_file, node_file_argv
 from nlagg_node.errors import ConfigError
 
-SCHEDULE = Schedule(every=300.0, origin=1_800_000_000.0, epochs=12, drift=0.01)
+SCHEDULE = EpochTimetable(every=300.0, origin=1_800_000_000.0, epochs=12, drift=0.01)
 
 
 @pytest.fixture

@@ -64,10 +64,10 @@ def test_each_service_mounts_only_the_files_it_needs(tmp_path: Path) -> None:
 
 
 def test_a_scheduled_plans_eavesdropper_captures_every_epoch_with_derived_configs(tmp_path: Path) -> None:
-    from nlagg_node.deploy.continuous import Schedule
+    from nlagg_node.deploy.continuous import EpochTimetable
 
     run = load_config(None, op="median", n=4, graph="ring", value_range=(0.0, 10.0))
-    schedule = Schedule(60.0, 1.9e9, 3, drift=0.01)
+    schedule = EpochTimetable(60.0, 1.9e9, 3, drift=0.01)
     write_plan(build_plan(PlanSpec(run=run, run_id="r1", seed=7, schedule=schedule)), tmp_path / "plan")
     eaves = _services(compose_yaml(load_plan(tmp_path / "plan"), compose_dir=tmp_path))["eavesdropper"]
     argv = eaves["command"]

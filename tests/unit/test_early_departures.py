@@ -53,6 +53,7 @@ def public_run(data: TranscriptData) -> PublicRun:
         data["z0"],
         data["x"],
         data["departed"],
+        data["ends"],
     )
 
 
@@ -160,7 +161,16 @@ def test_the_transcript_holds_what_the_nodes_publish_in_time_order(tmp_path: Pat
             got[(i, t)] = (doc["quiet"], doc.get("stop", NO_STOP), deps, doc.get("cand"))
             k, e, _, cand = want[(i, t)]
             stop = None if e == NO_STOP else e
-            assert payload == encode_x(i, t, sim.phases[0].name, float(xs[t, i]), k, stop, deps, cand=cand)
+            assert payload == encode_x(
+                node=i,
+                t=t,
+                phase=sim.phases[0].name,
+                x=float(xs[t, i]),
+                quiet=k,
+                stop=stop,
+                departures=deps or None,
+                cand=cand,
+            )
             order.setdefault((f"x{t}", i), row_id)
         elif topic.endswith("/status"):
             order.setdefault((doc["state"], doc["node"]), row_id)
@@ -217,6 +227,7 @@ def test_the_live_replay_reaches_the_offline_exposures(tmp_path: Path, op: str) 
         assert not replay.advance(force=True)  # ... and steps nothing after it
         assert replay.t_next == ran.max()
         data = load_transcript_arrays(db)
+        assert data["ends"] == replay.halted  # the rules' record, read again from the file
         offline = replay_exposures(public_run(data), early_stop=True)
         live = replay.result()
         assert np.array_equal(live.first, offline.first)
@@ -244,6 +255,8 @@ def test_node_ends_are_each_components_and_a_lost_last_x_is_a_gap(tmp_path: Path
     lost[0, int(ran[0]) - 1] = np.nan  # the capture lost node 0's last x: its half still ran there
     assert node_ends(sim.phases, lost, edges, DEPARTURES).tolist() == [ran.tolist()]
     assert node_ends(sim.phases, lost)[0, 0] == ran[0] - 1  # its own x's alone end one earlier
+    halted = [{0: int(ran[0]) - 1}]  # the rules' record (PhaseEnds.by_phase): it halted with that x
+    assert node_ends(sim.phases, lost, known=halted)[0, 0] == ran[0]  # the record's end, not the x's
     assert components(9, edges, DEPARTURES) == [LEFT, RIGHT]
 
 
@@ -344,8 +357,8 @@ def test_an_x_with_departures_is_valid_only_where_nodes_may_depart(
         tr.add(tp.config, encode(build_config_msg(cfg, RUN, run_edges(cfg))), retained=True)
         for t in range(3):
             for i in range(4):
-                assert tr.add(tp.x(i), encode_x(i, t, "max", 1.0 - t, quiet)) is not None
-        stored = tr.add(tp.x(1), encode_x(1, 3, "max", 0.5, quiet, None, [2]))
+                assert tr.add(tp.x(i), encode_x(node=i, t=t, phase="max", x=1.0 - t, quiet=quiet)) is not None
+        stored = tr.add(tp.x(1), encode_x(node=1, t=3, phase="max", x=0.5, quiet=quiet, departures=(2,)))
         assert (stored is not None) == (why is None)
         if why is not None:
             [(topic, error)] = tr.rejected()
@@ -369,8 +382,11 @@ def test_an_x_after_its_nodes_stop_is_refused(tmp_path: Path, may_depart: bool) 
         tr.add(tp.config, encode(build_config_msg(cfg, RUN, run_edges(cfg))), retained=True)
         for t in range(stop + 1):
             for i in range(4):
-                assert tr.add(tp.x(i), encode_x(i, t, "max", 1.0 - t, 0, stop)) is not None
-        assert tr.add(tp.x(1), encode_x(1, stop + 1, "max", 0.5, 0, stop)) is None
+                assert (
+                    tr.add(tp.x(i), encode_x(node=i, t=t, phase="max", x=1.0 - t, quiet=0, stop=stop))
+                    is not None
+                )
+        assert tr.add(tp.x(1), encode_x(node=1, t=stop + 1, phase="max", x=0.5, quiet=0, stop=stop)) is None
         [(topic, error)] = tr.rejected()
         assert topic == tp.x(1)
         assert f"node 1 ended this phase after t={stop}" in error

@@ -124,7 +124,10 @@ async def test_a_node_and_the_transcript_refuse_a_forged_x_outside_the_envelope(
         ]
         tr = stack.enter_context(Transcript(tmp_path / "t.sqlite", run_id=run))
         tr.add(tp.config, encode(build_config_msg(cfg, run, edges)), retained=True)
-        forged, real = encode_x(1, 0, "max", 2337.0), encode_x(1, 0, "max", 1.1)
+        forged, real = (
+            encode_x(node=1, t=0, phase="max", x=2337.0),
+            encode_x(node=1, t=0, phase="max", x=1.1),
+        )
         for node in nodes:
             node.feed(Message(tp.x(1), forged))
             assert node.rejected == 1
@@ -202,7 +205,7 @@ async def test_an_output_pulled_outside_the_range_fails_the_node_naming_the_susp
         async for raw in tr.messages():
             _, msg = decode(raw.topic, raw.payload, "nlagg", run)
             if isinstance(msg, XMsg):
-                await tr.publish(tp.x(1), encode_x(1, msg.t, "max", 2.0))
+                await tr.publish(tp.x(1), encode_x(node=1, t=msg.t, phase="max", x=2.0))
 
     async with MemoryTransport(broker, "impostor") as tr:
         await tr.subscribe(tp.x(0))

@@ -102,7 +102,7 @@ async def test_a_signed_network_is_the_simulator_and_refuses_forgeries() -> None
     def forge(topic: str, payload: bytes, retain: bool) -> None:
         if topic == TP.x(1) and not forged:  # node 1's password, not its key: one forgery first
             t = json.loads(payload)["t"]
-            forged.append(encode_x(1, t, "median", 1e6))
+            forged.append(encode_x(node=1, t=t, phase="median", x=1e6))
             route(topic, forged[0], retain)
         route(topic, payload, retain)
 
@@ -181,7 +181,9 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
     chains = [KeyChain(IDS[k].chain_seed(f"nlagg|{RUN}|{k}"), 60) for k in range(cfg.n)]
 
     def x(k: int, t: int, value: float, key: int | None = None, signer: int | None = None) -> bytes:
-        body = encode_x(k, t, "median", value, k=key_b64(chains[k].key(t if key is None else key)))
+        body = encode_x(
+            node=k, t=t, phase="median", x=value, k=key_b64(chains[k].key(t if key is None else key))
+        )
         return IDS[k if signer is None else signer].sign(TP.x(k), body)
 
     with Transcript(tmp_path / "t.sqlite", run_id=RUN) as tr:
@@ -190,7 +192,9 @@ def test_the_transcript_refuses_forgeries_and_names_an_equivocation(tmp_path: Pa
             online = encode(StatusMsg(node=k, state="online", chain=key_b64(chains[k].anchor)))
             assert tr.add(TP.status(k), IDS[k].sign(TP.status(k), online)) is not None
         assert all(tr.add(TP.x(k), x(k, 0, 0.5)) is not None for k in range(cfg.n))
-        assert tr.add(TP.x(1), encode_x(1, 1, "median", 9.0)) is None  # a broker password's forgery
+        assert (
+            tr.add(TP.x(1), encode_x(node=1, t=1, phase="median", x=9.0)) is None
+        )  # a broker password's forgery
         assert tr.add(TP.x(1), x(1, 1, 9.0, key=2)) is None  # another iteration's element
         assert tr.add(TP.x(1), x(1, 1, 0.5)) is not None
         assert tr.add(TP.x(1), x(1, 1, 0.75, signer=2)) is None  # the same element, not signed by 1: a copy

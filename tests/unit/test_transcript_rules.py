@@ -44,8 +44,8 @@ def feed_rounds(tr: Transcript, rounds: range, n: int = 4) -> None:
 @pytest.mark.parametrize(
     ("payload", "why"),
     [
-        pytest.param(raw_x(1, 2**64, 1.0), "less than 10000000", id="t-2^64"),
-        pytest.param(raw_x(1, 10**12, 1.0), "less than 10000000", id="t-10^12"),
+        pytest.param(raw_x(1, 2**64, 1.0), "t=18446744073709551616: Expected `int` <= 9999999", id="t-2^64"),
+        pytest.param(raw_x(1, 10**12, 1.0), "t=1000000000000: Expected `int` <= 9999999", id="t-10^12"),
         pytest.param(raw_x(1, 25, 1.0), "the run has iterations 0..19", id="t-past-the-run"),
         pytest.param(raw_x(1, 1, 1.0, "min"), "phase 'min', expected 'max'", id="wrong-phase"),
         pytest.param(raw_x(1, 7, 42.0), "outside every neighbour's window", id="forged-window"),

@@ -42,7 +42,7 @@ from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.valuemap import ValueScale, scale_for
 from nlagg_node.verdict import output_holders
 
-from ...attack import NodeFinding, attack_arrays
+from ...attack import Halted, NodeFinding, attack_arrays
 from ...live import BRANCH_NAMES, Exposure, Exposures, LiveReplay, iterations_run
 from ...rules import PhaseEnds
 from ...transcript.reader import certified_finals, connect_read_only
@@ -362,9 +362,12 @@ class DashboardState:
             departed=dict(replay.departed),
             scale=self.scale,
             early_stop=cfg.early_stop,
-            finals=certified_finals(self.db, replay.n, t_len, RunShape(cfg, self.edges).reach)
-            if cfg.certified
-            else None,
+            halted=Halted(
+                replay.ends.by_phase if replay.ends is not None else None,
+                certified_finals(self.db, replay.n, t_len, RunShape(cfg, self.edges).reach)
+                if cfg.certified
+                else None,
+            ),
         )
         return report.findings, report.output
 
