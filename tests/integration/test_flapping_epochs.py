@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from nlagg_node.config import load_config
-from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.deploy.continuous import EpochTimetable
 from nlagg_node.runtime.tls import broker_endpoint
 from tests.harness.load import contention, stretched
 from tests.harness.mqtt_frames import connect_frame
@@ -83,7 +83,7 @@ async def flapped_deployment(
     )
     load = contention()
     every = stretched(12.0, load)
-    schedule = Schedule(every, time.time() + stretched(15.0, load), EPOCHS)
+    schedule = EpochTimetable(every, time.time() + stretched(15.0, load), EPOCHS)
     eaves = ["--epochs", str(EPOCHS)]
     async with PlanBed(cfg, tmp_path, run_id="flap", schedule=schedule, eavesdrop_args=eaves) as bed:
         await bed.start_nodes()

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from nlagg_node.config import RunConfig
-from nlagg_node.deploy.continuous import Schedule
+from nlagg_node.deploy.continuous import EpochTimetable
 from nlagg_node.deploy.identities import identity_file, load_identity, run_identities
 from nlagg_node.epochplan import HeardOutput
 from nlagg_node.protocol import Verifier
@@ -134,7 +134,8 @@ async def test_forged_results_records_steer_no_warm_start(
     lie is one record, short of the quorum of three. With nodes 3 and 5's honest records too, a
     quorum: their median is an honest one, whatever node 0 signed."""
     cfg = RunConfig(op="max", n=6, graph="ring", trials=1, seed=4, value_range=(0.0, 100.0))
-    schedule = Schedule(every=60.0, origin=time.time() + 3600.0, epochs=2)  # no epoch runs: only the broker
+    # No epoch runs: only the broker, its ACL and the identities are used.
+    schedule = EpochTimetable(every=60.0, origin=time.time() + 3600.0, epochs=2)
     async with PlanBed(cfg, tmp_path, run_id="signed-results", capture=False, schedule=schedule) as bed:
         keys = run_identities(bed.root / "run.toml")
         assert keys is not None, "a plan signs by default"
