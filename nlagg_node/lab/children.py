@@ -94,6 +94,14 @@ class Child:
         """The last ``{"event": kind, ...}`` line, if any."""
         return next((e for e in reversed(self.events) if e.get("event") == kind), None)
 
+    def cpu_seconds(self) -> float | None:
+        """The CPU time it has used so far (Linux: ``/proc``); None where that cannot be read."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode

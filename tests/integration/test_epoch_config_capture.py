@@ -42,7 +42,7 @@ async def test_three_epochs_with_a_fallback_captured_with_derived_configs(
     summary = await run_epoch_testbed(
         cfg,
         3,
-        stretched(8.0),  # a busy machine gets longer epochs, not skipped ones
+        stretched(20.0),  # ~12 s of iterations idle: a busy machine gets longer epochs, not skipped ones
         run_id="R",
         prefix="P",
         broker_url=mosquitto_url,
