@@ -534,7 +534,7 @@ def _x_error(payload: bytes, exc: Exception) -> WireError:
     """
     try:
         body = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # nested deeper than json can read
         body = None
     if isinstance(body, dict):
         try:
