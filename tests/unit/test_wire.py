@@ -231,6 +231,7 @@ def test_foreign_topics_are_rejected(topic: str) -> None:
         (b'{"v":1,"node":3,"t":0,"phase":"max","x":1.0,"departures":[4,2]}', "departures"),
         (b'{"v":1,"node":3,"t":0,"phase":"max","x":1.0,"departures":[2,-4]}', "departures.1"),
         (b"[1,2]", "payload"),
+        (b"[" * 20000 + b"]" * 20000, "payload"),
         (b"\xff\xfe", "payload"),
     ],
     ids=[
@@ -245,6 +246,7 @@ def test_foreign_topics_are_rejected(topic: str) -> None:
         "unordered-departures",
         "negative-departure",
         "array",
+        "nested-deeper-than-json-reads",
         "binary",
     ],
 )
