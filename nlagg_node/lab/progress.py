@@ -17,13 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..runtime.transport import Message, Transport
-from ..runtime.wire import (
-    HotDecoder,
-    StatusMsg,
-    WireError,
-    XMsg,
-    topics,
-)
+from ..runtime.wire import HotDecoder, StatusMsg, WireError, XMsg, topics
 
 if TYPE_CHECKING:
     from rich.console import Console
