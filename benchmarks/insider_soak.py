@@ -13,13 +13,22 @@ forgery per run, the kinds in turn (:data:`KINDS`), the forged iterations drawn 
 * ``cand-range``: a candidate outside the declared range (150 in [0, 100]);
 * ``cand-in-bound``: a candidate just short of the start (2.98): taken, and as far as it goes;
 * ``cand-low``: a candidate below every value (max: no effect).
+* ``status-departed``: node 0's signed status claims its neighbour 1 departed (max, ``may_depart``)
+  while node 1 is connected throughout: node 1 refuses it (before, it stopped, and the ring with it);
+* ``status-stranger``: its status claims node 3, no neighbour of it, departed: refused;
+* ``status-leaving``: its status says it leaves at t + 3 while it goes on publishing x's (median):
+  its neighbours count it departed, it is refused by them, and the run ends loudly (an insider can
+  always stall a run by falling silent while connected: exit 1 with the node named, never exit 0);
+* ``takeover``, ``takeover-fixed``: node 0's session taken over every 0.3 s from the start
+  (``tests/harness/takeover.py``), with ``may_depart`` (node 0 is absent, the others finish) and
+  without (the run cannot survive a departure: it must fail loudly, never exit 0 beyond the bound).
 
 A run passes when no honest node (1-5) exits 0 with an output beyond bounded influence (what node 0
 could cause by claiming any value a node may hold: ``bounded_influence``), and every forgery a node
 refuses is named in node 0's neighbours' logs (nodes 1 and 5). Forged results records are the
 deployed test's (``tests/integration/test_insider_bundle.py``, break 6), not this soak's.
 
-    python benchmarks/insider_soak.py [--runs 20] [--seed 0]
+    python benchmarks/insider_soak.py [--runs 20] [--seed 0] [--kinds stop-early,takeover,...]
 """
 
 from __future__ import annotations
@@ -41,9 +50,11 @@ from nlagg_node.runtime.brokers import mosquitto_binary
 # The harness is a test fixture (tests/harness/), not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.harness.planbed import PlanBed
+from tests.harness.takeover import take_over_again_and_again
 from tests.harness.turncoat import Forge, bounded_influence
 
 LATE = 10**6
+DEPART = {"op": "max", "may_depart": True}
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,9 @@ class Kind:
     the forgery is taken, within bounded influence)."""
 
     kw: dict[str, Any]
-    forge: Callable[[int], Forge]
+    forge: Callable[[int], Forge] | None
     refusal: str | None
+    takeover: bool = False
 
 
 KINDS: dict[str, Kind] = {
@@ -69,21 +81,32 @@ KINDS: dict[str, Kind] = {
     ),
     "cand-in-bound": Kind({"op": "max"}, lambda t: Forge(t, LATE, cand=2.98), None),
     "cand-low": Kind({"op": "max"}, lambda t: Forge(t, LATE, cand=-1e6), None),
+    "status-departed": Kind(DEPART, lambda t: Forge(t, t, departed={"1": t}), "connected throughout"),
+    "status-stranger": Kind(DEPART, lambda t: Forge(t, t, departed={"3": t}), "not a neighbour of node 0"),
+    "status-leaving": Kind({**DEPART, "op": "median"}, lambda t: Forge(t, t, leaving=t + 3), None),
+    "takeover": Kind(DEPART, None, None, takeover=True),
+    "takeover-fixed": Kind({"op": "max"}, None, None, takeover=True),
 }
 
 
 async def one_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, str]:
     cfg = RunConfig(n=6, graph="ring", trials=1, seed=seed, **kind.kw)
-    forge = kind.forge(t)
+    turncoat = None if kind.forge is None else (0, kind.forge(t))
     async with PlanBed(cfg, workdir, run_id=f"insider-{seed}") as bed:
-        await bed.start_nodes(extra=["--neighbour-timeout", "20"], turncoat=(0, forge))
-        outcomes = await bed.outcomes(within=600.0)
+        stop = asyncio.Event()
+        attacker = asyncio.create_task(take_over_again_and_again(bed, 0, stop)) if kind.takeover else None
+        try:
+            await bed.start_nodes(extra=["--neighbour-timeout", "20"], turncoat=turncoat)
+            outcomes = await bed.outcomes(within=600.0)
+        finally:
+            stop.set()
+            taken = 0 if attacker is None else await attacker
     lo, hi = bounded_influence(bed.cfg, [v for i, v in bed.plan.values.items() if i != 0])
     slack = 1e-6 * (hi - lo)
     outputs = {i: r["output"][0] for i, (rc, r) in outcomes.items() if rc == 0 and r is not None}
     beyond = {i: o for i, o in outputs.items() if i != 0 and not lo - slack <= o <= hi + slack}
     logs = [(bed.logs / f"node{i}.log").read_text() for i in (1, 5)]
-    refused = sum(log.count("from node 0") + log.count("cand of x_0^(") for log in logs)
+    refused = sum(log.count(f) for log in logs for f in ("from node 0", "cand of x_0^(", "status of node 0"))
     named = kind.refusal is None or any(kind.refusal in log for log in logs)
     codes = "".join(str(rc) if rc < 10 else "x" for rc, _ in outcomes.values())
     node1 = outputs.get(1)
@@ -91,6 +114,8 @@ async def one_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, s
         f"exit codes {codes}, node 1 output {'-' if node1 is None else f'{node1:.6g}'}"
         f" in [{lo:.6g}, {hi:.6g}], refusals named at nodes 1/5: {refused}"
     )
+    if kind.takeover:
+        what += f", takeovers {taken}"
     if beyond:
         what += f"; BEYOND: {beyond}"
     if not named:
@@ -98,12 +123,12 @@ async def one_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, s
     return not beyond and named, what
 
 
-async def soak(runs: int, seed: int) -> int:
+async def soak(runs: int, seed: int, kinds: list[str]) -> int:
     rng = rng_for(seed, "insider-soak")
-    names = [list(KINDS)[k % len(KINDS)] for k in range(runs)]
+    names = [kinds[k % len(kinds)] for k in range(runs)]
     ok_runs = 0
     started = time.perf_counter()
-    print(f"insider soak: {runs} runs, ring of 6, node 0's whole bundle, kinds {', '.join(KINDS)}")
+    print(f"insider soak: {runs} runs, ring of 6, node 0's whole bundle, kinds {', '.join(kinds)}")
     with tempfile.TemporaryDirectory(prefix="nlagg-insider-soak-") as tmp:
         for k, name in enumerate(names):
             run_seed, t = seed + k, int(rng.integers(5, 40))
@@ -124,11 +149,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="the forgeries, in turn (default: all)")
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    if unknown := [k for k in kinds if k not in KINDS]:
+        parser.error(f"--kinds={args.kinds}: unknown {', '.join(unknown)} (known: {', '.join(KINDS)})")
     if mosquitto_binary() is None:
         print("insider soak: the mosquitto binary is needed (apt-get install mosquitto)", file=sys.stderr)
         return 2
-    return asyncio.run(soak(args.runs, args.seed))
+    return asyncio.run(soak(args.runs, args.seed, kinds))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .accept import halt_span as halt_span
     from .accept import key_error as key_error
     from .accept import lowest_position as lowest_position
+    from .accept import own_departure_error as own_departure_error
     from .accept import slot_verdict as slot_verdict
     from .accept import status_error as status_error
     from .accept import x_form_error as x_form_error

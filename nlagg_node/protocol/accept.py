@@ -60,6 +60,7 @@ __all__ = [
     "halt_span",
     "key_error",
     "lowest_position",
+    "own_departure_error",
     "slot_verdict",
     "status_error",
     "x_form_error",
@@ -279,6 +280,24 @@ def departure_claims(
     sender's own ``leaving`` at T, and the departures of its neighbours it observed itself."""
     out = [(node, iterations)] if state == "leaving" and iterations is not None else []
     return out + [(int(j), t) for j, t in (departed or {}).items()]
+
+
+def own_departure_error(claimant: int, subject: int, at: int, away: bool, join_window: bool) -> str | None:
+    """Why ``claimant``'s claim that the receiver ``subject`` departed at ``at`` is refused: the
+    receiver contradicts it (None: the claim may be true, and the receiver, refused by its
+    neighbour for the rest of the run, must stop). A neighbour counts a node departed from its
+    last will (:mod:`nlagg_node.departure`), which the broker publishes when the node's connection
+    is lost, or, in a run with a ``join_window`` (an epoch), at t = 0 when it was not online as the
+    window closed: the subject cannot contradict that one. A node not ``away`` has published its
+    x's from this process's first on, and neither lost a connection nor restarted meanwhile, so no
+    will of it came, and any other claim is a lie: one insider must not stop an honest node by
+    saying so."""
+    if away or (join_window and at == 0):
+        return None
+    return (
+        f"status of node {claimant}: claims node {subject} departed at t={at}, but node {subject} "
+        "has been connected throughout the run (no last will of it was published)"
+    )
 
 
 def adv_error(shape: RunShape, node: int, t: int) -> str | None:

@@ -58,6 +58,10 @@ class SignedTransport(Transport):
     def on_reconnect(self, listener: Callable[[bool], None]) -> None:
         self.inner.on_reconnect(listener)
 
+    @property
+    def reconnects(self) -> int:
+        return self.inner.reconnects
+
     async def __aenter__(self) -> Self:
         await self.inner.__aenter__()
         return self

@@ -156,6 +156,8 @@ class EpochMember(Member):
     departs for the epoch at once; with every neighbour absent the node misses the epoch
     (:class:`NeighbourTimeoutError`) rather than publish its own value as the output."""
 
+    join_window = True
+
     def __init__(self, *seat: *Seat, join_by: float, **options: Unpack[MemberOptions]) -> None:
         options.setdefault("flap_limit", FLAP_LIMIT)
         super().__init__(*seat, **options)

@@ -30,7 +30,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray
 from ..init import DualInitSpec
-from ..protocol import RunShape, departure_claims, status_error
+from ..protocol import RunShape, departure_claims, own_departure_error, status_error
 from ..protocol.chain import KeyChain
 from ..protocol.identity import Identity, Verifier
 from ..schedule import Phase, combine
@@ -235,6 +235,7 @@ class Member:
         self.fingerprint = ""
         if self.store is not None:
             self.fingerprint, self.resumed = self._load(self.store)
+        self.restarted = self.resumed is not None
         if self.resumed is not None:
             self._restore(self.resumed)
 
@@ -274,6 +275,15 @@ class Member:
     def departed(self) -> dict[int, int]:
         """The departed neighbours and their departure iterations."""
         return self.watch.departed
+
+    join_window = False  # whether neighbours absent when the run starts depart at t = 0 (an epoch's)
+
+    @property
+    def away(self) -> bool:
+        """Whether a neighbour may have counted this node departed: it has published no x yet (it
+        may be a restart of a node that left), it resumed its checkpoint, or it lost a connection
+        since it joined (its last will came)."""
+        return not self.outbox.sent_x or self.restarted or self.outbox.transport.reconnects > 0
 
     @property
     def keys(self) -> KeyRing | None:
@@ -335,6 +345,10 @@ class Member:
         claims = departure_claims(j, msg.state, msg.iterations, msg.departed)
         for subject, at in claims:
             if subject == self.id and not self.has_left:
+                lie = own_departure_error(j, self.id, at, self.away, self.join_window)
+                if lie is not None:
+                    self.reject(lie)
+                    return
                 raise DepartedError(
                     f"node {self.id}: neighbour {j} counts this node as departed at "
                     f"t={at}; a departed node is refused for the rest of the run"

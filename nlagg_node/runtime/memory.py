@@ -33,6 +33,12 @@ class MemoryBroker:
             old._drop(publish_will=False)
         self._clients[client.client_id] = client
 
+    def take_over(self, client_id: str) -> None:
+        """Another connection with ``client_id``'s credentials took its session, and the client came
+        back at once: the broker published its will, the client kept its session (nothing queued
+        is lost) and is told, as after any reconnection (:meth:`MemoryTransport.on_reconnect`)."""
+        self._clients[client_id]._taken_over()
+
     def detach(self, client: MemoryTransport) -> None:
         if self._clients.get(client.client_id) is client:
             del self._clients[client.client_id]
@@ -64,6 +70,8 @@ class MemoryTransport(Transport):
         self._inbox: Inbox[Message] = Inbox()
         self._connected = False
         self._dropped = False  # since the last connect: messages() ends once it has read the rest
+        self._reconnects = 0
+        self._listeners: list[Callable[[bool], None]] = []
 
     async def connect(self) -> None:
         self.broker.attach(self)
@@ -84,7 +92,19 @@ class MemoryTransport(Transport):
         self.broker.route(topic, payload, retain)
 
     def on_reconnect(self, listener: Callable[[bool], None]) -> None:
-        """The in-memory broker never drops a connection: no listener is ever called."""
+        """Called after each session takeover (:meth:`MemoryBroker.take_over`), with the session kept."""
+        self._listeners.append(listener)
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnects
+
+    def _taken_over(self) -> None:
+        self._reconnects += 1
+        if self.will is not None:
+            self.broker.route(self.will.topic, self.will.payload, self.will.retain)
+        for listener in self._listeners:
+            listener(True)
 
     async def subscribe(self, *filters: str, qos: int = 1) -> None:
         self._require()

@@ -133,7 +133,7 @@ class MqttTransport(Transport):
         self.connect_timeout = connect_timeout
         self.connect_within = connect_within
         self.manual_ack = manual_ack
-        self.reconnects = 0
+        self._reconnects = 0
         self.session_losses = 0
         self.acked = 0  # PUBACKs sent by :meth:`ack`
         self.attempts = 0  # connection attempts of the current (re)connection
@@ -353,8 +353,8 @@ class MqttTransport(Transport):
                     return
                 if self._up.is_set():
                     continue  # the loss signalled by an earlier failed attempt
-                self.reconnects += 1
-                log.warning("connection to %s lost; reconnecting (%d)", self.url, self.reconnects)
+                self._reconnects += 1
+                log.warning("connection to %s lost; reconnecting (%d)", self.url, self._reconnects)
                 session_present = await self._connect(first=False)
                 if not session_present:
                     self.session_losses += 1
@@ -403,6 +403,11 @@ class MqttTransport(Transport):
     def on_reconnect(self, listener: Callable[[bool], None]) -> None:
         """Call ``listener(session_present)`` after every reconnection (subscriptions restored)."""
         self._listeners.append(listener)
+
+    @property
+    def reconnects(self) -> int:
+        """Connections lost so far (counted before reconnecting)."""
+        return self._reconnects
 
     def _check(self) -> None:
         if self._fatal is not None:

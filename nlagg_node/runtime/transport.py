@@ -87,6 +87,12 @@ class Transport(Subscriber, Protocol):
         """Call ``listener(session_present)`` after every reconnection, once subscribed again
         (False: the broker had lost the session, and with it what it had queued for us)."""
 
+    @property
+    def reconnects(self) -> int:
+        """Connections lost so far, counted as each loss is seen: before anything the next
+        connection delivers (the broker published our last will with each)."""
+        return 0
+
 
 class Inbox(Generic[M]):
     """What a connection's callbacks received, waiting for the one consumer that reads it.

@@ -7,7 +7,9 @@ with its x's over an iteration span are the ones :class:`Forge` chooses: a ``sto
 stop, issue 43 break 1), a quiet counter, a certified stop's candidate ``cand`` (break 3). They are
 rewritten on their way out (:meth:`~nlagg_node.runtime.peers.Outbox.send_x`, before the payload is
 encoded and signed), so whatever the wire codec is, every receiver sees node j's own signed x.
-The node itself goes on with its honest state: only what it tells the others is false.
+With its x^(first) it may also publish a forged signed status (:meth:`Forge.status`): neighbours
+it claims have departed (``departed``), or its own departure at ``leaving`` while it goes on
+publishing x's. The node itself goes on with its honest state: only what it tells the others is false.
 
 :class:`PlanBed <tests.harness.planbed.PlanBed>` starts it for a node with
 ``start_nodes(turncoat=(j, forge))``; the forge travels in the environment (:data:`ENV`).
@@ -45,6 +47,8 @@ class Forge:
     stop_ahead : or a stop ``t + stop_ahead`` (a plausible proposal, made while not quiet).
     quiet : the quiet counter k claimed.
     cand : the certified stop's candidate claimed (protocol scale).
+    departed : the departures ``{str(k): T}`` of nodes k its status claims it saw, from x^(first) on.
+    leaving : the departure iteration T its status claims from x^(first) on (it goes on sending x's).
     """
 
     first: int
@@ -53,6 +57,8 @@ class Forge:
     stop_ahead: int | None = None
     quiet: int | None = None
     cand: float | None = None
+    departed: dict[str, int] | None = None
+    leaving: int | None = None
 
     def covers(self, t: int) -> bool:
         return self.first <= t <= self.last
@@ -70,6 +76,20 @@ class Forge:
             departures,
             cand if self.cand is None else self.cand,
         )
+
+    def status(self, node: int, run: str | None) -> bytes | None:
+        """The forged status node ``node`` publishes with its x^(first) (None: no status is forged)."""
+        from nlagg_node.runtime.wire import StatusMsg, encode
+
+        if self.departed is None and self.leaving is None:
+            return None
+        if self.leaving is None:
+            msg = StatusMsg(node=node, state="running", departed=self.departed, run=run)
+        else:
+            msg = StatusMsg(
+                node=node, state="leaving", iterations=self.leaving, departed=self.departed, run=run
+            )
+        return encode(msg)
 
     def environment(self) -> dict[str, str]:
         """The environment of the turncoat's process: this forge, and this checkout importable."""
@@ -122,6 +142,8 @@ def install(forge: Forge) -> None:
     honest_send = Outbox.send_x
 
     def send_x(self: Outbox, t: int, phase: str, x: float, fields: Fields | None = None) -> None:
+        if t == forge.first and (status := forge.status(self.node, self.run)) is not None:
+            self.set_status(status)
         honest_send(self, t, phase, x, None if fields is None else forge.fields(t, fields))
 
     Outbox.send_x = send_x  # type: ignore[method-assign]

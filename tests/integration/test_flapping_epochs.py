@@ -17,7 +17,6 @@ records and exit 1: never exit 0 with outputs null.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -27,44 +26,13 @@ import pytest
 
 from nlagg_node.config import load_config
 from nlagg_node.deploy.continuous import EpochTimetable
-from nlagg_node.runtime.tls import broker_endpoint
 from tests.harness.load import contention, stretched
-from tests.harness.mqtt_frames import connect_frame
 from tests.harness.planbed import PlanBed
+from tests.harness.takeover import take_over_again_and_again
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
 
 EPOCHS = 3
-FLAP = 0.3  # seconds between two takeovers (the red team's)
-
-
-async def take_over_again_and_again(bed: PlanBed, node: int, stop: asyncio.Event) -> int:
-    """Connect as ``node`` with its own password and a clean session every :data:`FLAP` s until
-    ``stop``; each connection stays open until the next one is accepted (the broker then closes it).
-    Returns how many the broker accepted."""
-    endpoint = broker_endpoint(bed.url)
-    user = f"node{node}"
-    connect = connect_frame(f"flap-{node}", username=user, password=bed.password(user), clean=True)
-    held: list[asyncio.StreamWriter] = []
-    accepted = 0
-    try:
-        while not stop.is_set():
-            reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
-            writer.write(connect)
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-                async with asyncio.timeout(5):
-                    head = await reader.readexactly(4)
-                accepted += head[0] >> 4 == 2 and head[3] == 0
-            for old in held:
-                old.close()
-            held = [writer]
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(FLAP):
-                    await stop.wait()
-    finally:
-        for old in held:
-            old.close()
-    return accepted
 
 
 def reports_of(texts: dict[int, str]) -> dict[int, list[dict[str, Any]]]:
@@ -76,7 +44,7 @@ def reports_of(texts: dict[int, str]) -> dict[int, list[dict[str, Any]]]:
 async def flapped_deployment(
     tmp_path: Path, may_depart: bool
 ) -> tuple[dict[int, int | None], dict[int, list[dict[str, Any]]], list[float]]:
-    """Three epochs of the plan with node 0's session taken over every :data:`FLAP` s throughout:
+    """Three epochs of the plan with node 0's session taken over every :data:`~tests.harness.takeover.FLAP` s throughout:
     each node's exit status and epoch reports, and the nodes' values."""
     cfg = load_config(
         None, op="max", n=6, graph="ring", value_range=(0.0, 100.0), seed=4, may_depart=may_depart

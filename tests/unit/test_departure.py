@@ -16,7 +16,7 @@ from nlagg_node.departure import components, kept_edges, parse_departures
 from nlagg_node.errors import ConfigError, DepartedError, StopRequested
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, node_will, run_edges
-from nlagg_node.runtime.wire import topics
+from nlagg_node.runtime.wire import StatusMsg, encode, topics
 from nlagg_node.sim import draw_values, simulate
 from nlagg_node.sim.output import summarize
 from tests.harness.departures import RUN, run_with_departures
@@ -147,6 +147,44 @@ async def test_a_departed_node_that_comes_back_is_refused_for_the_run() -> None:
                 await asyncio.wait_for(node.run(), timeout=10.0)
         with pytest.raises(TimeoutError):  # not one x of the refused node reached the broker
             await asyncio.wait_for(anext(aiter(watch.messages())), timeout=0.2)
+
+
+class Liar(MemoryBroker):
+    """A broker on which node ``liar``'s status claims, once node ``victim`` has published x^(t),
+    that ``victim`` departed at t, while ``victim`` is connected throughout (issue 43: one insider's
+    word)."""
+
+    def __init__(self, liar: int, victim: int, t: int) -> None:
+        super().__init__()
+        self.victim_x = topics("nlagg", RUN).x(victim)
+        self.claim = (
+            topics("nlagg", RUN).status(liar),
+            StatusMsg(node=liar, state="running", departed={str(victim): t}),
+        )
+        self.t, self.seen = t, 0
+
+    def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        super().route(topic, payload, retain)
+        if topic == self.victim_x:
+            self.seen += 1
+            if self.seen == self.t + 1:
+                super().route(self.claim[0], encode(self.claim[1]), True)
+
+
+async def test_a_claim_that_a_live_node_departed_is_refused_by_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 43: node 0's status says its neighbour 1 departed at t=20 while node 1 has published
+    every x from its first on one connection: node 1 refuses the claim, named, instead of stopping
+    (DepartedError), and every node ends as the simulator's run without a departure, bit for bit."""
+    cfg = RunConfig(early_stop=False, op="max", n=6, graph="ring", trials=1, record="all", t_max=200, seed=5)
+    sim = simulate(cfg)
+    results = await run_with_departures(cfg, {}, killed=False, broker=Liar(0, 1, 20))
+    for r in results:
+        assert np.array_equal(r.x, sim.recorded_x[:, 0, r.node])
+        assert r.departed == {}
+    assert (
+        "status of node 0: claims node 1 departed at t=20, but node 1 has been connected throughout"
+        in caplog.text
+    )
 
 
 def test_ring_split_reports_two_components_with_their_own_results() -> None:

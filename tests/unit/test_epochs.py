@@ -437,25 +437,22 @@ async def test_a_node_with_no_output_in_any_epoch_fails_with_error_records(
 
 class Flapping(MemoryBroker):
     """A broker on which node ``node``'s session is taken over ``times`` times once it has published
-    x^(3): each time the broker publishes its last will, and the node, back, its status again."""
+    x^(3) (:meth:`~nlagg_node.runtime.memory.MemoryBroker.take_over`): each time the broker
+    publishes its last will, and the node, back, its status again."""
 
     def __init__(self, node: int, times: int) -> None:
         super().__init__()
-        self.will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(0), node, shared=True)
         self.x_topic = f"{PREFIX}/{RUN}/e0/node/{node}/x"
+        self.node = node
         self.times, self.sent = times, 0
-        self.status: bytes | None = None
 
     def route(self, topic: str, payload: bytes, retain: bool) -> None:
         super().route(topic, payload, retain)
-        if topic == self.will.topic and payload != self.will.payload:
-            self.status = payload
-        elif topic == self.x_topic:
+        if topic == self.x_topic:
             self.sent += 1
-            if self.sent == 4 and self.status is not None:
+            if self.sent == 4:
                 for _ in range(self.times):
-                    super().route(self.will.topic, self.will.payload, True)
-                    super().route(self.will.topic, self.status, True)
+                    self.take_over(f"n{self.node}")  # epoch_of_node's client ids
 
 
 @pytest.mark.parametrize(
