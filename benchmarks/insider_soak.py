@@ -22,11 +22,15 @@ forgery per run, the kinds in turn (:data:`KINDS`), the forged iterations drawn 
 * ``takeover``, ``takeover-fixed``: node 0's session taken over every 0.3 s from the start
   (``tests/harness/takeover.py``), with ``may_depart`` (node 0 is absent, the others finish) and
   without (the run cannot survive a departure: it must fail loudly, never exit 0 beyond the bound).
+* ``results-own``, ``results-unsigned``, ``results-other``: on a continuous plan's broker, a
+  forged record of epoch 0 (output 99 in [0, 100]) with node 0's password, signed with its own key,
+  with none, or on node 1's topic with node 0's key, beside 1-3 honest records drawn
+  (``tests/harness/records.py``): the warm start every node reads before epoch 1 is cold or the
+  honest output, never the forger's; a record its node did not sign is refused, named.
 
 A run passes when no honest node (1-5) exits 0 with an output beyond bounded influence (what node 0
 could cause by claiming any value a node may hold: ``bounded_influence``), and every forgery a node
-refuses is named in node 0's neighbours' logs (nodes 1 and 5). Forged results records are the
-deployed test's (``tests/integration/test_insider_bundle.py``, break 6), not this soak's.
+refuses is named in node 0's neighbours' logs (nodes 1 and 5), or in the warm-start reader's.
 
     python benchmarks/insider_soak.py [--runs 20] [--seed 0] [--kinds stop-early,takeover,...]
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import tempfile
 import time
@@ -44,17 +49,20 @@ from pathlib import Path
 from typing import Any
 
 from nlagg_node.config import RunConfig
+from nlagg_node.deploy.continuous import EpochTimetable
 from nlagg_node.rng import rng_for
 from nlagg_node.runtime.brokers import mosquitto_binary
 
 # The harness is a test fixture (tests/harness/), not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.harness.planbed import PlanBed
+from tests.harness.records import Records
 from tests.harness.takeover import take_over_again_and_again
 from tests.harness.turncoat import Forge, bounded_influence
 
 LATE = 10**6
 DEPART = {"op": "max", "may_depart": True}
+RANGE = {"op": "max", "value_range": (0.0, 100.0)}
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class Kind:
     forge: Callable[[int], Forge] | None
     refusal: str | None
     takeover: bool = False
+    results: tuple[int, int | None] | None = None  # node 0's forged record: (topic of node, signer)
 
 
 KINDS: dict[str, Kind] = {
@@ -86,10 +95,16 @@ KINDS: dict[str, Kind] = {
     "status-leaving": Kind({**DEPART, "op": "median"}, lambda t: Forge(t, t, leaving=t + 3), None),
     "takeover": Kind(DEPART, None, None, takeover=True),
     "takeover-fixed": Kind({"op": "max"}, None, None, takeover=True),
+    "results-own": Kind(RANGE, None, None, results=(0, 0)),
+    "results-unsigned": Kind(RANGE, None, "unsigned message", results=(0, None)),
+    "results-other": Kind(RANGE, None, "does not verify with node 1's identity", results=(1, 0)),
 }
+FORGED_OUTPUT = 99.0  # node 0's forged record, above every honest output drawn
 
 
 async def one_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, str]:
+    if kind.results is not None:
+        return await records_run(kind, seed, t, workdir)
     cfg = RunConfig(n=6, graph="ring", trials=1, seed=seed, **kind.kw)
     turncoat = None if kind.forge is None else (0, kind.forge(t))
     async with PlanBed(cfg, workdir, run_id=f"insider-{seed}") as bed:
@@ -121,6 +136,46 @@ async def one_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, s
     if not named:
         what += f"; refusal {kind.refusal!r} not named"
     return not beyond and named, what
+
+
+class Warnings(logging.Handler):
+    """The warnings logged in this process (the warm-start reader's refusals)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def records_run(kind: Kind, seed: int, t: int, workdir: Path) -> tuple[bool, str]:
+    """Node 0's forged record beside ``1 + t % 3`` honest ones of output ``50 + t``; node 4's warm start."""
+    assert kind.results is not None
+    topic_of, signer = kind.results
+    cfg = RunConfig(n=6, graph="ring", trials=1, seed=seed, **kind.kw)
+    schedule = EpochTimetable(every=60.0, origin=time.time() + 3600.0, epochs=2)  # no epoch runs
+    honest, writers = 50.0 + t, (2, 3, 5)[: 1 + t % 3]
+    caught = Warnings()
+    logging.getLogger("nlagg.node").addHandler(caught)
+    try:
+        async with PlanBed(cfg, workdir, run_id=f"insider-{seed}", capture=False, schedule=schedule) as bed:
+            records = Records(bed)
+            for i in writers:
+                await records.publish(i, honest, i)
+            await records.publish(topic_of, FORGED_OUTPUT, signer)
+            heard = await records.warm_start()
+    finally:
+        logging.getLogger("nlagg.node").removeHandler(caught)
+    steered = heard is not None and heard.output != honest
+    named = kind.refusal is None or any(kind.refusal in line for line in caught.lines)
+    start = "cold" if heard is None else f"{heard.output:g}"
+    what = f"honest records {len(writers)} of {honest:g}, warm start {start}"
+    if steered:
+        what += "; STEERED by the forged record"
+    if not named:
+        what += f"; refusal {kind.refusal!r} not named"
+    return not steered and named, what
 
 
 async def soak(runs: int, seed: int, kinds: list[str]) -> int:

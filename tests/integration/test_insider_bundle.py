@@ -34,16 +34,10 @@ import pytest
 
 from nlagg_node.config import RunConfig
 from nlagg_node.deploy.continuous import EpochTimetable
-from nlagg_node.deploy.identities import identity_file, load_identity, run_identities
 from nlagg_node.epochplan import HeardOutput
-from nlagg_node.protocol import Verifier
-from nlagg_node.runtime.mqtt import MqttTransport
-from nlagg_node.runtime.outputs import EpochOutput, results_topic, sign_record
-from nlagg_node.runtime.warmstart import read_published_output
 from nlagg_node.runtime.wire import topics
-from tests.harness.hostile import Intruder
-from tests.harness.mqtt_frames import publish_frame
 from tests.harness.planbed import PlanBed
+from tests.harness.records import Records
 from tests.harness.turncoat import Forge, bounded_influence
 
 pytestmark = [pytest.mark.mosquitto, pytest.mark.slow]
@@ -137,33 +131,14 @@ async def test_forged_results_records_steer_no_warm_start(
     # No epoch runs: only the broker, its ACL and the identities are used.
     schedule = EpochTimetable(every=60.0, origin=time.time() + 3600.0, epochs=2)
     async with PlanBed(cfg, tmp_path, run_id="signed-results", capture=False, schedule=schedule) as bed:
-        keys = run_identities(bed.root / "run.toml")
-        assert keys is not None, "a plan signs by default"
-        bundle = {i: load_identity(bed.root / identity_file(f"node{i}")) for i in (0, 2, 3, 5)}
-
-        async def publish(node: int, output: float, key: int | None, topic_node: int | None = None) -> None:
-            topic = results_topic("nlagg", bed.run_id, node if topic_node is None else topic_node)
-            record = EpochOutput(node=node, epoch=0, output=output, iterations=500, time=time.time())
-            payload = sign_record(record, topic, None if key is None else bundle[key])
-            sender = Intruder.with_password_of(bed, node if topic_node is None else topic_node)
-            await sender.send([publish_frame(topic, payload, retain=True)])
-
-        async def warm_start() -> HeardOutput | None:
-            reader = MqttTransport(
-                bed.url, client_id="reader", username="node4", password=bed.password("node4")
-            )
-            now = time.time()
-            return await read_published_output(
-                reader, ("nlagg", bed.run_id), 1, now + 1.0, now + 2.0, Verifier(keys), 6
-            )
-
-        await publish(2, HONEST, 2)
-        await publish(topic_of, FORGED_OUTPUT, signer)
+        records = Records(bed)
+        await records.publish(2, HONEST, 2)
+        await records.publish(topic_of, FORGED_OUTPUT, signer)
         with caplog.at_level(logging.WARNING, logger="nlagg.node"):
-            alone = await warm_start()
-        await publish(3, HONEST, 3)
-        await publish(5, HONEST, 5)
-        quorum = await warm_start()
+            alone = await records.warm_start()
+        await records.publish(3, HONEST, 3)
+        await records.publish(5, HONEST, 5)
+        quorum = await records.warm_start()
     assert alone is None  # cold: one honest record, the forged one refused or short of the quorum
     assert quorum == HeardOutput(0, HONEST)
     named = [m for r in caplog.records if f"results/{topic_of} holds no output" in (m := r.getMessage())]
