@@ -13,7 +13,9 @@ this module keeps only the state the transcript needs to call them as the captur
 * the senders' ends: where each node ended each phase (the x whose fields say it halts,
   :func:`~nlagg_node.protocol.halt_span`) and where it departed, from the departures its statuses
   establish (:func:`~nlagg_node.protocol.departure_claims`: a node's own ``leaving``, or a
-  neighbour's observation of their shared edge; never a claim about a non-neighbour).
+  neighbour's observation of their shared edge; never a claim about a non-neighbour, nor one its
+  subject contradicts, :func:`~nlagg_node.protocol.own_departure_error`: the transcript had its x's
+  and no last will of it).
 
 In a run with identities a message counts only with its sender's signature, an x with its sender's
 key-chain element (the nodes' checks, :meth:`RunRules.forged`): what a broker password alone forges
@@ -43,6 +45,7 @@ from nlagg_node.protocol import (
     halt_span,
     key_error,
     lowest_position,
+    own_departure_error,
     signature_error,
     status_error,
     x_form_error,
@@ -131,6 +134,7 @@ class RunRules:
         self.latest: list[int] = [-1] * self.n  # latest valid t per node
         self._resync: set[int] = set()  # nodes not seen since the capture lost its session
         self.departures = Departures(shape)  # from statuses
+        self.willed: set[int] = set()  # nodes whose last will came (a connection lost)
         self.ends = PhaseEnds(shape)
         self.verifier = _verifier(config)  # None: a run without identities
         self.chains: dict[int, ChainCheck] = {}  # each node's x key chain, from its signed anchor
@@ -230,8 +234,16 @@ class RunRules:
             self.ends.note(msg.node, msg.t, msg.stop, msg.departures)
         elif isinstance(msg, StatusMsg):
             self._anchor(msg)
+            if msg.state == "offline":
+                self.willed.add(msg.node)
             for j, t in departure_claims(msg.node, msg.state, msg.iterations, msg.departed):
-                self.departures.claim(msg.node, j, t)
+                if j == msg.node or own_departure_error(msg.node, j, t, self.away(j), False) is None:
+                    self.departures.claim(msg.node, j, t)
+
+    def away(self, node: int) -> bool:
+        """Whether ``node`` may have been counted departed, as far as the transcript shows: no x of
+        it yet, or its last will came (the claims its node itself refuses are not counted)."""
+        return self.latest[node] < 0 or node in self.willed
 
     def saw_x(self, node: int, t: int) -> None:
         if t > self.latest[node]:
