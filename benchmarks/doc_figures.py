@@ -1,0 +1,196 @@
+"""The measured figures of the README and the docs, written by the script that measures them.
+
+A figure block is the text between ``<!-- NAME:begin (python benchmarks/doc_figures.py GROUP writes it)
+-->`` and ``<!-- NAME:end -->`` in a page (the comments do not show when it is rendered). Each GROUP
+measures once and rewrites its blocks; nothing outside the markers changes, so the prose around a
+block is worded not to repeat its figures. tests/unit/test_doc_figures.py measures every group again
+and fails when a committed figure has drifted.
+
+Groups:
+
+* ``defaults``: the README's "Defaults at a glance" table and docs/reference.md's iterations run
+  (benchmarks/defaults_table.py: ``nlagg sim --op OP --seed 0`` at every operator's defaults).
+* ``slowest-trials``: docs/attack.md, "The slowest trials": ``nlagg sim --op max --json --stop-rule
+  tolerance`` (1000 trials, seed 0), its unconverged trials and what the iterations needed correlate
+  with.
+* ``tolerance``: docs/reference.md, ``--tolerance``: the median iterations run at 1e-6 against 1e-9
+  (the median at its defaults, max with ``--stop-rule tolerance``; 1000 trials, seed 0).
+
+Run: python benchmarks/doc_figures.py [GROUP ...]   (every group when none is named)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from nlagg_node.sim.engine import SimResult
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"
+ATTACK = ROOT / "docs" / "attack.md"
+FIGURE_TRIALS = 1000  # the trials every group but ``defaults`` at n = 100 is measured with
+PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))  # where blocks may live
+
+
+@dataclass(frozen=True)
+class Block:
+    """The text of the block ``name`` in ``page`` (on lines of its own unless ``inline``)."""
+
+    page: Path
+    name: str
+    text: str
+    inline: bool = False
+
+
+def markers(name: str, group: str) -> tuple[str, str]:
+    """The comments around a generated block (invisible in the rendered page)."""
+    return (
+        f"<!-- {name}:begin (python benchmarks/doc_figures.py {group} writes it) -->",
+        f"<!-- {name}:end -->",
+    )
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"<!-- {re.escape(name)}:begin[^>]*-->(.*?)<!-- {re.escape(name)}:end -->", re.DOTALL)
+
+
+def between(text: str, name: str) -> str:
+    """The generated block ``name`` of ``text``."""
+    found = _pattern(name).search(text)
+    if found is None:
+        raise KeyError(f"no block {name!r}")
+    return found.group(1).strip()
+
+
+def block_names(text: str) -> list[str]:
+    """Every block ``text`` holds, in order."""
+    return re.findall(r"<!-- ([a-z0-9-]+):begin", text)
+
+
+def with_block(text: str, block: Block, group: str) -> str:
+    """``text`` with ``block`` written between its markers (marked as ``group``'s)."""
+    begin, end = markers(block.name, group)
+    pattern = _pattern(block.name)
+    if pattern.search(text) is None:
+        raise SystemExit(f"doc_figures: error: {block.page.name}: no {begin} ... {end} markers")
+    sep = "" if block.inline else "\n"
+    return pattern.sub(lambda _: f"{begin}{sep}{block.text}{sep}{end}", text)
+
+
+def _g(x: float) -> str:
+    """A figure to three significant digits, as the docs write it: 7.63e-6."""
+    return f"{x:.3g}".replace("e-0", "e-")
+
+
+def slowest_trials_blocks(trials: int = FIGURE_TRIALS) -> list[Block]:
+    """docs/attack.md's slowest trials: ``nlagg sim --op max --json --stop-rule tolerance``."""
+    from nlagg_node.config import load_config
+    from nlagg_node.sim import simulate
+    from nlagg_node.sim.output import summarize
+
+    result = simulate(load_config(None, op="max", trials=trials, seed=0, stop_rule="tolerance"))
+    s = summarize(result)
+    worst = [f"trial {t['trial']} ({_g(t['error'])})" for t in s["unconverged_trials"]]
+    listed = " and ".join(worst) if len(worst) <= 2 else ", ".join(worst[:-1]) + f" and {worst[-1]}"
+    summary = (
+        f"`converged_fraction` {s['converged_fraction']:.3f}, `max_error` {_g(s['max_error'])}, "
+        f"`unconverged_trials` {listed or 'none'}"
+    )
+    return [
+        Block(ATTACK, "slowest-trials", summary, inline=True),
+        Block(ATTACK, "slowest-iterations", _iterations_sentence(result), inline=True),
+    ]
+
+
+def _iterations_sentence(result: SimResult) -> str:
+    """What the iterations the converged trials needed correlate with (Spearman), and their spread."""
+    import networkx as nx
+    from scipy.stats import spearmanr
+
+    conv = result.converged_iterations
+    ok = np.flatnonzero(conv >= 0)
+    features: dict[str, list[float]] = {"degree": [], "gap": [], "diameter": [], "connectivity": []}
+    for b in ok:
+        g = nx.Graph()
+        g.add_nodes_from(range(result.values.shape[1]))
+        g.add_edges_from(map(tuple, result.graphs[b]))
+        top = np.sort(result.values[b])[::-1]
+        features["degree"].append(g.degree(int(np.argmax(result.values[b]))))
+        features["gap"].append(top[0] - top[1])
+        features["diameter"].append(nx.diameter(g))
+        laplacian = nx.laplacian_matrix(g).toarray().astype(float)
+        features["connectivity"].append(np.linalg.eigvalsh(laplacian)[1])
+    rho = {k: float(spearmanr(v, conv[ok]).statistic) for k, v in features.items()}
+    needed = conv[ok]
+    return (
+        f"Over the {ok.size} trials that converge, the iterations needed correlate with the holder's "
+        f"degree (Spearman {rho['degree']:.2f}) and the top gap ({rho['gap']:.2f}), not with the diameter "
+        f"({rho['diameter']:.2f}) or the algebraic connectivity ({rho['connectivity']:.2f}); median "
+        f"{np.median(needed):.0f}, 99th percentile {np.percentile(needed, 99):.0f}, max {needed.max()}"
+    )
+
+
+def tolerance_blocks(trials: int = FIGURE_TRIALS) -> list[Block]:
+    """docs/reference.md's ``--tolerance``: the median iterations run at 1e-6 against 1e-9."""
+    from nlagg_node.config import load_config
+    from nlagg_node.sim import simulate
+    from nlagg_node.sim.output import summarize
+
+    def ran(op: str, tolerance: float, **rule: str) -> str:
+        cfg = load_config(None, op=op, trials=trials, seed=0, tolerance=tolerance, **rule)
+        return f"{summarize(simulate(cfg))['iterations_run']:.0f}"
+
+    cap = load_config(None, op="median").resolved().t_max_value
+    text = (
+        f"the median at 1e-6 runs a median {ran('median', 1e-6)} of {cap} iterations against "
+        f"{ran('median', 1e-9)} at 1e-9 (`nlagg sim --op median --trials {trials}`); max with "
+        f"`--stop-rule tolerance` {ran('max', 1e-6, stop_rule='tolerance')} against "
+        f"{ran('max', 1e-9, stop_rule='tolerance')}"
+    )
+    return [Block(REFERENCE, "tolerance-runs", text, inline=True)]
+
+
+def defaults_blocks() -> list[Block]:
+    from benchmarks.defaults_table import readme_blocks
+
+    return readme_blocks()
+
+
+GROUPS: dict[str, Callable[[], list[Block]]] = {
+    "defaults": defaults_blocks,
+    "slowest-trials": slowest_trials_blocks,
+    "tolerance": tolerance_blocks,
+}
+
+
+def write(blocks: list[Block], group: str) -> None:
+    """Write each block into its page."""
+    for block in blocks:
+        block.page.write_text(with_block(block.page.read_text(), block, group))
+        print(f"wrote {block.name} into {block.page.relative_to(ROOT)}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("groups", nargs="*", help=f"groups to measure, of {', '.join(GROUPS)} (default: all)")
+    args = ap.parse_args()
+    for group in args.groups:
+        if group not in GROUPS:
+            ap.error(f"group={group}: not one of {', '.join(GROUPS)}")
+    for group in args.groups or list(GROUPS):
+        write(GROUPS[group](), group)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # run as a script: benchmarks.defaults_table is imported from the checkout
+    main()
