@@ -15,6 +15,10 @@ Groups:
   with.
 * ``tolerance``: docs/reference.md, ``--tolerance``: the median iterations run at 1e-6 against 1e-9
   (the median at its defaults, max with ``--stop-rule tolerance``; 1000 trials, seed 0).
+* ``stop-timing``: docs/attack.md, "When a phase stops": that the tolerance rule's last iteration is
+  t_q + 2D + W - 1 in every trial (max, ``--stop-rule tolerance``, 100 trials, seed 0, every x
+  recorded), and how long after convergence the stop comes; docs/reference.md the same for the median
+  at its defaults (1000 trials).
 
 Run: python benchmarks/doc_figures.py [GROUP ...]   (every group when none is named)
 """
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from nlagg_node.arrays import FloatArray, IntArray
     from nlagg_node.sim.engine import SimResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,6 +165,59 @@ def tolerance_blocks(trials: int = FIGURE_TRIALS) -> list[Block]:
     return [Block(REFERENCE, "tolerance-runs", text, inline=True)]
 
 
+def _after_convergence(result: SimResult) -> IntArray:
+    """Iterations from convergence (every x within tolerance for good) to the last iteration run."""
+    ok = result.converged_iterations >= 0
+    return np.asarray(result.phase_iterations.sum(axis=1)[ok] - 1 - result.converged_iterations[ok])
+
+
+def _quiet_from(x: FloatArray, window: int, tolerance: float) -> int:
+    """t_q: the first iteration from which every node's x stays within ``tolerance`` of its value
+    ``window`` iterations earlier (``x``: iterations x nodes, up to the last iteration run)."""
+    quiet = np.zeros(len(x), dtype=bool)
+    quiet[window:] = (np.abs(x[window:] - x[:-window]) <= tolerance).all(axis=1)
+    loud = np.flatnonzero(~quiet)
+    return int(loud[-1]) + 1 if loud.size else 0
+
+
+def stop_timing_blocks(trials: int = 100) -> list[Block]:
+    """docs/attack.md's "When a phase stops" and docs/reference.md's wait after convergence."""
+    import networkx as nx
+
+    from nlagg_node.config import load_config
+    from nlagg_node.sim import simulate
+
+    cfg = load_config(None, op="max", trials=trials, seed=0, stop_rule="tolerance", record="all")
+    result = simulate(cfg)
+    window, tolerance = cfg.stop_window_value, cfg.tolerance
+    spans, exact = [], 0
+    for b, ran in enumerate(result.phase_iterations.sum(axis=1)):
+        g = nx.Graph()
+        g.add_nodes_from(range(result.values.shape[1]))
+        g.add_edges_from(map(tuple, result.graphs[b]))
+        span = 2 * nx.diameter(g) + window - 1
+        spans.append(span)
+        exact += ran - 1 == _quiet_from(result.recorded_x[:ran, b, :], window, tolerance) + span
+    held = "in every trial" if exact == trials else f"in {exact} of {trials} trials"
+    after = _after_convergence(result)
+    attack = (
+        f"Measured, max defaults with `--stop-rule tolerance`, {trials} trials, seed 0, `record all`: "
+        f"equality holds {held} (median 2D + W - 1 = {np.median(spans):.0f}); counted from convergence "
+        "(every x within `tolerance` of the exact aggregate for good, the simulator's "
+        f"`converged_iterations`), the stop comes a median {np.median(after):.0f} iterations later "
+        f"(min {after.min()}, max {after.max()})"
+    )
+    median = _after_convergence(simulate(load_config(None, op="median", trials=FIGURE_TRIALS, seed=0)))
+    reference = (
+        f"for the median at the defaults a median {np.median(median):.0f} iterations after convergence"
+        f" (`nlagg sim --op median --trials {FIGURE_TRIALS}`)"
+    )
+    return [
+        Block(ATTACK, "stop-timing", attack, inline=True),
+        Block(REFERENCE, "median-stop-lag", reference, inline=True),
+    ]
+
+
 def defaults_blocks() -> list[Block]:
     from benchmarks.defaults_table import readme_blocks
 
@@ -170,6 +228,7 @@ GROUPS: dict[str, Callable[[], list[Block]]] = {
     "defaults": defaults_blocks,
     "slowest-trials": slowest_trials_blocks,
     "tolerance": tolerance_blocks,
+    "stop-timing": stop_timing_blocks,
 }
 
 
