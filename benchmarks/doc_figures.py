@@ -15,6 +15,8 @@ Groups:
   with.
 * ``tolerance``: docs/reference.md, ``--tolerance``: the median iterations run at 1e-6 against 1e-9
   (the median at its defaults, max with ``--stop-rule tolerance``; 1000 trials, seed 0).
+* ``attack-example``: docs/attack.md, "The issue's case": the documented ``nlagg sim`` and ``nlagg
+  attack`` commands, run as typed in an empty folder, and what the attack reports.
 * ``stop-timing``: docs/attack.md, "When a phase stops": that the tolerance rule's last iteration is
   t_q + 2D + W - 1 in every trial (max, ``--stop-rule tolerance``, 100 trials, seed 0, every x
   recorded), and how long after convergence the stop comes; docs/reference.md the same for the median
@@ -26,7 +28,9 @@ Run: python benchmarks/doc_figures.py [GROUP ...]   (every group when none is na
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -218,6 +222,68 @@ def stop_timing_blocks(trials: int = 100) -> list[Block]:
     ]
 
 
+PATH_VALUES = (0.1, -0.3, 0.5, 2.0, 0.2, -0.1, -2.0)
+PATH_COMMANDS = (
+    "printf '0,1\\n1,2\\n2,3\\n3,4\\n4,5\\n5,6\\n' > path.csv",
+    f"echo {','.join(map(repr, PATH_VALUES))} > values.csv",
+    "nlagg sim --op trimmed-mean --k 1 --n 7 --graph file --graph-file path.csv --values-file values.csv \\\n"
+    "  --trials 1 --t-max 3000 --transcript path.sqlite --corrupt 1,4",
+    "nlagg attack path.sqlite",
+)
+
+
+def _nlagg(commands: tuple[str, ...], cwd: Path) -> str:
+    """Run ``commands`` in bash in ``cwd``, ``nlagg`` being this checkout's; what they print."""
+    bash = f'nlagg() {{ {sys.executable} -m nlagg_node "$@"; }}\n' + "\n".join(commands)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "-euc", bash], cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"doc_figures: error: {commands[-1]}: exit {done.returncode}: {done.stderr[-500:]}")
+    return done.stdout
+
+
+def _nodes(nodes: list[int]) -> str:
+    names = [str(i) for i in nodes]
+    return ("node " if len(names) == 1 else "nodes ") + (
+        names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    )
+
+
+def attack_example_blocks() -> list[Block]:
+    """docs/attack.md's path example: its commands as run, and what ``nlagg attack`` reports."""
+    import json
+    import math
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        _nlagg(PATH_COMMANDS, cwd)
+        report = json.loads(_nlagg(("nlagg attack path.sqlite --json",), cwd))
+        relation_run = (
+            *PATH_COMMANDS[:2],
+            PATH_COMMANDS[2].replace("path.sqlite --corrupt 1,4", "p0.sqlite --corrupt 0"),
+        )
+        _nlagg(relation_run, cwd)
+        printed = _nlagg(("nlagg attack p0.sqlite",), cwd)
+    found: dict[str, list[tuple[int, int | None, float]]] = {}  # how -> (node, t, value)
+    for node in report["nodes"]:
+        found.setdefault(node["how"], []).append((node["node"], node["t"], node["value"]))
+    parts = []
+    for how, nodes in found.items():
+        when = sorted({t for _, t, _ in nodes if t is not None})
+        at = f" (t = {', '.join(map(str, when))})" if when else ""
+        parts.append(f"`{how}` for {_nodes([i for i, _, _ in nodes])}{at}")
+    error = max(abs(v - PATH_VALUES[i]) for nodes in found.values() for i, _, v in nodes)
+    bound = f"within 1e{math.ceil(math.log10(error))} of" if error > 0 else "equal to"
+    reported = f"reports {', '.join(parts[:-1])} and {parts[-1]}: every value {bound} the truth."
+    relation = next(line for line in printed.splitlines() if "fixes" in line).strip()
+    fence = "```bash\n" + "\n".join(PATH_COMMANDS) + "\n```"
+    return [
+        Block(ATTACK, "attack-path-example", f"{fence}\n\n{reported}"),
+        Block(ATTACK, "attack-path-relation", f"`{relation}`", inline=True),
+    ]
+
+
 def defaults_blocks() -> list[Block]:
     from benchmarks.defaults_table import readme_blocks
 
@@ -229,6 +295,7 @@ GROUPS: dict[str, Callable[[], list[Block]]] = {
     "slowest-trials": slowest_trials_blocks,
     "tolerance": tolerance_blocks,
     "stop-timing": stop_timing_blocks,
+    "attack-example": attack_example_blocks,
 }
 
 
