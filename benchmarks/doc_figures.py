@@ -8,8 +8,9 @@ and fails when a committed figure has drifted.
 
 Groups:
 
-* ``defaults``: the README's "Defaults at a glance" table and docs/reference.md's iterations run
-  (benchmarks/defaults_table.py: ``nlagg sim --op OP --seed 0`` at every operator's defaults).
+* ``defaults``: the README's "Defaults at a glance" table, its leakage over seeds 0-3, and
+  docs/reference.md's iterations run (benchmarks/defaults_table.py: ``nlagg sim --op OP --seed S`` at
+  every operator's defaults).
 * ``slowest-trials``: docs/attack.md, "The slowest trials": ``nlagg sim --op max --json --stop-rule
   tolerance`` (1000 trials, seed 0), its unconverged trials and what the iterations needed correlate
   with.

@@ -15,8 +15,10 @@ from benchmarks.defaults_table import (
     README_TRIALS,
     DefaultsRow,
     measure_defaults,
+    measure_seeds,
     read_ran,
     read_readme_rows,
+    seeds_block,
     table_block,
 )
 from benchmarks.doc_figures import GROUPS, PAGES, between, block_names, markers, with_block
@@ -88,6 +90,13 @@ def test_each_readme_row_is_what_the_script_writes(op: str, n: int) -> None:
     # measured) fails here even where the binomial error above is too wide to tell.
     committed = next(r for r in read_readme_rows(README.read_text()) if (r.op, r.n) == (op, n))
     assert measure_defaults(op, README_SIZES[n], n=n).line() == committed.line()
+
+
+@pytest.mark.slow
+def test_the_readme_leakage_over_seeds_is_what_the_script_writes() -> None:
+    seed0 = [r for r in read_readme_rows(README.read_text()) if r.n == 15]
+    block = seeds_block(seed0 + measure_seeds())
+    assert between(README.read_text(), block.name) == block.text
 
 
 @pytest.mark.slow
