@@ -291,6 +291,8 @@ def defaults_blocks() -> list[Block]:
     return readme_blocks()
 
 
+# Groups that run the documented commands as processes (their test is in tests/integration/).
+COMMAND_GROUPS = ("attack-example",)
 GROUPS: dict[str, Callable[[], list[Block]]] = {
     "defaults": defaults_blocks,
     "slowest-trials": slowest_trials_blocks,

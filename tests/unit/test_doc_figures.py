@@ -1,7 +1,8 @@
 """The measured figures of the README and the docs are what their scripts measure
 (benchmarks/doc_figures.py writes every block): the README's defaults table and docs/reference.md's
 iterations run measured again at fewer trials, each figure within its binomial error, and at the
-page's trials, equal; every other block measured again as its group writes it."""
+page's trials, equal; every other block measured again as its group writes it (those that run the
+documented commands as processes: tests/integration/test_doc_commands.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from benchmarks.defaults_table import (
     seeds_block,
     table_block,
 )
-from benchmarks.doc_figures import GROUPS, PAGES, between, block_names, markers, with_block
+from benchmarks.doc_figures import COMMAND_GROUPS, GROUPS, PAGES, between, block_names, markers, with_block
 from nlagg_node.defaults import OPERATORS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def test_the_readme_leakage_over_seeds_is_what_the_script_writes() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", [g for g in GROUPS if g != "defaults"])
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "defaults" and g not in COMMAND_GROUPS])
 def test_each_doc_block_is_what_its_group_writes(group: str) -> None:
     # Deterministic runs (seed 0, the pages' trials): a figure typed by hand, or one the code no longer
     # prints, differs from what the group measures now.
