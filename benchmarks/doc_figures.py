@@ -112,9 +112,15 @@ def slowest_trials_blocks(trials: int = FIGURE_TRIALS) -> list[Block]:
     s = summarize(result)
     worst = [f"trial {t['trial']} ({_g(t['error'])})" for t in s["unconverged_trials"]]
     listed = " and ".join(worst) if len(worst) <= 2 else ", ".join(worst[:-1]) + f" and {worst[-1]}"
+    ran = {int(result.phase_iterations[t["trial"]].sum()) for t in s["unconverged_trials"]}
+    capped = (
+        f"; each ran the full {result.t_total} iterations: the cap, not the stop rule, ended them"
+        if ran == {result.t_total}
+        else f"; they ran {', '.join(map(str, sorted(ran)))} of at most {result.t_total} iterations"
+    )
     summary = (
         f"`converged_fraction` {s['converged_fraction']:.3f}, `max_error` {_g(s['max_error'])}, "
-        f"`unconverged_trials` {listed or 'none'}"
+        f"`unconverged_trials` {listed or 'none'}{capped}"
     )
     return [
         Block(ATTACK, "slowest-trials", summary, inline=True),
