@@ -3,8 +3,9 @@
 A figure block is the text between ``<!-- NAME:begin (python benchmarks/doc_figures.py GROUP writes it)
 -->`` and ``<!-- NAME:end -->`` in a page (the comments do not show when it is rendered). Each GROUP
 measures once and rewrites its blocks; nothing outside the markers changes, so the prose around a
-block is worded not to repeat its figures. tests/unit/test_doc_figures.py measures every group again
-and fails when a committed figure has drifted.
+block is worded not to repeat its figures. tests/unit/test_doc_figures.py (and, for COMMAND_GROUPS,
+tests/integration/test_doc_commands.py) measures every group again and fails when a committed figure
+has drifted.
 
 Groups:
 
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 REFERENCE = ROOT / "docs" / "reference.md"
 ATTACK = ROOT / "docs" / "attack.md"
-FIGURE_TRIALS = 1000  # the trials every group but ``defaults`` at n = 100 is measured with
+FIGURE_TRIALS = 1000  # the trials a figure is measured with where its group names no other
 PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))  # where blocks may live
 
 
