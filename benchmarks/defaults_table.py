@@ -1,21 +1,20 @@
 """The measured tables of the defaults: the README's "Defaults at a glance" and the per-init table behind
 the default initializations (docs/experiments.md, "Default initializations").
 
-``--readme``: every operator at its defaults, as ``nlagg sim --n N --trials T --seed 0`` runs it (RGG; n
-= 15 with 1000 trials, n = 100 with 300: README_SIZES): the share of exact trials, the worst leakage over
-the ranks the ideal world does not expose and the median iterations to converge, written into README.md
-between its ``defaults-table`` markers; and the median iterations each run took against its cap (early
-stopping), written into docs/reference.md between its ``iterations-run`` markers
-(tests/unit/test_doc_figures.py measures both again at fewer trials and checks each figure).
+``readme_blocks``: every operator at its defaults, as ``nlagg sim --n N --trials T --seed 0`` runs it
+(RGG; n = 15 with 1000 trials, n = 100 with 300: README_SIZES): the share of exact trials, the worst
+leakage over the ranks the ideal world does not expose and the median iterations to converge, for
+README.md's ``defaults-table`` block; and the median iterations each run took against its cap (early
+stopping), for docs/reference.md's ``iterations-run`` block. ``python benchmarks/doc_figures.py
+defaults`` writes both (tests/unit/test_doc_figures.py measures them again and checks each figure).
 
-Otherwise, for every operator, every initialization (``--inits``) is run at the operator's defaults on
+Run as a script, for every operator, every initialization (``--inits``) is run at the operator's defaults on
 values drawn uniformly over a declared range (RGG of each ``--n``, the given trials, seed 0), and on the
 paper's N(0, 1) values without a range. A row gives the largest leakage over the ranks the ideal world
 does not expose, whether the run is exact (every trial within 1e-9 of the aggregate, relative to the
 range), and iterations to converge. The default (``--init proposed``) must be the least leaky exact one.
 
-Run: python benchmarks/defaults_table.py --readme
-     python benchmarks/defaults_table.py [--trials 1000] [--ops max,median] [--n 15,100] [--inits proposed]
+Run: python benchmarks/defaults_table.py [--trials 1000] [--ops max,median] [--n 15,100] [--inits proposed]
 
 """
 
@@ -23,20 +22,23 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+if __name__ == "__main__":  # run as a script: import benchmarks.doc_figures from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.doc_figures import README, REFERENCE, Block, between
 from nlagg_node.config import OPERATORS, load_config
 from nlagg_node.tune import Setting, evaluate
 
 INITS = ("proposed", "none", "symmetric", "prior", "from-above", "from-below")
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-REFERENCE = ROOT / "docs" / "reference.md"
 README_TRIALS = 1000
 README_SIZES = {15: README_TRIALS, 100: 300}  # network size -> trials its rows are measured with
+README_SEEDS = range(4)  # the seeds the README's leakage range at n = 15 spans
 README_HEAD = (
     "| operator | n | exact trials | leakage beyond the ideal world (worst rank) | iterations (median) |\n"
     "|---|---|---|---|---|"
@@ -59,30 +61,6 @@ class DefaultsRow:
     def line(self) -> str:
         its = "-" if self.iterations is None else f"{self.iterations:.0f}"
         return f"| {self.op} | {self.n} | {self.exact:.3f} | {self.leak:.3f} | {its} |"
-
-
-def markers(name: str) -> tuple[str, str]:
-    """The comments around a generated block (invisible in the rendered page)."""
-    return (
-        f"<!-- {name}:begin (python benchmarks/defaults_table.py --readme writes it) -->",
-        f"<!-- {name}:end -->",
-    )
-
-
-def between(text: str, name: str) -> str:
-    """The generated block ``name`` of ``text``."""
-    begin, end = markers(name)
-    return text[text.index(begin) + len(begin) : text.index(end)].strip()
-
-
-def with_block(text: str, name: str, block: str, *, inline: bool = False) -> str:
-    """``text`` with the block ``name`` replaced by ``block`` (on lines of its own unless ``inline``)."""
-    begin, end = markers(name)
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
-    if pattern.search(text) is None:
-        raise SystemExit(f"no {begin} ... {end} markers")
-    sep = "" if inline else "\n"
-    return pattern.sub(lambda _: f"{begin}{sep}{block}{sep}{end}", text)
 
 
 def measure_defaults(op: str, trials: int, seed: int = 0, n: int = 15) -> DefaultsRow:
@@ -110,9 +88,9 @@ def read_readme_rows(text: str) -> list[DefaultsRow]:
     return rows
 
 
-def with_table(text: str, rows: list[DefaultsRow]) -> str:
-    """``text`` (the README) with its ``defaults-table`` block replaced by ``rows``."""
-    return with_block(text, "defaults-table", "\n".join([README_HEAD, *(r.line() for r in rows)]))
+def table_block(rows: list[DefaultsRow]) -> Block:
+    """The README's ``defaults-table`` block of ``rows``."""
+    return Block(README, "defaults-table", "\n".join([README_HEAD, *(r.line() for r in rows)]))
 
 
 def ran_sentence(rows: list[DefaultsRow]) -> str:
@@ -126,16 +104,43 @@ def read_ran(text: str) -> dict[str, tuple[float, int]]:
     return {op: (float(ran), int(cap)) for op, ran, cap in found}
 
 
-def write_readme(sizes: dict[int, int]) -> None:
+def seeds_sentence(rows: list[DefaultsRow], seeds: range = README_SEEDS) -> str:
+    """``at n = 15 over seeds 0-3 ... max 0.012-0.015, min ...``: each operator's worst leakage over
+    ``rows``, one row per operator and seed."""
+    spans = []
+    for op in dict.fromkeys(r.op for r in rows):
+        leaks = [r.leak for r in rows if r.op == op]
+        spans.append(f"{op} {min(leaks):.3f}-{max(leaks):.3f}")
+    return (
+        f"at n = 15, over seeds {seeds[0]}-{seeds[-1]} ({README_TRIALS} trials each), the worst leakage "
+        f"beyond the ideal world spans {', '.join(spans)}"
+    )
+
+
+def readme_blocks(sizes: dict[int, int] = README_SIZES) -> list[Block]:
+    """The README's table and its leakage over seeds, and docs/reference.md's iterations run, measured
+    (benchmarks/doc_figures.py ``defaults`` writes them)."""
     rows = []
     for n, trials in sizes.items():
         for op in OPERATORS:
             rows.append(measure_defaults(op, trials, n=n))
             print(rows[-1].line(), flush=True)
-    README.write_text(with_table(README.read_text(), rows))
-    ran = ran_sentence([r for r in rows if r.n == 15])
-    REFERENCE.write_text(with_block(REFERENCE.read_text(), "iterations-run", ran, inline=True))
-    print(f"wrote the table into {README} and the iterations run into {REFERENCE}")
+    seed0 = [r for r in rows if r.n == 15]
+    return [
+        table_block(rows),
+        Block(REFERENCE, "iterations-run", ran_sentence(seed0), inline=True),
+        seeds_block(seed0 + measure_seeds()),
+    ]
+
+
+def measure_seeds(seeds: range = README_SEEDS[1:]) -> list[DefaultsRow]:
+    """Every operator at its defaults at n = 15 and README_TRIALS trials, at each of ``seeds``."""
+    return [measure_defaults(op, README_TRIALS, seed) for op in OPERATORS for seed in seeds]
+
+
+def seeds_block(rows: list[DefaultsRow]) -> Block:
+    """The README's ``defaults-seeds`` block: each operator's worst leakage over the seeds of ``rows``."""
+    return Block(README, "defaults-seeds", seeds_sentence(rows), inline=True)
 
 
 def per_init_table(trials: int, ops: list[str], ranges: list[str], n: int, inits: list[str]) -> None:
@@ -166,16 +171,12 @@ def per_init_table(trials: int, ops: list[str], ranges: list[str], n: int, inits
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--readme", action="store_true", help="measure the README's table and write it there")
     ap.add_argument("--trials", type=int, default=README_TRIALS)
     ap.add_argument("--ops", default=",".join(OPERATORS))
     ap.add_argument("--ranges", default="range,none", help="range (uniform over [15, 35]), none (N(0, 1))")
     ap.add_argument("--n", default="15", help="network sizes of the per-init table, comma-separated")
     ap.add_argument("--inits", default=",".join(INITS), help="initializations, comma-separated")
     args = ap.parse_args()
-    if args.readme:
-        write_readme(README_SIZES)
-        return
     for n in (int(v) for v in args.n.split(",")):
         per_init_table(args.trials, args.ops.split(","), args.ranges.split(","), n, args.inits.split(","))
 

@@ -20,6 +20,17 @@ from tests.harness.installed import REPO, clone_head, offline_env, offline_venv,
 
 TEST_SUITE = "bash scripts/test"
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+# What differs between two runs of the first command: run ids, addresses, speed, the broker of the layout.
+VARYING = re.compile(
+    r"tb-[0-9a-f]{8}|mqtt://\S+|[\d.]+ rounds/s|wall [\d.]+ s|broker \w+|\d+ messages captured"
+)
+TABLE = (
+    "\u2502",
+    "\u2503",
+    "\u250f",
+    "\u2521",
+    "\u2514",
+)  # rich's box lines: their width follows the terminal
 
 
 def readme_commands(text: str) -> list[tuple[str, str]]:
@@ -32,6 +43,14 @@ def readme_commands(text: str) -> list[tuple[str, str]]:
             lines = (re.sub(r"\s+#.*$", "", ln).strip() for ln in body.splitlines())
             out += [("bash", ln) for ln in lines if ln and not ln.startswith("#")]
     return out
+
+
+def example_lines(text: str) -> list[str]:
+    """The lines of the README's example output (its first ``text`` block) that a run of the first
+    command prints too: not the layout's own line nor the table's, run ids, addresses and speeds blanked."""
+    body = next(body for lang, body in FENCE.findall(text) if lang == "text")
+    lines = (" ".join(ln.split()) for ln in body.splitlines())
+    return [VARYING.sub("*", ln) for ln in lines if ln and not ln.startswith(("embedded broker", *TABLE))]
 
 
 def run_in_group(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -80,6 +99,9 @@ def test_readme_commands_run_as_written(tmp_path: Path) -> None:
         print(f"$ {command}\n{outputs[command]}")  # with -s: what a user sees
     first = next(iter(outputs.values()))
     assert "exact" in first
+    printed = VARYING.sub("*", " ".join(first.split()))  # as one line: the terminal's width wraps lines
+    for line in example_lines((clone / "README.md").read_text()):
+        assert line in printed, f"the README's example output says {line!r}; the command printed\n{first}"
     assert "exposed honest nodes" in first
     warned = [text for cmd, text in outputs.items() if "--init from-above" in cmd]
     assert warned

@@ -1,7 +1,8 @@
-"""The measured figures of the README and the docs are what their scripts measure: the README's
-defaults table and docs/reference.md's iterations run (benchmarks/defaults_table.py --readme writes
-both) measured again at fewer trials, each figure within its binomial error; docs/attack.md's slowest
-trials measured again as its command runs them."""
+"""The measured figures of the README and the docs are what their scripts measure
+(benchmarks/doc_figures.py writes every block): the README's defaults table and docs/reference.md's
+iterations run measured again at fewer trials, each figure within its binomial error, and at the
+page's trials, equal; every other block measured again as its group writes it (those that run the
+documented commands as processes: tests/integration/test_doc_commands.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from benchmarks.defaults_table import (
     README_TRIALS,
     DefaultsRow,
     measure_defaults,
+    measure_seeds,
     read_ran,
     read_readme_rows,
-    with_table,
+    seeds_block,
+    table_block,
 )
+from benchmarks.doc_figures import COMMAND_GROUPS, GROUPS, PAGES, between, block_names, markers, with_block
 from nlagg_node.defaults import OPERATORS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,9 +47,24 @@ def test_the_readme_table_lists_every_operator_once_per_network_size() -> None:
 def test_the_table_is_written_between_the_markers_only() -> None:
     text = README.read_text()
     rows = [DefaultsRow(op, 1.0, 0.5, 100.0, n=n) for n in README_SIZES for op in OPERATORS]
-    written = with_table(text, rows)
+    written = with_block(text, table_block(rows), "defaults")
     assert read_readme_rows(written) == rows
-    assert with_table(written, read_readme_rows(text)) == text
+    assert with_block(written, table_block(read_readme_rows(text)), "defaults") == text
+
+
+def test_every_block_in_the_pages_names_the_group_that_writes_it() -> None:
+    found = [(page, name) for page in PAGES for name in block_names(page.read_text())]
+    assert len(found) >= len(GROUPS)
+    for page, name in found:
+        text = page.read_text()
+        group = text.split(f"<!-- {name}:begin (python benchmarks/doc_figures.py ", 1)[1].split(" ", 1)[0]
+        assert group in GROUPS, (page.name, name)
+        begin, end = markers(name, group)
+        assert (text.count(begin), text.count(end)) == (1, 1), (page.name, name)
+        assert between(text, name), (page.name, name)
+        # A line that starts with a comment is raw HTML in CommonMark: an inline block's figures on it
+        # would not render as Markdown.
+        assert f"\n{begin}\n" in text or f"\n{begin}" not in text, (page.name, name)
 
 
 @pytest.mark.slow
@@ -74,29 +93,17 @@ def test_each_readme_row_is_what_the_script_writes(op: str, n: int) -> None:
     assert measure_defaults(op, README_SIZES[n], n=n).line() == committed.line()
 
 
-def _g(x: float) -> str:
-    return f"{x:.3g}".replace("e-0", "e-")  # as the docs write it: 7.63e-6
+@pytest.mark.slow
+def test_the_readme_leakage_over_seeds_is_what_the_script_writes() -> None:
+    seed0 = [r for r in read_readme_rows(README.read_text()) if r.n == 15]
+    block = seeds_block(seed0 + measure_seeds())
+    assert between(README.read_text(), block.name) == block.text
 
 
 @pytest.mark.slow
-def test_the_slowest_max_trials_in_attack_md_are_what_its_command_measures() -> None:
-    # docs/attack.md, "The slowest trials": nlagg sim --op max --json --stop-rule tolerance.
-    import numpy as np
-
-    from nlagg_node.config import load_config
-    from nlagg_node.sim import simulate
-    from nlagg_node.sim.output import summarize
-
-    result = simulate(load_config(None, op="max", trials=1000, seed=0, stop_rule="tolerance"))
-    s = summarize(result)
-    conv = result.converged_iterations[result.converged_iterations >= 0]
-    figures = [
-        f"`converged_fraction` {s['converged_fraction']:.3f}",
-        f"`max_error` {_g(s['max_error'])}",
-        *(f"trial {t['trial']} ({_g(t['error'])})" for t in s["unconverged_trials"]),
-        f"median {np.median(conv):.0f}, 99th percentile {np.percentile(conv, 99):.0f}",
-        f"max {conv.max()}",
-    ]
-    text = " ".join((ROOT / "docs" / "attack.md").read_text().split())
-    for figure in figures:
-        assert figure in text, figure
+@pytest.mark.parametrize("group", [g for g in GROUPS if g != "defaults" and g not in COMMAND_GROUPS])
+def test_each_doc_block_is_what_its_group_writes(group: str) -> None:
+    # Deterministic runs (seed 0, the pages' trials): a figure typed by hand, or one the code no longer
+    # prints, differs from what the group measures now.
+    for block in GROUPS[group]():
+        assert between(block.page.read_text(), block.name) == block.text, block
