@@ -44,8 +44,9 @@ def reports_of(texts: dict[int, str]) -> dict[int, list[dict[str, Any]]]:
 async def flapped_deployment(
     tmp_path: Path, may_depart: bool
 ) -> tuple[dict[int, int | None], dict[int, list[dict[str, Any]]], list[float]]:
-    """Three epochs of the plan with node 0's session taken over every :data:`~tests.harness.takeover.FLAP` s throughout:
-    each node's exit status and epoch reports, and the nodes' values."""
+    """Three epochs of the plan with node 0's session taken over every
+    :data:`~tests.harness.takeover.FLAP` s throughout: each node's exit status and epoch reports, and
+    the nodes' values."""
     cfg = load_config(
         None, op="max", n=6, graph="ring", value_range=(0.0, 100.0), seed=4, may_depart=may_depart
     )
