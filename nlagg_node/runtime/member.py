@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal, Required, TypedDict, Unpack
 
 import numpy as np
@@ -39,7 +39,7 @@ from .auth import SignedTransport
 from .barrier import Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .exchange import Z0Exchange
-from .intake import Tally, XIntake
+from .intake import Inlet, Tally, XIntake
 from .patience import check_not_finished, wait_saying
 from .peers import Neighbours, Outbox
 from .public import config_mismatch, run_edges
@@ -304,11 +304,12 @@ class Member:
     def reject(self, why: str) -> None:
         self.tally.reject(why)
 
-    def x_inlet(self, j: int) -> tuple[Callable[[int, int, float], Outcome], int]:
-        """Where neighbour j's x's go: the barrier's ``put`` and j's slot (the router's hot path).
+    def x_inlet(self, j: int) -> Inlet:
+        """Where neighbour j's x's go: the barrier's ``put``, j's slot and the intake's
+        ``keep_quiet`` (the router's hot path).
 
         The router puts ``x_j^(t)`` (its form already checked) and hands back what is not
-        ``"new"`` to :meth:`count_x`, and the early-stop fields of a new one to :meth:`keep_quiet`.
+        ``"new"`` to :meth:`count_x`, and the early-stop fields of a new one to ``keep_quiet``.
         """
         return self.intake.inlet(self.slot[j])
 
