@@ -85,12 +85,10 @@ class RawRound:
             return len(self.online) == len(self.nbrs)
         return self.counts.get(t, 0) == len(self.nbrs)
 
-    def feed(self, topic: str, payload: bytes) -> None:
-        parts = topic.split("/")
-        if parts[3] == "on":
-            self.online.add(int(parts[2]))
+    def feed(self, j: int, online: bool, t: int) -> None:
+        if online:
+            self.online.add(j)
         else:
-            t = int(payload)
             self.counts[t] = self.counts.get(t, 0) + 1
         if self.waiting is not None and not self.waiting.done() and self.ready(self.want):
             self.waiting.set_result(None)
@@ -114,10 +112,13 @@ class RawRound:
 
 
 async def _reader(tr: Transport, route: dict[int, list[RawRound]]) -> None:
+    """Parse each message once (as the testbed's router decodes once), then count it at each listener."""
     async for msg in tr.messages():
-        j = int(msg.topic.split("/")[2])
+        _, _, sender, leaf = msg.topic.split("/")
+        online = leaf == "on"
+        j, t = int(sender), -1 if online else int(msg.payload)
         for node in route.get(j, ()):
-            node.feed(msg.topic, msg.payload)
+            node.feed(j, online, t)
 
 
 def _tls(ca: str | None) -> TlsSettings | None:
