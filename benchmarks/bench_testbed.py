@@ -1,6 +1,7 @@
 """Rounds per second of the networked testbed against a raw MQTT round baseline, in one run.
 
-    python benchmarks/bench_testbed.py [--n 15] [--rounds R] [--repeat 3] [--layouts processes,in-process]
+    python benchmarks/bench_testbed.py [--n 15[,200,1000]] [--rounds R] [--repeat 3]
+                                       [--layouts processes,in-process]
                                        [--eavesdropper-nice 10] [--capture-baseline] [--tls] [--auth]
 
 Both sides run on the same private Mosquitto (set_tcp_nodelay true), the same graph (the
@@ -19,6 +20,9 @@ layout runs about seven seconds of rounds on this machine, so that fixed part we
 1000 rounds one process per node, 5000 in-process. 1000 in-process rounds last about a second, of
 which the testbed's fixed part was 34 ms (3%; measured 2026-11-26 from the rates at 1000 and 5000
 rounds, 3 repeats each). ``--rounds`` sets both. Target: testbed >= 90% of the baseline (issue 15).
+``--n`` takes several sizes (``--n 15,200,1000``, issue 44); beyond n = 15 the default rounds shrink
+as 15 / n (a round costs about n times as much), never below 100, and each line also gives the
+hosted node-iterations per second (rounds/s x n) of both sides.
 The machine is shared, so the two are run back to back, alternately, ``--repeat`` times, and the
 medians compared; the line also gives the median and range of the ratios of each testbed run to the
 raw run just before it (the load drifts less within a pair).
@@ -81,12 +85,10 @@ class RawRound:
             return len(self.online) == len(self.nbrs)
         return self.counts.get(t, 0) == len(self.nbrs)
 
-    def feed(self, topic: str, payload: bytes) -> None:
-        parts = topic.split("/")
-        if parts[3] == "on":
-            self.online.add(int(parts[2]))
+    def feed(self, j: int, online: bool, t: int) -> None:
+        if online:
+            self.online.add(j)
         else:
-            t = int(payload)
             self.counts[t] = self.counts.get(t, 0) + 1
         if self.waiting is not None and not self.waiting.done() and self.ready(self.want):
             self.waiting.set_result(None)
@@ -110,10 +112,13 @@ class RawRound:
 
 
 async def _reader(tr: Transport, route: dict[int, list[RawRound]]) -> None:
+    """Parse each message once (as the testbed's router decodes once), then count it at each listener."""
     async for msg in tr.messages():
-        j = int(msg.topic.split("/")[2])
+        _, _, sender, leaf = msg.topic.split("/")
+        online = leaf == "on"
+        j, t = int(sender), -1 if online else int(msg.payload)
         for node in route.get(j, ()):
-            node.feed(msg.topic, msg.payload)
+            node.feed(j, online, t)
 
 
 def _tls(ca: str | None) -> TlsSettings | None:
@@ -222,12 +227,18 @@ async def tls_overhead(cfg: RunConfig, layouts: list[str], repeat: int) -> None:
             )
 
 
-ROUNDS = {"processes": 1000, "in-process": 5000}  # about seven seconds each here (see above)
+ROUNDS = {"processes": 1000, "in-process": 5000}  # about seven seconds each here at n = 15 (see above)
+MIN_ROUNDS = 100
 
 
-def layout_config(args: argparse.Namespace, layout: str) -> RunConfig:
-    rounds = args.rounds or ROUNDS[layout]
-    return RunConfig(op="max", n=args.n, trials=1, t_max=rounds, seed=args.seed, early_stop=False)
+def default_rounds(layout: str, n: int) -> int:
+    """About seven seconds of rounds at n = 15, scaled as 15 / n beyond it (at least MIN_ROUNDS)."""
+    return max(MIN_ROUNDS, ROUNDS[layout] * 15 // max(n, 15))
+
+
+def layout_config(args: argparse.Namespace, layout: str, n: int) -> RunConfig:
+    rounds = args.rounds or default_rounds(layout, n)
+    return RunConfig(op="max", n=n, trials=1, t_max=rounds, seed=args.seed, early_stop=False)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -235,15 +246,18 @@ async def main(args: argparse.Namespace) -> None:
     unknown = sorted(set(layouts) - set(ROUNDS))
     if unknown:
         sys.exit(f"--layouts: unknown {unknown}; use {','.join(ROUNDS)}")
+    sizes = [int(v) for v in str(args.n).split(",")]
     if not args.tls_only:
         async with start_mosquitto() as broker:
-            print(f"Mosquitto at {broker.url}; n = {args.n}, RGG seed {args.seed}")
-            for layout in layouts:
-                await testbed_ratio(broker.url, layout_config(args, layout), layout, args)
+            for n in sizes:
+                print(f"Mosquitto at {broker.url}; n = {n}, RGG seed {args.seed}")
+                for layout in layouts:
+                    await testbed_ratio(broker.url, layout_config(args, layout, n), layout, args)
     if args.tls or args.tls_only:
-        print(f"TLS overhead (mqtts:// against mqtt://, n = {args.n}, raw rounds):")
-        for layout in layouts:
-            await tls_overhead(layout_config(args, layout), [layout], args.repeat)
+        for n in sizes:
+            print(f"TLS overhead (mqtts:// against mqtt://, n = {n}, raw rounds):")
+            for layout in layouts:
+                await tls_overhead(layout_config(args, layout, n), [layout], args.repeat)
 
 
 async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Namespace) -> None:
@@ -265,7 +279,8 @@ async def testbed_ratio(url: str, cfg: RunConfig, layout: str, args: argparse.Na
         f"{layout:>11} ({rounds} rounds): raw MQTT rounds {b:7.1f}/s   testbed {o:7.1f}/s   "
         f"ratio {o / b:5.2f}  (target >= 0.90; runs: raw {[round(x) for x in base]}, "
         f"testbed {[round(x) for x in ours]}; pairs: median {statistics.median(pairs):4.2f}, "
-        f"{min(pairs):4.2f}-{max(pairs):4.2f})"
+        f"{min(pairs):4.2f}-{max(pairs):4.2f}); node-iterations/s raw {b * cfg.n:,.0f}, "
+        f"testbed {o * cfg.n:,.0f}"
     )
     if signed:
         a = statistics.median(signed)
@@ -293,8 +308,10 @@ if __name__ == "__main__":
         print(asyncio.run(rate))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=15)
-    parser.add_argument("--rounds", type=int, default=None, help="default: 1000 processes, 5000 in-process")
+    parser.add_argument("--n", default="15", help="network size(s), comma-separated: 15,200,1000")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="default: 1000 processes, 5000 in-process (x 15 / n)"
+    )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layouts", default="processes,in-process")

@@ -38,6 +38,7 @@ from ..runtime.member import check_neighbour_timeout
 from ..runtime.mqtt import MqttTransport
 from ..runtime.node import Node
 from ..runtime.public import build_config_msg, run_edges
+from ..runtime.runparts import RunParts
 from ..runtime.tls import TlsSettings
 from ..runtime.wire import ConfigMsg, check_run_id, encode, topics
 from ..schedule import Schedule, plan_phases, true_aggregate
@@ -285,26 +286,29 @@ def _key_file(run: _Nodes, private: Path, i: int) -> str | None:
 
 async def _run_in_process(run: _Nodes) -> list[NodeReport]:
     edges = run_edges(run.cfg)
-    async with MqttTransport(
-        run.url, client_id=f"nlagg-{run.run_id}-host", tls=_tls(run.ca_file)
-    ) as transport:
-        nodes = [
-            Node(
-                run.cfg,
-                i,
-                check_node_value(run.cfg, float(run.values[i])),  # protocol units, as `nlagg node` passes
-                transport,
-                run_id=run.run_id,
-                prefix=run.prefix,
-                edges=edges,
-                corrupt=i in run.corrupt,
-                neighbour_timeout=run.timeout,
-                own_transport=False,
-                identities=run.public_keys,
-                identity=run.identities[i] if run.identities else None,
-            )
-            for i in range(run.cfg.n)
-        ]
+    # Built before connecting, with the run's shape and config built once: at n = 1000 a node is
+    # built in 0.5 ms this way, against 118 ms with its own (the keepalive expired meanwhile).
+    parts = RunParts.of(run.cfg, run.run_id, edges, run.public_keys)
+    transport = MqttTransport(run.url, client_id=f"nlagg-{run.run_id}-host", tls=_tls(run.ca_file))
+    nodes = [
+        Node(
+            run.cfg,
+            i,
+            check_node_value(run.cfg, float(run.values[i])),  # protocol units, as `nlagg node` passes
+            transport,
+            run_id=run.run_id,
+            prefix=run.prefix,
+            edges=edges,
+            parts=parts,
+            corrupt=i in run.corrupt,
+            neighbour_timeout=run.timeout,
+            own_transport=False,
+            identities=run.public_keys,
+            identity=run.identities[i] if run.identities else None,
+        )
+        for i in range(run.cfg.n)
+    ]
+    async with transport:
         undecodable: list[str] = []
         results = await host_nodes(
             nodes, transport, run.prefix, run.run_id, on_reject=lambda topic, _exc: undecodable.append(topic)

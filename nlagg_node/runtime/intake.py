@@ -17,11 +17,14 @@ from ..termination import NO_STOP, Fields
 from .barrier import Barrier, Outcome
 from .peers import HISTORY
 
-__all__ = ["Tally", "XIntake"]
+__all__ = ["Inlet", "Tally", "XIntake"]
 
 log = logging.getLogger("nlagg.node")
 
 _NONE: Fields = (0, NO_STOP, (), None)  # the fields of a slot that received none
+
+Inlet = tuple[Callable[[int, int, float], Outcome], int, Callable[[int, int, Fields], None]]
+"""Where one neighbour's x's go: ``(put(t, slot, x), slot, keep_quiet(t, slot, fields))``."""
 
 
 class Tally:
@@ -67,9 +70,10 @@ class XIntake:
         self.barrier.jumps = jumps
         self.quiet_in: dict[int, list[Fields]] = {}
 
-    def inlet(self, slot: int) -> tuple[Callable[[int, int, float], Outcome], int]:
-        """Where one neighbour's x's go: the barrier's ``put`` and its slot (the router's hot path)."""
-        return self.barrier.put, slot
+    def inlet(self, slot: int) -> Inlet:
+        """Where one neighbour's x's go: the barrier's ``put``, its slot and :meth:`keep_quiet` (the
+        router's hot path, one call each per hosted listener of an x)."""
+        return self.barrier.put, slot, self.keep_quiet
 
     def keep_quiet(self, t: int, slot: int, fields: Fields) -> None:
         """The early-stop fields sent with a new x^(t), kept for :meth:`take_quiet`."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal, Required, TypedDict, Unpack
 
 import numpy as np
@@ -30,7 +30,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, DepartedError, NeighbourTimeoutError, NlaggError
 from ..graphs import IntArray
 from ..init import DualInitSpec
-from ..protocol import RunShape, departure_claims, own_departure_error, status_error
+from ..protocol import departure_claims, own_departure_error, status_error
 from ..protocol.chain import KeyChain
 from ..protocol.identity import Identity, Verifier
 from ..schedule import Phase, combine
@@ -39,11 +39,12 @@ from .auth import SignedTransport
 from .barrier import Outcome
 from .checkpoint import Checkpoint, CheckpointStore, fingerprint
 from .exchange import Z0Exchange
-from .intake import Tally, XIntake
+from .intake import Inlet, Tally, XIntake
 from .patience import check_not_finished, wait_saying
 from .peers import Neighbours, Outbox
-from .public import build_config_msg, config_mismatch, run_edges
+from .public import config_mismatch, run_edges
 from .result import NodeResult
+from .runparts import RunParts
 from .seal import KeyRing
 from .transport import Transport
 from .watch import DepartureWatch
@@ -94,6 +95,8 @@ class MemberSettings(TypedDict, total=False):
     identities : the run's public identities (base64 Ed25519 keys, index = node id): every message
         is signed and checked (:mod:`nlagg_node.protocol.identity`); None: a run without.
     identity : this node's signing key (required with ``identities``, and must be its entry).
+    parts : the run's shape and public config, built once for many nodes by their host
+        (:class:`~nlagg_node.runtime.runparts.RunParts`); None (default): the node builds its own.
     """
 
     prefix: str
@@ -111,6 +114,7 @@ class MemberSettings(TypedDict, total=False):
     identities: Sequence[str] | None
     identity: Identity | None
     instance: str | None
+    parts: RunParts | None
 
 
 class MemberOptions(MemberSettings, total=False):
@@ -160,9 +164,18 @@ class Member:
         self.run_id = run_id = options["run_id"]
         self.prefix = options.get("prefix", "nlagg")
         self.topics = topics(self.prefix, run_id, shared=options.get("shared", False))
-        edges = options.get("edges")
+        identities = options.get("identities")
+        # The start of the run its messages bind (:mod:`nlagg_node.protocol.instance`; None: none).
+        self.instance = instance = options.get("instance")
+        parts = options.get("parts")
+        edges = options.get("edges", None if parts is None else parts.shape.edges)
         self.edges = run_edges(self.cfg) if edges is None else edges
-        self.shape = RunShape(self.cfg, self.edges)
+        if parts is None:
+            parts = RunParts.of(self.cfg, run_id, self.edges, identities, instance=instance)
+        else:
+            parts.check_fits(self.cfg, run_id, self.edges, identities, instance)
+        self.shape = parts.shape
+        self.public = parts.public
         self.neighbours: list[int] = self.shape.neighbours[node_id]
         if not self.neighbours:
             raise NlaggError(f"node {node_id} has no neighbours in the graph")
@@ -181,10 +194,6 @@ class Member:
         self.phases: list[Phase] = self.shape.phases
         self.t_total = self.shape.t_total
         self.phase_at: list[str] = self.shape.phase_at
-        identities = options.get("identities")
-        # The start of the run its messages bind (:mod:`nlagg_node.protocol.instance`; None: none).
-        self.instance = instance = options.get("instance")
-        self.public = build_config_msg(self.cfg, run_id, self.edges, identities, instance=instance)
         self.verifier = _verifier(identities, node_id, self.cfg.n, options.get("identity"), instance)
         self.peers = Neighbours(self.neighbours)
         identity = options.get("identity") if self.verifier is not None else None
@@ -305,11 +314,12 @@ class Member:
     def reject(self, why: str) -> None:
         self.tally.reject(why)
 
-    def x_inlet(self, j: int) -> tuple[Callable[[int, int, float], Outcome], int]:
-        """Where neighbour j's x's go: the barrier's ``put`` and j's slot (the router's hot path).
+    def x_inlet(self, j: int) -> Inlet:
+        """Where neighbour j's x's go: the barrier's ``put``, j's slot and the intake's
+        ``keep_quiet`` (the router's hot path).
 
         The router puts ``x_j^(t)`` (its form already checked) and hands back what is not
-        ``"new"`` to :meth:`count_x`, and the early-stop fields of a new one to :meth:`keep_quiet`.
+        ``"new"`` to :meth:`count_x`, and the early-stop fields of a new one to ``keep_quiet``.
         """
         return self.intake.inlet(self.slot[j])
 

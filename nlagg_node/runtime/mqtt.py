@@ -19,7 +19,11 @@ module owns:
   listeners (:meth:`MqttTransport.on_reconnect`), so the node can republish what its neighbours
   may have missed. After ``reconnect_tries`` failed attempts in a row it gives up with
   :class:`BrokerUnreachableError`, naming the broker and the last attempt's failure.
-* paho allows 20 in-flight QoS 1 messages by default; a node publishing every iteration needs more.
+* paho allows 20 in-flight QoS 1 messages by default; a node publishing every iteration needs more,
+  and a host of n nodes publishes n a round. The window is unlimited (0): with any limit paho scans
+  every in-flight message on each PUBACK (``_update_inflight``), quadratic in the publishes of a round
+  (12% of the in-process testbed's time at n = 200). The protocol bounds what is in flight (a node
+  runs at most one iteration ahead of its neighbours).
 * **Manual acknowledgement** (``manual_ack=True``, the eavesdropper's capture): a QoS 1 message
   reaches the reader as a :class:`Delivery` and is acknowledged (PUBACK) only when the caller
   says so, after its transcript has committed it (:meth:`MqttTransport.ack`). With the persistent
@@ -62,7 +66,7 @@ __all__ = [
 
 log = logging.getLogger("nlagg.mqtt")
 
-MAX_INFLIGHT = 1000  # paho's in-flight window for QoS > 0 (its default, 20, is too small for a node)
+MAX_INFLIGHT = 0  # paho's in-flight window for QoS > 0: unlimited, no per-ack scan (module docstring)
 # Seconds close() waits for its DISCONNECT to go out (on a loaded machine it can take seconds); a
 # connection that ends without it makes the broker publish the will.
 CLOSE_TIMEOUT = 30.0

@@ -30,8 +30,8 @@ from ..protocol import NO_HALT, halt_span, x_form_error, x_value_error
 from ..protocol.chain import ChainCheck, chain_check, x_key_error
 from ..protocol.equivocation import x_conflict_error
 from ..protocol.identity import signature_error
-from ..termination import NO_STOP
-from .barrier import Outcome
+from ..termination import NO_STOP, Fields
+from .intake import Inlet
 from .member import Member
 from .transport import Message, Transport
 from .wire import (
@@ -87,8 +87,8 @@ class Router:
         self.by_id = {m.id: m for m in members}
         self.stale = 0  # statuses and keys of other runs (other epochs, on shared topics)
         self.listeners: dict[int, list[Member]] = {}
-        # Per sender, each listener's barrier inlet: (member, put, slot) (see Member.x_inlet).
-        self.x_routes: dict[int, list[tuple[Member, Callable[[int, int, float], Outcome], int]]] = {}
+        # Per sender, each listener's inlet: (member, put, slot, keep_quiet) (see Member.x_inlet).
+        self.x_routes: dict[int, list[tuple[Member, *Inlet]]] = {}
         for m in members:
             for j in m.neighbours:
                 self.listeners.setdefault(j, []).append(m)
@@ -150,7 +150,13 @@ class Router:
                 self.on_reject(raw.topic, WireError("k", msg.node, why))
                 return
             j, x, quiet = msg.node, msg.x, msg.quiet
-            for m, put, slot in routes:
+            fields: Fields | None = None
+            halt = NO_HALT
+            if quiet is not None:  # the same early-stop fields for every listener
+                deps = msg.departures
+                fields = (quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
+                halt = halt_span(self.shape, t, stop, deps) if stop == t else NO_HALT
+            for m, put, slot, keep_quiet in routes:
                 outcome = put(t, slot, x)
                 if outcome == "conflict" and self.verifier is not None:
                     # Only now is an x's signature verified: a copy is refused, an equivocation proven.
@@ -163,12 +169,10 @@ class Router:
                     raise verdict
                 if outcome != "new":
                     m.count_x(outcome, j, t, x)
-                elif quiet is not None:
-                    deps = msg.departures
-                    fields = (quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
-                    m.keep_quiet(t, slot, fields)
-                    if stop == t and (span := halt_span(self.shape, t, stop, deps)) != NO_HALT:
-                        m.x_in.halted(slot, span)  # its last x of the phase: a later one is refused
+                elif fields is not None:
+                    keep_quiet(t, slot, fields)
+                    if halt != NO_HALT:
+                        m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
             if self.verifier is not None:
                 self._keep_x(j, t, raw.payload)
         elif self._forged(raw, info.node, getattr(msg, "sig", None)):

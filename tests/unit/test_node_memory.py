@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from nlagg_node.config import RunConfig
+from nlagg_node.errors import NlaggError
 from nlagg_node.graphs import EdgeLayout, neighbours
 from nlagg_node.runtime import peers
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import NeighbourTimeoutError, Node, NodeResult, node_will, run_edges
+from nlagg_node.runtime.runparts import RunParts
 from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, Z0Msg, decode, encode, topics
 from nlagg_node.sim import draw_values, simulate
 
@@ -29,8 +31,9 @@ async def run_nodes(
     edges = run_edges(cfg)
     if shared:
         async with MemoryTransport(broker, "host") as tr:
+            parts = RunParts.of(cfg, RUN, edges)  # built once for every hosted node, as the testbed does
             nodes = [
-                Node(cfg, i, s[i], tr, run_id=RUN, edges=edges, own_transport=False, corrupt=i in corrupt)
+                Node(cfg, i, s[i], tr, run_id=RUN, parts=parts, own_transport=False, corrupt=i in corrupt)
                 for i in range(cfg.n)
             ]
             return await host_nodes(nodes, tr, "nlagg", RUN)
@@ -82,6 +85,22 @@ async def test_nodes_reproduce_simulator_bit_for_bit(op: str, shared: bool) -> N
             assert np.array_equal(np.array(r.z0_sent[group]), z_sim[layout.src == r.node])
     outputs = np.array([r.output for r in results]).reshape(sim.output[0].shape)
     assert np.array_equal(outputs, sim.output[0])
+
+
+@pytest.mark.parametrize(
+    ("field", "other"),
+    [("run_id", "other-run"), ("seed", 1), ("instance", "AAAAAAAAAAAAAAAAAAAAAA==")],
+    ids=["run-id", "graph", "instance"],
+)
+def test_parts_of_another_run_are_refused(field: str, other: object) -> None:
+    cfg = RunConfig(op="max", n=6, graph="rgg", seed=3)
+    edges = run_edges(cfg)
+    run_id = other if field == "run_id" else RUN
+    other_cfg = cfg.model_copy(update={"seed": other}) if field == "seed" else cfg
+    instance = str(other) if field == "instance" else None
+    parts = RunParts.of(other_cfg, str(run_id), run_edges(other_cfg), instance=instance)
+    with pytest.raises(NlaggError, match="parts: built for another run"):
+        Node(cfg, 0, 0.5, MemoryTransport(MemoryBroker(), "h"), run_id=RUN, edges=edges, parts=parts)
 
 
 async def test_junk_is_counted_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
