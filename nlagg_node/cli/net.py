@@ -96,13 +96,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         tls=tls,
     )
     target = (brokers, opts.run_id, opts.transcript)
-    if (
-        opts.continuous
-        or opts.keep_epochs is not None
-        or opts.epochs is not None
-        or opts.drift is not None
-        or opts.cold_start
-    ):
+    if opts.continuous:  # the epoch options need it (EavesdropOptions.NEEDS)
         capture_epochs(opts, target, session)
         return
     public = None
@@ -124,9 +118,6 @@ def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: Captu
 
     from ..errors import ConfigError
 
-    if not opts.continuous:
-        given = [opts.keep_epochs, opts.epochs, opts.drift, opts.cold_start]
-        raise ConfigError("keep_epochs/epochs/drift/cold_start", given, "need --continuous")
     configs = None
     drift = None if opts.cold_start else opts.drift  # as the nodes of the plan warm-start (None: cold)
     if opts.config is not None:  # each epoch's config derived as the nodes derive it

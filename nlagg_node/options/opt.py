@@ -19,6 +19,7 @@ __all__ = [
     "GRAPHS",
     "INITS",
     "NETWORK",
+    "ONLY_WITH",
     "OPERATORS",
     "OUTPUT",
     "PANELS",
@@ -28,11 +29,13 @@ __all__ = [
     "STOP_RULES",
     "VALUES",
     "VALUE_DISTRIBUTIONS",
+    "Needs",
     "Opt",
     "flag_of",
     "op_defaults",
     "option_fields",
     "refuse_conflicts",
+    "refuse_ignored",
     "to_argv",
 ]
 
@@ -157,10 +160,57 @@ each other (``second`` given: not None; ``early_stop`` only when False, ``--no-e
 ``--graph file --graph-file F`` says the same thing twice; ``--graph ring --graph-file F`` does not."""
 
 
-def refuse_conflicts(opts: object) -> None:
-    """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently)."""
+Needs = tuple[tuple[str, str, str], ...]
+"""``(option, the option it needs, what that one is)``: an option class's ``NEEDS`` (a class variable),
+options that do nothing without another (``sim --drift`` without ``--epochs``)."""
+
+ONLY_WITH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("k", "op", ("topk", "trimmed-mean")),
+    ("quantile", "op", ("quantile",)),
+    ("epsilon", "op", ("topk", "trimmed-mean")),
+    ("sigma_s", "init", ("dp-gauss", "dp-laplace")),
+    ("prior_median", "init", ("prior",)),
+)
+"""``(option, the run's setting, the values it applies to)``: options the run would ignore otherwise
+(``--k 3`` on a max run), judged on the run's config, where a ``--config`` file may set op and init."""
+
+
+def _is_given(opts: object, name: str) -> bool:
+    default = option_fields(type(opts))[name][2]
+    return default is dataclasses.MISSING or getattr(opts, name) != default
+
+
+def _refuse_unneeded(opts: object) -> None:
     from ..errors import ConfigError
 
+    fields = option_fields(type(opts))
+    for cls in type(opts).__mro__:
+        for name, needed, what in vars(cls).get("NEEDS", ()):
+            if _is_given(opts, name) and not _is_given(opts, needed):
+                why = f"needs {flag_of(needed, fields[needed][1])} ({what})"
+                raise ConfigError(name, getattr(opts, name), why)
+
+
+def refuse_ignored(opts: object, run: object) -> None:
+    """Refuse an option of ``opts`` that ``run`` (its :class:`~nlagg_node.config.RunConfig`) ignores,
+    naming the setting it would need (:data:`ONLY_WITH`)."""
+    from ..errors import ConfigError
+
+    for name, setting, applies in ONLY_WITH:
+        value = getattr(opts, name, None)
+        actual = getattr(run, setting)
+        if value is not None and actual not in applies:
+            only = " or ".join(applies)
+            why = f"applies to --{setting} {only} only, and this run's {setting} is {actual!r}"
+            raise ConfigError(name, value, why)
+
+
+def refuse_conflicts(opts: object) -> None:
+    """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently),
+    and an option given without the one it needs (``NEEDS``)."""
+    from ..errors import ConfigError
+
+    _refuse_unneeded(opts)
     for first, second, contradicts, why in CONFLICTS:
         a, b = getattr(opts, first, None), getattr(opts, second, None)
         given = b is False if second == "early_stop" else b is not None

@@ -92,6 +92,90 @@ def test_conflicting_options_are_refused_naming_both(
     assert second in line
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["sim", "--drift", "0.1"], "drift=0.1: needs --epochs", id="sim-drift"),
+        pytest.param(["sim", "--cold-start"], "cold_start=True: needs --epochs", id="sim-cold"),
+        pytest.param(["tune", "--drift", "0.1"], "drift=0.1: needs --epochs", id="tune-drift"),
+        pytest.param(["testbed", "--drift", "0.1"], "drift=0.1: needs --every", id="testbed-drift"),
+        pytest.param(
+            ["deploy", "plan", "--run-id", "r", "--out", "p", "--cold-start"],
+            "cold_start=True: needs --every",
+            id="plan",
+        ),
+        pytest.param(
+            ["eavesdrop", "--run-id", "r", "--keep-epochs", "2"],
+            "keep_epochs=2: needs --continuous",
+            id="eavesdrop",
+        ),
+        pytest.param(
+            ["node", "--id", "0", "--config", "c.toml", "--value", "1", "--results-file", "r.jsonl"],
+            "results_file='r.jsonl': needs --every",
+            id="node-results",
+        ),
+        pytest.param(
+            ["node", "--id", "0", "--config", "c.toml", "--value", "1", "--leave-by", "kill"],
+            "leave_by='kill': needs --leave-after",
+            id="node-leave-by",
+        ),
+    ],
+)
+def test_an_option_without_the_one_it_needs_is_refused(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert out == ""
+    assert expected in _one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["sim", "--op", "max", "--k", "3"], "k=3: applies to --op topk or", id="k"),
+        pytest.param(["sim", "--op", "median", "--quantile", "0.3"], "quantile=0.3: applies to", id="p"),
+        pytest.param(["sim", "--op", "min", "--epsilon", "0.1"], "epsilon=0.1: applies to", id="epsilon"),
+        pytest.param(["sim", "--sigma-s", "0.3"], "this run's init is 'proposed'", id="sigma-s"),
+        pytest.param(["sim", "--prior-median", "1"], "prior_median=1.0: applies to --init prior", id="prior"),
+        pytest.param(["sim", "--config", "{config}", "--k", "2"], "this run's op is 'median'", id="config"),
+        pytest.param(["testbed", "--op", "max", "--k", "2"], "k=2: applies to", id="testbed"),
+        pytest.param(["tune", "--op", "max", "--quantile", "0.2"], "quantile=0.2: applies to", id="tune"),
+    ],
+)
+def test_an_option_the_run_would_ignore_is_refused(
+    args: list[str],
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('[run]\nop = "median"\n')
+    argv = [a.replace("{config}", str(config)) for a in args]
+    code, out, err = run_cli(argv, capsys, monkeypatch)
+    assert code == 2
+    assert out == ""
+    assert expected in _one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--op", "topk", "--k", "2", "--epsilon", "0.01"], id="topk"),
+        pytest.param(["--op", "quantile", "--quantile", "0.7"], id="quantile"),
+        pytest.param(["--init", "dp-laplace", "--sigma-s", "0.2"], id="dp"),
+        pytest.param(["--init", "prior", "--prior-median", "0.5"], id="prior"),
+    ],
+)
+def test_an_option_its_run_uses_is_taken(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run_cli(["sim", *args, "--n", "5", "--trials", "2", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["trials"] == 2
+
+
 # 2. One error style, and messages that name the real problem -----------------------------------------
 
 
@@ -263,6 +347,10 @@ def test_every_long_command_has_quiet_and_panelled_help(command: str) -> None:
         pytest.param("nlagg testbed --graph e", ["erdos-renyi"], id="graph"),
         pytest.param("nlagg sim --init from", ["from-above", "from-below"], id="init"),
         pytest.param("nlagg deploy plan --stop-rule ", ["certificate", "tolerance"], id="stop-rule"),
+        pytest.param("nlagg testbed --broker-kind ", ["auto", "mosquitto", "amqtt"], id="broker-kind"),
+        pytest.param("nlagg sim --init-channel s", ["sealed"], id="init-channel"),
+        pytest.param("nlagg node --leave-by k", ["kill"], id="leave-by"),
+        pytest.param("nlagg experiment nmi", ["nmi-max", "nmi-median"], id="experiment"),
     ],
 )
 def test_the_shell_completes_option_values(words: str, expected: list[str]) -> None:
