@@ -20,7 +20,7 @@ from .defaults import OPERATOR_DEFAULTS as OPERATOR_DEFAULTS
 from .defaults import OPERATORS as OPERATORS
 from .defaults import PROPOSED_INIT as PROPOSED_INIT
 from .defaults import START_RISK, STOP_WINDOW, T_MAX_GROWTH
-from .errors import ConfigError
+from .errors import ConfigError, pydantic_reason
 from .graphs import GraphKind, GraphSpec
 from .inputs import parse_document, read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
@@ -374,7 +374,7 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         value = err.get("input")
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = pydantic_reason(err) if err["loc"] else err["msg"].removeprefix("Value error, ")
         if not err["loc"]:
             # Cross-field checks phrase their message as "field=value: reason".
             head, _, reason = msg.partition(": ")

@@ -58,7 +58,13 @@ class NlaggCommand(TyperCommand):
             if param.secondary_opts and len(both) > 1:  # an on/off switch given both ways
                 why = f"{both[0]} and {both[1]} contradict each other: give one"
                 raise typer.BadParameter(why, ctx, cast(Any, param))
-        return super().parse_args(ctx, args)
+        from typer._click.exceptions import UsageError  # typer 0.29 vendors click: no public name
+
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:  # the parser's own (``--op`` without a value) know no command: this one
+            exc.ctx = exc.ctx or ctx
+            raise
 
 
 def _reflow(doc: str) -> str:

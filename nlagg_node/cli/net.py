@@ -15,7 +15,7 @@ import typer
 
 from ..defaults import DEFAULT_BROKER
 from ..options import EavesdropOptions, NodeOptions
-from ._app import app, setup_logging
+from ._app import app, may_create, setup_logging
 from ._command import options_command
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ def run_node_command(opts: NodeOptions) -> None:
     if not opts.quiet:
         logging.getLogger("nlagg.progress").setLevel(logging.INFO)  # a line every few seconds (stderr)
     check_epoch_options(opts)
+    if opts.state_dir is not None:
+        may_create(Path(opts.state_dir))
     if opts.every is not None:  # a continuous deployment: a line per epoch
         run_stoppable(print_epochs(prepare_node(opts), opts.as_json))
         return

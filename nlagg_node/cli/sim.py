@@ -76,6 +76,8 @@ def _sim_epochs(opts: SimOptions, epochs: int, cfg: Any, warnings: list[str]) ->
         if getattr(opts, name) is not None:
             raise ConfigError(name, getattr(opts, name), "is not available with --epochs")
     drift = 0.0 if opts.drift is None else opts.drift
+    if not opts.quiet:
+        _say_compiling()
     result = simulate_epochs(cfg, epochs, drift, warm=not opts.cold_start)
     summary: dict[str, Any] = {
         "op": cfg.op,
@@ -132,6 +134,14 @@ def _rank_table(
     return table
 
 
+def _say_compiling() -> None:
+    """One line on stderr before a first compile, so that it is not a minute of silence."""
+    from ..compile_cache import COMPILING, simulator_cached
+
+    if not simulator_cached():
+        print(f"nlagg: {COMPILING}", file=sys.stderr, flush=True)
+
+
 def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> Any:
     from ..compile_cache import COMPILING, simulator_cached
     from ..sim import simulate
@@ -139,8 +149,7 @@ def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> A
     if not show:
         return simulate(cfg, departures=departures)
     if not sys.stderr.isatty():  # a log: one line, so a first compile is not silence
-        if not simulator_cached():
-            print(f"nlagg: {COMPILING}", file=sys.stderr, flush=True)
+        _say_compiling()
         return simulate(cfg, departures=departures)
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 

@@ -15,7 +15,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..argv import NLAGG
-from ..errors import ConfigError
+from ..errors import ConfigError, pydantic_reason
 from ..options import NodeOptions, option_fields, to_argv
 from ..valuesource import ValueSource, stored_value
 
@@ -79,8 +79,7 @@ def load_node_file(path: Path) -> NodeFile:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "node_file"
-        msg = err["msg"].removeprefix("Value error, ")
-        raise ConfigError(loc, err.get("input"), f"{msg} (in {path})") from None
+        raise ConfigError(loc, err.get("input"), f"{pydantic_reason(err)} (in {path})") from None
 
 
 def node_file_options(

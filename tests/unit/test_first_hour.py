@@ -193,6 +193,17 @@ def test_an_option_its_run_uses_is_taken(
         pytest.param(["sim", "--op", "maximum"], "op='maximum'", id="choice"),
         pytest.param(["report", "{tmp}/nosuchdir"], "no such directory", id="no-run-dir"),
         pytest.param(
+            ["sim", "--value-range", "15"], "option='--value-range': takes 2 values (LO HI)", id="nargs"
+        ),
+        pytest.param(["sim", "--op"], "option='--op': needs a value", id="no-value"),
+        pytest.param(["sim", "--json=1"], "option='--json': is a switch", id="switch-value"),
+        pytest.param(["sim", "extra"], "argument='extra': nlagg sim does not take it", id="extra"),
+        pytest.param(
+            ["simm"], "command='simm': no such command of nlagg (did you mean 'sim'?)", id="no-such-command"
+        ),
+        pytest.param(["sim", "--n", "0"], "n=0: must be at least 2", id="pydantic-bound"),
+        pytest.param(["sim", "--values", "gauss"], "values='gauss': must be 'normal'", id="pydantic-literal"),
+        pytest.param(
             ["eavesdrop", "--run-id", "r1", "--transcript", "{tmp}/nodir/t.sqlite"],
             "does not exist",
             id="no-folder",
@@ -238,6 +249,30 @@ def test_an_eavesdropper_that_never_connects_leaves_no_transcript(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("written", [False, True], ids=["empty", "checkpoint"])
+def test_a_node_that_fails_keeps_only_a_state_dir_it_wrote_into(
+    written: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nlagg_node.errors import BrokerUnreachableError
+
+    state = tmp_path / "state" / "node0"
+
+    def unreachable(opts: Any) -> None:
+        state.mkdir(parents=True)  # as the node's checkpoint store makes it
+        if written:  # a checkpoint saved before the failure: a restart resumes from it
+            (state / "nlagg-r-node-0.json").write_text("{}")
+        raise BrokerUnreachableError("mqtt://127.0.0.1:1", 10)
+
+    monkeypatch.setattr("nlagg_node.deploy.start.start_node", unreachable)
+    args = ["node", "--id", "0", "--config", "c.toml", "--value", "1", "--state-dir", str(state)]
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 1
+    assert "cannot connect to broker" in _one_error_line(err)
+    assert [p.name for p in tmp_path.rglob("*")] == (
+        ["state", "node0", "nlagg-r-node-0.json"] if written else []
+    )
+
+
 def test_a_run_that_fails_to_start_leaves_no_output_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,6 +311,12 @@ def _run_dir(folder: Path) -> None:
         pytest.param(["report", "{tmp}"], "adversary.attack.attack_transcript", "replaying", id="report"),
         pytest.param(["tune", "--out", "{tmp}/run.toml"], "nlagg_node.tune.tune", "settings x", id="tune"),
         pytest.param(["sim", "--trials", "2"], "nlagg_node.sim.simulate", "compiling", id="first-sim"),
+        pytest.param(
+            ["sim", "--trials", "2", "--epochs", "2"],
+            "nlagg_node.sim.multiepoch.simulate_epochs",
+            "compiling",
+            id="first-sim-epochs",
+        ),
     ],
 )
 def test_a_long_command_says_what_it_does_before_doing_it(
