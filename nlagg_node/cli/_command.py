@@ -26,7 +26,8 @@ T = TypeVar("T")
 
 class NlaggCommand(TyperCommand):
     """Every nlagg command: rich help in the panels its options name, help texts printed as written
-    (``[run]`` is text, not markup), and a switch given both ways refused (``--in-process --processes``)."""
+    (``[run]`` is text, not markup), a switch shown without a value, and a switch given both ways refused
+    (``--in-process --processes``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = "rich"
@@ -37,6 +38,14 @@ class NlaggCommand(TyperCommand):
             text = getattr(param, "help", None)
             if text:
                 param.help = _escape(text)  # type: ignore[attr-defined]
+            if getattr(param, "is_flag", False):  # a switch takes no value: no "<bool>" beside it
+                param.metavar = ""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # --help is a switch too
+        return option
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from typer import rich_utils

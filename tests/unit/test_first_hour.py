@@ -378,6 +378,7 @@ def test_every_long_command_has_quiet_and_panelled_help(command: str) -> None:
     assert "--quiet" in text
     assert "╭─ " in text  # rich panels
     assert "``" not in text  # a docstring's literal reads `x`
+    assert "<bool>" not in text  # a switch takes no value
 
 
 @pytest.mark.parametrize(
