@@ -46,7 +46,9 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
   `eavesdrop`; `node --results-file` without `--every`, `--leave-by` without `--leave-after`), and
   one the run ignores (`--k` unless the operator is topk or trimmed-mean, `--epsilon` likewise,
   `--quantile` unless it is quantile, `--sigma-s` unless `--init` is dp-gauss or dp-laplace,
-  `--prior-median` unless it is prior; judged on the run's config, so a `--config` file's `op` counts).
+  `--prior-median` unless it is prior, `--radius` unless `--graph` is rgg; judged on the run's config,
+  so a `--config` file's `op` counts), and one another option makes moot (`deploy compose --plan P`
+  with a run option such as `--n` or `--tls`: the plan sets them).
 - **`--out`** never replaces the files of an earlier run unless `--force` is given.
 - **Run options** (`sim`, `testbed`) default to what a `--config` TOML file sets, then to the built-in
   defaults; a flag overrides both.

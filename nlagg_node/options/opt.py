@@ -8,6 +8,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import PurePath
 from typing import Any
 
 from ..defaults import OPERATOR_DEFAULTS, OPERATORS, RUN_DEFAULTS
@@ -162,7 +163,9 @@ each other (``second`` given: not None; ``early_stop`` only when False, ``--no-e
 
 Needs = tuple[tuple[str, str, str], ...]
 """``(option, the option it needs, what that one is)``: an option class's ``NEEDS`` (a class variable),
-options that do nothing without another (``sim --drift`` without ``--epochs``)."""
+options that do nothing without another (``sim --drift`` without ``--epochs``); and ``(option, the
+option it cannot go with, why)``: its ``EXCLUDES``, options another makes moot (``deploy compose --n 8
+--plan P``: the plan sets n)."""
 
 ONLY_WITH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("k", "op", ("topk", "trimmed-mean")),
@@ -170,9 +173,16 @@ ONLY_WITH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("epsilon", "op", ("topk", "trimmed-mean")),
     ("sigma_s", "init", ("dp-gauss", "dp-laplace")),
     ("prior_median", "init", ("prior",)),
+    ("radius", "graph", ("rgg",)),
 )
 """``(option, the run's setting, the values it applies to)``: options the run would ignore otherwise
 (``--k 3`` on a max run), judged on the run's config, where a ``--config`` file may set op and init."""
+
+
+def _value(opts: object, name: str) -> object:
+    """The value of option ``name`` as an error shows it (a path as typed)."""
+    value = getattr(opts, name)
+    return str(value) if isinstance(value, PurePath) else value
 
 
 def _is_given(opts: object, name: str) -> bool:
@@ -180,7 +190,8 @@ def _is_given(opts: object, name: str) -> bool:
     return default is dataclasses.MISSING or getattr(opts, name) != default
 
 
-def _refuse_unneeded(opts: object) -> None:
+def _refuse_declared(opts: object) -> None:
+    """The ``NEEDS`` and ``EXCLUDES`` of ``opts``'s class and its bases."""
     from ..errors import ConfigError
 
     fields = option_fields(type(opts))
@@ -188,7 +199,11 @@ def _refuse_unneeded(opts: object) -> None:
         for name, needed, what in vars(cls).get("NEEDS", ()):
             if _is_given(opts, name) and not _is_given(opts, needed):
                 why = f"needs {flag_of(needed, fields[needed][1])} ({what})"
-                raise ConfigError(name, getattr(opts, name), why)
+                raise ConfigError(name, _value(opts, name), why)
+        for name, other, why in vars(cls).get("EXCLUDES", ()):
+            if _is_given(opts, name) and _is_given(opts, other):
+                flag = flag_of(other, fields[other][1])
+                raise ConfigError(name, _value(opts, name), f"not with {flag}: {why}")
 
 
 def refuse_ignored(opts: object, run: object) -> None:
@@ -207,10 +222,10 @@ def refuse_ignored(opts: object, run: object) -> None:
 
 def refuse_conflicts(opts: object) -> None:
     """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently),
-    and an option given without the one it needs (``NEEDS``)."""
+    an option given without the one it needs (``NEEDS``) and one another makes moot (``EXCLUDES``)."""
     from ..errors import ConfigError
 
-    _refuse_unneeded(opts)
+    _refuse_declared(opts)
     for first, second, contradicts, why in CONFLICTS:
         a, b = getattr(opts, first, None), getattr(opts, second, None)
         given = b is False if second == "early_stop" else b is not None

@@ -119,9 +119,18 @@ def test_conflicting_options_are_refused_naming_both(
             "leave_by='kill': needs --leave-after",
             id="node-leave-by",
         ),
+        pytest.param(
+            ["deploy", "compose", "--compose-dir", "d"], "compose_dir='d': needs --plan", id="compose-dir"
+        ),
+        pytest.param(
+            ["deploy", "compose", "--plan", "p", "--n", "8"], "n=8: not with --plan", id="compose-n"
+        ),
+        pytest.param(
+            ["deploy", "compose", "--plan", "p", "--tls"], "tls=True: not with --plan", id="compose-tls"
+        ),
     ],
 )
-def test_an_option_without_the_one_it_needs_is_refused(
+def test_an_option_without_the_one_it_needs_or_beside_one_that_makes_it_moot_is_refused(
     args: list[str], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, out, err = run_cli(args, capsys, monkeypatch)
@@ -141,6 +150,11 @@ def test_an_option_without_the_one_it_needs_is_refused(
         pytest.param(["sim", "--config", "{config}", "--k", "2"], "this run's op is 'median'", id="config"),
         pytest.param(["testbed", "--op", "max", "--k", "2"], "k=2: applies to", id="testbed"),
         pytest.param(["tune", "--op", "max", "--quantile", "0.2"], "quantile=0.2: applies to", id="tune"),
+        pytest.param(
+            ["deploy", "plan", "--run-id", "r", "--out", "{tmp}/plan", "--graph", "ring", "--radius", "0.5"],
+            "radius=0.5: applies to --graph rgg only",
+            id="radius",
+        ),
     ],
 )
 def test_an_option_the_run_would_ignore_is_refused(
@@ -152,11 +166,12 @@ def test_an_option_the_run_would_ignore_is_refused(
 ) -> None:
     config = tmp_path / "run.toml"
     config.write_text('[run]\nop = "median"\n')
-    argv = [a.replace("{config}", str(config)) for a in args]
+    argv = [a.replace("{config}", str(config)).replace("{tmp}", str(tmp_path)) for a in args]
     code, out, err = run_cli(argv, capsys, monkeypatch)
     assert code == 2
     assert out == ""
     assert expected in _one_error_line(err)
+    assert [p.name for p in tmp_path.iterdir()] == ["run.toml"]  # nothing written
 
 
 @pytest.mark.parametrize(
