@@ -67,6 +67,7 @@ class NlaggCommand(TyperCommand):
             if param.secondary_opts and len(both) > 1:  # an on/off switch given both ways
                 why = f"{both[0]} and {both[1]} contradict each other: give one"
                 raise typer.BadParameter(why, ctx, cast(Any, param))
+            _refuse_repeated(ctx, param, words)
         from typer._click.exceptions import UsageError  # typer 0.29 vendors click: no public name
 
         try:
@@ -74,6 +75,19 @@ class NlaggCommand(TyperCommand):
         except UsageError as exc:  # the parser's own (``--op`` without a value) know no command: this one
             exc.ctx = exc.ctx or ctx
             raise
+
+
+def _refuse_repeated(ctx: Any, param: Any, words: list[str]) -> None:
+    """An option of one value given twice (``--op max --op min``): click keeps the last silently."""
+    if param.param_type_name != "option" or param.is_flag or param.multiple:
+        return
+    uses = [
+        word if "=" in word else " ".join(words[k : k + 1 + param.nargs])
+        for k, word in enumerate(words)
+        if word.split("=", 1)[0] in param.opts
+    ]
+    if len(uses) > 1:
+        raise typer.BadParameter(f"given {len(uses)} times ({', '.join(uses)}): give it once", ctx, param)
 
 
 def _reflow(doc: str) -> str:

@@ -40,7 +40,8 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
 - **Options that contradict each other are refused**, naming both: `--graph ring --graph-file F`,
   `--values normal --values-file F`, `--corrupt` with `--corrupt-count`, `--stop-rule` or
   `--stop-window` with `--no-early-stop`, `--broker-kind` with `--broker`, a switch given both ways
-  (`--in-process --processes`), a node listed twice in `--corrupt`. So is an option that would do
+  (`--in-process --processes`), a node listed twice in `--corrupt`, an option of one value given
+  twice (`--op max --op min`: the last would win silently). So is an option that would do
   nothing: one without the option it needs (`--drift` or `--cold-start` without `--epochs` in `sim`
   and `tune`, without `--every` in `testbed`, `node` and `deploy plan`, without `--continuous` in
   `eavesdrop`; `node --results-file` without `--every`, `--leave-by` without `--leave-after`), and

@@ -50,6 +50,13 @@ def _one_error_line(err: str) -> str:
             ["sim", "--values", "normal", "--values-file", "{edges}"], "values", "--values-file", id="values"
         ),
         pytest.param(["sim", "--corrupt", "1,1"], "corrupt='1,1'", "twice", id="corrupt-twice"),
+        pytest.param(["sim", "--op", "max", "--op=min"], "--op max", "--op=min", id="option-twice"),
+        pytest.param(
+            ["sim", "--value-range", "0", "1", "--value-range", "2", "3"],
+            "--value-range 0 1",
+            "--value-range 2 3",
+            id="pair-twice",
+        ),
         pytest.param(
             ["sim", "--corrupt", "1", "--corrupt-count", "2"], "corrupt", "--corrupt-count", id="corrupt"
         ),
