@@ -196,7 +196,8 @@ def click_error_line(exc: typer.TyperException) -> str:
         if option is not None and "no such option" in exc.format_message().lower():
             return f"option={option!r}: no such option{where}" + _possible(exc)
         return _usage_line(exc.format_message(), ctx)
-    flag = param.opts[0] if param.opts else param.name.upper()
+    argument = param.param_type_name == "argument"  # given by position: named as the usage line shows it
+    flag = (param.metavar or param.name.upper()) if argument else param.opts[0]
     if isinstance(exc, MissingParameter):
         return f"{param.name}: missing; give {flag}"
     from pydantic import ValidationError  # loaded by typer already, to parse the value

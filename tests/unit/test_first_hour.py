@@ -212,6 +212,7 @@ def test_an_option_its_run_uses_is_taken(
         pytest.param(["sim", "--value-range", "15", "--trials", "10"], "is the next option", id="two-values"),
         pytest.param(["tune", "--tirals", "5"], "option='--tirals': no such option", id="no-such-option"),
         pytest.param(["node", "--config", "c.toml"], "id: missing; give --id", id="missing"),
+        pytest.param(["attack"], "transcript: missing; give TRANSCRIPT", id="missing-argument"),
         pytest.param(["sim", "--op", "maximum"], "op='maximum'", id="choice"),
         pytest.param(["report", "{tmp}/nosuchdir"], "no such directory", id="no-run-dir"),
         pytest.param(
