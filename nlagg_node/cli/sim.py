@@ -69,12 +69,8 @@ def sim(opts: SimOptions) -> None:
 
 def _sim_epochs(opts: SimOptions, epochs: int, cfg: Any, warnings: list[str]) -> None:
     """``nlagg sim --epochs K``: K epochs of a continuous deployment (:mod:`nlagg_node.sim.multiepoch`)."""
-    from ..errors import ConfigError
     from ..sim.multiepoch import simulate_epochs
 
-    for name in ("depart", "transcript", "out", "corrupt", "corrupt_count"):
-        if getattr(opts, name) is not None:
-            raise ConfigError(name, getattr(opts, name), "is not available with --epochs")
     drift = 0.0 if opts.drift is None else opts.drift
     if not opts.quiet:
         _say_compiling()

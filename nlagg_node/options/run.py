@@ -261,6 +261,10 @@ class SimOptions(RunOptions, CorruptOptions):
     """``nlagg sim``."""
 
     NEEDS: ClassVar[Needs] = (("drift", "epochs", _EPOCHS), ("cold_start", "epochs", _EPOCHS))
+    EXCLUDES: ClassVar[Needs] = tuple(
+        (name, "epochs", "sim --epochs does not support it")
+        for name in ("depart", "transcript", "out", "corrupt", "corrupt_count")
+    )
 
     trials: Annotated[int | None, Opt("Monte Carlo trials" + default_of("trials"), RUN)] = None
     sigma_s: Annotated[float | None, Opt("std of the DP baselines' value noise [default: 0.1]", PROTOCOL)] = (
@@ -324,6 +328,12 @@ class TestbedOptions(RunOptions, CorruptOptions, EpochOptions):
     """``nlagg testbed``."""
 
     __test__ = False  # not a pytest class
+
+    NEEDS: ClassVar[Needs] = (("every", "epochs", "a testbed's epochs are counted"),)
+    EXCLUDES: ClassVar[Needs] = tuple(
+        (name, "every", "a testbed of epochs does not support it")
+        for name in ("corrupt", "corrupt_count", "depart", "dashboard", "ca_file")
+    )
 
     run_id: Annotated[str | None, Opt("run id [default: a fresh tb-xxxxxxxx]", NETWORK)] = None
     prefix: Annotated[str, Opt("topic prefix", NETWORK)] = "nlagg"

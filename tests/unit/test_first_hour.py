@@ -106,6 +106,15 @@ def test_conflicting_options_are_refused_naming_both(
         pytest.param(["sim", "--cold-start"], "cold_start=True: needs --epochs", id="sim-cold"),
         pytest.param(["tune", "--drift", "0.1"], "drift=0.1: needs --epochs", id="tune-drift"),
         pytest.param(["testbed", "--drift", "0.1"], "drift=0.1: needs --every", id="testbed-drift"),
+        pytest.param(["testbed", "--every", "5"], "every=5.0: needs --epochs", id="testbed-every"),
+        pytest.param(
+            ["testbed", "--every", "5", "--epochs", "2", "--depart", "1@9"],
+            "depart='1@9': not with --every",
+            id="testbed-epochs-depart",
+        ),
+        pytest.param(
+            ["sim", "--epochs", "2", "--corrupt", "1"], "corrupt='1': not with --epochs", id="sim-epochs"
+        ),
         pytest.param(
             ["deploy", "plan", "--run-id", "r", "--out", "p", "--cold-start"],
             "cold_start=True: needs --every",
