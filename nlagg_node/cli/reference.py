@@ -48,8 +48,10 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
   one the run ignores (`--k` unless the operator is topk or trimmed-mean, `--epsilon` likewise,
   `--quantile` unless it is quantile, `--sigma-s` unless `--init` is dp-gauss or dp-laplace,
   `--prior-median` unless it is prior, `--radius` unless `--graph` is rgg; judged on the run's config,
-  so a `--config` file's `op` counts), and one another option makes moot (`deploy compose --plan P`
-  with a run option such as `--n` or `--tls`: the plan sets them).
+  so a `--config` file's `op` counts), and one another option makes moot or does not support
+  (`deploy compose --plan P` with a run option such as `--n` or `--tls`: the plan sets them; `sim
+  --epochs` with `--out`, `--transcript`, `--depart` or `--corrupt`; `testbed --every` with
+  `--depart`, `--corrupt` or `--dashboard`; `node --every` with `--leave-after`).
 - **`--out`** never replaces the files of an earlier run unless `--force` is given.
 - **Run options** (`sim`, `testbed`) default to what a `--config` TOML file sets, then to the built-in
   defaults; a flag overrides both.

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, NlaggError
+from ..errors import NlaggError
 from ..options import NodeOptions
 from ..options.opt import refuse_conflicts
 from .start import NodeStart
@@ -37,11 +37,7 @@ __all__ = [
 
 def check_epoch_options(opts: NodeOptions) -> None:
     """Refuse what a continuous node cannot have (before anything connects)."""
-    refuse_conflicts(opts)  # a node file's options too (NodeOptions.NEEDS: --epochs needs --every ...)
-    if opts.every is not None and opts.leave_after is not None:
-        raise ConfigError(
-            "leave_after", opts.leave_after, "not with --every (an absent node sits an epoch out)"
-        )
+    refuse_conflicts(opts)  # a node file's options too (NodeOptions.NEEDS and EXCLUDES)
 
 
 def results_path(opts: NodeOptions) -> Path | None:

@@ -47,6 +47,7 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
         ("results_file", "every", "a continuous deployment"),
         ("leave_by", "leave_after", "the iteration to leave after"),
     )
+    EXCLUDES: ClassVar[Needs] = (("leave_after", "every", "an absent node sits an epoch out"),)
 
     broker: Annotated[str, Opt("broker URL, mqtt://host[:port]", NETWORK, always=True)] = DEFAULT_BROKER
     run_id: Annotated[str | None, Opt("run id (default: [network].run_id of the config)", NETWORK)] = None
