@@ -20,7 +20,7 @@ from .defaults import OPERATOR_DEFAULTS as OPERATOR_DEFAULTS
 from .defaults import OPERATORS as OPERATORS
 from .defaults import PROPOSED_INIT as PROPOSED_INIT
 from .defaults import START_RISK, STOP_WINDOW, T_MAX_GROWTH
-from .errors import ConfigError, pydantic_reason
+from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import parse_document, read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
@@ -364,6 +364,27 @@ def _literal(shown: str) -> Any:
         return ast.literal_eval(shown)
     except (ValueError, SyntaxError):
         return shown
+
+
+_PYDANTIC_WHY = {
+    "int_parsing": "expected an integer",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false",
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+}
+
+
+def pydantic_reason(error: Any) -> str:
+    """One of pydantic's errors (an item of ``ValidationError.errors()``) as the reason of a one-line
+    error: ``must be at least 2``, not ``Input should be greater than or equal to 2``."""
+    why = _PYDANTIC_WHY.get(error.get("type", ""))
+    if why is not None:
+        return why.format(**error.get("ctx", {}))
+    msg = str(error.get("msg", "")).removeprefix("Value error, ").replace("Input should be", "must be", 1)
+    return msg[:1].lower() + msg[1:]
 
 
 def validate_config(data: dict[str, Any]) -> RunConfig:

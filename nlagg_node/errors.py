@@ -34,7 +34,6 @@ __all__ = [
     "StoppedBySignal",
     "TestbedError",
     "WireError",
-    "pydantic_reason",
 ]
 
 
@@ -168,24 +167,3 @@ class StoppedBySignal(NlaggError):  # noqa: N818 - a reason to stop, not a fault
 def _holds_files(path: Any) -> bool:
     """Whether ``path`` is a file or a folder with a file in it."""
     return bool(path.is_file() or any(p.is_file() for p in path.rglob("*")))
-
-
-_PYDANTIC_WHY = {
-    "int_parsing": "expected an integer",
-    "float_parsing": "expected a number",
-    "bool_parsing": "expected true or false",
-    "greater_than_equal": "must be at least {ge}",
-    "greater_than": "must be more than {gt}",
-    "less_than_equal": "must be at most {le}",
-    "less_than": "must be less than {lt}",
-}
-
-
-def pydantic_reason(error: Any) -> str:
-    """One of pydantic's errors (an item of ``ValidationError.errors()``) as the reason of a one-line
-    error: ``must be at least 2``, not ``Input should be greater than or equal to 2``."""
-    why = _PYDANTIC_WHY.get(error.get("type", ""))
-    if why is not None:
-        return why.format(**error.get("ctx", {}))
-    msg = str(error.get("msg", "")).removeprefix("Value error, ").replace("Input should be", "must be", 1)
-    return msg[:1].lower() + msg[1:]

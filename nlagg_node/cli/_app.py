@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 # The help texts come from nlagg_node.options (plain Python): --help loads neither pydantic nor numpy.
-from ..errors import ConfigError, NlaggError, StoppedBySignal, pydantic_reason
+from ..errors import ConfigError, NlaggError, StoppedBySignal
 from ..inputs import make_output_dir
 from ..options import FORCE_HELP, QUIET_HELP, VERBOSE_HELP
 
@@ -201,6 +201,8 @@ def click_error_line(exc: typer.TyperException) -> str:
     if isinstance(exc, MissingParameter):
         return f"{param.name}: missing; give {flag}"
     from pydantic import ValidationError  # loaded by typer already, to parse the value
+
+    from ..config import pydantic_reason
 
     cause = exc.__cause__
     errors = cause.errors() if isinstance(cause, ValidationError) else []

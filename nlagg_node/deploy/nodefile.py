@@ -15,7 +15,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..argv import NLAGG
-from ..errors import ConfigError, pydantic_reason
+from ..errors import ConfigError
 from ..options import NodeOptions, option_fields, to_argv
 from ..valuesource import ValueSource, stored_value
 
@@ -77,6 +77,8 @@ def load_node_file(path: Path) -> NodeFile:
     try:
         return NodeFile.model_validate(doc)
     except ValidationError as exc:
+        from ..config import pydantic_reason
+
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "node_file"
         raise ConfigError(loc, err.get("input"), f"{pydantic_reason(err)} (in {path})") from None
