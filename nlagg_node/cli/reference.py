@@ -36,8 +36,9 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
   the output is not a terminal).
 - **Exit codes**: 0 done; 1 a run that failed (a node that did not finish); 2 bad input (a flag, a
   file), reported in one line `nlagg: error: FIELD=VALUE: why` (a value the command line cannot
-  parse too: `nlagg: error: trials='abc': expected an integer`, and an unknown command or
-  option: `nlagg: error: command='simm': no such command of nlagg (did you mean 'sim'?)`); 128 + N when stopped by signal N.
+  parse too: `nlagg: error: trials='abc': expected an integer`, and an unknown command or option:
+  `nlagg: error: command='simm': no such command of nlagg (did you mean 'sim'?)`); 128 + N when
+  stopped by signal N.
 - **Options that contradict each other are refused**, naming both: `--graph ring --graph-file F`,
   `--values normal --values-file F`, `--corrupt` with `--corrupt-count`, `--stop-rule` or
   `--stop-window` with `--no-early-stop`, `--broker-kind` with `--broker`, a switch given both ways
