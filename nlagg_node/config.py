@@ -366,6 +366,27 @@ def _literal(shown: str) -> Any:
         return shown
 
 
+_PYDANTIC_WHY = {
+    "int_parsing": "expected an integer",
+    "float_parsing": "expected a number",
+    "bool_parsing": "expected true or false",
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+}
+
+
+def pydantic_reason(error: Any) -> str:
+    """One of pydantic's errors (an item of ``ValidationError.errors()``) as the reason of a one-line
+    error: ``must be at least 2``, not ``Input should be greater than or equal to 2``."""
+    why = _PYDANTIC_WHY.get(error.get("type", ""))
+    if why is not None:
+        return why.format(**error.get("ctx", {}))
+    msg = str(error.get("msg", "")).removeprefix("Value error, ").replace("Input should be", "must be", 1)
+    return msg[:1].lower() + msg[1:]
+
+
 def validate_config(data: dict[str, Any]) -> RunConfig:
     """Validate a mapping, turning pydantic's report into a one-line :class:`ConfigError`."""
     try:
@@ -374,7 +395,7 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "config"
         value = err.get("input")
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = pydantic_reason(err) if err["loc"] else err["msg"].removeprefix("Value error, ")
         if not err["loc"]:
             # Cross-field checks phrase their message as "field=value: reason".
             head, _, reason = msg.partition(": ")

@@ -4,6 +4,7 @@ one line on stderr and an exit code: 2 for bad input (a flag, a file), 1 for a r
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import sys
 from collections.abc import Iterable, Iterator
@@ -124,19 +125,60 @@ def _click_error(exc: typer.TyperException) -> None:
     _fail(click_error_line(exc), exc.exit_code)
 
 
-_PYDANTIC_WHY = {
-    "int_parsing": "expected an integer",
-    "float_parsing": "expected a number",
-    "bool_parsing": "expected true or false",
-    "greater_than_equal": "must be at least {ge}",
-    "greater_than": "must be more than {gt}",
-    "less_than_equal": "must be at most {le}",
-}
+_CLICK_USAGE = (
+    (
+        re.compile(r"No such command '(?P<value>[^']*)'\.?(?: Did you mean (?P<near>.*)\?)?$"),
+        "command",
+        "no such command of {path}{near}",
+    ),
+    (
+        re.compile(r"Got unexpected extra argument\(s\) \((?P<value>.*)\)$"),
+        "argument",
+        "{path} does not take it",
+    ),
+    (re.compile(r"Option '(?P<value>[^']*)' requires an argument\.?$"), "option", "needs a value"),
+    (
+        re.compile(r"Option '(?P<value>[^']*)' requires (?P<n>\d+) arguments\.?$"),
+        "option",
+        "takes {n} values{metavar}",
+    ),
+    (
+        re.compile(r"Option '(?P<value>[^']*)' does not take a value\.?$"),
+        "option",
+        "is a switch: it takes no value",
+    ),
+)
+"""Click's usage errors that name no parameter: ``(its message, what the value is, why)``."""
 
 
-def _pydantic_why(error: Any) -> str:
-    why = _PYDANTIC_WHY.get(error.get("type", ""))
-    return why.format(**error.get("ctx", {})) if why is not None else str(error.get("msg", ""))
+def _metavar(ctx: Any, flag: str) -> str:
+    """`` (LO HI)``: how the help shows the values of option ``flag`` of ``ctx``'s command, if declared."""
+    params = ctx.command.params if ctx is not None else []
+    declared = [p.metavar for p in params if flag in getattr(p, "opts", ()) and p.metavar]
+    return f" ({declared[0]})" if declared else ""
+
+
+def _command_words(ctx: Any) -> str:
+    """``nlagg deploy plan``: the command of ``ctx`` as typed (whatever the program's name: python -m)."""
+    words = []
+    while ctx is not None and ctx.parent is not None:
+        words.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["nlagg", *reversed(words)])
+
+
+def _usage_line(message: str, ctx: Any) -> str:
+    """A usage error of click in the one-line style (``command='nosuch': no such command of nlagg``)."""
+    path = _command_words(ctx)
+    for pattern, what, why in _CLICK_USAGE:
+        if (m := pattern.match(message)) is not None:
+            given = m.groupdict()
+            near = f" (did you mean {given['near']}?)" if given.get("near") else ""
+            shown = _metavar(ctx, m["value"])
+            return f"{what}={m['value']!r}: " + why.format(
+                path=path, n=given.get("n"), metavar=shown, near=near
+            )
+    return message[:1].lower() + message[1:].rstrip(".")
 
 
 def click_error_line(exc: typer.TyperException) -> str:
@@ -149,15 +191,18 @@ def click_error_line(exc: typer.TyperException) -> str:
     param = getattr(exc, "param", None)
     if param is None or param.name is None:
         ctx = getattr(exc, "ctx", None)
-        where = f" of {ctx.command_path}" if ctx is not None else ""
+        where = f" of {_command_words(ctx)}"
         option = getattr(exc, "option_name", None)
         if option is not None and "no such option" in exc.format_message().lower():
             return f"option={option!r}: no such option{where}" + _possible(exc)
-        return exc.format_message()
-    flag = param.opts[0] if param.opts else param.name.upper()
+        return _usage_line(exc.format_message(), ctx)
+    argument = param.param_type_name == "argument"  # given by position: named as the usage line shows it
+    flag = (param.metavar or param.name.upper()) if argument else param.opts[0]
     if isinstance(exc, MissingParameter):
         return f"{param.name}: missing; give {flag}"
     from pydantic import ValidationError  # loaded by typer already, to parse the value
+
+    from ..config import pydantic_reason
 
     cause = exc.__cause__
     errors = cause.errors() if isinstance(cause, ValidationError) else []
@@ -165,8 +210,7 @@ def click_error_line(exc: typer.TyperException) -> str:
         return f"{param.name}: {exc.message}"
     first = errors[0]
     value = first.get("input")
-    why = _pydantic_why(first) or exc.message
-    why = why[0].lower() + why[1:]
+    why = pydantic_reason(first) or exc.message
     if isinstance(value, str) and value.startswith("-") and param.nargs > 1:
         metavar = param.metavar or param.name.upper()
         why = f"takes {param.nargs} values ({metavar}), and {value} is the next option: give them before it"
@@ -193,8 +237,17 @@ def remove_empty_outputs() -> None:
     while _created:
         try:
             _created.pop().rmdir()
+        except FileNotFoundError:  # the command failed before it made this one
+            continue
         except OSError:  # something was written there (partial results): it stays, and so do its parents
             _created.clear()
+
+
+def may_create(folder: Path) -> None:
+    """A folder the command makes later if it gets that far (a node's ``--state-dir``): a failed
+    command removes it, and its parents it made, if nothing was written there."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    _created.extend(reversed(missing))
 
 
 # Options shared by several commands: one name, one meaning, one help text -------------------------

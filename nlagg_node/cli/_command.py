@@ -26,7 +26,8 @@ T = TypeVar("T")
 
 class NlaggCommand(TyperCommand):
     """Every nlagg command: rich help in the panels its options name, help texts printed as written
-    (``[run]`` is text, not markup), and a switch given both ways refused (``--in-process --processes``)."""
+    (``[run]`` is text, not markup), a switch shown without a value, and a switch given both ways refused
+    (``--in-process --processes``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["rich_markup_mode"] = "rich"
@@ -37,6 +38,14 @@ class NlaggCommand(TyperCommand):
             text = getattr(param, "help", None)
             if text:
                 param.help = _escape(text)  # type: ignore[attr-defined]
+            if getattr(param, "is_flag", False):  # a switch takes no value: no "<bool>" beside it
+                param.metavar = ""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""  # --help is a switch too
+        return option
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from typer import rich_utils
@@ -58,7 +67,27 @@ class NlaggCommand(TyperCommand):
             if param.secondary_opts and len(both) > 1:  # an on/off switch given both ways
                 why = f"{both[0]} and {both[1]} contradict each other: give one"
                 raise typer.BadParameter(why, ctx, cast(Any, param))
-        return super().parse_args(ctx, args)
+            _refuse_repeated(ctx, param, words)
+        from typer._click.exceptions import UsageError  # typer 0.29 vendors click: no public name
+
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:  # the parser's own (``--op`` without a value) know no command: this one
+            exc.ctx = exc.ctx or ctx
+            raise
+
+
+def _refuse_repeated(ctx: Any, param: Any, words: list[str]) -> None:
+    """An option of one value given twice (``--op max --op min``): click keeps the last silently."""
+    if param.param_type_name != "option" or param.is_flag or param.multiple:
+        return
+    uses = [
+        word if "=" in word else " ".join(words[k : k + 1 + param.nargs])
+        for k, word in enumerate(words)
+        if word.split("=", 1)[0] in param.opts
+    ]
+    if len(uses) > 1:
+        raise typer.BadParameter(f"given {len(uses)} times ({', '.join(uses)}): give it once", ctx, param)
 
 
 def _reflow(doc: str) -> str:

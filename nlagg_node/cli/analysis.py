@@ -162,6 +162,13 @@ def attack_store(folder: Path, drift: float | None, as_json: bool) -> None:
     console.print(f"exposed in at least one epoch: {sorted(report.cumulative) or 'none'}")
 
 
+def _experiment_names(incomplete: str) -> list[str]:
+    """The shell's completion of ``nlagg experiment NAME``."""
+    from adversary.analysis.experiments import experiment_names
+
+    return [name for name in (*experiment_names(), "all") if name.startswith(incomplete)]
+
+
 @app.command(cls=NlaggCommand)
 def experiment(
     name: Annotated[
@@ -169,6 +176,7 @@ def experiment(
         typer.Argument(
             metavar="NAME",
             help="mse, nmi-max, nmi-median, topology, dp, min, topk, quantile, trimmed-mean or all",
+            autocompletion=_experiment_names,
         ),
     ],
     trials: Annotated[int, typer.Option(help="Monte Carlo trials per simulation")] = 1000,

@@ -114,11 +114,7 @@ def compose_cmd(opts: ComposeOptions) -> None:
         write_compose_project,
     )
 
-    plan = opts.plan
-    if plan is not None and (opts.tls or opts.require_certificate):
-        from ..errors import ConfigError
-
-        raise ConfigError("tls", True, "an existing plan brings its own TLS: leave out --tls with --plan")
+    plan = opts.plan  # the options a plan sets are refused beside it (ComposeOptions.EXCLUDES)
     if plan is not None and opts.out is None:
         sys.stdout.write(compose_yaml(load_plan(plan), compose_dir=opts.compose_dir))
         return

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
 from ..options import TestbedOptions
 from ..options.epochs import deployment_drift
 
@@ -15,22 +14,17 @@ if TYPE_CHECKING:
 __all__ = ["run_epoch_testbed_command"]
 
 
-def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
+def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig, epochs: int, every: float) -> None:
     """Run the epochs and print the summary (one JSON object with ``--json``, else a line per epoch)."""
     from ..lab.epochtestbed import run_epoch_testbed
     from ..lab.testbed import new_run_id
     from ..lifetime import run_stoppable
 
-    if opts.every is None or opts.epochs is None:
-        raise ConfigError("every", opts.every, "a testbed of epochs needs both --epochs K and --every S")
-    for field in ("corrupt", "corrupt_count", "depart", "dashboard", "ca_file"):
-        if getattr(opts, field) is not None:
-            raise ConfigError(field, getattr(opts, field), "not with --epochs (one run only)")
     summary = run_stoppable(
         run_epoch_testbed(
             cfg,
-            opts.epochs,
-            opts.every,
+            epochs,
+            every,
             run_id=opts.run_id or new_run_id(),
             prefix=opts.prefix,
             broker_url=opts.broker,
@@ -50,7 +44,7 @@ def run_epoch_testbed_command(opts: TestbedOptions, cfg: RunConfig) -> None:
         print(json.dumps(summary), flush=True)
         return
     k = len(summary["epochs"])
-    print(f"run {summary['run_id']}: {cfg.op} of n={cfg.n}, {k} epochs every {opts.every:g} s")
+    print(f"run {summary['run_id']}: {cfg.op} of n={cfg.n}, {k} epochs every {every:g} s")
     exposed = {e["epoch"]: e for e in summary["capture"]["epochs"]} if "capture" in summary else {}
     for row in summary["epochs"]:
         if row["skipped"]:

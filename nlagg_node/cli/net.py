@@ -15,7 +15,7 @@ import typer
 
 from ..defaults import DEFAULT_BROKER
 from ..options import EavesdropOptions, NodeOptions
-from ._app import app, setup_logging
+from ._app import app, may_create, setup_logging
 from ._command import options_command
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ def run_node_command(opts: NodeOptions) -> None:
     if not opts.quiet:
         logging.getLogger("nlagg.progress").setLevel(logging.INFO)  # a line every few seconds (stderr)
     check_epoch_options(opts)
+    if opts.state_dir is not None:
+        may_create(Path(opts.state_dir))
     if opts.every is not None:  # a continuous deployment: a line per epoch
         run_stoppable(print_epochs(prepare_node(opts), opts.as_json))
         return
@@ -96,13 +98,7 @@ def eavesdrop(opts: EavesdropOptions) -> None:
         tls=tls,
     )
     target = (brokers, opts.run_id, opts.transcript)
-    if (
-        opts.continuous
-        or opts.keep_epochs is not None
-        or opts.epochs is not None
-        or opts.drift is not None
-        or opts.cold_start
-    ):
+    if opts.continuous:  # the epoch options need it (EavesdropOptions.NEEDS)
         capture_epochs(opts, target, session)
         return
     public = None
@@ -124,9 +120,6 @@ def capture_epochs(opts: EavesdropOptions, target: CaptureTarget, session: Captu
 
     from ..errors import ConfigError
 
-    if not opts.continuous:
-        given = [opts.keep_epochs, opts.epochs, opts.drift, opts.cold_start]
-        raise ConfigError("keep_epochs/epochs/drift/cold_start", given, "need --continuous")
     configs = None
     drift = None if opts.cold_start else opts.drift  # as the nodes of the plan warm-start (None: cold)
     if opts.config is not None:  # each epoch's config derived as the nodes derive it

@@ -25,7 +25,8 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
 
 - **Shell completion**: `nlagg --install-completion` (bash, zsh, fish, PowerShell); `nlagg
   --show-completion` prints the script instead. It completes commands, options and the values of
-  `--op`, `--graph`, `--init`, `--stop-rule` and `--values`.
+  `--op`, `--graph`, `--init`, `--stop-rule`, `--values`, `--init-channel`, `--broker-kind`,
+  `--leave-by` and `nlagg experiment NAME`.
 - **Output**: `--json` prints one JSON object on stdout; `--quiet` (`-q`; every command that runs
   long: `sim`, `testbed`, `attack`, `experiment`, `tune`, `report`, `node`, `eavesdrop`) prints only
   the final result and errors: no progress bar or notes, but a warning about privacy (a configuration
@@ -35,11 +36,24 @@ Protocol, Stopping, Values, Adversary, Network, Epochs, Output.
   the output is not a terminal).
 - **Exit codes**: 0 done; 1 a run that failed (a node that did not finish); 2 bad input (a flag, a
   file), reported in one line `nlagg: error: FIELD=VALUE: why` (a value the command line cannot
-  parse too: `nlagg: error: trials='abc': expected an integer`); 128 + N when stopped by signal N.
+  parse too: `nlagg: error: trials='abc': expected an integer`, and an unknown command or option:
+  `nlagg: error: command='simm': no such command of nlagg (did you mean 'sim'?)`); 128 + N when
+  stopped by signal N.
 - **Options that contradict each other are refused**, naming both: `--graph ring --graph-file F`,
   `--values normal --values-file F`, `--corrupt` with `--corrupt-count`, `--stop-rule` or
   `--stop-window` with `--no-early-stop`, `--broker-kind` with `--broker`, a switch given both ways
-  (`--in-process --processes`), a node listed twice in `--corrupt`.
+  (`--in-process --processes`), a node listed twice in `--corrupt`, an option of one value given
+  twice (`--op max --op min`: the last would win silently). So is an option that would do
+  nothing: one without the option it needs (`--drift` or `--cold-start` without `--epochs` in `sim`
+  and `tune`, without `--every` in `testbed`, `node` and `deploy plan`, without `--continuous` in
+  `eavesdrop`; `node --results-file` without `--every`, `--leave-by` without `--leave-after`), and
+  one the run ignores (`--k` unless the operator is topk or trimmed-mean, `--epsilon` likewise,
+  `--quantile` unless it is quantile, `--sigma-s` unless `--init` is dp-gauss or dp-laplace,
+  `--prior-median` unless it is prior, `--radius` unless `--graph` is rgg; judged on the run's config,
+  so a `--config` file's `op` counts), and one another option makes moot or does not support
+  (`deploy compose --plan P` with a run option such as `--n` or `--tls`: the plan sets them; `sim
+  --epochs` with `--out`, `--transcript`, `--depart` or `--corrupt`; `testbed --every` with
+  `--depart`, `--corrupt` or `--dashboard`; `node --every` with `--leave-after`).
 - **`--out`** never replaces the files of an earlier run unless `--force` is given.
 - **Run options** (`sim`, `testbed`) default to what a `--config` TOML file sets, then to the built-in
   defaults; a flag overrides both.

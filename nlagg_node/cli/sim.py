@@ -37,8 +37,8 @@ def sim(opts: SimOptions) -> None:
     warnings = config_warnings(cfg)
     for line in warnings:  # about privacy: printed even with --quiet
         typer.echo(line, err=True)
-    if opts.epochs is not None or opts.drift is not None or opts.cold_start:
-        _sim_epochs(opts, cfg, warnings)
+    if opts.epochs is not None:  # --drift and --cold-start need it (SimOptions.NEEDS)
+        _sim_epochs(opts, opts.epochs, cfg, warnings)
         return
     corrupted = opts.corrupted(cfg.n)
     departures = parse_departures(opts.depart)
@@ -67,19 +67,14 @@ def sim(opts: SimOptions) -> None:
         _print_table(summary)
 
 
-def _sim_epochs(opts: SimOptions, cfg: Any, warnings: list[str]) -> None:
+def _sim_epochs(opts: SimOptions, epochs: int, cfg: Any, warnings: list[str]) -> None:
     """``nlagg sim --epochs K``: K epochs of a continuous deployment (:mod:`nlagg_node.sim.multiepoch`)."""
-    from ..errors import ConfigError
     from ..sim.multiepoch import simulate_epochs
 
-    if opts.epochs is None:
-        flag = "drift" if opts.drift is not None else "cold_start"
-        raise ConfigError(flag, getattr(opts, flag), "applies to a multi-epoch run: give --epochs K too")
-    for name in ("depart", "transcript", "out", "corrupt", "corrupt_count"):
-        if getattr(opts, name) is not None:
-            raise ConfigError(name, getattr(opts, name), "is not available with --epochs")
     drift = 0.0 if opts.drift is None else opts.drift
-    result = simulate_epochs(cfg, opts.epochs, drift, warm=not opts.cold_start)
+    if not opts.quiet:
+        _say_compiling()
+    result = simulate_epochs(cfg, epochs, drift, warm=not opts.cold_start)
     summary: dict[str, Any] = {
         "op": cfg.op,
         "n": cfg.n,
@@ -135,6 +130,14 @@ def _rank_table(
     return table
 
 
+def _say_compiling() -> None:
+    """One line on stderr before a first compile, so that it is not a minute of silence."""
+    from ..compile_cache import COMPILING, simulator_cached
+
+    if not simulator_cached():
+        print(f"nlagg: {COMPILING}", file=sys.stderr, flush=True)
+
+
 def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> Any:
     from ..compile_cache import COMPILING, simulator_cached
     from ..sim import simulate
@@ -142,8 +145,7 @@ def _run_with_progress(cfg: Any, departures: dict[int, int], *, show: bool) -> A
     if not show:
         return simulate(cfg, departures=departures)
     if not sys.stderr.isatty():  # a log: one line, so a first compile is not silence
-        if not simulator_cached():
-            print(f"nlagg: {COMPILING}", file=sys.stderr, flush=True)
+        _say_compiling()
         return simulate(cfg, departures=departures)
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
 

@@ -77,10 +77,10 @@ def run_testbed_command(opts: TestbedOptions) -> None:
 
     setup_logging(opts.verbose)
     cfg, corrupted, departures = _checked(opts)
-    if opts.every is not None or opts.epochs is not None:  # a continuous deployment
+    if opts.every is not None and opts.epochs is not None:  # a continuous deployment (each needs the other)
         from .epochtestbed import run_epoch_testbed_command
 
-        run_epoch_testbed_command(opts, cfg)
+        run_epoch_testbed_command(opts, cfg, opts.epochs, opts.every)
         return
     console = Console(stderr=opts.as_json)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..options import TuneOptions
+from ..options.opt import refuse_ignored
 from ._app import app, claim_file
 from ._command import options_command
 
@@ -37,6 +38,7 @@ def tune(opts: TuneOptions) -> None:
         quantile=opts.quantile,
         seed=opts.seed,
     )
+    refuse_ignored(opts, base)
     grid = candidate_settings(base, opts.budget)
     if base.graph_file is not None:  # a bad edge list is refused before the search starts
         from ..graphs import load_edge_list
@@ -79,9 +81,6 @@ def _checked(opts: TuneOptions) -> EpochPlan | None:
         raise ConfigError("budget", opts.budget, "must be at least 1 iteration")
     if opts.epochs is not None and opts.epochs < 1:
         raise ConfigError("epochs", opts.epochs, "must be at least 1")
-    if opts.epochs is None and (opts.drift != 0.0 or opts.cold_start):
-        flag, value = ("drift", opts.drift) if opts.drift != 0.0 else ("cold_start", opts.cold_start)
-        raise ConfigError(flag, value, "applies with --epochs K only")
     return EpochPlan(opts.epochs, opts.drift, not opts.cold_start) if opts.epochs is not None else None
 
 

@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, NlaggError
+from ..errors import NlaggError
 from ..options import NodeOptions
+from ..options.opt import refuse_conflicts
 from .start import NodeStart
 
 if TYPE_CHECKING:
@@ -36,15 +37,7 @@ __all__ = [
 
 def check_epoch_options(opts: NodeOptions) -> None:
     """Refuse what a continuous node cannot have (before anything connects)."""
-    if opts.every is None:
-        for field in ("epochs", "origin", "results_file", "drift"):
-            if getattr(opts, field) is not None:
-                raise ConfigError(field, getattr(opts, field), "needs --every (a continuous deployment)")
-        return
-    if opts.leave_after is not None:
-        raise ConfigError(
-            "leave_after", opts.leave_after, "not with --every (an absent node sits an epoch out)"
-        )
+    refuse_conflicts(opts)  # a node file's options too (NodeOptions.NEEDS and EXCLUDES)
 
 
 def results_path(opts: NodeOptions) -> Path | None:

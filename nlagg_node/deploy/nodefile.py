@@ -77,10 +77,11 @@ def load_node_file(path: Path) -> NodeFile:
     try:
         return NodeFile.model_validate(doc)
     except ValidationError as exc:
+        from ..config import pydantic_reason
+
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"]) or "node_file"
-        msg = err["msg"].removeprefix("Value error, ")
-        raise ConfigError(loc, err.get("input"), f"{msg} (in {path})") from None
+        raise ConfigError(loc, err.get("input"), f"{pydantic_reason(err)} (in {path})") from None
 
 
 def node_file_options(

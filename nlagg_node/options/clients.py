@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from ..defaults import DEFAULT_BROKER
 from .epochs import DeploymentEpochOptions
@@ -19,11 +19,14 @@ from .opt import (
     QUIET_OPT,
     VALUES,
     VERBOSE_OPT,
+    Needs,
     Opt,
 )
 from .run import ValueSourceOptions
 
 __all__ = ["EavesdropOptions", "NodeOptions"]
+
+_STORE = "an epoch store"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +42,12 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
     """``nlagg node``: one node of a real run (:class:`_WhichNode`), its epochs
     (:class:`DeploymentEpochOptions`), its value (:class:`ValueSourceOptions`) and the rest.
     :func:`to_argv` writes its command line."""
+
+    NEEDS: ClassVar[Needs] = (
+        ("results_file", "every", "a continuous deployment"),
+        ("leave_by", "leave_after", "the iteration to leave after"),
+    )
+    EXCLUDES: ClassVar[Needs] = (("leave_after", "every", "an absent node sits an epoch out"),)
 
     broker: Annotated[str, Opt("broker URL, mqtt://host[:port]", NETWORK, always=True)] = DEFAULT_BROKER
     run_id: Annotated[str | None, Opt("run id (default: [network].run_id of the config)", NETWORK)] = None
@@ -67,7 +76,8 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
         str,
         Opt(
             "how --leave-after leaves: status (a clean 'leaving') or kill (SIGKILL itself once every"
-            " neighbour holds its last x: the last will)"
+            " neighbour holds its last x: the last will)",
+            choices=("status", "kill"),
         ),
     ] = "status"
     as_json: Annotated[bool, Opt("print the result as one JSON object", OUTPUT, ("--json",))] = False
@@ -97,6 +107,13 @@ class NodeOptions(ValueSourceOptions, _WhichNode, DeploymentEpochOptions):
 @dataclass(frozen=True, kw_only=True)
 class EavesdropOptions:
     """``nlagg eavesdrop``: capture a run. :func:`to_argv` writes its command line."""
+
+    NEEDS: ClassVar[Needs] = (
+        ("keep_epochs", "continuous", _STORE),
+        ("epochs", "continuous", _STORE),
+        ("drift", "continuous", _STORE),
+        ("cold_start", "continuous", _STORE),
+    )
 
     broker: Annotated[
         list[str] | None,

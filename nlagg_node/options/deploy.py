@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from ..defaults import DEFAULT_BROKER
 from .epochs import DeploymentEpochOptions
-from .opt import FORCE_OPT, GRAPH, NETWORK, OUTPUT, RUN, STOPPING, VALUES, Opt
+from .opt import FORCE_OPT, GRAPH, NETWORK, OUTPUT, RUN, STOPPING, VALUES, Needs, Opt, option_fields
 from .run import CorruptOptions, ModelOptions, ValueSourceOptions
 
 __all__ = ["ComposeOptions", "PlanOptions", "PlanRunOptions"]
@@ -104,6 +104,15 @@ class PlanOptions(PlanRunOptions, DeploymentEpochOptions):
 @dataclass(frozen=True, kw_only=True)
 class ComposeOptions(PlanRunOptions):
     """``nlagg deploy compose``."""
+
+    EXCLUDES: ClassVar[Needs] = (
+        *((name, "plan", "the plan sets it") for name in option_fields(PlanRunOptions) if name != "force"),
+        ("plan_dir", "plan", "it names where a fresh plan goes"),
+        ("tls", "plan", "an existing plan brings its own TLS"),
+        ("require_certificate", "plan", "an existing plan brings its own TLS"),
+        ("compose_dir", "out", "it says where a printed compose file will live"),
+    )
+    NEEDS: ClassVar[Needs] = (("compose_dir", "plan", "an existing plan whose compose file is printed"),)
 
     run_id: Annotated[str, Opt("run id R (topics P/R/...): 1-64 of [A-Za-z0-9_-]", NETWORK)] = "testbed"
     n: Annotated[int | None, Opt("number of nodes", GRAPH)] = 6

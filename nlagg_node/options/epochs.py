@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
-from .opt import CA_OPT, EPOCHS, NETWORK, OUTPUT, Opt
+from .opt import CA_OPT, EPOCHS, NETWORK, OUTPUT, Needs, Opt
 
 __all__ = ["DEFAULT_DRIFT", "DeploymentEpochOptions", "EpochOptions", "ResultsOptions", "deployment_drift"]
 
@@ -15,6 +15,9 @@ __all__ = ["DEFAULT_DRIFT", "DeploymentEpochOptions", "EpochOptions", "ResultsOp
 DEFAULT_DRIFT = 0.01
 """The drift a new deployment declares, a fraction of its declared value range, when ``--drift`` is
 not given: ``nlagg deploy plan --every`` and ``nlagg testbed --epochs`` warm-start by default."""
+
+
+_CONTINUOUS = "a continuous deployment"
 
 
 def deployment_drift(
@@ -31,6 +34,12 @@ def deployment_drift(
 @dataclass(frozen=True, kw_only=True)
 class EpochOptions:
     """Epoch after epoch, every ``every`` seconds (docs/continuous.md)."""
+
+    NEEDS: ClassVar[Needs] = (
+        ("epochs", "every", _CONTINUOUS),
+        ("drift", "every", _CONTINUOUS),
+        ("cold_start", "every", _CONTINUOUS),
+    )
 
     every: Annotated[
         float | None,
@@ -72,6 +81,8 @@ class EpochOptions:
 @dataclass(frozen=True, kw_only=True)
 class DeploymentEpochOptions(EpochOptions):
     """A deployment's epochs start on a public wall clock: ``nlagg node`` and ``nlagg deploy plan``."""
+
+    NEEDS: ClassVar[Needs] = (("origin", "every", _CONTINUOUS),)
 
     origin: Annotated[
         float | None,

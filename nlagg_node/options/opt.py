@@ -8,6 +8,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import PurePath
 from typing import Any
 
 from ..defaults import OPERATOR_DEFAULTS, OPERATORS, RUN_DEFAULTS
@@ -19,6 +20,7 @@ __all__ = [
     "GRAPHS",
     "INITS",
     "NETWORK",
+    "ONLY_WITH",
     "OPERATORS",
     "OUTPUT",
     "PANELS",
@@ -28,11 +30,13 @@ __all__ = [
     "STOP_RULES",
     "VALUES",
     "VALUE_DISTRIBUTIONS",
+    "Needs",
     "Opt",
     "flag_of",
     "op_defaults",
     "option_fields",
     "refuse_conflicts",
+    "refuse_ignored",
     "to_argv",
 ]
 
@@ -157,10 +161,71 @@ each other (``second`` given: not None; ``early_stop`` only when False, ``--no-e
 ``--graph file --graph-file F`` says the same thing twice; ``--graph ring --graph-file F`` does not."""
 
 
-def refuse_conflicts(opts: object) -> None:
-    """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently)."""
+Needs = tuple[tuple[str, str, str], ...]
+"""``(option, the option it needs, what that one is)``: an option class's ``NEEDS`` (a class variable),
+options that do nothing without another (``sim --drift`` without ``--epochs``); and ``(option, the
+option it cannot go with, why)``: its ``EXCLUDES``, options another makes moot (``deploy compose --n 8
+--plan P``: the plan sets n)."""
+
+ONLY_WITH: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("k", "op", ("topk", "trimmed-mean")),
+    ("quantile", "op", ("quantile",)),
+    ("epsilon", "op", ("topk", "trimmed-mean")),
+    ("sigma_s", "init", ("dp-gauss", "dp-laplace")),
+    ("prior_median", "init", ("prior",)),
+    ("radius", "graph", ("rgg",)),
+)
+"""``(option, the run's setting, the values it applies to)``: options the run would ignore otherwise
+(``--k 3`` on a max run), judged on the run's config, where a ``--config`` file may set op and init."""
+
+
+def _value(opts: object, name: str) -> object:
+    """The value of option ``name`` as an error shows it (a path as typed)."""
+    value = getattr(opts, name)
+    return str(value) if isinstance(value, PurePath) else value
+
+
+def _is_given(opts: object, name: str) -> bool:
+    default = option_fields(type(opts))[name][2]
+    return default is dataclasses.MISSING or getattr(opts, name) != default
+
+
+def _refuse_declared(opts: object) -> None:
+    """The ``NEEDS`` and ``EXCLUDES`` of ``opts``'s class and its bases."""
     from ..errors import ConfigError
 
+    fields = option_fields(type(opts))
+    for cls in type(opts).__mro__:
+        for name, needed, what in vars(cls).get("NEEDS", ()):
+            if _is_given(opts, name) and not _is_given(opts, needed):
+                why = f"needs {flag_of(needed, fields[needed][1])} ({what})"
+                raise ConfigError(name, _value(opts, name), why)
+        for name, other, why in vars(cls).get("EXCLUDES", ()):
+            if _is_given(opts, name) and _is_given(opts, other):
+                flag = flag_of(other, fields[other][1])
+                raise ConfigError(name, _value(opts, name), f"not with {flag}: {why}")
+
+
+def refuse_ignored(opts: object, run: object) -> None:
+    """Refuse an option of ``opts`` that ``run`` (its :class:`~nlagg_node.config.RunConfig`) ignores,
+    naming the setting it would need (:data:`ONLY_WITH`)."""
+    from ..errors import ConfigError
+
+    for name, setting, applies in ONLY_WITH:
+        value = getattr(opts, name, None)
+        actual = getattr(run, setting)
+        if value is not None and actual not in applies:
+            only = " or ".join(applies)
+            why = f"applies to --{setting} {only} only, and this run's {setting} is {actual!r}"
+            raise ConfigError(name, value, why)
+
+
+def refuse_conflicts(opts: object) -> None:
+    """Refuse two options of ``opts`` that contradict each other, naming both (neither wins silently),
+    an option given without the one it needs (``NEEDS``) and one another makes moot (``EXCLUDES``)."""
+    from ..errors import ConfigError
+
+    _refuse_declared(opts)
     for first, second, contradicts, why in CONFLICTS:
         a, b = getattr(opts, first, None), getattr(opts, second, None)
         given = b is False if second == "early_stop" else b is not None

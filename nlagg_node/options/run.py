@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from .epochs import EpochOptions
 from .opt import (
@@ -33,10 +33,12 @@ from .opt import (
     VALUE_OPT,
     VALUES,
     VERBOSE_OPT,
+    Needs,
     Opt,
     default_of,
     op_defaults,
     option_fields,
+    refuse_ignored,
 )
 
 if TYPE_CHECKING:
@@ -168,7 +170,9 @@ class ModelOptions:
         flags = {f: getattr(self, f) for f in option_fields(type(self)) if f in RunConfig.model_fields}
         if self.graph_file is not None and self.graph is None:
             flags["graph"] = "file"
-        return load_config(config, **{**flags, **fixed})
+        run = load_config(config, **{**flags, **fixed})
+        refuse_ignored(self, run)
+        return run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -239,6 +243,7 @@ class RunOptions(ModelOptions):
             "how z^(0) travel: sealed (encrypted per edge), plain, or auto: sealed for the average"
             " group (average, trimmed mean), plain for the nonlinear operators [default: auto]",
             PROTOCOL,
+            choices=("sealed", "plain", "auto"),
         ),
     ] = None
     config: Annotated[Path | None, CONFIG_OPT] = None
@@ -248,9 +253,18 @@ class RunOptions(ModelOptions):
         return self.run_config(self.config, **fixed)
 
 
+_EPOCHS = "a multi-epoch run"
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimOptions(RunOptions, CorruptOptions):
     """``nlagg sim``."""
+
+    NEEDS: ClassVar[Needs] = (("drift", "epochs", _EPOCHS), ("cold_start", "epochs", _EPOCHS))
+    EXCLUDES: ClassVar[Needs] = tuple(
+        (name, "epochs", "sim --epochs does not support it")
+        for name in ("depart", "transcript", "out", "corrupt", "corrupt_count")
+    )
 
     trials: Annotated[int | None, Opt("Monte Carlo trials" + default_of("trials"), RUN)] = None
     sigma_s: Annotated[float | None, Opt("std of the DP baselines' value noise [default: 0.1]", PROTOCOL)] = (
@@ -315,6 +329,12 @@ class TestbedOptions(RunOptions, CorruptOptions, EpochOptions):
 
     __test__ = False  # not a pytest class
 
+    NEEDS: ClassVar[Needs] = (("every", "epochs", "a testbed's epochs are counted"),)
+    EXCLUDES: ClassVar[Needs] = tuple(
+        (name, "every", "a testbed of epochs does not support it")
+        for name in ("corrupt", "corrupt_count", "depart", "dashboard", "ca_file")
+    )
+
     run_id: Annotated[str | None, Opt("run id [default: a fresh tb-xxxxxxxx]", NETWORK)] = None
     prefix: Annotated[str, Opt("topic prefix", NETWORK)] = "nlagg"
     broker: Annotated[
@@ -333,7 +353,9 @@ class TestbedOptions(RunOptions, CorruptOptions, EpochOptions):
             ("--auth/--no-auth",),
         ),
     ] = False
-    broker_kind: Annotated[str, Opt("private broker: auto, mosquitto or amqtt", NETWORK)] = "auto"
+    broker_kind: Annotated[
+        str, Opt("private broker: auto, mosquitto or amqtt", NETWORK, choices=("auto", "mosquitto", "amqtt"))
+    ] = "auto"
     in_process: Annotated[
         bool | None,
         Opt(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
-from .opt import FORCE_HELP, GRAPHS, OPERATORS, QUIET_HELP, SCHEDULER_HELP, Opt
+from .opt import FORCE_HELP, GRAPHS, OPERATORS, QUIET_HELP, SCHEDULER_HELP, Needs, Opt
 
 __all__ = ["TuneOptions"]
 
@@ -14,6 +14,11 @@ __all__ = ["TuneOptions"]
 @dataclass(frozen=True, kw_only=True)
 class TuneOptions:
     """``nlagg tune``."""
+
+    NEEDS: ClassVar[Needs] = (
+        ("drift", "epochs", "settings judged over epochs"),
+        ("cold_start", "epochs", "settings judged over epochs"),
+    )
 
     op: Annotated[
         str, Opt("max, min, topk, median, quantile, trimmed-mean or average", choices=OPERATORS)

@@ -324,7 +324,8 @@ def test_cli_plan_rejects_bad_options(
     extra: list[str],
     field: str,
 ) -> None:
-    args = ["deploy", "plan", "--out", str(tmp_path / "p"), "--run-id", "r", "--n", "4", *extra]
+    run_id = [] if "--run-id" in extra else ["--run-id", "r"]
+    args = ["deploy", "plan", "--out", str(tmp_path / "p"), *run_id, "--n", "4", *extra]
     code, text = run_cli(args, capsys, monkeypatch)
     assert code == 2, text
     assert f"{field}=" in text

@@ -139,14 +139,6 @@ def test_sim_epochs_json_of_one_trial_reports_each_epochs_output(
     assert json.loads(out)["output_by_epoch"] == simulate_epochs(cfg, 3, 0.01).output[:, 0].tolist()
 
 
-def test_drift_without_epochs_is_refused(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    code, _, err = run_cli(["sim", "--drift", "0.1", "--trials", "2"], capsys, monkeypatch)
-    assert code == 2
-    assert "give --epochs K" in err
-
-
 def test_tune_over_epochs_bounds_the_cumulative_exposure() -> None:
     base = _cfg(trials=20)
     e = evaluate_epochs(base, Setting("proposed", 1000.0, 600.0, 1.0, 7000), EpochPlan(3, 0.005))

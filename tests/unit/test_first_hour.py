@@ -50,6 +50,13 @@ def _one_error_line(err: str) -> str:
             ["sim", "--values", "normal", "--values-file", "{edges}"], "values", "--values-file", id="values"
         ),
         pytest.param(["sim", "--corrupt", "1,1"], "corrupt='1,1'", "twice", id="corrupt-twice"),
+        pytest.param(["sim", "--op", "max", "--op=min"], "--op max", "--op=min", id="option-twice"),
+        pytest.param(
+            ["sim", "--value-range", "0", "1", "--value-range", "2", "3"],
+            "--value-range 0 1",
+            "--value-range 2 3",
+            id="pair-twice",
+        ),
         pytest.param(
             ["sim", "--corrupt", "1", "--corrupt-count", "2"], "corrupt", "--corrupt-count", id="corrupt"
         ),
@@ -92,6 +99,114 @@ def test_conflicting_options_are_refused_naming_both(
     assert second in line
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["sim", "--drift", "0.1"], "drift=0.1: needs --epochs", id="sim-drift"),
+        pytest.param(["sim", "--cold-start"], "cold_start=True: needs --epochs", id="sim-cold"),
+        pytest.param(["tune", "--drift", "0.1"], "drift=0.1: needs --epochs", id="tune-drift"),
+        pytest.param(["testbed", "--drift", "0.1"], "drift=0.1: needs --every", id="testbed-drift"),
+        pytest.param(["testbed", "--every", "5"], "every=5.0: needs --epochs", id="testbed-every"),
+        pytest.param(
+            ["testbed", "--every", "5", "--epochs", "2", "--depart", "1@9"],
+            "depart='1@9': not with --every",
+            id="testbed-epochs-depart",
+        ),
+        pytest.param(
+            ["sim", "--epochs", "2", "--corrupt", "1"], "corrupt='1': not with --epochs", id="sim-epochs"
+        ),
+        pytest.param(
+            ["deploy", "plan", "--run-id", "r", "--out", "p", "--cold-start"],
+            "cold_start=True: needs --every",
+            id="plan",
+        ),
+        pytest.param(
+            ["eavesdrop", "--run-id", "r", "--keep-epochs", "2"],
+            "keep_epochs=2: needs --continuous",
+            id="eavesdrop",
+        ),
+        pytest.param(
+            ["node", "--id", "0", "--config", "c.toml", "--value", "1", "--results-file", "r.jsonl"],
+            "results_file='r.jsonl': needs --every",
+            id="node-results",
+        ),
+        pytest.param(
+            ["node", "--id", "0", "--config", "c.toml", "--value", "1", "--leave-by", "kill"],
+            "leave_by='kill': needs --leave-after",
+            id="node-leave-by",
+        ),
+        pytest.param(
+            ["deploy", "compose", "--compose-dir", "d"], "compose_dir='d': needs --plan", id="compose-dir"
+        ),
+        pytest.param(
+            ["deploy", "compose", "--plan", "p", "--n", "8"], "n=8: not with --plan", id="compose-n"
+        ),
+        pytest.param(
+            ["deploy", "compose", "--plan", "p", "--tls"], "tls=True: not with --plan", id="compose-tls"
+        ),
+    ],
+)
+def test_an_option_without_the_one_it_needs_or_beside_one_that_makes_it_moot_is_refused(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2
+    assert out == ""
+    assert expected in _one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["sim", "--op", "max", "--k", "3"], "k=3: applies to --op topk or", id="k"),
+        pytest.param(["sim", "--op", "median", "--quantile", "0.3"], "quantile=0.3: applies to", id="p"),
+        pytest.param(["sim", "--op", "min", "--epsilon", "0.1"], "epsilon=0.1: applies to", id="epsilon"),
+        pytest.param(["sim", "--sigma-s", "0.3"], "this run's init is 'proposed'", id="sigma-s"),
+        pytest.param(["sim", "--prior-median", "1"], "prior_median=1.0: applies to --init prior", id="prior"),
+        pytest.param(["sim", "--config", "{config}", "--k", "2"], "this run's op is 'median'", id="config"),
+        pytest.param(["testbed", "--op", "max", "--k", "2"], "k=2: applies to", id="testbed"),
+        pytest.param(["tune", "--op", "max", "--quantile", "0.2"], "quantile=0.2: applies to", id="tune"),
+        pytest.param(
+            ["deploy", "plan", "--run-id", "r", "--out", "{tmp}/plan", "--graph", "ring", "--radius", "0.5"],
+            "radius=0.5: applies to --graph rgg only",
+            id="radius",
+        ),
+    ],
+)
+def test_an_option_the_run_would_ignore_is_refused(
+    args: list[str],
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('[run]\nop = "median"\n')
+    argv = [a.replace("{config}", str(config)).replace("{tmp}", str(tmp_path)) for a in args]
+    code, out, err = run_cli(argv, capsys, monkeypatch)
+    assert code == 2
+    assert out == ""
+    assert expected in _one_error_line(err)
+    assert [p.name for p in tmp_path.iterdir()] == ["run.toml"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--op", "topk", "--k", "2", "--epsilon", "0.01"], id="topk"),
+        pytest.param(["--op", "quantile", "--quantile", "0.7"], id="quantile"),
+        pytest.param(["--init", "dp-laplace", "--sigma-s", "0.2"], id="dp"),
+        pytest.param(["--init", "prior", "--prior-median", "0.5"], id="prior"),
+    ],
+)
+def test_an_option_its_run_uses_is_taken(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, err = run_cli(["sim", *args, "--n", "5", "--trials", "2", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(out)["trials"] == 2
+
+
 # 2. One error style, and messages that name the real problem -----------------------------------------
 
 
@@ -106,8 +221,20 @@ def test_conflicting_options_are_refused_naming_both(
         pytest.param(["sim", "--value-range", "15", "--trials", "10"], "is the next option", id="two-values"),
         pytest.param(["tune", "--tirals", "5"], "option='--tirals': no such option", id="no-such-option"),
         pytest.param(["node", "--config", "c.toml"], "id: missing; give --id", id="missing"),
+        pytest.param(["attack"], "transcript: missing; give TRANSCRIPT", id="missing-argument"),
         pytest.param(["sim", "--op", "maximum"], "op='maximum'", id="choice"),
         pytest.param(["report", "{tmp}/nosuchdir"], "no such directory", id="no-run-dir"),
+        pytest.param(
+            ["sim", "--value-range", "15"], "option='--value-range': takes 2 values (LO HI)", id="nargs"
+        ),
+        pytest.param(["sim", "--op"], "option='--op': needs a value", id="no-value"),
+        pytest.param(["sim", "--json=1"], "option='--json': is a switch", id="switch-value"),
+        pytest.param(["sim", "extra"], "argument='extra': nlagg sim does not take it", id="extra"),
+        pytest.param(
+            ["simm"], "command='simm': no such command of nlagg (did you mean 'sim'?)", id="no-such-command"
+        ),
+        pytest.param(["sim", "--n", "0"], "n=0: must be at least 2", id="pydantic-bound"),
+        pytest.param(["sim", "--values", "gauss"], "values='gauss': must be 'normal'", id="pydantic-literal"),
         pytest.param(
             ["eavesdrop", "--run-id", "r1", "--transcript", "{tmp}/nodir/t.sqlite"],
             "does not exist",
@@ -154,6 +281,30 @@ def test_an_eavesdropper_that_never_connects_leaves_no_transcript(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("written", [False, True], ids=["empty", "checkpoint"])
+def test_a_node_that_fails_keeps_only_a_state_dir_it_wrote_into(
+    written: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nlagg_node.errors import BrokerUnreachableError
+
+    state = tmp_path / "state" / "node0"
+
+    def unreachable(opts: Any) -> None:
+        state.mkdir(parents=True)  # as the node's checkpoint store makes it
+        if written:  # a checkpoint saved before the failure: a restart resumes from it
+            (state / "nlagg-r-node-0.json").write_text("{}")
+        raise BrokerUnreachableError("mqtt://127.0.0.1:1", 10)
+
+    monkeypatch.setattr("nlagg_node.deploy.start.start_node", unreachable)
+    args = ["node", "--id", "0", "--config", "c.toml", "--value", "1", "--state-dir", str(state)]
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 1
+    assert "cannot connect to broker" in _one_error_line(err)
+    assert [p.name for p in tmp_path.rglob("*")] == (
+        ["state", "node0", "nlagg-r-node-0.json"] if written else []
+    )
+
+
 def test_a_run_that_fails_to_start_leaves_no_output_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,6 +343,12 @@ def _run_dir(folder: Path) -> None:
         pytest.param(["report", "{tmp}"], "adversary.attack.attack_transcript", "replaying", id="report"),
         pytest.param(["tune", "--out", "{tmp}/run.toml"], "nlagg_node.tune.tune", "settings x", id="tune"),
         pytest.param(["sim", "--trials", "2"], "nlagg_node.sim.simulate", "compiling", id="first-sim"),
+        pytest.param(
+            ["sim", "--trials", "2", "--epochs", "2"],
+            "nlagg_node.sim.multiepoch.simulate_epochs",
+            "compiling",
+            id="first-sim-epochs",
+        ),
     ],
 )
 def test_a_long_command_says_what_it_does_before_doing_it(
@@ -253,6 +410,7 @@ def test_every_long_command_has_quiet_and_panelled_help(command: str) -> None:
     assert "--quiet" in text
     assert "╭─ " in text  # rich panels
     assert "``" not in text  # a docstring's literal reads `x`
+    assert "<bool>" not in text  # a switch takes no value
 
 
 @pytest.mark.parametrize(
@@ -263,6 +421,10 @@ def test_every_long_command_has_quiet_and_panelled_help(command: str) -> None:
         pytest.param("nlagg testbed --graph e", ["erdos-renyi"], id="graph"),
         pytest.param("nlagg sim --init from", ["from-above", "from-below"], id="init"),
         pytest.param("nlagg deploy plan --stop-rule ", ["certificate", "tolerance"], id="stop-rule"),
+        pytest.param("nlagg testbed --broker-kind ", ["auto", "mosquitto", "amqtt"], id="broker-kind"),
+        pytest.param("nlagg sim --init-channel s", ["sealed"], id="init-channel"),
+        pytest.param("nlagg node --leave-by k", ["kill"], id="leave-by"),
+        pytest.param("nlagg experiment nmi", ["nmi-max", "nmi-median"], id="experiment"),
     ],
 )
 def test_the_shell_completes_option_values(words: str, expected: list[str]) -> None:
