@@ -108,10 +108,11 @@ def _mosquitto_config(port: int, extra_text: str, extra_lines: Sequence[str], al
         "persistence false",
         "set_tcp_nodelay true",
         "max_inflight_messages 0",
-        # No limit on what waits for a slow subscriber: the eavesdropper (niced) may lag the nodes
-        # by many rounds, and a limit drops the rest for it (at 100,000, n = 200 nodes on 2 loaded
+        # A high bound on what waits for a slow subscriber: the eavesdropper (niced) may lag the nodes
+        # by many rounds, and the bound drops the rest for it (at 100,000, n = 200 nodes on 2 loaded
         # cores outran it: its transcript lost x's and never saw every 'done'). Memory follows its lag.
-        "max_queued_messages 0",
+        # Not 0 ("no limit"): Mosquitto 2.0 then drops QoS 0 messages (eclipse-mosquitto issues 1956, 2879).
+        "max_queued_messages 10000000",
         "log_dest stderr",
         "log_type error",
         "log_type warning",
