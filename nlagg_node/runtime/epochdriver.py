@@ -277,8 +277,11 @@ async def run_epoch(
             (result,) = await run_members([member], router, transport, stop)
         except DepartedError:
             # Counted as departed by a neighbour (it came too late): the others must not wait for us.
+            # Signed like everything the node publishes (the outbox's transport): the neighbours
+            # refuse an unsigned status, and would wait for us until their timeout.
             gone = StatusMsg(node=node_id, state="offline", run=member.topics.named)
-            await transport.publish(member.topics.status(node_id), encode(gone), qos=1, retain=True)
+            topic = member.topics.status(node_id)
+            await member.outbox.transport.publish(topic, encode(gone), qos=1, retain=True)
             raise
         if result.left_at is not None:
             return result, None, member.absent

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +20,7 @@ from nlagg_node.departure import FLAP_LIMIT
 from nlagg_node.deploy import epochnode
 from nlagg_node.deploy.epochnode import epoch_line
 from nlagg_node.errors import ConfigError, DepartedError, NlaggError
-from nlagg_node.protocol import Verifier, new_identity
+from nlagg_node.protocol import Identity, Verifier, new_identity, signature_error
 from nlagg_node.runtime.epochdriver import EpochClock, EpochOutcome, run_epoch, run_epochs
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import node_will, run_edges
@@ -263,9 +263,15 @@ async def epoch_of_node(
     epoch: int,
     join_by: float,
     departure_timeout: float | None = None,
+    ids: Sequence[Identity] | None = None,
 ) -> tuple[NodeResult, list[int]]:
-    """Node ``i``'s epoch ``epoch`` (its value :func:`values_of`) on ``broker``: result and absent."""
-    will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(epoch), i, shared=True)
+    """Node ``i``'s epoch ``epoch`` (its value :func:`values_of`) on ``broker``: result and absent;
+    with ``ids``, every node's identity, its messages signed."""
+    identity = None if ids is None else ids[i]
+    will = node_will(f"{PREFIX}/{RUN}", epoch_run_id(epoch), i, identity, shared=True)
+    signing: dict[str, Any] = (
+        {} if ids is None else {"identities": [k.public for k in ids], "identity": identity}
+    )
     result, _, absent = await run_epoch(
         cfg,
         i,
@@ -278,19 +284,23 @@ async def epoch_of_node(
         edges=run_edges(cfg),
         seed=None,
         departure_timeout=departure_timeout,
+        **signing,
     )
     return result, absent
 
 
-async def one_late_node(cfg: RunConfig, late: int) -> tuple[list[NodeResult], BaseException | None]:
-    """Epoch 0 with node ``late`` connecting after its neighbours' join window closed."""
-    broker = MemoryBroker()
+async def one_late_node(
+    cfg: RunConfig, late: int, broker: MemoryBroker | None = None, ids: Sequence[Identity] | None = None
+) -> tuple[list[NodeResult], BaseException | None]:
+    """Epoch 0 with node ``late`` connecting after its neighbours' join window closed (on ``broker``,
+    signed with ``ids``)."""
+    broker = MemoryBroker() if broker is None else broker
     join_by = time.time() + 0.3
 
     async def node(i: int) -> NodeResult:
         if i == late:
             await asyncio.sleep(0.6)
-        result, _ = await epoch_of_node(cfg, broker, i, 0, join_by + (5.0 if i == late else 0.0))
+        result, _ = await epoch_of_node(cfg, broker, i, 0, join_by + (5.0 if i == late else 0.0), ids=ids)
         return result
 
     out = await asyncio.gather(*(node(i) for i in range(cfg.n)), return_exceptions=True)
@@ -305,6 +315,33 @@ def test_a_node_come_too_late_sits_the_epoch_out() -> None:
     assert isinstance(error, DepartedError)
     truth = float(np.delete(values_of(0, CFG.n), late).max())
     assert [r.output[0] for r in results] == pytest.approx([truth] * (CFG.n - 1), abs=CFG.tolerance * 10)
+
+
+class Recording(MemoryBroker):
+    """A broker that keeps every message it routes, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routed: list[tuple[str, bytes]] = []
+
+    def route(self, topic: str, payload: bytes, retain: bool) -> None:
+        self.routed.append((topic, payload))
+        super().route(topic, payload, retain)
+
+
+def test_a_node_counted_departed_says_offline_signed() -> None:
+    """In a signed deployment every ``offline`` of a node counted departed verifies with its identity
+    (its own, unsigned, was refused by its neighbours, who waited for it until their timeout: the
+    flapping deployment of issue 43, break 5, failed its epoch so on a loaded machine)."""
+    ids = [new_identity() for _ in range(CFG.n)]
+    late, broker = int(np.argmax(values_of(0, CFG.n))), Recording()
+    _, error = asyncio.run(one_late_node(CFG, late, broker, ids))
+    assert isinstance(error, DepartedError)
+    topic = f"{PREFIX}/{RUN}/node/{late}/status"
+    offline = [p for t, p in broker.routed if t == topic and json.loads(p)["state"] == "offline"]
+    assert offline
+    verifier = Verifier([k.public for k in ids])
+    assert [signature_error(verifier, topic, late, p, True) for p in offline] == [None] * len(offline)
 
 
 STALE: dict[str, dict[str, object]] = {
