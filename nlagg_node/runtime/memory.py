@@ -101,8 +101,7 @@ class MemoryTransport(Transport):
 
     def _taken_over(self) -> None:
         self._reconnects += 1
-        if self.will is not None:
-            self.broker.route(self.will.topic, self.will.payload, self.will.retain)
+        self._publish_will()
         for listener in self._listeners:
             listener(True)
 
@@ -138,7 +137,11 @@ class MemoryTransport(Transport):
         self.broker.detach(self)
         self._dropped = True
         self._inbox.wake()
-        if publish_will and self.will is not None:
+        if publish_will:
+            self._publish_will()
+
+    def _publish_will(self) -> None:
+        if self.will is not None:
             self.broker.route(self.will.topic, self.will.payload, self.will.retain)
 
     async def close(self) -> None:
