@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,6 +25,7 @@ from .errors import ConfigError
 from .graphs import GraphKind, GraphSpec
 from .inputs import parse_document, read_input_text
 from .limits import MAX_ITERATIONS, MAX_NODE_ITERATIONS, MAX_NODES, MAX_T_MAX
+from .pdmm import order_of
 from .termination import CERTIFYING_OPERATORS, certifies
 from .threat import InitChannel
 
@@ -204,17 +206,27 @@ class RunConfig(BaseModel):
         return "uniform-range" if self.value_range is not None else "normal"
 
     @property
+    def level(self) -> float:
+        """The conventional quantile level of the output: ``quantile`` for the quantile, else 1/2."""
+        return self.quantile if self.op == "quantile" else 0.5
+
+    @property
     def prior_median_value(self) -> float:
         """The public prior in the user's units where x starts for ``--init prior``.
 
-        By default the range's point at the operator's level (the midpoint for the median, ``lo + p
-        (hi - lo)`` for the p-quantile); 0 without a range.
+        By default where the prior puts the value the run outputs, the ``k``-th smallest of ``n``
+        (:func:`~nlagg_node.pdmm.order_of`): its level ``(k - 1/2) / n`` of the range, ``lo + level
+        (hi - lo)``, or of N(0, 1) (the values' default source) without a range. For the median of an
+        odd n that is the midpoint (0 without a range); for an even n it lies half a value's share
+        below it, at the lower middle value the run outputs, which keeps the transient off the upper
+        middle value as an odd n's start keeps it off the median's neighbours (benchmarks/RESULTS.md,
+        "the median at even n").
         """
         if self.prior_median is not None:
             return float(self.prior_median)
+        level = (order_of(self.n, self.level) - 0.5) / self.n
         if self.value_range is None:
-            return 0.0
-        level = self.quantile if self.op == "quantile" else 0.5
+            return NormalDist().inv_cdf(level)
         return self.value_range[0] + level * (self.value_range[1] - self.value_range[0])
 
     @property

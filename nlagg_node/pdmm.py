@@ -83,6 +83,21 @@ class Objective:
         """``rho_q(x - s)`` with the paper's q counted from the top (see :func:`paper_q`)."""
         return cls("piecewise", q, 1.0 - q)
 
+    def pinned_low(self, n: int) -> Objective:
+        """The same objective tilted so that the lower end of a flat minimum is the only minimizer.
+
+        Where ``n p`` is an integer (the median of an even number of values), the sum
+        ``sum_i f_i`` is flat between the ``k``-th and ``(k+1)``-th smallest values
+        (:func:`order_of`), so a run may settle anywhere between them and the ideal world exposes
+        neither. Adding ``tau x`` to each of the ``n`` local objectives, ``tau = (alpha + beta) /
+        (2 n)``, gives the flat stretch the slope ``(alpha + beta) / 2`` and leaves the ``k``-th
+        smallest value the only minimizer, with the slopes around it symmetric (``-+ (alpha + beta)
+        / 2``), as around an odd-n median. ``alpha (x - s)_+ + beta (s - x)_+ + tau x`` is, up to
+        a constant, the piecewise objective with slopes ``alpha + tau`` and ``beta - tau``.
+        """
+        tau = (self.alpha + self.beta) / (2 * n)
+        return Objective("piecewise", self.alpha + tau, self.beta - tau)
+
     @classmethod
     def average(cls) -> Objective:
         """``(x - s)^2 / 2``: average consensus (the trimmed mean's third part)."""
@@ -98,6 +113,22 @@ def paper_q(p: float) -> float:
     ``q = 2/7``, the 5th-largest of 15).
     """
     return 1.0 - p
+
+
+def order_of(n: int, p: float) -> int:
+    """The ``k`` (1-based) of the ``k``-th smallest of ``n`` values, the p-quantile a run outputs.
+
+    ``ceil(n p)``: the value with a fraction ``p`` of the values at or below it. Where ``n p`` is
+    an integer (:func:`is_flat`) every point between the ``k``-th and ``(k+1)``-th smallest
+    minimizes the loss, and the run outputs the lower one, ``k = n p``
+    (:meth:`Objective.pinned_low`).
+    """
+    return math.ceil(n * p - 1e-12)
+
+
+def is_flat(n: int, p: float) -> bool:
+    """Whether the p-quantile loss of ``n`` values is flat between two of them (``n p`` an integer)."""
+    return abs(n * p - round(n * p)) < 1e-12
 
 
 def dual_sum(u: FloatArray, src: IntArray, n_nodes: int) -> FloatArray:

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from .arrays import FloatArray
 from .config import PROPOSED_INIT, RunConfig
 from .init import DualInit, DualInitSpec, ValueNoise
-from .pdmm import Objective, paper_q
+from .pdmm import Objective, is_flat, order_of, paper_q
 from .threat import sealed_groups, secret_groups
 
 Bypass = Literal["none", "max", "min"]
@@ -132,11 +132,11 @@ def plan_phases(cfg: RunConfig) -> list[Phase]:
         return [Phase("max", Objective.maximum(), t, "max", _init_for(cfg, "from-above", c))]
     if op == "min":
         return [Phase("min", Objective.minimum(), t, "min", _init_for(cfg, "from-below", c))]
-    if op == "median":
-        return [Phase("median", Objective.median(), t, "median", _init_for(cfg, _proposed(cfg), c))]
-    if op == "quantile":
-        obj = Objective.quantile(paper_q(cfg.quantile))
-        return [Phase("quantile", obj, t, "quantile", _init_for(cfg, _proposed(cfg), c))]
+    if op in ("median", "quantile"):
+        obj = Objective.median() if op == "median" else Objective.quantile(paper_q(cfg.quantile))
+        if is_flat(cfg.n, cfg.level):
+            obj = obj.pinned_low(cfg.n)
+        return [Phase(op, obj, t, op, _init_for(cfg, _proposed(cfg), c))]
     avg_init = _init_for(cfg, "symmetric", cfg.avg_c, cfg.avg_sigma_z)
     if op == "average":
         return [Phase("average", Objective.average(), t, "average", _init_for(cfg, "symmetric", c))]
@@ -201,10 +201,13 @@ def combine(cfg: RunConfig, phases: list[Phase], finals: list[FloatArray]) -> Fl
 def phase_targets(cfg: RunConfig, phases: list[Phase], s: FloatArray) -> list[tuple[FloatArray, FloatArray]]:
     """The exact solution set ``[lo, hi]`` of every phase, per trial (``s`` has shape ``(trials, n)``).
 
-    The median of an even number of values, or a quantile with ``n p`` an integer,
-    has a whole interval of minimizers; any point in it is exact.
+    The median of an even number of values, or a quantile with ``n p`` an integer, is the lower
+    of the two values its loss is flat between: the run pins it (:meth:`Objective.pinned_low`),
+    for any number of nodes left after departures. Where the run's own ``n`` is not flat but the
+    survivors' number is (a departure from an odd n), every point between the two is exact.
     """
     n = s.shape[-1]
+    pinned = is_flat(cfg.n, cfg.level)
     desc = -np.sort(-s, axis=-1)
     out: list[tuple[FloatArray, FloatArray]] = []
     for ph in phases:
@@ -218,14 +221,10 @@ def phase_targets(cfg: RunConfig, phases: list[Phase], s: FloatArray) -> list[tu
             r = n - 1 - ph.round_index
             out.append((desc[..., r], desc[..., r]))
         else:
-            p = 0.5 if ph.group == "median" else cfg.quantile
             asc = desc[..., ::-1]
-            npos = n * p
-            k = int(np.ceil(npos - 1e-12))
-            if abs(npos - round(npos)) < 1e-12:
-                out.append((asc[..., k - 1], asc[..., k]))
-            else:
-                out.append((asc[..., k - 1], asc[..., k - 1]))
+            k = order_of(n, cfg.level)
+            upper = k if is_flat(n, cfg.level) and not pinned else k - 1
+            out.append((asc[..., k - 1], asc[..., upper]))
     return out
 
 

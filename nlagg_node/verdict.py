@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Final, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .pdmm import order_of
+
 if TYPE_CHECKING:
     from .config import RunConfig
 
@@ -104,11 +106,8 @@ def ideal_ranks(cfg: RunConfig) -> list[int]:
     if cfg.op == "trimmed-mean":
         return [*range(cfg.k), *range(n - cfg.k, n)]
     if cfg.op in ("median", "quantile"):
-        p = 0.5 if cfg.op == "median" else cfg.quantile
-        pos = n * p
-        if abs(pos - round(pos)) < 1e-12:
-            return []  # an interval of minimizers: no single holder
-        return [n - math.ceil(pos)]  # the ceil(n p)-th smallest, counted from the top
+        # the k-th smallest (for an even n's median the lower middle, which the run pins), from the top
+        return [n - order_of(n, cfg.level)]
     return []
 
 
@@ -137,8 +136,10 @@ def far_beyond_warning(cfg: RunConfig, leakage_probability: Sequence[float]) -> 
         return None
     probs = [leakage_probability[r] for r in bad]
     allowed_text = f"rank(s) {_ranks_text(sorted(allowed))}" if allowed else "no single value"
+    trials = f"{cfg.trials} trial" + ("s" if cfg.trials != 1 else "")
     return (
         f"warning: --op {cfg.op} --init {cfg.init} leaks rank(s) {_ranks_text(bad)} with probability"
-        f" {min(probs):.2f}-{max(probs):.2f}, far beyond the ideal world (which exposes {allowed_text});"
+        f" {min(probs):.2f}-{max(probs):.2f} over {trials}, far beyond the ideal world (which exposes"
+        f" {allowed_text});"
         " see `nlagg tune` for a setting that keeps them private"
     )

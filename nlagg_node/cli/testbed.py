@@ -187,7 +187,7 @@ def print_summary(console: Any, s: TestbedSummary, *, quiet: bool = False) -> No
             for comp in s["components"]:
                 ok = "exact" if comp["exact"] else "NOT exact"
                 console.print(f"  component {comp['members']}: true aggregate {comp['true_value']}, {ok}")
-    # An even-n median (or a quantile between two values) is exact anywhere in an interval.
+    # After a departure from an odd n, a median is exact anywhere between the survivors' two middle values.
     if any(lo != hi for lo, hi in s["true_interval"]):
         parts = [str(lo) if lo == hi else f"any of [{lo}, {hi}]" for lo, hi in s["true_interval"]]
         truth = parts[0] if len(parts) == 1 else f"[{', '.join(parts)}]"

@@ -273,9 +273,9 @@ class SimOptions(RunOptions, CorruptOptions):
     epsilon: Annotated[
         float | None, Opt("top-K tolerance for identified values [default: 1e-06]", PROTOCOL)
     ] = None
-    prior_median: Annotated[float | None, Opt("prior median for --init prior [default: 0.0]", PROTOCOL)] = (
-        None
-    )
+    prior_median: Annotated[
+        float | None, Opt("where x starts for --init prior [default: where the output is expected]", PROTOCOL)
+    ] = None
     record: Annotated[
         str | None,
         Opt("iterations to keep: none, all, every:K, log:N or 0,10,100 [default: every:10]", OUTPUT),

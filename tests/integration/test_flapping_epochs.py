@@ -92,7 +92,10 @@ async def test_a_node_taken_over_every_300_ms_is_absent_and_the_others_finish(tm
         assert r["output"] == pytest.approx(without_0, abs=1e-4)
     assert codes[0] == 1, reports[0]  # taken over throughout, node 0 ran no epoch: exit 1, error records
     assert [r["output"] for r in reports[0]] == [None] * EPOCHS, reports[0]
-    assert all("departed" in r["missed"] for r in reports[0]), reports[0]
+    # Each epoch node 0 missed is named: its neighbours counted it departed, or (on a busy machine,
+    # where a subscription outlasts the 0.3 s between takeovers) its broker never acknowledged one.
+    named = ("departed", "did not acknowledge a subscription")
+    assert all(any(reason in r["missed"] for reason in named) for r in reports[0]), reports[0]
 
 
 async def test_without_may_depart_a_flapping_neighbour_fails_the_epoch_loudly(tmp_path: Path) -> None:

@@ -244,8 +244,9 @@ def test_testbed_verdict_names_a_non_default_tolerance(
     assert said in _printed_summary(tolerance=tolerance, value_range=value_range)
 
 
-def test_testbed_table_gives_an_even_median_its_interval() -> None:
-    """An even-n median is exact anywhere between the two middle values: the line says so."""
+def test_testbed_table_gives_an_interval_of_exact_outputs() -> None:
+    """Where every point between two values is exact (an odd n's median with one node departed),
+    the line says so."""
     values = {"0": 3.0, "1": -1.0, "2": 0.5, "3": -0.25}
     text = _printed_summary(
         op="median",

@@ -50,13 +50,13 @@ def test_finished_transcript_gives_the_attacks_findings(finished: Path) -> None:
 
 
 def test_a_run_that_stopped_early_shows_the_attacks_findings_and_output(tmp_path: Path) -> None:
-    # Early stopping (the default) ends this median run at t = 474 of 3000: the last x's are those of
+    # Early stopping (the default) ends this median run at t = 647 of 3000: the last x's are those of
     # the stop, not of the schedule's end.
     path = tmp_path / "median.sqlite"
     simulate_transcript(RunConfig(op="median", n=8, t_max=3000, seed=3), path, corrupted=[0])
     report = attack_transcript(path)
-    assert report.iterations == 474  # the run's, not the schedule's 3000
-    assert report.extra["captured_x"] == report.extra["expected_x"] == 8 * 474
+    assert report.iterations == 647  # the run's, not the schedule's 3000
+    assert report.extra["captured_x"] == report.extra["expected_x"] == 8 * 647
     state = DashboardState(path)
     _caught_up(state)
     assert state.finished
@@ -64,7 +64,7 @@ def test_a_run_that_stopped_early_shows_the_attacks_findings_and_output(tmp_path
     assert report.output is not None
     doc = state.snapshot()
     assert doc["output"] == report.output
-    assert (doc["early_stop"], doc["ran"]) == (True, 474)  # the page says it stopped early, and where
+    assert (doc["early_stop"], doc["ran"]) == (True, 647)  # the page says it stopped early, and where
     views = state.nodes_at(state.t)["nodes"]
     assert [v["state"] for v in views][:1] == ["corrupted"]
     for f, view in zip(report.findings, views, strict=True):

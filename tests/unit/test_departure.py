@@ -32,7 +32,7 @@ ARTICULATION = "0,1\n1,2\n2,3\n0,2\n1,3\n3,4\n4,5\n5,6\n6,7\n5,7\n7,8\n6,8\n"  #
     [
         ("max", "rgg", 200, {"top": 60}, False, False),
         pytest.param("max", "rgg", 1500, {"top": 60}, True, False, marks=SLOW),
-        ("median", "rgg", 200, {1: 40, 5: 90}, True, False),
+        ("median", "rgg", 600, {1: 40, 5: 90}, True, False),
         ("topk", "rgg", 100, {"top": 30}, False, False),
         pytest.param("max", "ring", 1500, {0: 50, 4: 80}, True, False, marks=SLOW),
         ("max", "rgg", 4000, {"top": 300}, True, True),

@@ -41,12 +41,14 @@ def test_combining_refuses_epochs_out_of_order() -> None:
 # The max's intervals all end near its output, which moves with the drift: combining narrows
 # none of them there; the median's neighbours' intervals lie apart and do narrow.
 @pytest.mark.parametrize(
-    ("op", "t_max", "narrows"), [("median", 400, True), ("max", 2500, False)], ids=["median", "max"]
+    ("op", "n", "t_max", "narrows"),
+    [("median", 11, 400, True), ("max", 10, 2500, False)],
+    ids=["median", "max"],
 )
 def test_combined_intervals_contain_a_random_walk_within_the_drift(
-    op: str, t_max: int, narrows: bool, tmp_path: Path
+    op: str, n: int, t_max: int, narrows: bool, tmp_path: Path
 ) -> None:
-    n, epochs, drift, span = 10, 6, 0.02, 100.0
+    epochs, drift, span = 6, 0.02, 100.0
     rng = rng_for(7, "walk", op)
     s = rng.uniform(10.0, 90.0, n)
     store = EpochStore(tmp_path / "store", "P", "R")

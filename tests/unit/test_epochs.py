@@ -36,6 +36,7 @@ from nlagg_node.runtime.outputs import (
 from nlagg_node.runtime.result import NodeResult
 from nlagg_node.runtime.transport import Will
 from nlagg_node.runtime.wire import KeyMsg, StatusMsg, encode
+from tests.harness.load import contention, stretched
 
 PREFIX, RUN = "farm", "greenhouse"
 EPOCHS = 3
@@ -136,7 +137,11 @@ def retained_of(n: int, *, sealed: bool = False) -> set[str]:
 
 
 def clock_now() -> EpochClock:
-    return EpochClock(origin=time.time() + 0.2, period=2.5, epochs=EPOCHS, join=0.6)
+    """Epochs every 2.5 s with a 0.6 s join window, both stretched by the machine's contention."""
+    load = contention()
+    return EpochClock(
+        origin=time.time() + 0.2, period=stretched(2.5, load), epochs=EPOCHS, join=stretched(0.6, load)
+    )
 
 
 def record(r: NodeResult) -> EpochOutput:

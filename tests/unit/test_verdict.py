@@ -59,10 +59,18 @@ def test_ideal_nodes_follow_the_values_not_the_ids() -> None:
 
 
 def test_far_beyond_warning_names_the_ranks() -> None:
-    cfg = RunConfig(op="quantile", n=15, quantile=0.75, init="from-above")
+    cfg = RunConfig(op="quantile", n=15, quantile=0.75, init="from-above", trials=1000)
     leak = [1.0, 0.97, 0.99, 1.0, 1.0, 0.1, *[0.0] * 9]  # rank 3 holds the 0.75 quantile of 15
     line = far_beyond_warning(cfg, leak)
     assert line is not None
-    assert "rank(s) 0-2, 4 with probability 0.97-1.00" in line
+    assert "rank(s) 0-2, 4 with probability 0.97-1.00 over 1000 trials" in line
     assert "exposes rank(s) 3" in line
     assert far_beyond_warning(cfg, [0.4] * 15) is None
+
+
+def test_far_beyond_warning_says_how_few_trials_it_rests_on() -> None:
+    """One trial's leak is 0 or 1: the line says it was one trial, not a probability of 1."""
+    cfg = RunConfig(op="median", n=15, init="from-above", trials=1)
+    line = far_beyond_warning(cfg, [1.0] * 7 + [0.0] * 8)
+    assert line is not None
+    assert "with probability 1.00-1.00 over 1 trial," in line

@@ -24,6 +24,7 @@ from nlagg_node.sim.engine import EpochInputs, simulate
 from nlagg_node.sim.multiepoch import simulate_epochs
 from nlagg_node.valuemap import scale_for
 from nlagg_node.warm import warm_start
+from tests.harness.load import contention, stretched
 
 PREFIX, RUN = "farm", "greenhouse"
 RANGE = (0.0, 40.0)
@@ -56,10 +57,17 @@ async def deployment(
     ``seed``: the nodes' (None: OS entropy; ``"config"``: the run's, the simulator's streams).
 
     A node sitting an epoch out listens until the next epoch's join window: ``period`` leaves the
-    run time to finish before then (all nodes share one Python thread here)."""
+    run time to finish before then (all nodes share one Python thread here), stretched with the
+    join window by the machine's contention, as a cold epoch overran 4 s on a busy machine."""
     edges = run_edges(cfg)
     broker = MemoryBroker() if broker is None else broker
-    clock = EpochClock(origin=time.time() + 0.2, period=period, epochs=len(values), join=1.2)
+    load = contention()
+    clock = EpochClock(
+        origin=time.time() + 0.2,
+        period=stretched(period, load),
+        epochs=len(values),
+        join=stretched(1.2, load),
+    )
 
     async def node(i: int) -> list[EpochOutcome]:
         async def value_for(k: int) -> float:
