@@ -110,7 +110,7 @@ def bounded_influence(cfg: RunConfig, honest: Sequence[float]) -> tuple[float, f
     may hold (:func:`~nlagg_node.protocol.value_bounds`) beside the ``honest`` values: the ideal
     world with one lying participant. Max, min and the median are monotone in the claim, so the
     interval runs from the claim at the bottom to the claim at the top (the median of an even count
-    anywhere between its middle pair, as PDMM's median does)."""
+    its lower middle value, as the run pins it)."""
     from nlagg_node.protocol import value_bounds
     from nlagg_node.valuemap import scale_for
 
@@ -129,7 +129,7 @@ def bounded_influence(cfg: RunConfig, honest: Sequence[float]) -> tuple[float, f
         elif cfg.op == "min":
             ends += [values[0]]
         elif cfg.op == "median":
-            ends += [values[(len(values) - 1) // 2], values[len(values) // 2]]
+            ends += [values[(len(values) - 1) // 2]]
         else:
             raise ValueError(f"op={cfg.op!r}: no bounded-influence interval here")
     return min(ends), max(ends)

@@ -82,7 +82,7 @@ async def test_an_insider_with_node_0s_bundle_moves_no_output_beyond_bounded_inf
     async with PlanBed(cfg, tmp_path, run_id="insider-bundle") as bed:
         await bed.start_nodes(extra=["--neighbour-timeout", "20"], turncoat=(0, forge))
         outcomes = await bed.outcomes()
-    # Median: the middle pair of the five honest values and any sixth one, [88, 92]; max: from the
+    # Median: the lower middle of the five honest values and any sixth one, [88, 90]; max: from the
     # honest max to the top of what a node may hold (the range's, or the start without one).
     lo, hi = bounded_influence(bed.cfg, [v for i, v in bed.plan.values.items() if i != 0])
     slack = 1e-6 * (hi - lo)

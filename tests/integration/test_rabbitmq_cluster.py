@@ -185,7 +185,7 @@ def _check(cfg: RunConfig, summary: TestbedSummary, out: Path) -> None:
     [
         (
             RunConfig(op="max", n=6, graph="ring", trials=1, seed=3, t_max=600, c=10.0, mu_z=30.0),
-            RunConfig(op="median", n=8, graph="ring", trials=1, seed=3, t_max=300, c=1.0, mu_z=30.0),
+            RunConfig(op="median", n=8, graph="ring", trials=1, seed=3, t_max=2000, c=1.0, mu_z=30.0),
         )
     ],
     ids=["max-n6-median-n8"],
