@@ -50,6 +50,7 @@ from tests.harness.arm64 import (
     unavailable,
 )
 from tests.harness.load import contention, stretched
+from tests.harness.mounts import die_with_parent
 from tests.harness.planbed import PlanBed
 
 pytestmark = [pytest.mark.slow, pytest.mark.mosquitto]
@@ -187,6 +188,7 @@ async def test_arm64_node_joins_an_x86_network_bit_for_bit(
                         *pi.argv([*NODE_CMD, "--state-dir", STATE_DIR], cwd="/etc/nlagg"),
                         stdout=asyncio.subprocess.PIPE,
                         stderr=log,
+                        preexec_fn=die_with_parent,  # an interrupted test leaves no emulated node behind
                     )
                 launched = time.monotonic()
                 await bed.start_nodes(skip=frozenset({PI}))
@@ -346,20 +348,30 @@ async def test_arm64_node_runs_three_epochs_of_a_continuous_plan(
                 *pi.argv([*NODE_CMD, "--broker", broker.url, "--state-dir", STATE_DIR], cwd="/etc/nlagg"),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=(tmp_path / "arm64.log").open("wb"),
+                preexec_fn=die_with_parent,  # an interrupted test leaves no emulated node behind
             )
-            x86 = [
-                await Child.start(
-                    [*entry, "deploy", "node", str(path), "--broker", broker.url],
-                    log=tmp_path / f"{path.stem}.log",
-                )
-                for path in node_files
-            ]
-            for k, reading in enumerate(EPOCH_READINGS):  # the sensor changes half a period before each start
-                await asyncio.sleep(max(0.0, origin + k * every - every / 2 - time.time()))
-                slave.write_text(W1_SLAVE.replace(f"t={READING}", f"t={reading}"))
-            async with asyncio.timeout(900):
-                arm_out, _ = await arm.communicate()
-                codes = [await p.wait() for p in x86]
+            x86: list[Child] = []
+            try:
+                for path in node_files:
+                    x86.append(
+                        await Child.start(
+                            [*entry, "deploy", "node", str(path), "--broker", broker.url],
+                            log=tmp_path / f"{path.stem}.log",
+                        )
+                    )
+                for k, reading in enumerate(EPOCH_READINGS):  # the sensor changes half a period before each
+                    await asyncio.sleep(max(0.0, origin + k * every - every / 2 - time.time()))
+                    slave.write_text(W1_SLAVE.replace(f"t={READING}", f"t={reading}"))
+                async with asyncio.timeout(900):
+                    arm_out, _ = await arm.communicate()
+                    codes = [await p.wait() for p in x86]
+            finally:  # a failed or interrupted run stops every node it started
+                if arm.returncode is None:
+                    arm.kill()
+                    await arm.wait()
+                for child in x86:
+                    if child.returncode is None:
+                        await child.kill()
         arm_text = arm_out.decode()
         assert arm.returncode == 0, (arm_text[-2000:], log_tail(tmp_path / "arm64.log"))
         series = {PI: read_outputs(pi.path(f"{STATE_DIR}/results-{PI}.jsonl"))}
