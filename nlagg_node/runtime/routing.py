@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 from ..errors import NlaggError
 from ..protocol import NO_HALT, halt_span, x_form_error, x_value_error
@@ -43,6 +44,7 @@ from .wire import (
     WireError,
     XMsg,
     Z0Msg,
+    split_x_batch,
     stale_run,
 )
 
@@ -79,6 +81,7 @@ class Router:
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
+        self.split = partial(split_x_batch, prefix=self.prefix, run_id=self.run_id)
         self.verifier = first.verifier  # None: a run without identities (and no message may be signed)
         self.chains: dict[int, ChainCheck] = {}  # each sender's x key chain, from its signed anchor
         self.x_payloads: dict[int, dict[int, bytes]] = {}  # each sender's recent x's taken (signed runs)
@@ -100,7 +103,7 @@ class Router:
             return self.members[0].subscriptions()
         t = self.members[0].topics
         keys = [t.key("+")] if self.members[0].keys is not None else []
-        return [t.x("+"), t.status("+"), t.z0("+", "+"), *keys]
+        return [t.x("+"), t.x_batches, t.status("+"), t.z0("+", "+"), *keys]
 
     def _unrouted(self, why: str) -> None:
         if self.on_unrouted is not None:
@@ -125,56 +128,70 @@ class Router:
             self.on_reject(raw.topic, WireError("sig", sender, why))
         return why is not None
 
+    def _take_x(self, topic: str, payload: bytes, msg: XMsg) -> None:
+        """x_j^(t) (decoded) on node j's topic: its form and key checked once, then each listener's
+        barrier admits it or not (:func:`~nlagg_node.protocol.admit`)."""
+        t, stop = msg.t, msg.stop
+        why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures, msg.cand)
+        why = why or x_value_error(self.shape, msg.node, t, msg.x, msg.cand)
+        if why is not None:
+            self.on_reject(topic, WireError("x", (msg.node, t, msg.phase), why))
+            return
+        routes = self.x_routes.get(msg.node)
+        if routes is None:
+            self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
+            return
+        j = msg.node
+        if (self.verifier is not None or msg.k is not None or msg.sig is not None) and (
+            why := x_key_error(self.verifier is not None, self.chains.get(j), j, t, msg.k, msg.sig)
+        ):
+            self.on_reject(topic, WireError("k", msg.node, why))
+            return
+        x, quiet = msg.x, msg.quiet
+        fields: Fields | None = None
+        halt = NO_HALT
+        if quiet is not None:  # the same early-stop fields for every listener
+            deps = msg.departures
+            fields = (quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
+            halt = halt_span(self.shape, t, stop, deps) if stop == t else NO_HALT
+        for m, put, slot, keep_quiet in routes:
+            outcome = put(t, slot, x)
+            if outcome == "conflict" and self.verifier is not None:
+                # Only now is an x's signature verified: a copy is refused, an equivocation proven.
+                verdict = x_conflict_error(self.verifier, topic, j, t, self._taken_x(j, t), payload)
+                if isinstance(verdict, str):
+                    self.on_reject(topic, WireError("sig", j, verdict))
+                    return
+                raise verdict
+            if outcome != "new":
+                m.count_x(outcome, j, t, x)
+            elif fields is not None:
+                keep_quiet(t, slot, fields)
+                if halt != NO_HALT:
+                    m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
+        if self.verifier is not None:
+            self._keep_x(j, t, payload)
+
     def feed(self, raw: Message) -> None:
-        """Decode one raw message and dispatch it (raises only for a contradicting run config)."""
+        """Decode one raw message and dispatch it (raises only for a contradicting run config).
+
+        A host's batch (:func:`~nlagg_node.runtime.wire.split_x_batch`) is taken as the x's it
+        carries, each on its node's own topic, as if its node had published it alone."""
         try:
-            info, msg = self.decode(raw.topic, raw.payload)
+            batch = self.split(raw.topic, raw.payload)
+            if batch is None:
+                info, msg = self.decode(raw.topic, raw.payload)
         except WireError as exc:
             self.on_reject(raw.topic, exc)
             return
-        if isinstance(msg, XMsg):
-            t, stop = msg.t, msg.stop
-            why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures, msg.cand)
-            why = why or x_value_error(self.shape, msg.node, t, msg.x, msg.cand)
-            if why is not None:
-                self.on_reject(raw.topic, WireError("x", (msg.node, t, msg.phase), why))
-                return
-            routes = self.x_routes.get(msg.node)
-            if routes is None:
-                self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
-                return
-            j = msg.node
-            if (self.verifier is not None or msg.k is not None or msg.sig is not None) and (
-                why := x_key_error(self.verifier is not None, self.chains.get(j), j, t, msg.k, msg.sig)
-            ):
-                self.on_reject(raw.topic, WireError("k", msg.node, why))
-                return
-            j, x, quiet = msg.node, msg.x, msg.quiet
-            fields: Fields | None = None
-            halt = NO_HALT
-            if quiet is not None:  # the same early-stop fields for every listener
-                deps = msg.departures
-                fields = (quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
-                halt = halt_span(self.shape, t, stop, deps) if stop == t else NO_HALT
-            for m, put, slot, keep_quiet in routes:
-                outcome = put(t, slot, x)
-                if outcome == "conflict" and self.verifier is not None:
-                    # Only now is an x's signature verified: a copy is refused, an equivocation proven.
-                    verdict = x_conflict_error(
-                        self.verifier, raw.topic, j, t, self._taken_x(j, t), raw.payload
-                    )
-                    if isinstance(verdict, str):
-                        self.on_reject(raw.topic, WireError("sig", j, verdict))
-                        return
-                    raise verdict
-                if outcome != "new":
-                    m.count_x(outcome, j, t, x)
-                elif fields is not None:
-                    keep_quiet(t, slot, fields)
-                    if halt != NO_HALT:
-                        m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
-            if self.verifier is not None:
-                self._keep_x(j, t, raw.payload)
+        if batch is not None:
+            items, refused = batch
+            for _, error in refused:
+                self.on_reject(raw.topic, error)
+            for item in items:
+                self._take_x(item.topic, item.payload, item.msg)
+        elif isinstance(msg, XMsg):
+            self._take_x(raw.topic, raw.payload, msg)
         elif self._forged(raw, info.node, getattr(msg, "sig", None)):
             return
         elif isinstance(msg, Z0Msg | SealedZ0Msg):
