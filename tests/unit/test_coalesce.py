@@ -15,6 +15,7 @@ from nlagg_node.protocol import new_identity
 from nlagg_node.protocol.chain import KeyChain
 from nlagg_node.protocol.identity import SIG_SUFFIX_BYTES
 from nlagg_node.rng import rng_for
+from nlagg_node.runtime.barrier import Barrier
 from nlagg_node.runtime.coalesce import id_runs
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
@@ -234,3 +235,47 @@ def test_a_batch_is_a_json_object_of_the_items_verbatim() -> None:
     items = [encode_x(node=0, t=1, phase="max", x=0.1 + 0.2), encode_x(node=1, t=1, phase="max", x=-3e-300)]
     payload = encode_x_batch(items)
     assert json.loads(payload) == {"v": 1, "xs": [json.loads(p) for p in items]}
+
+
+def fresh_barrier() -> Barrier:
+    """Five senders' x's, at position 3 (x^(0..2) taken: 1.0 from every slot)."""
+    barrier = Barrier(0, [1, 2, 3, 4, 5], "x^({})", timeout=30.0, end=50, window=2, keep=8)
+    for key in range(3):
+        for slot in range(5):
+            barrier.put(key, slot, 1.0)
+        barrier.next = key + 1  # taken (what take() leaves behind, without waiting)
+    return barrier
+
+
+ROWS = [
+    ("in-window", [], 3, [0.5] * 5),
+    ("next-one", [], 4, [0.5] * 5),
+    ("ahead", [], 5, [0.5] * 5),
+    ("taken-dup-and-conflict", [], 2, [1.0, 1.0, 2.0, 1.0, 1.0]),
+    ("half-there", [(3, 1, 0.5), (3, 3, 0.7)], 3, [0.5, 0.5, 0.5, 0.6, 0.5]),
+    ("departed-slot", [("gone", 2, 3)], 3, [0.5] * 5),
+    ("halted-slot", [("halt", 4, (2, 10))], 3, [0.5] * 5),
+    ("past-the-end", [], 50, [0.5] * 5),
+]
+
+
+@pytest.mark.parametrize(("before", "key", "values"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_a_row_gets_the_verdicts_one_put_per_slot_gets(
+    before: list[tuple[object, int, object]], key: int, values: list[float]
+) -> None:
+    """``put_row`` is ``put`` slot by slot: the same verdicts and the same values kept afterwards."""
+    row, single = fresh_barrier(), fresh_barrier()
+    for barrier in (row, single):
+        for what, slot, arg in before:
+            if what == "gone":
+                barrier.depart(slot, arg)  # type: ignore[arg-type]
+            elif what == "halt":
+                barrier.halted(slot, arg)  # type: ignore[arg-type]
+            else:
+                barrier.put(what, slot, arg)  # type: ignore[arg-type]
+    slots = [0, 1, 2, 3, 4]
+    got = row.put_row(key, slots, values)
+    want = [single.put(key, slot, v) for slot, v in zip(slots, values, strict=True)]
+    assert (got or ["new"] * 5) == want
+    probe = [row.put(key, slot, 9.0) for slot in slots]
+    assert probe == [single.put(key, slot, 9.0) for slot in slots]
