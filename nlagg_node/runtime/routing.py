@@ -226,16 +226,22 @@ class Router:
             for p, _, m, verdict in late:
                 msg = taken[p][0]
                 m.count_x(verdict, msg.node, t, msg.x)
+        sent = [self._fields(msg) for msg, _ in taken]  # the early-stop fields of each new x
+        if all(fields is None for fields, _ in sent):
+            return
         refused = {(p, m.id) for p, _, m, _ in late} if late else None
-        for p, (msg, routes) in enumerate(taken):
-            fields, halt = self._fields(msg)
-            if fields is None:
-                continue
-            for m, _, slot, keep_quiet in routes:
-                if refused is None or (p, m.id) not in refused:
-                    keep_quiet(t, slot, fields)
-                    if halt != NO_HALT:
-                        m.x_in.halted(slot, halt)
+        for m, _, slots, picks, _ in plan:
+            kept = [
+                (slot, fields)
+                for slot, p in zip(slots, picks, strict=True)
+                if (fields := sent[p][0]) is not None and (refused is None or (p, m.id) not in refused)
+            ]
+            m.intake.keep_quiet_row(t, kept)
+        for p, (_, halt) in enumerate(sent):
+            if halt != NO_HALT:
+                for m, _, slot, _ in taken[p][1]:
+                    if refused is None or (p, m.id) not in refused:
+                        m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
 
     def _row_plan(
         self, routes: list[list[tuple[Member, *Inlet]]], distinct: int
