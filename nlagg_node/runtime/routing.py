@@ -56,6 +56,7 @@ log = logging.getLogger("nlagg.node")
 
 RowPut = Callable[[int, list[int], list[float]], list[Outcome] | None]  # Barrier.put_row
 
+_ROW_PLANS = 64  # sequences of a batch's senders whose rows are kept (a host's is one)
 _KEPT_X = 8  # iterations of x payloads kept per sender for a conflict's proof
 
 
@@ -169,8 +170,11 @@ class Router:
         """x_j^(t) (decoded) on node j's topic: its form and key checked once, then each listener's
         barrier admits it or not (:func:`~nlagg_node.protocol.admit`)."""
         routes = self._routes_of(topic, msg)
-        if routes is None:
-            return
+        if routes is not None:
+            self._hand_over(topic, payload, msg, routes)
+
+    def _hand_over(self, topic: str, payload: bytes, msg: XMsg, routes: list[tuple[Member, *Inlet]]) -> None:
+        """x_j^(t), its form and key passed, to each of its listeners' barriers, one after the other."""
         j, t, x = msg.node, msg.t, msg.x
         fields, halt = self._fields(msg)
         for m, put, slot, keep_quiet in routes:
@@ -201,18 +205,19 @@ class Router:
         identities no verdict stops the hand-off of an x midway, so handing it over by listener
         instead of by x gives every barrier the same values.
         """
-        taken = [
-            (it.msg, routes) for it in items if (routes := self._routes_of(it.topic, it.msg)) is not None
-        ]
-        if not taken:
+        checked = [(it, routes) for it in items if (routes := self._routes_of(it.topic, it.msg)) is not None]
+        if not checked:
             return
+        taken = [(it.msg, routes) for it, routes in checked]
         nodes = tuple(msg.node for msg, _ in taken)
-        plan = self._row_plans.get(nodes)
-        if plan is None:
-            plan = self._row_plans[nodes] = self._row_plan([routes for _, routes in taken], len(set(nodes)))
+        if nodes not in self._row_plans:
+            if len(self._row_plans) >= _ROW_PLANS:  # a host sends one sequence: others are rare
+                self._row_plans.clear()
+            self._row_plans[nodes] = self._row_plan([routes for _, routes in taken], len(set(nodes)))
+        plan = self._row_plans[nodes]
         if plan is None:  # a node twice in one batch: one x at a time
-            for it in items:
-                self._take_x(it.topic, it.payload, it.msg)
+            for it, routes in checked:
+                self._hand_over(it.topic, it.payload, it.msg, routes)
             return
         t = taken[0][0].t
         xs = [msg.x for msg, _ in taken]

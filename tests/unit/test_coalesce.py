@@ -279,3 +279,20 @@ def test_a_row_gets_the_verdicts_one_put_per_slot_gets(
     assert (got or ["new"] * 5) == want
     probe = [row.put(key, slot, 9.0) for slot in slots]
     assert probe == [single.put(key, slot, 9.0) for slot in slots]
+
+
+def test_a_batch_with_a_node_twice_is_taken_one_x_at_a_time_each_refusal_once() -> None:
+    """A batch carrying node 1's x twice (a copy: a duplicate for each listener) and an x of node 2
+    of the wrong phase: the copy is counted once per listener, the wrong x refused once, named."""
+    rejected: list[tuple[str, WireError]] = []
+    nodes = nodes_of(CFG, MemoryTransport(MemoryBroker(), "host"))
+    members = [nd.member for nd in nodes]
+    router = Router(members, lambda topic, exc: rejected.append((topic, exc)))
+    phase = members[0].phase_at[0]
+    one = encode_x(node=1, t=0, phase=phase, x=1.5, quiet=0)
+    wrong = encode_x(node=2, t=0, phase="not-a-phase", x=2.5, quiet=0)
+    router.feed(Message(TP.x_batch(0, 5), encode_x_batch([one, wrong, one])))
+    assert [(topic, exc.field) for topic, exc in rejected] == [(TP.x(2), "x")]
+    listeners = [m for m in members if 1 in m.neighbours]
+    assert [m.duplicates for m in listeners] == [1] * len(listeners)
+    assert all(m.x_in.put(0, m.slot[1], 1.5) == "dup" for m in listeners)
