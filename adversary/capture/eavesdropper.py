@@ -55,7 +55,7 @@ from nlagg_node.valuemap import ValueScale, scale_for
 
 from ..live import BRANCH_NAMES, Exposure, LiveReplay
 from ..transcript.arrays import public_z0
-from ..transcript.writer import Transcript
+from ..transcript.writer import Captured, Transcript
 from .merged import Acknowledging, CausalOrder, MergedSubscriber
 from .session import DEFAULT_SESSION, CaptureSession, capture_until, commit_due
 
@@ -281,8 +281,17 @@ class Eavesdropper:
         validated configuration. Should it fail anyway, the message stays stored and the capture
         goes on: one message can never stop it.
         """
+        batch = self.transcript.add_batch(topic, payload, retained=retained)
+        if batch is None:
+            return self._took(topic, self.transcript.add(topic, payload, retained=retained))
+        # A host's x's of an iteration (one t): what waited for one of them waits for all.
+        taken = [self._took(topic, parsed) for parsed in batch]
+        return next((msg for msg in taken if msg is not None), None)
+
+    def _took(self, topic: str, parsed: Captured) -> WireMessage | None:
+        """Count one stored message (one x of a host's batch: one message, as its node alone
+        publishes it) and update the views with it; the message if valid."""
         self.captured += 1
-        parsed = self.transcript.add(topic, payload, retained=retained)
         if parsed is None:
             self.rejected += 1
             log.warning("captured a message the nodes would not use on %s", topic)

@@ -28,7 +28,10 @@ For the same reason the index is on ``(kind, t)``: the rows of one commit share 
 of the index instead of one page per node.
 
 An x is read as the nodes read it (:class:`~nlagg_node.runtime.wire.HotDecoder`: msgspec, the same
-checks as the pydantic model, which reads every other kind).
+checks as the pydantic model, which reads every other kind). A host's batch of x's
+(``P/R/host/{lo}-{hi}/x``, :meth:`Transcript.add_batch`) is stored as the x's it carries, each on its
+node's topic, exactly as if its node had published it alone: the attack and the report read the same
+rows either way.
 
 The schema and the read side (the queries the analysis uses) are in :mod:`adversary.transcript.reader`.
 """
@@ -53,6 +56,7 @@ from nlagg_node.runtime.wire import (
     check_prefix,
     check_run_id,
     decode,
+    split_x_batch,
 )
 
 from ..rules import OUTSIDE_WINDOW, RunRules, rules_for
@@ -201,10 +205,7 @@ class Transcript(TranscriptReader):
         try:
             info, msg = self._decode_hot(topic, payload)
         except WireError as exc:
-            if key not in self._seen and self._fits(topic, None, payload):
-                self._seen[key] = False
-                kept = payload[:MAX_INVALID_PAYLOAD]
-                self._rows.append((topic, kept, when, int(retained), 0, str(exc), *NO_FIELDS, key))
+            self._store_invalid(key, topic, payload, when, retained, str(exc))
             return None
         if key in self._seen:  # a redelivery: stored once, judged as the first copy was
             return (info, msg) if self._seen[key] else None
@@ -225,6 +226,44 @@ class Transcript(TranscriptReader):
         if isinstance(msg, ConfigMsg) and self.rules is None:
             self._set_rules(msg, self._candidate)
         return (info, msg)
+
+    def add_batch(
+        self, topic: str, payload: bytes, *, received: float | None = None, retained: bool = False
+    ) -> list[Captured] | None:
+        """Store a host's batch of x's (:func:`~nlagg_node.runtime.wire.split_x_batch`) as the x's it
+        carries, each as :meth:`add` stores it on its node's topic; what each gave. None: ``topic`` is no
+        batch topic. A batch that does not decode is stored as invalid, whole; an item of a node the
+        host does not host as invalid, with the batch's topic and the reason."""
+        when = time.time() if received is None else received
+        try:
+            batch = split_x_batch(topic, payload, self.prefix, self.run_id)
+        except WireError as exc:
+            if self._seen is None:
+                self._load_writer_state()
+            key = hashlib.blake2b(topic.encode() + b"\0" + payload, digest_size=16).hexdigest()
+            self._store_invalid(key, topic, payload, when, retained, str(exc))
+            return [None]
+        if batch is None:
+            return None
+        items, refused = batch
+        if refused and self._seen is None:
+            self._load_writer_state()
+        for item, error in refused:
+            key = hashlib.blake2b(topic.encode() + b"\0" + item, digest_size=16).hexdigest()
+            self._store_invalid(key, topic, item, when, retained, str(error))
+        return [self.add(it.topic, it.payload, received=when, retained=retained) for it in items] + [
+            None for _ in refused
+        ]
+
+    def _store_invalid(
+        self, key: str, topic: str, payload: bytes, when: float, retained: bool, why: str
+    ) -> None:
+        """A message that does not decode: stored once, as evidence, within its sender's quota."""
+        assert self._seen is not None
+        if key not in self._seen and self._fits(topic, None, payload):
+            self._seen[key] = False
+            kept = payload[:MAX_INVALID_PAYLOAD]
+            self._rows.append((topic, kept, when, int(retained), 0, why, *NO_FIELDS, key))
 
     def _fits(self, topic: str, node: int | None, payload: bytes) -> bool:
         """Whether a message the nodes would not use fits its sender's storage quota (charged if so)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..runtime.transport import Message, Transport
-from ..runtime.wire import HotDecoder, StatusMsg, WireError, XMsg, topics
+from ..runtime.wire import HotDecoder, StatusMsg, WireError, XMsg, split_x_batch, topics
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -67,6 +67,7 @@ class RunProgress:
     ) -> None:
         self.topics = topics(prefix, run_id)
         self.decode = HotDecoder(prefix, run_id).decode
+        self.run = prefix, run_id
         self.n, self.cap, self.every = n, cap, every
         self.exposures, self.report = exposures, report
         self.t, self.phase = -1, ""
@@ -75,15 +76,22 @@ class RunProgress:
         self.last_report = 0.0
 
     async def follow(self, transport: Transport) -> None:
-        """Subscribe to node 0's x and every status, and report until cancelled."""
-        await transport.subscribe(self.topics.x(0), self.topics.status("+"))
+        """Subscribe to node 0's x (alone, or in-process among its host's x's) and every status, and
+        report until cancelled."""
+        await transport.subscribe(self.topics.x(0), self.topics.x_batches, self.topics.status("+"))
         async for msg in transport.messages():
             self.feed(msg)
 
     def feed(self, raw: Message) -> None:
         """One message of the run (anything else is ignored)."""
         try:
-            _, msg = self.decode(raw.topic, raw.payload)
+            batch = split_x_batch(raw.topic, raw.payload, *self.run)
+            if batch is None:
+                _, msg = self.decode(raw.topic, raw.payload)
+            elif batch[0]:
+                msg = batch[0][0].msg  # a host's x's of one iteration
+            else:
+                return
         except WireError:
             return
         now = time.monotonic()

@@ -34,14 +34,15 @@ class SignedTransport(Transport):
         self.unsigned = unsigned
         self.instance = instance  # the run instance every signature binds (None: a run without one)
 
-    def _signed(self, topic: str, payload: bytes) -> bytes:
+    def signed(self, topic: str, payload: bytes) -> bytes:
+        """``payload`` as this transport publishes it on ``topic`` (a host coalescing x's signs each so)."""
         return payload if topic == self.unsigned else self.identity.sign(topic, payload, self.instance)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        await self.inner.publish(topic, self._signed(topic, payload), qos=qos, retain=retain)
+        await self.inner.publish(topic, self.signed(topic, payload), qos=qos, retain=retain)
 
     def publish_nowait(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        self.inner.publish_nowait(topic, self._signed(topic, payload), qos=qos, retain=retain)
+        self.inner.publish_nowait(topic, self.signed(topic, payload), qos=qos, retain=retain)
 
     async def connect(self) -> None:
         await self.inner.connect()

@@ -92,6 +92,7 @@ class Barrier:
         self._gone_at = [end] * self.size
         self._any_gone = False  # some slot departed (the common case without: no scan)
         self._halt_at = [NO_HALT] * self.size
+        self._any_halt = False  # some slot's sender ended a phase (put_row then asks slot by slot)
         self._pending: dict[int, _Round] = {}
         self._taken: dict[int, list[float]] = {}
         self._waiter: asyncio.Future[None] | None = None
@@ -151,6 +152,7 @@ class Barrier:
         """``slot``'s sender ended its phase: ``span`` is ``(its last key, the phase's end)``
         (:func:`nlagg_node.protocol.halt_span`); a key between them is refused as ``stopped``."""
         self._halt_at[slot] = span
+        self._any_halt = True
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -180,6 +182,46 @@ class Barrier:
         if key == self.next and waiter is not None and rnd.count == self.need(key) and not waiter.done():
             waiter.set_result(None)
         return "new"
+
+    def put_row(self, key: int, slots: list[int], values: list[float]) -> list[Outcome] | None:
+        """:meth:`put` of ``values[k]`` for ``slots[k]`` (distinct slots), all for ``key``: the same
+        verdicts, in order, or None when every one is ``new`` (a host's batch, one call per listener).
+
+        While no slot has departed or halted, every slot gives :func:`admit` the same arguments
+        (a slot's departure key is then ``end``, its halt span :data:`NO_HALT`): it is asked once
+        for the row. Otherwise, or for a key already taken, each value goes through :meth:`put`.
+        """
+        pos = self.next
+        if (
+            self._any_gone
+            or self._any_halt
+            or key < pos
+            or key >= self.end
+            or admit(key, pos, self.end, NO_HALT, self.window, self.jumps) is not None
+        ):
+            put = self.put
+            out = [put(key, slot, value) for slot, value in zip(slots, values, strict=True)]
+            return None if all(o == "new" for o in out) else out
+        rnd = self._pending.get(key)
+        if rnd is None:
+            rnd = self._pending[key] = _Round(self.size)
+        held = rnd.values
+        count = rnd.count
+        verdicts: list[Outcome] | None = None
+        for k, slot in enumerate(slots):
+            old = held[slot]
+            if old is None:
+                held[slot] = values[k]
+                count += 1
+            else:
+                if verdicts is None:
+                    verdicts = ["new"] * len(slots)
+                verdicts[k] = slot_verdict(old, values[k])
+        rnd.count = count
+        waiter = self._waiter
+        if key == pos and waiter is not None and count >= self.size and not waiter.done():
+            waiter.set_result(None)
+        return verdicts
 
     def taken(self, key: int, slot: int) -> float | None:
         """The value ``slot`` delivered for an already taken ``key``, if it is still kept."""

@@ -82,6 +82,17 @@ class XIntake:
             row = self.quiet_in[t] = [_NONE] * len(self.senders)
         row[slot] = fields
 
+    def keep_quiet_row(self, t: int, kept: list[tuple[int, Fields]]) -> None:
+        """:meth:`keep_quiet` of several slots' ``(slot, fields)`` sent with their new x^(t) (a host's
+        batch)."""
+        if not kept:
+            return
+        row = self.quiet_in.get(t)
+        if row is None:
+            row = self.quiet_in[t] = [_NONE] * len(self.senders)
+        for slot, fields in kept:
+            row[slot] = fields
+
     def take_quiet(self, t: int) -> list[Fields]:
         """The neighbours' ``(quiet, stop, departures, cand)`` sent with x^(t), by slot (after taking
         x^(t); a departed neighbour's slot holds nothing that counts, and so do all when none is left)."""

@@ -40,6 +40,7 @@ from ..schedule import bypassed, effective_values, phase_c, value_noise
 from ..termination import NO_STOP, Fields, certificate_sign
 from ..valuemap import scale_for
 from .checkpoint import Checkpoint, Stage
+from .coalesce import Coalescer
 from .duals import duals_for
 from .member import Member, NodeResult
 from .pace import Pace
@@ -322,6 +323,7 @@ class PdmmLoop:
         cfg, members, tracks, duals = self.cfg, self.members, self.tracks, self.duals
         h = len(members)
         lone = members[0] if h == 1 else None  # may leave (leave_after, or a SIGTERM mid-run)
+        batch = None if h == 1 else Coalescer(members)  # a host's x's: one message an iteration
         saving = any(m.store is not None for m in members)
         ck = self.start
         p_first, t, group, resuming = (0, 0, "", False) if ck is None else (ck.phase, ck.t, ck.group, True)
@@ -365,17 +367,22 @@ class PdmmLoop:
                 x_list = duals.x(objective, s_eff, c)
                 fields = early.step(t, x_list) if early is not None else None
                 got_flat: list[float] = []
+                items: list[bytes] = []
                 for k, m in enumerate(members):
                     tr = tracks[k]
                     tr.xs.append(x_list[k])
                     if m.corrupt:
                         tr.adv = m.publish_state(t, tr.s_used, self.signs(k), *duals.of(k))
-                    if fields is None:
-                        m.outbox.send_x(t, name, x_list[k])
+                    fk = None if fields is None else fields[k]
+                    if batch is None:
+                        m.outbox.send_x(t, name, x_list[k], fk)
                     else:
-                        m.outbox.send_x(t, name, x_list[k], fields[k])
+                        items.append(m.outbox.x_item(t, name, x_list[k], fk))
+                    if fk is not None:
                         tr.sent = early.sent(k, t)  # type: ignore[union-attr]
-                        tr.sent_cand = fields[k][3]
+                        tr.sent_cand = fk[3]
+                if batch is not None:
+                    batch.publish(items)
                 for k, m in enumerate(members):
                     tracks[k].got = got = await m.x_in.take(t)
                     got_flat += still_here(self.slots[k], got)

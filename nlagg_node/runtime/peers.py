@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from ..errors import NlaggError
 from ..protocol.chain import KeyChain, key_b64
+from .auth import SignedTransport
 from .transport import Transport
 from .wire import encode_x, topics
 
@@ -65,6 +66,7 @@ class Outbox:
 
     def __init__(self, transport: Transport, names: topics, node: int, chain: KeyChain | None = None) -> None:
         self.transport = transport
+        self._sign = transport.signed if isinstance(transport, SignedTransport) else None
         # A run with identities: each x carries its key-chain element, each status the chain's anchor.
         self.chain = chain
         self._anchor = b"" if chain is None else b',"chain":"%s"}' % key_b64(chain.anchor).encode()
@@ -95,13 +97,32 @@ class Outbox:
         """Publish x_i^(t) without waiting (hot path); with early stopping, ``fields`` are its quiet
         counter, stop (None while unknown), the departures it knows of and its certified stop's
         candidate (None: none, or not a certified run)."""
+        self.transport.publish_nowait(self.x_topic, self._kept_x(t, phase, x, fields), qos=1)
+
+    def x_item(
+        self,
+        t: int,
+        phase: str,
+        x: float,
+        fields: tuple[int, int | None, Sequence[int], float | None] | None = None,
+    ) -> bytes:
+        """x_i^(t) as :meth:`send_x` would publish it (signed in a run with identities), kept as
+        :meth:`send_x` keeps it, but not published: a host coalesces it with its other nodes' x's
+        (:class:`~nlagg_node.runtime.wire.XBatchMsg`)."""
+        payload = self._kept_x(t, phase, x, fields)
+        return self._sign(self.x_topic, payload) if self._sign is not None else payload
+
+    def _kept_x(
+        self, t: int, phase: str, x: float, fields: tuple[int, int | None, Sequence[int], float | None] | None
+    ) -> bytes:
+        """x_i^(t)'s payload (unsigned: the transport signs it), kept for a neighbour or a republish."""
         k = None if self.chain is None else key_b64(self.chain.key(t))
         quiet, stop, departures, cand = (None, None, (), None) if fields is None else fields
         payload = encode_x(self.node, t, phase, x, quiet, stop, tuple(departures) or None, cand, k)
         self.x[t] = payload
         self.x.pop(t - 2, None)
         self.history.append((self.x_topic, payload))
-        self.transport.publish_nowait(self.x_topic, payload, qos=1)
+        return payload
 
     @property
     def sent_x(self) -> bool:

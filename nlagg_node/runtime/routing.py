@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 from ..errors import NlaggError
 from ..protocol import NO_HALT, halt_span, x_form_error, x_value_error
@@ -31,6 +32,7 @@ from ..protocol.chain import ChainCheck, chain_check, x_key_error
 from ..protocol.equivocation import x_conflict_error
 from ..protocol.identity import signature_error
 from ..termination import NO_STOP, Fields
+from .barrier import Outcome
 from .intake import Inlet
 from .member import Member
 from .transport import Message, Transport
@@ -41,8 +43,10 @@ from .wire import (
     SealedZ0Msg,
     StatusMsg,
     WireError,
+    XItem,
     XMsg,
     Z0Msg,
+    split_x_batch,
     stale_run,
 )
 
@@ -50,6 +54,9 @@ __all__ = ["Router"]
 
 log = logging.getLogger("nlagg.node")
 
+RowPut = Callable[[int, list[int], list[float]], list[Outcome] | None]  # Barrier.put_row
+
+_ROW_PLANS = 64  # sequences of a batch's senders whose rows are kept (a host's is one)
 _KEPT_X = 8  # iterations of x payloads kept per sender for a conflict's proof
 
 
@@ -79,6 +86,12 @@ class Router:
         self.on_reject = on_reject
         self.on_unrouted = on_unrouted
         self.decode = HotDecoder(self.prefix, self.run_id).decode
+        self.split = partial(split_x_batch, prefix=self.prefix, run_id=self.run_id)
+        # A host's batches: per sequence of senders, each listener's row (see _row_plan).
+        self._row_plans: dict[
+            tuple[int, ...], list[tuple[Member, RowPut, list[int], list[int], list[int]]] | None
+        ]
+        self._row_plans = {}
         self.verifier = first.verifier  # None: a run without identities (and no message may be signed)
         self.chains: dict[int, ChainCheck] = {}  # each sender's x key chain, from its signed anchor
         self.x_payloads: dict[int, dict[int, bytes]] = {}  # each sender's recent x's taken (signed runs)
@@ -100,7 +113,7 @@ class Router:
             return self.members[0].subscriptions()
         t = self.members[0].topics
         keys = [t.key("+")] if self.members[0].keys is not None else []
-        return [t.x("+"), t.status("+"), t.z0("+", "+"), *keys]
+        return [t.x("+"), t.x_batches, t.status("+"), t.z0("+", "+"), *keys]
 
     def _unrouted(self, why: str) -> None:
         if self.on_unrouted is not None:
@@ -125,56 +138,158 @@ class Router:
             self.on_reject(raw.topic, WireError("sig", sender, why))
         return why is not None
 
+    def _routes_of(self, topic: str, msg: XMsg) -> list[tuple[Member, *Inlet]] | None:
+        """The listeners of x_j^(t) (decoded, on node j's topic) once its form and key pass (checked
+        once per message, whatever the listeners); None: refused or unrouted (reported)."""
+        t, j = msg.t, msg.node
+        why = x_form_error(self.shape, j, t, msg.phase, msg.quiet, msg.stop, msg.departures, msg.cand)
+        why = why or x_value_error(self.shape, j, t, msg.x, msg.cand)
+        if why is not None:
+            self.on_reject(topic, WireError("x", (j, t, msg.phase), why))
+            return None
+        routes = self.x_routes.get(j)
+        if routes is None:
+            self._unrouted(f"x from node {j}, not a neighbour of {sorted(self.by_id)}")
+            return None
+        if (self.verifier is not None or msg.k is not None or msg.sig is not None) and (
+            why := x_key_error(self.verifier is not None, self.chains.get(j), j, t, msg.k, msg.sig)
+        ):
+            self.on_reject(topic, WireError("k", j, why))
+            return None
+        return routes
+
+    def _fields(self, msg: XMsg) -> tuple[Fields | None, tuple[int, int]]:
+        """An x's early-stop fields (None: a run without) and its halt span, the same for every listener."""
+        if msg.quiet is None:
+            return None, NO_HALT
+        t, stop, deps = msg.t, msg.stop, msg.departures
+        fields = (msg.quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
+        return fields, (halt_span(self.shape, t, stop, deps) if stop == t else NO_HALT)
+
+    def _take_x(self, topic: str, payload: bytes, msg: XMsg) -> None:
+        """x_j^(t) (decoded) on node j's topic: its form and key checked once, then each listener's
+        barrier admits it or not (:func:`~nlagg_node.protocol.admit`)."""
+        routes = self._routes_of(topic, msg)
+        if routes is not None:
+            self._hand_over(topic, payload, msg, routes)
+
+    def _hand_over(self, topic: str, payload: bytes, msg: XMsg, routes: list[tuple[Member, *Inlet]]) -> None:
+        """x_j^(t), its form and key passed, to each of its listeners' barriers, one after the other."""
+        j, t, x = msg.node, msg.t, msg.x
+        fields, halt = self._fields(msg)
+        for m, put, slot, keep_quiet in routes:
+            outcome = put(t, slot, x)
+            if outcome == "conflict" and self.verifier is not None:
+                # Only now is an x's signature verified: a copy is refused, an equivocation proven.
+                verdict = x_conflict_error(self.verifier, topic, j, t, self._taken_x(j, t), payload)
+                if isinstance(verdict, str):
+                    self.on_reject(topic, WireError("sig", j, verdict))
+                    return
+                raise verdict
+            if outcome != "new":
+                m.count_x(outcome, j, t, x)
+            elif fields is not None:
+                keep_quiet(t, slot, fields)
+                if halt != NO_HALT:
+                    m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
+        if self.verifier is not None:
+            self._keep_x(j, t, payload)
+
+    def _take_row(self, items: list[XItem]) -> None:
+        """A host's batch of x's of one iteration in a run without identities: each x checked as
+        :meth:`_take_x` checks it, then handed to each listener's barrier as one row
+        (:meth:`~nlagg_node.runtime.barrier.Barrier.put_row`: the same verdicts as one put per x).
+
+        What follows a verdict is what :meth:`_take_x` does, in the same order (by x, then by
+        listener): a duplicate counted, a conflict ending the run, a new x's fields kept. Without
+        identities no verdict stops the hand-off of an x midway, so handing it over by listener
+        instead of by x gives every barrier the same values.
+        """
+        checked = [(it, routes) for it in items if (routes := self._routes_of(it.topic, it.msg)) is not None]
+        if not checked:
+            return
+        taken = [(it.msg, routes) for it, routes in checked]
+        nodes = tuple(msg.node for msg, _ in taken)
+        if nodes not in self._row_plans:
+            if len(self._row_plans) >= _ROW_PLANS:  # a host sends one sequence: others are rare
+                self._row_plans.clear()
+            self._row_plans[nodes] = self._row_plan([routes for _, routes in taken], len(set(nodes)))
+        plan = self._row_plans[nodes]
+        if plan is None:  # a node twice in one batch: one x at a time
+            for it, routes in checked:
+                self._hand_over(it.topic, it.payload, it.msg, routes)
+            return
+        t = taken[0][0].t
+        xs = [msg.x for msg, _ in taken]
+        late: list[tuple[int, int, Member, Outcome]] = []
+        for m, put_row, slots, picks, order in plan:
+            verdicts = put_row(t, slots, [xs[p] for p in picks])
+            if verdicts is not None:
+                late += [(picks[k], order[k], m, v) for k, v in enumerate(verdicts) if v != "new"]
+        if late:
+            late.sort(key=lambda v: (v[0], v[1]))
+            for p, _, m, verdict in late:
+                msg = taken[p][0]
+                m.count_x(verdict, msg.node, t, msg.x)
+        sent = [self._fields(msg) for msg, _ in taken]  # the early-stop fields of each new x
+        if all(fields is None for fields, _ in sent):
+            return
+        refused = {(p, m.id) for p, _, m, _ in late} if late else None
+        for m, _, slots, picks, _ in plan:
+            kept = [
+                (slot, fields)
+                for slot, p in zip(slots, picks, strict=True)
+                if (fields := sent[p][0]) is not None and (refused is None or (p, m.id) not in refused)
+            ]
+            m.intake.keep_quiet_row(t, kept)
+        for p, (_, halt) in enumerate(sent):
+            if halt != NO_HALT:
+                for m, _, slot, _ in taken[p][1]:
+                    if refused is None or (p, m.id) not in refused:
+                        m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
+
+    def _row_plan(
+        self, routes: list[list[tuple[Member, *Inlet]]], distinct: int
+    ) -> list[tuple[Member, RowPut, list[int], list[int], list[int]]] | None:
+        """For x's of these senders (their routes, in batch order): each listener's barrier row
+        (its slots, the x's positions in the batch, each route's rank among the x's listeners).
+        None when a sender comes twice."""
+        if distinct != len(routes):
+            return None
+        rows: dict[int, tuple[Member, RowPut, list[int], list[int], list[int]]] = {}
+        for p, listeners in enumerate(routes):
+            for rank, (m, _, slot, _) in enumerate(listeners):
+                row = rows.get(m.id)
+                if row is None:
+                    row = rows[m.id] = (m, m.x_in.put_row, [], [], [])
+                row[2].append(slot)
+                row[3].append(p)
+                row[4].append(rank)
+        return list(rows.values())
+
     def feed(self, raw: Message) -> None:
-        """Decode one raw message and dispatch it (raises only for a contradicting run config)."""
+        """Decode one raw message and dispatch it (raises only for a contradicting run config).
+
+        A host's batch (:func:`~nlagg_node.runtime.wire.split_x_batch`) is taken as the x's it
+        carries, each on its node's own topic, as if its node had published it alone."""
         try:
-            info, msg = self.decode(raw.topic, raw.payload)
+            batch = self.split(raw.topic, raw.payload)
+            if batch is None:
+                info, msg = self.decode(raw.topic, raw.payload)
         except WireError as exc:
             self.on_reject(raw.topic, exc)
             return
-        if isinstance(msg, XMsg):
-            t, stop = msg.t, msg.stop
-            why = x_form_error(self.shape, msg.node, t, msg.phase, msg.quiet, stop, msg.departures, msg.cand)
-            why = why or x_value_error(self.shape, msg.node, t, msg.x, msg.cand)
-            if why is not None:
-                self.on_reject(raw.topic, WireError("x", (msg.node, t, msg.phase), why))
-                return
-            routes = self.x_routes.get(msg.node)
-            if routes is None:
-                self._unrouted(f"x from node {msg.node}, not a neighbour of {sorted(self.by_id)}")
-                return
-            j = msg.node
-            if (self.verifier is not None or msg.k is not None or msg.sig is not None) and (
-                why := x_key_error(self.verifier is not None, self.chains.get(j), j, t, msg.k, msg.sig)
-            ):
-                self.on_reject(raw.topic, WireError("k", msg.node, why))
-                return
-            j, x, quiet = msg.node, msg.x, msg.quiet
-            fields: Fields | None = None
-            halt = NO_HALT
-            if quiet is not None:  # the same early-stop fields for every listener
-                deps = msg.departures
-                fields = (quiet, NO_STOP if stop is None else stop, tuple(deps or ()), msg.cand)
-                halt = halt_span(self.shape, t, stop, deps) if stop == t else NO_HALT
-            for m, put, slot, keep_quiet in routes:
-                outcome = put(t, slot, x)
-                if outcome == "conflict" and self.verifier is not None:
-                    # Only now is an x's signature verified: a copy is refused, an equivocation proven.
-                    verdict = x_conflict_error(
-                        self.verifier, raw.topic, j, t, self._taken_x(j, t), raw.payload
-                    )
-                    if isinstance(verdict, str):
-                        self.on_reject(raw.topic, WireError("sig", j, verdict))
-                        return
-                    raise verdict
-                if outcome != "new":
-                    m.count_x(outcome, j, t, x)
-                elif fields is not None:
-                    keep_quiet(t, slot, fields)
-                    if halt != NO_HALT:
-                        m.x_in.halted(slot, halt)  # its last x of the phase: a later one is refused
-            if self.verifier is not None:
-                self._keep_x(j, t, raw.payload)
+        if batch is not None:
+            items, refused = batch
+            for _, error in refused:
+                self.on_reject(raw.topic, error)
+            if self.verifier is None and len(items) > 1 and len({it.msg.t for it in items}) == 1:
+                self._take_row(items)
+            else:
+                for item in items:
+                    self._take_x(item.topic, item.payload, item.msg)
+        elif isinstance(msg, XMsg):
+            self._take_x(raw.topic, raw.payload, msg)
         elif self._forged(raw, info.node, getattr(msg, "sig", None)):
             return
         elif isinstance(msg, Z0Msg | SealedZ0Msg):

@@ -5,6 +5,7 @@ Topics, under prefix ``P`` (default ``nlagg``) and run id ``R``::
     P/R/config                  retained, the public run configuration (launcher only)
     P/R/edge/{i}/{j}/z0         z_{i|j}^(0), once per dual group, node i -> neighbour j
     P/R/node/{i}/x              x_i^(t), every iteration t
+    P/R/host/{lo}-{hi}/x        the x's of the nodes lo..hi one process hosts, one message an iteration
     P/R/node/{i}/status         retained; online | running | done | leaving | offline (the last will)
     P/R/node/{i}/key            retained, v2: node i's ephemeral X25519 public key of the run
     P/R/adv/{i}/state           only from a corrupted node: s_i and its duals, every iteration
@@ -27,6 +28,13 @@ The models are the validation boundary: pydantic for every message but the x, th
 per-iteration traffic, whose one schema is the msgspec struct :class:`XMsg`. Its decoder (:func:`decode`
 and :class:`HotDecoder` alike) and its encoder (:func:`encode_x`, written from the struct's fields
 at import) both come from it (``benchmarks/bench_wire.py`` measures them).
+
+A process that hosts several nodes (``nlagg testbed --in-process``) coalesces their x's of an
+iteration into one message on ``P/R/host/{lo}-{hi}/x`` (:class:`XBatchMsg`, :func:`encode_x_batch`):
+each item is byte for byte the payload node i would publish on ``P/R/node/{i}/x``, signature
+included, and :func:`split_x_batch` gives it back as that (topic, payload), refusing, named, an item
+of a node outside lo..hi (the host's node set is the topic's range). A lone node publishes on its own
+topic; receivers take an x from either the same way.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from ..errors import WireError
 from ..limits import MAX_ITERATIONS, MAX_NODES
 
 __all__ = [
+    "MAX_BATCH",
     "MAX_PAYLOAD_BYTES",
     "PROTOCOL_VERSION",
     "AdvStateMsg",
@@ -61,20 +70,26 @@ __all__ = [
     "TopicInfo",
     "WireError",
     "WireMessage",
+    "XBatchMsg",
+    "XItem",
     "XMsg",
     "Z0Msg",
+    "batch_range",
     "check_run_id",
     "decode",
     "encode",
     "encode_x",
+    "encode_x_batch",
     "parse_topic",
     "shared_run",
+    "split_x_batch",
     "stale_run",
     "topics",
 ]
 
 PROTOCOL_VERSION = 1
 MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a config with a few thousand edges fits, garbage does not
+MAX_BATCH = 256  # x's in one host message (a signed item is about 250 bytes: about 64 KiB)
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 
@@ -391,6 +406,15 @@ class topics:  # noqa: N801 - a namespace of topic builders, read as topics.x(..
     def x(self, i: int | str) -> str:
         return f"{self.base}/node/{i}/x"
 
+    def x_batch(self, lo: int, hi: int) -> str:
+        """The x's of the hosted nodes ``lo..hi`` (inclusive), coalesced (:class:`XBatchMsg`)."""
+        return f"{self.base}/host/{lo}-{hi}/x"
+
+    @property
+    def x_batches(self) -> str:
+        """Every host's coalesced x's."""
+        return f"{self.base}/host/+/x"
+
     def status(self, i: int | str) -> str:
         return f"{self.retained_base}/node/{i}/status"
 
@@ -585,6 +609,98 @@ class HotDecoder:
         if info.kind == "x" and len(self._x_topics) < MAX_NODES:
             self._x_topics[topic] = info
         return info, full
+
+
+class XBatchMsg(msgspec.Struct, tag_field="v", tag=1, frozen=True, forbid_unknown_fields=True, gc=False):
+    """``P/R/host/{lo}-{hi}/x``: x's of the nodes ``lo..hi`` one process hosts, coalesced.
+
+    Each item of ``xs`` is, byte for byte, the payload node i publishes alone on ``P/R/node/{i}/x``
+    (in a run with identities its signature too, which binds that topic): kept as raw JSON, so a
+    receiver reads and checks it as that message. Written by :func:`encode_x_batch`, read by
+    :func:`split_x_batch`.
+    """
+
+    xs: Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+
+
+@dataclass(frozen=True, slots=True)
+class XItem:
+    """One x of a host's batch, as its node would have published it alone: ``topic`` is
+    ``P/R/node/{i}/x``, ``payload`` the item's exact bytes, ``msg`` them decoded and checked."""
+
+    topic: str
+    payload: bytes
+    msg: XMsg
+
+
+_BATCH_DECODE = msgspec.json.Decoder(XBatchMsg).decode
+_HOST_RANGE = re.compile(r"^(0|[1-9][0-9]{0,8})-(0|[1-9][0-9]{0,8})$")
+
+
+def encode_x_batch(items: Sequence[bytes]) -> bytes:
+    """The :class:`XBatchMsg` of ``items`` (x payloads as :func:`encode_x` wrote them, signed or not)."""
+    return b'{"v":1,"xs":[' + b",".join(items) + b"]}"
+
+
+def batch_range(topic: str, prefix: str, run_id: str) -> tuple[int, int] | None:
+    """The nodes ``(lo, hi)`` a host's batch topic ``P/R/host/{lo}-{hi}/x`` of the run names; None:
+    ``topic`` is no host's topic. Raises :class:`WireError` for a malformed one."""
+    base = f"{prefix}/{run_id}/host/"
+    return _host_range(topic, len(base)) if topic.startswith(base) else None
+
+
+@lru_cache(maxsize=256)  # a host's topic repeats every iteration; errors are not cached
+def _host_range(topic: str, cut: int) -> tuple[int, int]:
+    found = _HOST_RANGE.match(topic[cut:-2]) if topic.endswith("/x") else None
+    if found is None:
+        raise WireError("topic", topic, "a host's x's go on host/{lo}-{hi}/x (node ids in decimal)")
+    lo, hi = int(found.group(1)), int(found.group(2))
+    if not lo <= hi < MAX_NODES:
+        raise WireError("topic", topic, f"the range lo-hi must be ascending node ids below {MAX_NODES}")
+    return lo, hi
+
+
+def split_x_batch(
+    topic: str, payload: bytes, prefix: str, run_id: str
+) -> tuple[list[XItem], list[tuple[bytes, WireError]]] | None:
+    """A host's batch on ``topic`` as the x's it carries, and the items refused (each with why);
+    None: ``topic`` is no host's batch topic.
+
+    Each item is decoded and checked as :func:`decode` checks an x on its node's topic, except that
+    its node must lie in the topic's range (the host's nodes) instead of equal the topic's: an item
+    of another node is refused, named, the others kept. Raises :class:`WireError` (the item named
+    ``xs[k]``) for a batch that does not decode as a whole, or one of whose items does not.
+    """
+    hosts = batch_range(topic, prefix, run_id)
+    if hosts is None:
+        return None
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise WireError("payload", f"<{len(payload)} bytes>", f"larger than {MAX_PAYLOAD_BYTES} bytes")
+    try:
+        batch = _BATCH_DECODE(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise WireError("payload", payload[:60], f"not a host's x batch ({exc})") from None
+    lo, hi = hosts
+    base = f"{prefix}/{run_id}/node/"
+    items: list[XItem] = []
+    refused: list[tuple[bytes, WireError]] = []
+    for k, raw in enumerate(batch.xs):
+        item = bytes(raw)
+        try:
+            msg = _X_DECODE(item)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            error = _x_error(item, exc)
+            raise WireError(f"xs[{k}].{error.field}", error.value, error.reason) from None
+        try:
+            _check_x(msg.x, msg.cand, msg.departures)
+        except WireError as error:
+            raise WireError(f"xs[{k}].{error.field}", error.value, error.reason) from None
+        if lo <= msg.node <= hi:
+            items.append(XItem(f"{base}{msg.node}/x", item, msg))
+        else:
+            why = f"not a node of host {lo}-{hi} ({topic}); refused"
+            refused.append((item, WireError(f"xs[{k}].node", msg.node, why)))
+    return items, refused
 
 
 def _check_agrees(info: TopicInfo, msg: WireMessage, topic: str) -> None:

@@ -33,7 +33,7 @@ from nlagg_node.lab.children import Child, start_eavesdropper
 from nlagg_node.runtime.brokers import BrokerHandle, start_mosquitto
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.public import build_config_msg, run_edges
-from nlagg_node.runtime.wire import encode, topics
+from nlagg_node.runtime.wire import WireError, encode, split_x_batch, topics
 from nlagg_node.sim.values import run_values
 from tests.harness.verdict import Verdict, judge
 
@@ -255,11 +255,15 @@ class FaultBed:
         names = topics(self.prefix, self.run_id)
         client = f"nlagg-{self.run_id}-watcher"
         async with MqttTransport(self.url, client_id=client, clean_session=True) as tr:
-            await tr.subscribe(names.x("+"), qos=0)
+            await tr.subscribe(names.x("+"), names.x_batches, qos=0)  # a host's x's come coalesced
             ready.set()
             async for msg in tr.messages():
-                with contextlib.suppress(ValueError, KeyError, TypeError):
-                    self._seen_x.add((msg.topic, int(json.loads(msg.payload)["t"])))
+                with contextlib.suppress(ValueError, KeyError, TypeError, WireError):
+                    batch = split_x_batch(msg.topic, msg.payload, self.prefix, self.run_id)
+                    if batch is not None:
+                        self._seen_x.update((it.topic, it.msg.t) for it in batch[0])
+                    else:
+                        self._seen_x.add((msg.topic, int(json.loads(msg.payload)["t"])))
 
     async def wait_progress(self, fraction: float, within: float = 120.0) -> None:
         """Wait until the nodes have published ``fraction`` of the run's x's (fails after ``within`` s)."""

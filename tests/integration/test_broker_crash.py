@@ -22,7 +22,7 @@ from nlagg_node.runtime.brokers import free_port, mosquitto_binary
 from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.mqtt import MqttTransport
 from nlagg_node.runtime.node import Node, NodeResult, run_edges
-from nlagg_node.runtime.wire import XMsg, decode, topics
+from nlagg_node.runtime.wire import XMsg, decode, split_x_batch, topics
 from nlagg_node.sim import simulate
 
 pytestmark = pytest.mark.mosquitto
@@ -87,10 +87,15 @@ async def wait_for_iteration(url: str, run_id: str, t_min: int) -> None:
     """Return once some node has published an x of iteration ``t_min`` or later."""
     names = topics("nlagg", run_id)
     async with MqttTransport(url, client_id=f"watch-{run_id}", clean_session=True) as tr:
-        await tr.subscribe(names.x("+"))
+        await tr.subscribe(names.x("+"), names.x_batches)  # in-process, a host's x's come coalesced
         async for raw in tr.messages():
-            _, msg = decode(raw.topic, raw.payload, "nlagg", run_id)
-            if isinstance(msg, XMsg) and msg.t >= t_min:
+            batch = split_x_batch(raw.topic, raw.payload, "nlagg", run_id)
+            msgs = (
+                [it.msg for it in batch[0]]
+                if batch is not None
+                else [decode(raw.topic, raw.payload, "nlagg", run_id)[1]]
+            )
+            if any(isinstance(msg, XMsg) and msg.t >= t_min for msg in msgs):
                 return
 
 

@@ -23,7 +23,7 @@ from nlagg_node.lab.children import Child
 from nlagg_node.lab.testbed import run_testbed
 from nlagg_node.runtime.mqtt import MqttTransport, parse_broker_url
 from nlagg_node.runtime.public import run_edges
-from nlagg_node.runtime.wire import StatusMsg, decode, encode, parse_topic, topics
+from nlagg_node.runtime.wire import StatusMsg, decode, encode, parse_topic, split_x_batch, topics
 from nlagg_node.sim import simulate
 from tests.harness.transcripts import captured_by_kind
 from tests.harness.verdict import assert_transcript_is_simulation
@@ -109,11 +109,17 @@ async def test_independent_subscriber_sees_only_protocol_messages(mosquitto_url:
     kinds: dict[str, int] = {}
     for line in lines:
         topic, _, payload = line.partition(" ")
+        batch = split_x_batch(topic, payload.encode(), "nlagg", "subcheck")  # the host's x's, coalesced
+        if batch is not None:
+            assert batch[1] == []
+            kinds["batch"] = kinds.get("batch", 0) + 1
+            kinds["x"] = kinds.get("x", 0) + len(batch[0])
+            continue
         info, _msg = decode(topic, payload.encode(), "nlagg", "subcheck")
         kinds[info.kind] = kinds.get(info.kind, 0) + 1
     edges = len(run_edges(cfg))
-    assert kinds == {"config": 1, "z0": 2 * edges, "x": 6 * 40, "status": 6 * 3}
-    assert len(lines) == summary["messages_captured"]
+    assert kinds == {"config": 1, "z0": 2 * edges, "batch": 40, "x": 6 * 40, "status": 6 * 3}
+    assert len(lines) - kinds["batch"] + kinds["x"] == summary["messages_captured"]  # each x stored alone
 
 
 @pytest.mark.mosquitto

@@ -22,7 +22,16 @@ from nlagg_node.runtime.hosted import host_nodes
 from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node, NodeResult, run_edges
 from nlagg_node.runtime.public import build_config_msg
-from nlagg_node.runtime.wire import HotDecoder, WireError, XMsg, decode, encode, encode_x, topics
+from nlagg_node.runtime.wire import (
+    HotDecoder,
+    WireError,
+    XMsg,
+    decode,
+    encode,
+    encode_x,
+    split_x_batch,
+    topics,
+)
 from nlagg_node.sim import draw_values, simulate
 from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, stop_reach
 from tests.harness.crash import crash_when
@@ -41,7 +50,11 @@ class RecordingBroker(MemoryBroker):
 
     def route(self, topic: str, payload: bytes, retain: bool) -> None:
         self.log.append((topic, payload, retain))
-        if topic.endswith("/x"):
+        batch = split_x_batch(topic, payload, "nlagg", RUN)  # hosted nodes' x's come coalesced
+        if batch is not None:
+            for item in batch[0]:
+                self.xs[item.msg.node, item.msg.t] = item.payload
+        elif topic.endswith("/x"):
             doc = json.loads(payload)
             self.xs[doc["node"], doc["t"]] = payload
         super().route(topic, payload, retain)

@@ -20,7 +20,7 @@ from nlagg_node.runtime.memory import MemoryBroker, MemoryTransport
 from nlagg_node.runtime.node import Node
 from nlagg_node.runtime.public import build_config_msg, run_edges
 from nlagg_node.runtime.transport import Message
-from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, XMsg, encode, topics
+from nlagg_node.runtime.wire import AdvStateMsg, StatusMsg, XMsg, encode, split_x_batch, topics
 from nlagg_node.schedule import phase_c, plan_phases
 from nlagg_node.sim import draw_values, simulate
 
@@ -151,6 +151,14 @@ async def test_eavesdropper_captures_a_run_and_stops_when_all_done(tmp_path: Pat
     assert eaves.honest_exposed() == expected
 
 
+def x_iteration(msg: Message) -> int:
+    """The iteration of an x, alone or in a host's batch (of one iteration); -1 for anything else."""
+    batch = split_x_batch(msg.topic, msg.payload, "nlagg", "cr")
+    if batch is not None:
+        return batch[0][0].msg.t
+    return msgspec.json.decode(msg.payload, type=XMsg).t if msg.topic.endswith("/x") else -1
+
+
 class CrashedBrokerCapture(MemoryTransport):
     """A capture client whose broker crashed while x's of iterations ``lost_from..`` were queued
     for it: they never come, and (with ``session_lost``) it came back without its session."""
@@ -163,11 +171,7 @@ class CrashedBrokerCapture(MemoryTransport):
 
     async def messages(self) -> AsyncIterator[Message]:
         async for msg in super().messages():
-            if (
-                not self.back
-                and "/x" in msg.topic
-                and msgspec.json.decode(msg.payload, type=XMsg).t >= self.lost_from
-            ):
+            if not self.back and x_iteration(msg) >= self.lost_from:
                 self.lost.append(msg)
                 continue
             yield msg
