@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from pathlib import Path
 
 from adversary.simulated import simulate_transcript
 from adversary.transcript import Transcript
 from nlagg_node.config import RunConfig
+from nlagg_node.runtime.wire import split_x_batch
 
-__all__ = ["captured_by_kind", "finished_max_run"]
+__all__ = ["captured_by_kind", "finished_max_run", "x_payloads"]
+
+
+def x_payloads(
+    topic: str, payload: bytes, run: str, prefix: str = "nlagg"
+) -> dict[tuple[int, int], bytes] | None:
+    """The x payloads one published message carries, by ``(node, t)``: a host's batch's items, each as
+    its node would publish it alone, or a lone x; None: the message carries no x."""
+    batch = split_x_batch(topic, payload, prefix, run)
+    if batch is not None:
+        return {(item.msg.node, item.msg.t): item.payload for item in batch[0]}
+    if topic.endswith("/x"):
+        doc = json.loads(payload)
+        return {(doc["node"], doc["t"]): payload}
+    return None
 
 
 def finished_max_run(folder: Path) -> Path:

@@ -29,13 +29,13 @@ from nlagg_node.runtime.wire import (
     decode,
     encode,
     encode_x,
-    split_x_batch,
     topics,
 )
 from nlagg_node.sim import draw_values, simulate
 from nlagg_node.termination import NO_STOP, Certificate, certificate_sign, stop_reach
 from tests.harness.crash import crash_when
 from tests.harness.departures import RUN, run_with_departures
+from tests.harness.transcripts import x_payloads
 
 TP = topics("nlagg", RUN)
 
@@ -50,13 +50,7 @@ class RecordingBroker(MemoryBroker):
 
     def route(self, topic: str, payload: bytes, retain: bool) -> None:
         self.log.append((topic, payload, retain))
-        batch = split_x_batch(topic, payload, "nlagg", RUN)  # hosted nodes' x's come coalesced
-        if batch is not None:
-            for item in batch[0]:
-                self.xs[item.msg.node, item.msg.t] = item.payload
-        elif topic.endswith("/x"):
-            doc = json.loads(payload)
-            self.xs[doc["node"], doc["t"]] = payload
+        self.xs.update(x_payloads(topic, payload, RUN) or {})  # hosted nodes' x's come coalesced
         super().route(topic, payload, retain)
 
 

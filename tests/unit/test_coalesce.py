@@ -33,6 +33,7 @@ from nlagg_node.runtime.wire import (
 )
 from nlagg_node.sim import simulate
 from tests.harness.forgery import X_WAYS, forged_xs
+from tests.harness.transcripts import x_payloads
 
 RUN = "co"
 TP = topics("nlagg", RUN)
@@ -49,14 +50,12 @@ class XLog(MemoryBroker):
         self.batches = 0
 
     def route(self, topic: str, payload: bytes, retain: bool) -> None:
-        batch = split_x_batch(topic, payload, "nlagg", RUN)
-        if batch is not None:
+        xs = x_payloads(topic, payload, RUN)
+        if xs is not None and batch_range(topic, "nlagg", RUN) is not None:
             self.batches += 1
-            for item in batch[0]:
-                self.batched[item.msg.node, item.msg.t] = item.payload
-        elif topic.endswith("/x"):
-            doc = json.loads(payload)
-            self.alone[doc["node"], doc["t"]] = payload
+            self.batched.update(xs)
+        elif xs is not None:
+            self.alone.update(xs)
         super().route(topic, payload, retain)
 
 
