@@ -16,6 +16,12 @@ from nlagg_node.runtime.tls import TlsSettings
 __all__ = ["DEFAULT_SESSION", "CaptureSession", "capture_until", "commit_due"]
 
 
+ATTEMPT_TIMEOUT = 10.0
+"""Seconds one connection attempt may take (TCP/TLS and CONNACK), as for a node: a reconnection
+after a broker crash must reach the broker again while the nodes still republish what that crash
+lost (:data:`~nlagg_node.runtime.peers.RESEND_AFTER`), so one stuck attempt cannot take 30 s."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class CaptureSession:
     """A capture's session.
@@ -55,7 +61,7 @@ class CaptureSession:
             manual_ack=True,
             reconnect_tries=40,
             backoff_max=2.0,
-            connect_timeout=within,
+            connect_timeout=min(within, ATTEMPT_TIMEOUT),
             connect_within=within,
         )
 

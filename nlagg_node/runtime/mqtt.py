@@ -70,6 +70,7 @@ MAX_INFLIGHT = 0  # paho's in-flight window for QoS > 0: unlimited, no per-ack s
 # Seconds close() waits for its DISCONNECT to go out (on a loaded machine it can take seconds); a
 # connection that ends without it makes the broker publish the will.
 CLOSE_TIMEOUT = 30.0
+DROP_TIMEOUT = 2.0  # seconds a failed attempt's DISCONNECT may take to go out before its socket is dropped
 READ_BURST = 64  # packets read per readiness event while each one read was a message (one poll for many)
 
 
@@ -180,6 +181,7 @@ class MqttTransport(Transport):
         self._connack: asyncio.Future[tuple[int, bool]] | None = None
         self._up = asyncio.Event()
         self._lost = asyncio.Event()
+        self._sock_gone = asyncio.Event()  # set when paho closes a socket (a failed attempt's, too)
         self._supervisor: asyncio.Task[None] | None = None
         self._misc: asyncio.Task[None] | None = None
         self._fatal: NlaggError | None = None
@@ -219,21 +221,33 @@ class MqttTransport(Transport):
         while pending is not None and client.socket() is sock and pending() > 0:
             client.loop_read()
 
+    # paho closes a socket right after telling us, and a reconnection does so in the connect thread:
+    # the loop, running the unregistration later, would find the socket closed (fileno -1), fail,
+    # and keep a stale entry for its descriptor, so that the next socket given the same number
+    # would never be read (its CONNACK lost, the attempt timed out). Hence by descriptor, read now.
     def _on_socket_close(self, client: paho.Client, _ud: object, sock: Any) -> None:
-        loop = self._loop
-        if loop is not None and sock.fileno() >= 0:
-            self._in_loop(loop.remove_reader, sock)
-            self._in_loop(loop.remove_writer, sock)
+        fd = sock.fileno()
+        if fd >= 0:
+            self._in_loop(self._forget, fd)
+            self._in_loop(self._sock_gone.set)
+
+    def _forget(self, fd: int) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(fd)
+        self._loop.remove_writer(fd)
 
     def _on_socket_register_write(self, client: paho.Client, _ud: object, sock: Any) -> None:
-        loop = self._loop
-        if loop is not None:
-            self._in_loop(loop.add_writer, sock, client.loop_write)
+        self._in_loop(self._add_writer, sock)
+
+    def _add_writer(self, sock: Any) -> None:
+        assert self._loop is not None
+        if sock.fileno() >= 0:  # not closed meanwhile
+            self._loop.add_writer(sock, self._paho.loop_write)
 
     def _on_socket_unregister_write(self, client: paho.Client, _ud: object, sock: Any) -> None:
-        loop = self._loop
-        if loop is not None:
-            self._in_loop(loop.remove_writer, sock)
+        fd = sock.fileno()
+        if fd >= 0 and self._loop is not None:
+            self._in_loop(self._loop.remove_writer, fd)
 
     def _on_connect(
         self, client: paho.Client, _ud: object, flags: Any, code: ReasonCode, _props: object
@@ -343,9 +357,29 @@ class MqttTransport(Transport):
                     if code > 0
                     else "connection closed before the CONNACK"
                 )
-            self._paho.disconnect()  # drop the half-open attempt before the next one
+            await self._drop_attempt()
             log.info("connect to %s failed (%s); retrying", self.url, last)
         raise BrokerUnreachableError(self.url, self.reconnect_tries, last)
+
+    async def _drop_attempt(self) -> None:
+        """End a failed attempt's connection before the next attempt starts.
+
+        paho writes the DISCONNECT and closes the socket in this loop, within a moment; a socket
+        still open after :data:`DROP_TIMEOUT` is unregistered here (the next attempt closes it).
+        Either way nothing of this attempt reaches the next one: its close, seen later, would fail
+        the next attempt's wait for its CONNACK.
+        """
+        sock = self._paho.socket()
+        self._sock_gone.clear()
+        self._paho.disconnect()
+        if sock is None or sock.fileno() < 0:
+            return
+        try:
+            async with asyncio.timeout(DROP_TIMEOUT):
+                await self._sock_gone.wait()
+        except TimeoutError:
+            if sock.fileno() >= 0:
+                self._forget(sock.fileno())
 
     async def _supervise(self) -> None:
         """Keep the connection up: reconnect after every loss, resubscribe if the session is gone."""

@@ -302,8 +302,25 @@ class FaultBed:
 
     def verdict(self, results: dict[int, dict[str, Any]], detail: list[str]) -> Verdict:
         """Against the simulator's run; with nodes killed for good, the one with the departures the
-        survivors report (``departed`` of their results)."""
+        survivors report (``departed`` of their results). A transcript that lacks messages comes
+        with the capture's own account: how it ended, and its log's warnings (its reconnections)."""
         finished = (self.eavesdropper.last_event("finished") if self.eavesdropper else None) or {}
-        return judge(
+        verdict = judge(
             self.cfg, self.db, results, detail, eavesdropper=finished, corrupt=self.corrupt, gone=self.gone
         )
+        if verdict.lost:
+            verdict.detail.extend(self._capture_account(finished))
+        return verdict
+
+    def _capture_account(self, finished: dict[str, Any]) -> list[str]:
+        if self.eavesdropper is None:
+            return ["no eavesdropper ran"]
+        if not finished:
+            head = f"the eavesdropper ended without its summary (exit code {self.eavesdropper.returncode})"
+        else:
+            missing = {k: finished.get(k) for k in ("missing_x", "missing_z0", "missing_adv")}
+            head = f"the eavesdropper stopped with complete={finished.get('complete')}, missing {missing}"
+        log = self.workdir / "eavesdropper.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        warnings = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+        return [head, *[f"eavesdropper.log: {line}" for line in warnings[-20:]]]
